@@ -1,0 +1,32 @@
+"""Exceptions that cross module boundaries.
+
+`ConfigError` and `SnapshotError` are for users (bad settings, corrupt files): their message says
+what is wrong and which key or file to change. `WireError` carries a short `reason` code that is
+used as a metrics key (`rejected.<reason>`). Programmer invariants use `assert`, not these.
+"""
+
+from __future__ import annotations
+
+
+class AsyncGRPOError(Exception):
+    """Base class of the errors this project raises on purpose."""
+
+
+class ConfigError(AsyncGRPOError, ValueError):
+    """An impossible or malformed setting; the message names the key to change."""
+
+
+class SnapshotError(AsyncGRPOError, ValueError):
+    """A snapshot file that is missing, partial or whose hash does not match its manifest."""
+
+
+class WireError(AsyncGRPOError, ValueError):
+    """A message that cannot be accepted. `reason` is a short code (a metrics key)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+        # Best effort, for a group that parsed but failed a check: whom to tell, about what.
+        self.lease_id: int | None = None
+        self.producer_id: str | None = None

@@ -1,0 +1,129 @@
+"""Snapshot layout, manifest, hashing and verification (no torch here; see consumer/publisher.py).
+
+A snapshot is a directory `<run>/snapshots/v<version:06d>/` that is a complete Hugging Face model
+directory: `model.safetensors` (the policy's full state dict in HF parameter names), the base
+model's config and tokenizer files, and `manifest.json`:
+
+    {"version": int, "step": int, "hash": "<blake3 hex of model.safetensors>",
+     "num_bytes": int, "dtype": "bfloat16" | "float32", "created_unix": float}
+
+Invariants:
+- A snapshot directory exists under its final name only when complete: it is written under a
+  temporary name, every file fsynced, then renamed (atomic on POSIX), then the parent fsynced.
+- Nobody loads weights whose BLAKE3 hash or size disagrees with the manifest (`verify_file`,
+  `verify_bytes` raise `SnapshotError`); a producer that fails to verify keeps its weights.
+- BLAKE3 (multi-threaded) rather than SHA-256/BLAKE2b: hashing must not dominate a publish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import blake3
+
+from common.errors import SnapshotError
+
+WEIGHTS_FILE = "model.safetensors"
+MANIFEST_FILE = "manifest.json"
+_HASH_BLOCK = 8 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    version: int
+    step: int
+    hash: str
+    num_bytes: int
+    dtype: str
+    created_unix: float
+
+
+def snapshot_dir(root: Path, version: int) -> Path:
+    return root / f"v{version:06d}"
+
+
+def hash_bytes(data: bytes | memoryview) -> str:
+    return blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
+
+
+def hash_file(path: Path) -> str:
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            hasher.update(block)
+    return hasher.hexdigest()
+
+
+def verify_bytes(data: bytes | memoryview, *, expected_hash: str, expected_bytes: int) -> None:
+    if len(data) != expected_bytes:
+        raise SnapshotError(f"snapshot has {len(data)} bytes, manifest says {expected_bytes}")
+    got = hash_bytes(data)
+    if got != expected_hash:
+        raise SnapshotError(f"snapshot hash {got[:12]}… != manifest {expected_hash[:12]}…")
+
+
+def verify_file(path: Path, *, expected_hash: str, expected_bytes: int) -> None:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise SnapshotError(f"cannot read snapshot {path}: {exc}") from None
+    if size != expected_bytes:
+        raise SnapshotError(f"{path} has {size} bytes, manifest says {expected_bytes}")
+    got = hash_file(path)
+    if got != expected_hash:
+        raise SnapshotError(f"{path}: hash {got[:12]}… != manifest {expected_hash[:12]}…")
+
+
+def read_manifest(directory: Path) -> Manifest:
+    try:
+        data = json.loads((directory / MANIFEST_FILE).read_text())
+        return Manifest(**data)
+    except (OSError, ValueError, TypeError) as exc:
+        raise SnapshotError(f"{directory}: unreadable manifest ({exc})") from None
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def finalize(tmp_dir: Path, final_dir: Path, manifest: Manifest) -> None:
+    """Write the manifest into `tmp_dir`, fsync everything, rename to `final_dir` atomically."""
+    (tmp_dir / MANIFEST_FILE).write_text(json.dumps(asdict(manifest), indent=1))
+    for child in tmp_dir.iterdir():
+        fsync_path(child)
+    fsync_path(tmp_dir)
+    if final_dir.exists():
+        shutil.rmtree(final_dir)
+    os.replace(tmp_dir, final_dir)
+    fsync_path(final_dir.parent)
+
+
+def list_versions(root: Path) -> list[int]:
+    """Versions of the complete snapshots under `root`, ascending."""
+    if not root.is_dir():
+        return []
+    out = []
+    for child in root.iterdir():
+        name = child.name
+        if name.startswith("v") and name[1:].isdigit() and (child / MANIFEST_FILE).exists():
+            out.append(int(name[1:]))
+    return sorted(out)
+
+
+def prune(root: Path, keep_last: int, *, protect: tuple[int, ...] = ()) -> list[int]:
+    """Delete all but the newest `keep_last` snapshots (and `protect`); returns the removed."""
+    versions = list_versions(root)
+    removed = [v for v in versions[:-keep_last] if v not in protect]
+    for v in removed:
+        shutil.rmtree(snapshot_dir(root, v), ignore_errors=True)
+    for stale in root.glob("*.tmp-*") if root.is_dir() else ():
+        shutil.rmtree(stale, ignore_errors=True)
+    return removed

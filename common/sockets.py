@@ -1,0 +1,144 @@
+"""ZeroMQ sockets per role: high-water marks, message-size limits, linger, CurveZMQ.
+
+Roles (DESIGN.md): the consumer binds `control` (ROUTER), `rollouts` (PULL) and `announce` (PUB);
+producers connect a DEALER, a PUSH and a SUB. Invariants:
+- Every socket gets ZMQ_MAXMSGSIZE (libzmq drops the connection of a peer that sends more) and
+  LINGER 0 (closing never blocks shutdown; unacknowledged groups are re-sent, not lingered).
+- ROUTER sets ROUTER_MANDATORY, so a reply to a vanished producer raises instead of vanishing.
+  Data that must not be lost never rides PUB: announcements are hints, every reply repeats them.
+- `bind` refuses a non-loopback address without keys unless `insecure` (config validation says
+  the same earlier, with the key to change); ports are read back, never guessed.
+- With keys, all traffic is CurveZMQ-encrypted and only clients whose public key is in the keys
+  directory are accepted (a ZAP authenticator thread owned by the consumer's context).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from common.config import is_loopback
+from common.errors import ConfigError
+
+SERVER_NAME = "server"
+CLIENT_NAME = "client"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """CurveZMQ key material (z85 bytes). `server_public` is all a client needs of the server."""
+
+    directory: Path
+    public: bytes
+    secret: bytes
+    server_public: bytes
+
+
+def create_keys(directory: Path) -> tuple[Path, Path]:
+    """Write a server and a client keypair into `directory`; returns the two public-key files.
+
+    Copy the directory to every producer host (the client secret and the server public key are
+    what a producer needs; the server secret can be removed there).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    server, _ = zmq.auth.create_certificates(directory, SERVER_NAME)
+    client, _ = zmq.auth.create_certificates(directory, CLIENT_NAME)
+    return Path(server), Path(client)
+
+
+def load_keys(directory: str | Path, role: str) -> Keys:
+    """Load the keypair for `role` ('server' or 'client') and the server's public key."""
+    directory = Path(directory)
+    try:
+        public, secret = zmq.auth.load_certificate(directory / f"{role}.key_secret")
+        server_public, _ = zmq.auth.load_certificate(directory / f"{SERVER_NAME}.key")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"net.keys_dir = {str(directory)!r}: cannot read {role} keys ({exc}); "
+            "create them with `asyncgrpo keys DIR`"
+        ) from None
+    assert secret is not None
+    return Keys(directory, public, secret, server_public)
+
+
+def start_authenticator(ctx: zmq.Context, keys: Keys) -> ThreadAuthenticator:
+    """Accept CURVE clients whose public key file lies in the keys directory."""
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=str(keys.directory))
+    return auth
+
+
+def configure(sock: zmq.Socket, *, max_message_bytes: int, hwm: int = 1000) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+
+
+def server_socket(
+    ctx: zmq.Context,
+    kind: int,
+    *,
+    host: str,
+    port: int,
+    keys: Keys | None,
+    insecure: bool,
+    max_message_bytes: int,
+    hwm: int = 1000,
+) -> tuple[zmq.Socket, int]:
+    """Create, configure and bind a consumer socket. Returns it and the bound port."""
+    if keys is None and not insecure and not is_loopback(host):
+        raise ConfigError(
+            f"refusing to bind {host}: not loopback and no CurveZMQ keys "
+            "(set net.keys_dir, or pass --insecure)"
+        )
+    sock = ctx.socket(kind)
+    configure(sock, max_message_bytes=max_message_bytes, hwm=hwm)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if keys is not None:
+        sock.curve_secretkey = keys.secret
+        sock.curve_publickey = keys.public
+        sock.curve_server = True
+    try:
+        if port:
+            sock.bind(f"tcp://{host}:{port}")
+        else:
+            port = sock.bind_to_random_port(f"tcp://{host}")
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        raise ConfigError(f"cannot bind tcp://{host}:{port}: {exc}; choose another net.*_port") from None
+    return sock, port
+
+
+def client_socket(
+    ctx: zmq.Context,
+    kind: int,
+    endpoint: str,
+    *,
+    keys: Keys | None,
+    max_message_bytes: int,
+    hwm: int = 1000,
+) -> zmq.Socket:
+    """Create, configure and connect a producer socket."""
+    sock = ctx.socket(kind)
+    configure(sock, max_message_bytes=max_message_bytes, hwm=hwm)
+    if keys is not None:
+        sock.curve_secretkey = keys.secret
+        sock.curve_publickey = keys.public
+        sock.curve_serverkey = keys.server_public
+    if kind == zmq.SUB:
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(endpoint)
+    return sock
+
+
+def endpoint_with_port(endpoint: str, port: int) -> str:
+    """'tcp://host:5555' with another port: how producers reach the consumer's other sockets."""
+    base, _, _ = endpoint.rpartition(":")
+    return f"{base}:{port}"

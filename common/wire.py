@@ -1,0 +1,466 @@
+"""Wire schema v1: the only module that knows the bytes.
+
+Every message is one msgpack map whose first key is `schema` (= SCHEMA_VERSION) and second `kind`.
+Everyone else sees the frozen dataclasses below; nobody builds message dicts by hand.
+
+| kind        | socket / direction               | fields (besides schema, kind)                          |
+|-------------|----------------------------------|--------------------------------------------------------|
+| register    | control, producer → consumer     | req, producer_id, host, pid, engine, loaded_version,   |
+|             |                                  | held_leases                                            |
+| heartbeat   | control, producer → consumer     | req, producer_id, loaded_version, state, num_in_flight,|
+|             |                                  | counters                                               |
+| lease_req   | control, producer → consumer     | req, producer_id, max_leases, loaded_version           |
+| chunk_req   | control, producer → consumer     | req, version, offset, max_bytes                        |
+| goodbye     | control, producer → consumer     | req, producer_id, held_leases                          |
+| welcome     | control, reply to register       | req, spec (RunSpec), status (Status)                   |
+| status      | control, reply to heartbeat etc. | req, status                                            |
+| lease_grant | control, reply to lease_req      | req, leases (Lease…), status                           |
+| chunk       | control, reply to chunk_req      | req, version, offset, total_bytes, data                |
+| reject      | control, reply to a bad request  | req, reason, detail                                    |
+| group       | rollouts, PUSH → PULL            | see `Group`                                            |
+| announce    | announce, PUB → SUB              | run_id, policy_version, snapshot                       |
+
+Conventions and invariants:
+- Arrays travel as raw little-endian bytes whose dtype the schema fixes (`_ARRAY_DTYPES`: token ids
+  int32, log-probs and rewards float32), never as lists of numbers: ~8 bytes per sampled token.
+  Decoding returns read-only `numpy.frombuffer` views (no copy).
+- `decode(data, limits)` never raises anything but `WireError(reason)`, and never allocates more
+  than `limits.max_message_bytes` (checked before unpacking; msgpack's own length limits are set
+  to the same bound). No ext types, no pickle. Unknown fields, wrong types (bool is not int) and
+  extra trailing bytes are rejected.
+- A `Group` is checked against the run (`Limits`): G completions, lengths that agree
+  (sum(completion_lens) == len(completion_ids) == len(behavior_logp)), token ids in [0, vocab),
+  log-probs finite and <= 0, rewards finite, the run's sampling temperature.
+- `behavior_version` is the oldest weight version that produced any token of the group;
+  `token_versions` is empty unless the weights changed mid-generation (then one int32 per token).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+import msgpack
+import numpy as np
+
+from common.errors import WireError
+
+SCHEMA_VERSION = 1
+FINISH_REASONS = ("stop", "length", "abort")
+OUTCOMES = (
+    "trained",
+    "dropped_stale",
+    "dropped_zero_variance",
+    "rejected_invalid",
+    "expired",
+)
+_ARRAY_DTYPES: dict[str, np.dtype[Any]] = {  # fields of `Group` only
+    "prompt_ids": np.dtype("<i4"),
+    "completion_ids": np.dtype("<i4"),
+    "completion_lens": np.dtype("<i4"),
+    "token_versions": np.dtype("<i4"),
+    "behavior_logp": np.dtype("<f4"),
+    "rewards": np.dtype("<f4"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a receiver accepts. `None` skips the run-specific checks (control replies)."""
+
+    max_message_bytes: int = 64 << 20
+    max_items: int = 1 << 20  # list/map entries and array elements
+    vocab_size: int | None = None
+    group_size: int | None = None
+    temperature: float | None = None
+    max_prompt_tokens: int = 1 << 20
+    max_completion_tokens: int = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages. `KIND` is the wire tag; field order is the wire order.
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    version: int
+    num_bytes: int
+    hash: str  # blake3 hex digest of the safetensors file
+    path: str  # consumer-local path; used by producers that share the filesystem
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    lease_id: int
+    outcome: str  # one of OUTCOMES
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    run_id: str  # changes when the consumer restarts: producers re-send what is unacked
+    policy_version: int
+    snapshot: SnapshotInfo | None
+    acks: tuple[Ack, ...] = ()
+    finished: bool = False  # the learner needs no more groups: producers may exit
+
+
+@dataclass(frozen=True, slots=True)
+class RewardWeight:
+    fn: str  # built-in name or "module:function", resolved on the producer
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """The run settings a producer takes from the consumer (one source of truth)."""
+
+    group_size: int
+    vocab_size: int
+    max_staleness: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    prompt_format: str  # "raw" | "chat"
+    model: str
+    rollouts_port: int
+    announce_port: int
+    heartbeat_s: float
+    max_message_bytes: int
+    reward_fns: tuple[RewardWeight, ...]
+    reward_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    lease_id: int
+    prompt_index: int
+    step: int  # the optimizer step this prompt is meant for
+    min_version: int  # start generating only with weights of at least this version
+    prompt: str
+    answer: str
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    KIND: ClassVar[str] = "register"
+    req: int
+    producer_id: str
+    host: str
+    pid: int
+    engine: str
+    loaded_version: int
+    held_leases: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    KIND: ClassVar[str] = "heartbeat"
+    req: int
+    producer_id: str
+    loaded_version: int
+    state: str
+    num_in_flight: int
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    KIND: ClassVar[str] = "lease_req"
+    req: int
+    producer_id: str
+    max_leases: int
+    loaded_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRequest:
+    KIND: ClassVar[str] = "chunk_req"
+    req: int
+    version: int
+    offset: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye:
+    KIND: ClassVar[str] = "goodbye"
+    req: int
+    producer_id: str
+    held_leases: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    KIND: ClassVar[str] = "welcome"
+    req: int
+    spec: RunSpec
+    status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReply:
+    KIND: ClassVar[str] = "status"
+    req: int
+    status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    KIND: ClassVar[str] = "lease_grant"
+    req: int
+    leases: tuple[Lease, ...]
+    status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    KIND: ClassVar[str] = "chunk"
+    req: int
+    version: int
+    offset: int
+    total_bytes: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    KIND: ClassVar[str] = "reject"
+    req: int
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Group:
+    """G completions of one leased prompt, scored. Arrays are flat; see `completion(i)`."""
+
+    KIND: ClassVar[str] = "group"
+    lease_id: int
+    producer_id: str
+    prompt_index: int
+    behavior_version: int
+    prompt_ids: np.ndarray  # int32 [P]
+    completion_ids: np.ndarray  # int32 [sum L_i]
+    completion_lens: np.ndarray  # int32 [G]
+    behavior_logp: np.ndarray  # float32 [sum L_i], log-probs of the sampled tokens (<= 0)
+    token_versions: np.ndarray  # int32 [sum L_i], or [0] when every token has behavior_version
+    rewards: np.ndarray  # float32 [G]
+    finish_reasons: tuple[str, ...]  # G entries of FINISH_REASONS
+    temperature: float
+    num_reward_errors: int = 0
+    gen_s: float = 0.0  # wall seconds from lease start to the last completion
+
+    @property
+    def group_size(self) -> int:
+        return len(self.completion_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.completion_ids)
+
+    def completion(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and behaviour log-probs of completion `i` (views)."""
+        start = int(self.completion_lens[:i].sum())
+        stop = start + int(self.completion_lens[i])
+        return self.completion_ids[start:stop], self.behavior_logp[start:stop]
+
+
+@dataclass(frozen=True, slots=True)
+class Announce:
+    KIND: ClassVar[str] = "announce"
+    run_id: str
+    policy_version: int
+    snapshot: SnapshotInfo
+
+
+Message = Union[  # noqa: UP007 (a runtime alias, used by isinstance-free dispatch)
+    Register,
+    Heartbeat,
+    LeaseRequest,
+    ChunkRequest,
+    Goodbye,
+    Welcome,
+    StatusReply,
+    LeaseGrant,
+    Chunk,
+    Reject,
+    Group,
+    Announce,
+]
+_KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(Message)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+def encode(msg: Message) -> bytes:
+    """The msgpack bytes of `msg` (deterministic: same message, same bytes)."""
+    body: dict[str, Any] = {"schema": SCHEMA_VERSION, "kind": msg.KIND}
+    body.update(_to_wire(msg))
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _to_wire(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(obj, Group) and f.name in _ARRAY_DTYPES:
+                out[f.name] = np.ascontiguousarray(value, dtype=_ARRAY_DTYPES[f.name]).tobytes()
+            else:
+                out[f.name] = _to_wire(value)
+        return out
+    if isinstance(obj, tuple | list):
+        return [_to_wire(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _to_wire(v) for k, v in obj.items()}
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:  # noqa: B008
+    """Parse and check one message. Raises only `WireError`."""
+    if len(data) > limits.max_message_bytes:
+        raise WireError("too_large", f"{len(data)} bytes > {limits.max_message_bytes}")
+    cap = min(limits.max_message_bytes, max(len(data), 1))
+    try:
+        body = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=cap,
+            max_bin_len=cap,
+            max_array_len=min(cap, limits.max_items),
+            max_map_len=min(cap, limits.max_items),
+            max_ext_len=0,
+        )
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise WireError("not_msgpack", type(exc).__name__) from None
+    if not isinstance(body, dict):
+        raise WireError("not_a_map", type(body).__name__)
+    schema = body.pop("schema", None)
+    if schema != SCHEMA_VERSION:
+        raise WireError("schema_version", f"got {schema!r}, this build speaks {SCHEMA_VERSION}")
+    cls = _KINDS.get(body.pop("kind", None))  # type: ignore[arg-type]
+    if cls is None:
+        raise WireError("unknown_kind")
+    try:
+        msg = _build(cls, body, cls.__name__)
+        if isinstance(msg, Group):
+            check_group(msg, limits)
+    except WireError as exc:
+        lease_id, producer_id = body.get("lease_id"), body.get("producer_id")
+        if cls is Group and type(lease_id) is int and type(producer_id) is str:
+            exc.lease_id, exc.producer_id = lease_id, producer_id
+        raise
+    return msg  # type: ignore[no-any-return]
+
+
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _build(cls: type[Any], body: Any, where: str) -> Any:
+    if not isinstance(body, dict):
+        raise WireError("bad_type", f"{where} is not a map")
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise WireError("unknown_field", f"{where}: {sorted(map(str, unknown))[:3]}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in body:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise WireError("missing_field", f"{where}.{name}")
+            continue
+        if cls is Group and name in _ARRAY_DTYPES:
+            kwargs[name] = _array(body[name], _ARRAY_DTYPES[name], f"{where}.{name}")
+        else:
+            kwargs[name] = _value(hints[name], body[name], f"{where}.{name}")
+    return cls(**kwargs)
+
+
+def _value(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _value(inner, value, where)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise WireError("bad_type", f"{where} is not a list")
+        inner = typing.get_args(tp)[0]
+        return tuple(_value(inner, v, f"{where}[]") for v in value)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
+        ):
+            raise WireError("bad_type", f"{where} is not a map of numbers")
+        return {str(k): float(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)  # type: ignore[arg-type]
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bytes, bool) and type(value) is tp:
+        return value
+    raise WireError("bad_type", f"{where}: expected {getattr(tp, '__name__', tp)}")
+
+
+def _array(value: Any, dtype: np.dtype[Any], where: str) -> np.ndarray:
+    if not isinstance(value, bytes):
+        raise WireError("bad_type", f"{where}: expected raw bytes")
+    if len(value) % dtype.itemsize:
+        raise WireError("bad_array", f"{where}: {len(value)} bytes is not a multiple of {dtype}")
+    return np.frombuffer(value, dtype=dtype)
+
+
+def check_group(g: Group, limits: Limits) -> None:
+    """The cross-field checks of a group (also run by `decode`). Raises `WireError`."""
+    lens = g.completion_lens
+    if limits.group_size is not None and len(lens) != limits.group_size:
+        raise WireError("group_size", f"{len(lens)} completions, the run samples G={limits.group_size}")
+    if len(lens) < 1 or len(g.rewards) != len(lens) or len(g.finish_reasons) != len(lens):
+        raise WireError("length_mismatch", "completion_lens, rewards and finish_reasons differ")
+    if (lens < 1).any() or (lens > limits.max_completion_tokens).any():
+        raise WireError("bad_length", "a completion is empty or longer than max_new_tokens")
+    total = int(lens.astype(np.int64).sum())
+    if total != len(g.completion_ids) or total != len(g.behavior_logp):
+        raise WireError("length_mismatch", "sum(completion_lens) != len(ids) or len(logprobs)")
+    if len(g.token_versions) not in (0, total):
+        raise WireError("length_mismatch", "token_versions must be empty or one per token")
+    if not 0 < len(g.prompt_ids) <= limits.max_prompt_tokens:
+        raise WireError("bad_length", f"prompt has {len(g.prompt_ids)} tokens")
+    for ids in (g.prompt_ids, g.completion_ids):
+        vocab = limits.vocab_size if limits.vocab_size is not None else 2**31 - 1
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise WireError("token_out_of_range", f"token id outside [0, {vocab})")
+    logp = g.behavior_logp
+    if not np.isfinite(logp).all() or (logp > 0).any():
+        raise WireError("bad_logprob", "behaviour log-probs must be finite and <= 0")
+    if not np.isfinite(g.rewards).all():
+        raise WireError("bad_reward", "rewards must be finite")
+    if any(r not in FINISH_REASONS for r in g.finish_reasons):
+        raise WireError("bad_value", f"finish_reasons must be in {FINISH_REASONS}")
+    if g.behavior_version < 0 or g.lease_id < 0 or g.num_reward_errors < 0:
+        raise WireError("bad_value", "negative version, lease id or counter")
+    if len(g.token_versions) and int(g.token_versions.min()) != g.behavior_version:
+        raise WireError("bad_value", "behavior_version must equal min(token_versions)")
+    if not (math.isfinite(g.temperature) and g.temperature > 0):
+        raise WireError("bad_value", "temperature must be finite and > 0")
+    if limits.temperature is not None and not math.isclose(
+        g.temperature, limits.temperature, rel_tol=1e-6
+    ):
+        raise WireError("sampling_mismatch", f"temperature {g.temperature} != {limits.temperature}")

@@ -1,0 +1,297 @@
+"""The consumer process: wires receiver, gate, trainer, publisher and checkpoints; owns shutdown.
+
+Threads: the network thread (consumer/server.py) owns every socket and the lease book; the
+publisher thread writes snapshots; this (main) thread runs the training loop and never touches a
+socket. One step:
+
+    collect P admitted groups (gate: stale → dropped_stale, all-equal rewards →
+    dropped_zero_variance, both finalized at once so their lease slots are re-granted)
+    → trainer.step → version += 1 → leases finalized as trained → snapshot every publish_every
+    → one metrics.jsonl line → checkpoint every checkpoint_every steps.
+
+Shutdown (steps reached, SIGINT or SIGTERM): stop granting, publish a final snapshot, save a
+checkpoint, end every open lease as expired (its prompt is re-queued in the checkpoint), write
+the ledger, check that it balances, exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from common import config as config_mod
+from common import metrics as M
+from common import wire
+from common.config import Config
+from common.sockets import load_keys, start_authenticator
+from consumer import checkpoint
+from consumer.leases import LeaseBook
+from consumer.prompts import PromptOrder, make_source
+from consumer.publisher import Publisher
+from consumer.server import Server
+from consumer.staleness import lag, verdict, zero_variance
+
+log = logging.getLogger("asyncgrpo.consumer")
+
+
+@dataclass
+class Collected:
+    kept: list[wire.Group] = field(default_factory=list)
+    dropped: Counter[str] = field(default_factory=Counter)
+    zero_std: int = 0  # groups seen (kept or dropped) whose rewards are all equal
+    seen: int = 0
+    wait_s: float = 0.0
+
+
+class Learner:
+    def __init__(self, cfg: Config, run_dir: Path) -> None:
+        self.cfg, self.run_dir = cfg, run_dir
+        self.stop_event = threading.Event()
+        self.model_dir = resolve_model(cfg.model.path) if not cfg.train.simulate_step_s else None
+        if self.model_dir is None:
+            from consumer.simulated import SimulatedTrainer
+
+            self.trainer: Any = SimulatedTrainer(cfg)
+        else:
+            from consumer.trainer import Trainer
+
+            self.trainer = Trainer(cfg, self.model_dir)
+        self.source = make_source(cfg.task, seed=cfg.run.seed)
+        order = PromptOrder(len(self.source), seed=cfg.run.seed, shuffle=cfg.task.shuffle, epochs=cfg.task.epochs)
+        self.book = LeaseBook(
+            order, prompts_per_step=cfg.train.prompts_per_step, max_staleness=cfg.staleness.max_staleness
+        )
+        self.version = 0
+        if cfg.run.resume:
+            self.version, book_state = checkpoint.load(run_dir, trainer=self.trainer)
+            self.book.load_state_dict(book_state, now=time.monotonic())
+            log.info("resumed at version %d (incarnation %d)", self.version, self.book.incarnation)
+        self.run_id = f"{uuid.uuid4().hex[:8]}-{self.book.incarnation}"
+        self.ctx = zmq.Context()
+        keys = load_keys(cfg.net.keys_dir, "server") if cfg.net.keys_dir else None
+        self.auth = start_authenticator(self.ctx, keys) if keys else None
+        s = cfg.sampling
+        spec = wire.RunSpec(
+            group_size=s.group_size,
+            vocab_size=self.trainer.vocab_size,
+            max_staleness=cfg.staleness.max_staleness,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_new_tokens=s.max_new_tokens,
+            prompt_format=cfg.task.prompt_format,
+            model=str(self.model_dir or ""),
+            rollouts_port=0,
+            announce_port=0,
+            heartbeat_s=cfg.net.heartbeat_s,
+            max_message_bytes=int(cfg.net.max_message_mib * (1 << 20)),
+            reward_fns=tuple(wire.RewardWeight(r.fn, r.weight) for r in cfg.rewards.fns),
+            reward_timeout_s=cfg.rewards.timeout_s,
+        )
+        self.server = Server(
+            cfg, self.ctx, run_id=self.run_id, book=self.book, prompts=self.source, spec=spec,
+            snapshot_root=run_dir / "snapshots", run_dir=run_dir, keys=keys,
+        )  # fmt: skip
+        self.publisher = Publisher(
+            run_dir / "snapshots",
+            self.model_dir,
+            keep_last=cfg.snapshot.keep_last,
+            on_published=lambda info: self.server.call(lambda: self.server.publish(info)).result(),
+        )
+        self.metrics = M.JsonlWriter(run_dir / "metrics.jsonl")
+        self.published = -1
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        host = self.cfg.net.bind_host
+        endpoints = {k: f"tcp://{host}:{p}" for k, p in self.server.ports.items()}
+        (self.run_dir / "endpoints.json").write_text(__import__("json").dumps(endpoints))
+        self.server.call(lambda: setattr(self.server, "policy_version", self.version))
+        self.server.start()
+        log.info("consumer %s listening on %s (run dir %s)", self.run_id, endpoints["control"], self.run_dir)
+        self._publish(wait=True)
+        t_start = last = time.perf_counter()
+        steps = self.cfg.run.steps or 1 << 62
+        try:
+            while self.version < steps and not self.stop_event.is_set():
+                got = self._collect()
+                if got is None:
+                    break
+                record = self._train(got, t_start, last)
+                last = time.perf_counter()
+                self.metrics.write(record)
+                every = self.cfg.train.checkpoint_every
+                if every and self.version % every == 0:
+                    self._checkpoint()
+        finally:
+            self.shutdown()
+        return 0
+
+    def _collect(self) -> Collected | None:
+        """Admitted groups for the step at the current version (None when asked to stop)."""
+        c, out = self.cfg, Collected()
+        while len(out.kept) < c.train.prompts_per_step:
+            t0 = time.perf_counter()
+            try:
+                g = self.server.groups.get(timeout=0.1)
+            except queue.Empty:
+                out.wait_s += time.perf_counter() - t0
+                self.server.check()
+                if self.stop_event.is_set() or self._starved():
+                    return None
+                continue
+            out.wait_s += time.perf_counter() - t0
+            out.seen += 1
+            out.zero_std += zero_variance(g.rewards)
+            why = verdict(
+                g,
+                policy_version=self.version,
+                max_staleness=c.staleness.max_staleness,
+                drop_zero_variance=c.train.drop_zero_variance,
+            )
+            if why is None:
+                out.kept.append(g)
+                continue
+            out.dropped[why] += 1
+            info = {"behavior_version": g.behavior_version, "num_tokens": g.num_tokens}
+            self.server.call(lambda g=g, why=why, info=info: self.book.finalize(g.lease_id, why, **info))
+        return out
+
+    def _starved(self) -> bool:
+        """True when prompts ran out and nothing is open: no group will ever arrive."""
+        fut = self.server.call(lambda: self.book.order.exhausted() and not self.book.open)
+        return bool(fut.result())
+
+    def _train(self, got: Collected, t_start: float, last: float) -> dict[str, Any]:
+        v = self.version
+        metrics = self.trainer.step(got.kept)
+        lags = [lag(v, g) for g in got.kept]
+        self.version = v + 1
+        kept = [(g.lease_id, g.behavior_version, g.num_tokens) for g in got.kept]
+
+        def settle() -> None:
+            for lease_id, behavior, tokens in kept:
+                self.book.finalize(
+                    lease_id, "trained", behavior_version=behavior, trained_step=v, num_tokens=tokens
+                )
+            self.server.policy_version = self.version
+            self.server.flush_ledger()
+
+        self.server.call(settle).result()
+        publish_s = 0.0
+        if self.version % self.cfg.staleness.publish_every == 0:
+            t0 = time.perf_counter()
+            self._publish()
+            publish_s = time.perf_counter() - t0
+        now = time.perf_counter()
+        rewards = np.concatenate([g.rewards for g in got.kept])
+        tokens = sum(g.num_tokens for g in got.kept)
+        view = self.server.view()
+        balance = self.server.call(self.book.balance).result()
+        return {
+            M.STEP: self.version,
+            M.TIME: now - t_start,
+            "step_wall_s": now - last,
+            M.REWARD_MEAN: float(rewards.mean()),
+            M.REWARD_STD: float(rewards.std()),
+            M.FRAC_ZERO_STD: got.zero_std / max(got.seen, 1),
+            M.STALENESS_MEAN: float(np.mean(lags)),
+            M.STALENESS_MAX: int(max(lags)),
+            M.STALENESS_HIST: dict(Counter(lags)),
+            M.TOKENS_PER_S: tokens / max(now - last, 1e-9),
+            M.IDLE_FRAC: got.wait_s / max(now - last, 1e-9),
+            "wait_s": got.wait_s,
+            "publish_submit_s": publish_s,
+            "snapshot_write_s": self.publisher.last_write_s,
+            "num_completion_tokens": tokens,
+            "groups_trained": balance["trained"],
+            "groups_dropped_stale": balance["dropped_stale"],
+            "groups_dropped_zero_variance": balance["dropped_zero_variance"],
+            "groups_rejected_invalid": balance["rejected_invalid"],
+            "groups_expired": balance["expired"],
+            "leases_open": balance["open"],
+            "rejected_messages": view["counters"].get("rejected", 0),
+            "producers": {
+                p: {"version": pv["loaded_version"], "state": pv["state"]} for p, pv in view["producers"].items()
+            },
+            **metrics,
+        }
+
+    def _publish(self, wait: bool = False) -> None:
+        import torch
+
+        dtype = torch.bfloat16 if self.cfg.snapshot.dtype == "bfloat16" else torch.float32
+        self.publisher.submit(self.trainer.snapshot_state(dtype), version=self.version, step=self.version)
+        self.published = self.version
+        if wait:
+            self.publisher.wait()
+
+    def _checkpoint(self) -> None:
+        self.publisher.wait()
+        state = self.server.call(self.book.state_dict).result()
+        checkpoint.save(self.run_dir, trainer=self.trainer, version=self.version, book_state=state)
+
+    def shutdown(self) -> None:
+        """Stop granting, final snapshot, expire open leases, checkpoint, balanced ledger."""
+        self.server.call(lambda: setattr(self.server, "accepting", False)).result()
+        try:
+            if self.published != self.version:
+                self._publish()
+            self.publisher.close()
+            self.server.call(lambda: self.book.expire_all("shutdown")).result()
+            self._checkpoint()
+        finally:
+            self.server.call(lambda: self.book.expire_all("shutdown")).result()
+            self.server.call(self.server.flush_ledger).result()
+            balance = self.server.call(self.book.balance).result()
+            self.server.stop()
+            if self.auth is not None:
+                self.auth.stop()
+            self.ctx.term()
+            self.metrics.close()
+        log.info("ledger: %s", balance)
+        if not balance["ok"]:
+            raise AssertionError(f"ledger does not balance: {balance}")
+
+
+def resolve_model(path: str) -> Path:
+    """'demo' → the embedded tiny model (built once, cached); else a local HF model directory."""
+    if path == "demo":
+        from launch.demo_model import ensure_demo_model
+
+        return ensure_demo_model()
+    p = Path(path).expanduser()
+    if not (p / "config.json").exists():
+        raise config_mod.ConfigError(
+            f"model.path = {path!r} is not a local Hugging Face model directory (no config.json); "
+            "models cannot be downloaded here: pass a directory"
+        )
+    return p.resolve()
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    def handler(signum: int, _frame: Any) -> None:
+        log.info("signal %d: finishing the current step, then shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(cfg: Config, run_dir: Path) -> int:
+    learner = Learner(cfg, run_dir)
+    install_signal_handlers(learner.stop_event)
+    log.info("host %s", socket.gethostname())
+    return learner.run()

@@ -1,0 +1,207 @@
+"""Leases and the ledger: a pure state machine (no sockets, no clocks of its own; `now` is passed).
+
+A lease hands one prompt to one producer for one intended optimizer step `step`, with the oldest
+weight version it may be sampled with, `min_version = step - max_staleness`. Life of a lease:
+
+    issued ──receive──▶ received ──finalize──▶ trained | dropped_stale | dropped_zero_variance
+       │                                        | rejected_invalid
+       └──expire (producer silent, lease overdue, producer re-registered without it)──▶ expired
+
+Invariants:
+- Staleness by construction: a lease for step s is granted only while
+  `s - max_staleness <= published_version` (the producer can load weights good enough at once)
+  and `s - max_staleness <= policy_version`. The step of a new lease is
+  `policy_version + open // prompts_per_step`, where `open` counts leases not yet final, so at
+  most `(max_staleness + 1) * prompts_per_step` leases are open at any time.
+- Every lease ends in exactly one final state (`OUTCOMES`); `balance()` checks
+  issued == sum(final) + open. A group id is its lease id: a second delivery of the same lease is
+  a duplicate and never reaches the trainer; a group for an expired lease is late and is dropped.
+- Lease ids carry the consumer's incarnation in their high bits (`incarnation << 40 | n`), so a
+  restarted consumer never mistakes an old group for a lease it issued anew.
+- Prompts of expired and stale-dropped leases go back to the retry queue (nothing silently lost);
+  rejected_invalid prompts are not retried (the same prompt may produce the same bad output).
+- Acks (lease id + outcome) queue per producer and leave with that producer's next reply.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from common.wire import OUTCOMES, Ack
+from consumer.prompts import PromptOrder
+
+OPEN_STATES = ("issued", "received")
+RETRY_OUTCOMES = ("expired", "dropped_stale")
+_ID_BITS = 40
+
+
+@dataclass(slots=True)
+class LeaseRecord:
+    lease_id: int
+    prompt_index: int
+    step: int
+    min_version: int
+    producer_id: str
+    issued_at: float
+    state: str = "issued"
+    behavior_version: int = -1
+    trained_step: int = -1
+    num_tokens: int = 0
+    reason: str = ""
+
+
+class LeaseBook:
+    def __init__(
+        self, order: PromptOrder, *, prompts_per_step: int, max_staleness: int, incarnation: int = 0
+    ) -> None:
+        self.order = order
+        self.prompts_per_step = prompts_per_step
+        self.max_staleness = max_staleness
+        self.incarnation = incarnation
+        self._next = 0
+        self.open: dict[int, LeaseRecord] = {}
+        self.counts: Counter[str] = Counter()  # final states, plus "issued"
+        self.by_producer: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        self.final_states: dict[int, str] = {}  # lease id -> outcome (for duplicates and acks)
+        self.acks: defaultdict[str, list[Ack]] = defaultdict(list)
+        self.finished: list[LeaseRecord] = []  # final records not yet written to leases.jsonl
+
+    # -- granting ------------------------------------------------------------------------------
+    def next_step(self, policy_version: int) -> int:
+        return policy_version + len(self.open) // self.prompts_per_step
+
+    def grant(
+        self,
+        producer_id: str,
+        max_leases: int,
+        *,
+        policy_version: int,
+        published_version: int,
+        now: float,
+    ) -> list[LeaseRecord]:
+        """Up to `max_leases` new leases that respect the staleness bound (maybe none)."""
+        out = []
+        for _ in range(max_leases):
+            step = self.next_step(policy_version)
+            min_version = max(step - self.max_staleness, 0)
+            if min_version > min(policy_version, published_version):
+                break
+            index = self.order.next()
+            if index is None:
+                break
+            lease_id = (self.incarnation << _ID_BITS) | self._next
+            self._next += 1
+            rec = LeaseRecord(lease_id, index, step, min_version, producer_id, now)
+            self.open[lease_id] = rec
+            self.counts["issued"] += 1
+            self.by_producer[producer_id]["issued"] += 1
+            out.append(rec)
+        return out
+
+    # -- delivery ------------------------------------------------------------------------------
+    def receive(self, lease_id: int, producer_id: str) -> str:
+        """Classify an arriving group: 'accept', 'duplicate', 'late' or 'unknown'.
+
+        'late' queues an ack with the lease's final state so the producer forgets the group.
+        """
+        rec = self.open.get(lease_id)
+        if rec is not None:
+            if rec.state == "received":
+                return "duplicate"
+            rec.state = "received"
+            rec.producer_id = producer_id
+            return "accept"
+        final = self.final_states.get(lease_id)
+        if final is None:
+            self.acks[producer_id].append(Ack(lease_id, "expired"))
+            return "unknown"
+        self.acks[producer_id].append(Ack(lease_id, final))
+        return "late" if final == "expired" else "duplicate"
+
+    def finalize(self, lease_id: int, outcome: str, **info: Any) -> LeaseRecord:
+        """Move an open lease to its final `outcome`; queue the producer's ack."""
+        assert outcome in OUTCOMES, outcome
+        rec = self.open.pop(lease_id)
+        assert outcome == "expired" or rec.state == "received" or outcome == "rejected_invalid"
+        delivered = rec.state == "received" or outcome == "rejected_invalid"
+        rec.state = outcome
+        for key, value in info.items():
+            setattr(rec, key, value)
+        self.counts[outcome] += 1
+        self.by_producer[rec.producer_id][outcome] += 1
+        self.final_states[lease_id] = outcome
+        if delivered:
+            self.acks[rec.producer_id].append(Ack(lease_id, outcome))
+        if outcome in RETRY_OUTCOMES:
+            self.order.requeue(rec.prompt_index)
+        self.finished.append(rec)
+        return rec
+
+    def take_acks(self, producer_id: str) -> tuple[Ack, ...]:
+        return tuple(self.acks.pop(producer_id, ()))
+
+    # -- expiry --------------------------------------------------------------------------------
+    def expire(self, *, now: float, lease_timeout_s: float, gone: set[str]) -> list[LeaseRecord]:
+        """Expire issued (not yet delivered) leases that are overdue or whose producer is gone."""
+        doomed = [
+            r.lease_id
+            for r in self.open.values()
+            if r.state == "issued" and (r.producer_id in gone or now - r.issued_at > lease_timeout_s)
+        ]
+        return [self.finalize(i, "expired", reason="timeout") for i in doomed]
+
+    def reconcile(self, producer_id: str, held: set[int]) -> list[LeaseRecord]:
+        """A producer (re)registered holding `held`: its other undelivered leases are lost."""
+        doomed = [
+            r.lease_id
+            for r in self.open.values()
+            if r.producer_id == producer_id and r.state == "issued" and r.lease_id not in held
+        ]
+        return [self.finalize(i, "expired", reason="not held") for i in doomed]
+
+    def expire_all(self, reason: str) -> list[LeaseRecord]:
+        """Shutdown: every open lease ends as expired (its prompt goes back to the queue)."""
+        return [self.finalize(i, "expired", reason=reason) for i in list(self.open)]
+
+    # -- accounting ----------------------------------------------------------------------------
+    def balance(self) -> dict[str, int]:
+        """Counts by state; `ok` is 1 when issued == sum(final states) + open."""
+        finals = {k: self.counts[k] for k in OUTCOMES}
+        issued = self.counts["issued"]
+        ok = issued == sum(finals.values()) + len(self.open)
+        return {"issued": issued, **finals, "open": len(self.open), "ok": int(ok)}
+
+    def take_finished(self) -> list[dict[str, Any]]:
+        out = [asdict(r) for r in self.finished]
+        self.finished.clear()
+        return out
+
+    # -- checkpoint ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "incarnation": self.incarnation,
+            "next": self._next,
+            "open": [asdict(r) for r in self.open.values()],
+            "counts": dict(self.counts),
+            "by_producer": {p: dict(c) for p, c in self.by_producer.items()},
+            "final_states": {str(k): v for k, v in self.final_states.items()},
+            "order": self.order.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, now: float) -> None:
+        """Restore, as the next incarnation. Delivered-but-untrained groups died with the old
+        process, so their leases go back to 'issued': the producers still hold them unacked and
+        re-send them (or, if those producers are gone too, the leases expire)."""
+        self.incarnation = int(state["incarnation"]) + 1
+        self._next = 0
+        self.open = {}
+        for raw in state["open"]:
+            rec = LeaseRecord(**raw)
+            rec.state, rec.issued_at = "issued", now
+            self.open[rec.lease_id] = rec
+        self.counts = Counter(state["counts"])
+        self.by_producer = defaultdict(Counter, {p: Counter(c) for p, c in state["by_producer"].items()})
+        self.final_states = {int(k): v for k, v in state["final_states"].items()}
+        self.order.load_state_dict(state["order"])

@@ -1,0 +1,336 @@
+"""The consumer's network side: one thread that owns every socket and the lease book.
+
+Sockets (all bound here): `control` ROUTER (register, heartbeat, lease requests, snapshot chunks,
+goodbye), `rollouts` PULL (groups), `announce` PUB (new snapshot versions, hints only).
+
+Invariants:
+- Only this thread touches the sockets and the `LeaseBook`. The training thread talks to it
+  through `call(fn)` (a queue of callables run here, answered through futures) and receives
+  admitted groups through `groups` (a queue bounded by construction: one group per open lease).
+- A bad message is counted under `rejected.<reason>` and never raises out of the loop; a group
+  that parsed but failed validation ends its lease as `rejected_invalid` and the producer is
+  told (ack with that outcome). Replies are sent without blocking; a lost reply only delays acks.
+- Every reply carries the newest policy and snapshot version (a missed announcement costs
+  latency, never correctness) and the acks queued for that producer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import zmq
+
+from common import snapshot as snap
+from common import wire
+from common.config import Config
+from common.errors import WireError
+from common.sockets import Keys, server_socket
+from consumer.leases import LeaseBook
+from consumer.prompts import PromptSource
+
+log = logging.getLogger("asyncgrpo.consumer")
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class ProducerView:
+    host: str
+    pid: int
+    engine: str
+    loaded_version: int
+    state: str = "registered"
+    last_seen: float = 0.0
+    num_in_flight: int = 0
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+class Server:
+    def __init__(
+        self,
+        cfg: Config,
+        ctx: zmq.Context,
+        *,
+        run_id: str,
+        book: LeaseBook,
+        prompts: PromptSource,
+        spec: wire.RunSpec,
+        snapshot_root: Path,
+        run_dir: Path,
+        keys: Keys | None,
+    ) -> None:
+        self.cfg, self.run_id, self.book, self.prompts = cfg, run_id, book, prompts
+        self.snapshot_root, self.run_dir = snapshot_root, run_dir
+        net = cfg.net
+        max_bytes = int(net.max_message_mib * (1 << 20))
+        common = dict(host=net.bind_host, keys=keys, insecure=net.insecure, max_message_bytes=max_bytes)
+        self.control, control_port = server_socket(ctx, zmq.ROUTER, port=net.control_port, **common)
+        self.rollouts, rollouts_port = server_socket(ctx, zmq.PULL, port=net.rollouts_port, **common)
+        self.announce, announce_port = server_socket(ctx, zmq.PUB, port=net.announce_port, **common)
+        self.ports = {"control": control_port, "rollouts": rollouts_port, "announce": announce_port}
+        self.spec = wire.RunSpec(**{**asdict(spec), "rollouts_port": rollouts_port, "announce_port": announce_port})
+        s = cfg.sampling
+        self.group_limits = wire.Limits(
+            max_message_bytes=max_bytes,
+            vocab_size=spec.vocab_size,
+            group_size=s.group_size,
+            temperature=s.temperature,
+            max_prompt_tokens=s.max_prompt_tokens,
+            max_completion_tokens=s.max_new_tokens,
+        )
+        self.control_limits = wire.Limits(max_message_bytes=1 << 20, max_items=1 << 16)
+        self.groups: queue.Queue[wire.Group] = queue.Queue()
+        self.policy_version = 0
+        self.snapshot: wire.SnapshotInfo | None = None
+        self.accepting = True  # False once the learner needs no more groups
+        self.counters: Counter[str] = Counter()
+        self.producers: dict[str, ProducerView] = {}
+        self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        self._lock = threading.Lock()  # guards counters/producers copies for other threads
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="consumer-net", daemon=True)
+        self._ledger_dirty = True
+        self.error: BaseException | None = None  # why the network thread died, if it did
+
+    # -- API for other threads -----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def call(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` on the network thread (between socket events); its result via the future."""
+        fut: Future[T] = Future()
+        if self.error is not None or (self._thread.ident is not None and not self._thread.is_alive()):
+            fut.set_exception(RuntimeError("the consumer's network thread has stopped"))
+            return fut
+        self._calls.put((fn, fut))
+        return fut
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def check(self) -> None:
+        """Re-raise, on the caller's thread, a failure of the network thread."""
+        if self.error is not None:
+            raise RuntimeError("the consumer's network thread failed") from self.error
+
+    def view(self) -> dict[str, Any]:
+        """A consistent copy of the counters and producers (for metrics and the dashboard)."""
+        with self._lock:
+            return {
+                "counters": dict(self.counters),
+                "producers": {k: asdict(v) for k, v in self.producers.items()},
+            }
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        poller.register(self.rollouts, zmq.POLLIN)
+        next_housekeeping = 0.0
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(timeout=10))
+                if self.rollouts in events:
+                    self._drain(self.rollouts, self._on_group_frames)
+                if self.control in events:
+                    self._drain(self.control, self._on_control_frames)
+                self._run_calls()
+                now = time.monotonic()
+                if now >= next_housekeeping:
+                    self._housekeeping(now)
+                    next_housekeeping = now + 0.25
+            self._run_calls()
+            self.flush_ledger()
+        except BaseException as exc:
+            log.exception("network thread failed")
+            self.error = exc
+            while not self._calls.empty():
+                self._calls.get_nowait()[1].set_exception(RuntimeError("network thread failed"))
+            raise
+        finally:
+            for sock in (self.control, self.rollouts, self.announce):
+                sock.close(linger=0)
+
+    def _drain(self, sock: zmq.Socket, handler: Callable[[list[bytes]], None], limit: int = 256) -> None:
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            handler(frames)
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, fut = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # delivered to the caller's thread
+                    fut.set_exception(exc)
+
+    def _housekeeping(self, now: float) -> None:
+        net = self.cfg.net
+        gone = {p for p, v in self.producers.items() if now - v.last_seen > net.producer_timeout_s}
+        expired = self.book.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=gone)
+        with self._lock:
+            for p in gone:
+                log.warning("producer %s silent for %.0f s: gone, its leases expire", p, net.producer_timeout_s)
+                self.producers[p].state = "gone"
+                self.producers[p].last_seen = float("inf")  # report once
+            self.counters["expired"] += len(expired)
+        if expired or self._ledger_dirty:
+            self.flush_ledger()
+
+    # -- rollouts ------------------------------------------------------------------------------
+    def _on_group_frames(self, frames: list[bytes]) -> None:
+        with self._lock:
+            self.counters["messages"] += 1
+        if len(frames) != 1:
+            return self._reject_group(WireError("multipart", f"{len(frames)} frames"))
+        try:
+            msg = wire.decode(frames[0], self.group_limits)
+        except WireError as exc:
+            return self._reject_group(exc)
+        if not isinstance(msg, wire.Group):
+            return self._reject_group(WireError("unexpected_kind", type(msg).__name__))
+        verdict = self.book.receive(msg.lease_id, msg.producer_id)
+        with self._lock:
+            self.counters[f"groups_{verdict}"] += 1
+        if verdict == "accept":
+            self.groups.put(msg)
+
+    def _reject_group(self, exc: WireError) -> None:
+        with self._lock:
+            self.counters[f"rejected.{exc.reason}"] += 1
+            self.counters["rejected"] += 1
+        log.warning("rejected a group message: %s", exc)
+        rec = self.book.open.get(exc.lease_id) if exc.lease_id is not None else None
+        if rec is not None and rec.state == "issued" and rec.producer_id == exc.producer_id:
+            self.book.finalize(rec.lease_id, "rejected_invalid", reason=exc.reason)
+            self._ledger_dirty = True
+
+    # -- control -------------------------------------------------------------------------------
+    def _on_control_frames(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            with self._lock:
+                self.counters["control_rejected.multipart"] += 1
+            return
+        identity, payload = frames
+        try:
+            msg = wire.decode(payload, self.control_limits)
+            reply = self._handle(msg)
+        except WireError as exc:
+            with self._lock:
+                self.counters[f"control_rejected.{exc.reason}"] += 1
+            reply = wire.Reject(req=0, reason=exc.reason, detail=exc.detail)
+        try:
+            self.control.send_multipart([identity, wire.encode(reply)], zmq.NOBLOCK)
+        except zmq.ZMQError:  # peer gone (ROUTER_MANDATORY) or its pipe full: it will retry
+            with self._lock:
+                self.counters["control_reply_undeliverable"] += 1
+
+    def _status(self, producer_id: str | None) -> wire.Status:
+        acks = self.book.take_acks(producer_id) if producer_id else ()
+        return wire.Status(self.run_id, self.policy_version, self.snapshot, acks, not self.accepting)
+
+    def _handle(self, msg: wire.Message) -> wire.Message:
+        now = time.monotonic()
+        if isinstance(msg, wire.Register):
+            with self._lock:
+                self.producers[msg.producer_id] = ProducerView(
+                    msg.host, msg.pid, msg.engine, msg.loaded_version, last_seen=now
+                )
+            self.book.reconcile(msg.producer_id, set(msg.held_leases))
+            log.info("producer %s registered (%s pid %d, %s)", msg.producer_id, msg.host, msg.pid, msg.engine)
+            return wire.Welcome(msg.req, self.spec, self._status(msg.producer_id))
+        if isinstance(msg, wire.ChunkRequest):
+            return self._chunk(msg)
+        if not isinstance(msg, wire.Heartbeat | wire.LeaseRequest | wire.Goodbye):
+            raise WireError("unexpected_kind", type(msg).__name__)
+        view = self.producers.get(msg.producer_id)
+        if view is None or view.state == "gone":
+            raise WireError("not_registered", "register first (the consumer may have restarted)")
+        with self._lock:
+            view.last_seen = now
+            if isinstance(msg, wire.Heartbeat):
+                view.loaded_version, view.state = msg.loaded_version, msg.state
+                view.num_in_flight, view.counters = msg.num_in_flight, dict(msg.counters)
+        if isinstance(msg, wire.Goodbye):
+            self.book.reconcile(msg.producer_id, set(msg.held_leases))
+            with self._lock:
+                view.state, view.last_seen = "left", float("inf")
+            return wire.StatusReply(msg.req, self._status(msg.producer_id))
+        if isinstance(msg, wire.LeaseRequest):
+            with self._lock:
+                view.loaded_version = msg.loaded_version
+            return wire.LeaseGrant(msg.req, self._grant(msg, now), self._status(msg.producer_id))
+        return wire.StatusReply(msg.req, self._status(msg.producer_id))
+
+    def _grant(self, msg: wire.LeaseRequest, now: float) -> tuple[wire.Lease, ...]:
+        if not self.accepting or self.snapshot is None:
+            return ()
+        records = self.book.grant(
+            msg.producer_id,
+            max(0, min(msg.max_leases, 1024)),
+            policy_version=self.policy_version,
+            published_version=self.snapshot.version,
+            now=now,
+        )
+        out = []
+        for r in records:
+            prompt, answer = self.prompts.get(r.prompt_index)
+            out.append(wire.Lease(r.lease_id, r.prompt_index, r.step, r.min_version, prompt, answer))
+        if out:
+            self._ledger_dirty = True
+        return tuple(out)
+
+    def _chunk(self, msg: wire.ChunkRequest) -> wire.Message:
+        path = snap.snapshot_dir(self.snapshot_root, msg.version) / snap.WEIGHTS_FILE
+        limit = int(self.cfg.snapshot.chunk_mib * (1 << 20))
+        try:
+            with open(path, "rb") as f:
+                total = f.seek(0, 2)
+                if not 0 <= msg.offset <= total:
+                    raise WireError("bad_offset", f"offset {msg.offset} outside [0, {total}]")
+                f.seek(msg.offset)
+                data = f.read(max(0, min(msg.max_bytes, limit)))
+        except OSError:
+            raise WireError("snapshot_gone", f"version {msg.version} is no longer kept") from None
+        with self._lock:
+            self.counters["chunk_bytes_served"] += len(data)
+        return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
+
+    # -- called on this thread through call() --------------------------------------------------
+    def publish(self, info: wire.SnapshotInfo) -> None:
+        self.snapshot = info
+        self.announce.send(wire.encode(wire.Announce(self.run_id, self.policy_version, info)))
+
+    def flush_ledger(self) -> None:
+        """Append finished leases to leases.jsonl and rewrite ledger.json (atomically)."""
+        finished = self.book.take_finished()
+        if finished:
+            with open(self.run_dir / "leases.jsonl", "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in finished)
+        summary = {
+            "balance": self.book.balance(),
+            "by_producer": {p: dict(c) for p, c in self.book.by_producer.items()},
+            "counters": dict(self.counters),
+            "policy_version": self.policy_version,
+        }
+        tmp = self.run_dir / "ledger.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=1, sort_keys=True))
+        tmp.replace(self.run_dir / "ledger.json")
+        self._ledger_dirty = False

@@ -1,0 +1,38 @@
+"""A stand-in trainer for transport and scheduling stress tests (`train.simulate_step_s > 0`).
+
+No model: each step sleeps `simulate_step_s` (the learner's compute time to emulate) and reports
+the batch's reward statistics. Snapshots are a single small tensor whose value is the version,
+so producers still fetch, verify and "load" real files. Used only with the fake engine, whose
+token ids it accepts up to `VOCAB_SIZE`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from common.config import Config
+from common.wire import Group
+
+VOCAB_SIZE = 32_000
+
+
+class SimulatedTrainer:
+    model = None
+
+    def __init__(self, cfg: Config) -> None:
+        self.step_s = cfg.train.simulate_step_s
+        self.vocab_size = VOCAB_SIZE
+        self.version = 0
+
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        time.sleep(self.step_s)
+        self.version += 1
+        tokens = sum(g.num_tokens for g in groups)
+        return {"step_s": time.perf_counter() - t0, "num_tokens": float(tokens), "tis_weight_mean": 1.0}
+
+    def snapshot_state(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        return {"version": torch.tensor(np.array([self.version], np.float32)).to(dtype)}

@@ -1,0 +1,37 @@
+"""The staleness gate: which arriving groups may be trained at the learner's current version.
+
+`lag = policy_version - behavior_version`, where `behavior_version` is the oldest weight version
+that produced any token of the group (per-token versions when weights changed mid-generation).
+A group is trained at version v only if `lag <= max_staleness`; otherwise it is dropped and
+counted (`dropped_stale`). Leases already keep the bound by construction (consumer/leases.py);
+this gate is what makes it a guarantee even when groups overtake each other in flight.
+
+A group whose rewards are all equal has zero advantage for every completion, so it carries no
+policy-gradient signal; with `drop_zero_variance` it is dropped (`dropped_zero_variance`) and the
+batch is filled with other groups (dynamic sampling).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.wire import Group
+
+
+def lag(policy_version: int, group: Group) -> int:
+    return policy_version - group.behavior_version
+
+
+def verdict(
+    group: Group, *, policy_version: int, max_staleness: int, drop_zero_variance: bool
+) -> str | None:
+    """None to train the group now, else the ledger outcome that drops it."""
+    if lag(policy_version, group) > max_staleness:
+        return "dropped_stale"
+    if drop_zero_variance and zero_variance(group.rewards):
+        return "dropped_zero_variance"
+    return None
+
+
+def zero_variance(rewards: np.ndarray) -> bool:
+    return bool(np.all(rewards == rewards[0]))

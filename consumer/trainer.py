@@ -1,0 +1,230 @@
+"""The learner's model, optimizer and one optimizer step per batch of groups (single device).
+
+What it owns: the policy (fp32 master weights), AdamW with linear warm-up, gradient clipping,
+micro-batching by a token budget, an optional frozen reference model (beta > 0). What it does not
+do: sockets, staleness decisions, snapshots on disk (consumer/publisher.py), checkpoints.
+
+Conventions:
+- Log-probs are of the sampling distribution: `consumer.loss.sampled_logprobs` divides logits by
+  `sampling.temperature`, exactly as the producers' engines do.
+- `model.dtype = "bfloat16"` runs forward/backward under CUDA autocast in bf16 with fp32 master
+  weights and optimizer state (CPU runs stay fp32).
+- `updates_per_batch = 1` (default): one optimizer step consumes the batch, `old_logp` is
+  `logp.detach()` and no extra forward is paid (`loss.needs_old_logp_pass`). With k > 1 updates
+  the rows are split into k mini-batches and `old_logp` is computed once, before the first one.
+- Micro-batch losses use global normalisers, so accumulating their gradients equals the gradient
+  of the full-batch loss.
+- Padding: rows are right-padded (positions stay 0..n-1 for real tokens); the attention mask
+  hides padding, and the loss mask excludes it. (Padding-free packing needs varlen attention
+  kernels; sorting rows by length keeps padding small instead.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.config import Config
+from common.wire import Group
+from consumer import loss as L
+from consumer.batching import MicroBatch, Row, collate, plan_micro_batches, rows_of
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, model_dir: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        self.device = resolve_device(cfg.model.device)
+        if cfg.model.torch_threads:
+            torch.set_num_threads(cfg.model.torch_threads)
+        torch.manual_seed(cfg.run.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.to(self.device)
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.config.use_cache = False
+        self.model.train()
+        self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        self.pad_id = _pad_id(self.model.config)
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=t.lr, betas=(t.betas[0], t.betas[1]), weight_decay=t.weight_decay
+        )
+        warm = max(t.warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
+        self.ref_model = None
+        if cfg.loss.beta > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            self.ref_model.to(self.device).eval().requires_grad_(False)
+        self._autocast = cfg.model.dtype == "bfloat16" and self.device.type == "cuda"
+
+    # ------------------------------------------------------------------------------------------
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        """One optimizer step (or `updates_per_batch` steps) on these groups; returns metrics."""
+        t0 = time.perf_counter()
+        c = self.cfg
+        rewards_NG = torch.from_numpy(np.stack([np.asarray(g.rewards, np.float64) for g in groups]))
+        adv_NG = L.group_advantages(rewards_NG, scale=c.loss.adv_scale, eps=c.loss.adv_eps)
+        rows = rows_of(groups, adv_NG.numpy())
+        updates = c.train.updates_per_batch
+        old = self._old_logp(rows) if L.needs_old_logp_pass(updates) else None
+        parts = [list(range(u, len(rows), updates)) for u in range(updates)]
+        metrics: list[tuple[dict[str, float], int]] = []
+        grad_norms = []
+        for part in parts:
+            part_metrics, grad_norm = self._update([rows[i] for i in part], old, part)
+            metrics.extend(part_metrics)
+            grad_norms.append(grad_norm)
+        out = _combine(metrics)
+        out.update(
+            grad_norm=float(np.mean(grad_norms)),
+            lr=float(self.scheduler.get_last_lr()[0]),
+            step_s=time.perf_counter() - t0,
+        )
+        return out
+
+    def _update(
+        self, rows: list[Row], old: dict[int, torch.Tensor] | None, row_ids: list[int]
+    ) -> tuple[list[tuple[dict[str, float], int]], float]:
+        c = self.cfg
+        global_tokens = sum(len(r.behavior_logp) for r in rows)
+        plans = plan_micro_batches([len(r.ids) for r in rows], c.train.micro_batch_tokens)
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = []
+        for plan in plans:
+            mb = collate(rows, plan, pad_id=self.pad_id, device=self.device)
+            old_BT = None if old is None else _stack_old(old, [row_ids[i] for i in plan], mb)
+            loss, m = self._micro_loss(mb, old_BT, global_tokens=global_tokens, global_seqs=len(rows))
+            loss.backward()
+            metrics.append((m, mb.num_tokens))
+        clip = c.train.grad_clip if c.train.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        self.optimizer.step()
+        self.scheduler.step()
+        return metrics, grad_norm
+
+    def _forward_logp(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if self._autocast else contextlib.nullcontext()
+        with ctx:
+            logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL).logits
+        logits_BTV = logits[:, :-1].float()
+        logp_BT = L.sampled_logprobs(logits_BTV, mb.tokens_BT, temperature=self.cfg.sampling.temperature)
+        return logp_BT, logits_BTV
+
+    def _micro_loss(
+        self, mb: MicroBatch, old_BT: torch.Tensor | None, *, global_tokens: int, global_seqs: int
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        c = self.cfg.loss
+        logp_BT, logits_BTV = self._forward_logp(self.model, mb)
+        ref_BT = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_BT, _ = self._forward_logp(self.ref_model, mb)
+        tis = (c.tis_level, c.tis_mode, c.tis_cap, c.tis_cap_min or None) if c.tis else None
+        loss, metrics = L.policy_loss(
+            logp_BT,
+            logp_BT.detach() if old_BT is None else old_BT,
+            mb.behavior_logp_BT,
+            mb.advantages_B,
+            mb.mask_BT,
+            clip_low=c.clip_low,
+            clip_high=c.clip_high,
+            dual_clip=c.dual_clip or None,
+            tis=tis,
+            agg=c.agg,
+            norm_const=c.norm_const or float(self.cfg.sampling.max_new_tokens),
+            ref_logp=ref_BT,
+            beta=c.beta,
+            kl=c.kl,
+            global_tokens=global_tokens,
+            global_seqs=global_seqs,
+        )
+        with torch.no_grad():
+            ent = L.entropy_from_logits(logits_BTV, temperature=self.cfg.sampling.temperature)
+            n = max(mb.num_tokens, 1)
+            metrics["entropy"] = float(torch.where(mb.mask_BT, ent, 0.0).sum()) / n
+        return loss, metrics
+
+    @torch.no_grad()
+    def _old_logp(self, rows: list[Row]) -> dict[int, torch.Tensor]:
+        """Learner log-probs before any update of this batch, per row (completion positions)."""
+        out: dict[int, torch.Tensor] = {}
+        for plan in plan_micro_batches([len(r.ids) for r in rows], self.cfg.train.micro_batch_tokens):
+            mb = collate(rows, plan, pad_id=self.pad_id, device=self.device)
+            logp_BT, _ = self._forward_logp(self.model, mb)
+            for b, i in enumerate(plan):
+                out[i] = logp_BT[b]
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def logprobs(self, groups: list[Group]) -> list[np.ndarray]:
+        """Learner log-probs of every completion's tokens (one float32 array per row)."""
+        rows = rows_of(groups, np.zeros((len(groups), groups[0].group_size)))
+        per_row = self._old_logp(rows)
+        return [
+            per_row[i][r.prompt_len - 1 : len(r.ids) - 1].float().cpu().numpy() for i, r in enumerate(rows)
+        ]
+
+    def snapshot_state(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The policy's state dict on CPU in `dtype`, tied duplicates removed (HF names)."""
+        seen: set[int] = set()
+        out = {}
+        for name, tensor in self.model.state_dict().items():
+            ptr = tensor.data_ptr()
+            if ptr in seen:
+                continue
+            seen.add(ptr)
+            out[name] = tensor.detach().to("cpu", dtype=dtype).contiguous()
+        return out
+
+
+def _stack_old(old: dict[int, torch.Tensor], ids: list[int], mb: MicroBatch) -> torch.Tensor:
+    T = mb.mask_BT.shape[1]
+    out = torch.zeros(len(ids), T, device=mb.mask_BT.device)
+    for b, i in enumerate(ids):
+        n = min(T, old[i].shape[0])
+        out[b, :n] = old[i][:n]
+    return out
+
+
+def _combine(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """Token-weighted mean of micro-batch metrics; *_min / *_max combine as min / max."""
+    out: dict[str, float] = {}
+    total = sum(n for _, n in parts) or 1
+    for key in parts[0][0]:
+        values = [m[key] for m, _ in parts if key in m]
+        if key.endswith("_min"):
+            out[key] = min(values)
+        elif key.endswith("_max"):
+            out[key] = max(values)
+        elif key == "num_tokens":
+            out[key] = float(sum(values))
+        else:
+            out[key] = sum(m[key] * n for m, n in parts if key in m) / total
+    return out
+
+
+def _pad_id(config: Any) -> int:
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(config, name, None)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0

@@ -1,0 +1,138 @@
+"""The producer's end of the sockets: control requests, the group sender, announcements.
+
+- `ControlClient` owns the DEALER. Requests carry `req` ids; one reader task matches replies to
+  waiting futures, so several coroutines may have requests in flight. A request without a reply
+  in `timeout_s` raises `TimeoutError` (the consumer may be restarting; DEALER reconnects by
+  itself and the caller retries). A `Reject` reply raises `Rejected(reason)`.
+- `Outbox` owns the PUSH socket and every finished group until the consumer acknowledges it:
+  at-least-once delivery. A group is re-sent when the consumer restarted (new run id) or when no
+  ack came within `resend_after_s`; the consumer's ledger makes duplicates harmless.
+- `announcements` yields `Announce` messages from the SUB socket (hints: a missed one only costs
+  latency, because every control reply carries the newest snapshot too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from common import wire
+from common.errors import WireError
+from common.sockets import Keys, client_socket
+
+log = logging.getLogger("asyncgrpo.producer")
+
+
+class Rejected(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"consumer rejected the request: {reason} {detail}".strip())
+        self.reason = reason
+
+
+class ControlClient:
+    def __init__(
+        self, ctx: zmq.asyncio.Context, endpoint: str, *, keys: Keys | None, max_message_bytes: int
+    ) -> None:
+        self.sock = client_socket(ctx, zmq.DEALER, endpoint, keys=keys, max_message_bytes=max_message_bytes)
+        self.limits = wire.Limits(max_message_bytes=max_message_bytes)
+        self._next = 1
+        self._waiting: dict[int, asyncio.Future[wire.Message]] = {}
+        self.num_bad_replies = 0
+
+    async def request(self, msg: wire.Message, *, timeout_s: float) -> wire.Message:
+        """Send `msg` (its `req` field is replaced) and await the matching reply."""
+        req = self._next
+        self._next += 1
+        msg = dataclasses.replace(msg, req=req)  # type: ignore[call-arg]
+        fut: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
+        self._waiting[req] = fut
+        try:
+            await self.sock.send(wire.encode(msg))
+            async with asyncio.timeout(timeout_s):
+                reply = await fut
+        finally:
+            self._waiting.pop(req, None)
+        if isinstance(reply, wire.Reject):
+            raise Rejected(reply.reason, reply.detail)
+        return reply
+
+    async def read_replies(self) -> None:
+        """The reader task: runs until cancelled."""
+        while True:
+            data = await self.sock.recv()
+            try:
+                reply = wire.decode(data, self.limits)
+            except WireError as exc:
+                self.num_bad_replies += 1
+                log.warning("bad reply from the consumer: %s", exc)
+                continue
+            req = getattr(reply, "req", 0)
+            fut = self._waiting.get(req)
+            if fut is not None and not fut.done():
+                fut.set_result(reply)
+            elif isinstance(reply, wire.Reject) and req == 0:
+                # The consumer could not parse a request well enough to know its id.
+                log.warning("consumer rejected a request: %s %s", reply.reason, reply.detail)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+@dataclass
+class _Pending:
+    data: bytes
+    sent_at: float
+
+
+class Outbox:
+    """Finished groups, kept until acknowledged; the only writer of the PUSH socket."""
+
+    def __init__(self, sock: zmq.asyncio.Socket, *, resend_after_s: float) -> None:
+        self.sock = sock
+        self.resend_after_s = resend_after_s
+        self.pending: dict[int, _Pending] = {}
+        self.num_sent = self.num_resent = 0
+        self.outcomes: dict[str, int] = {}
+
+    async def send(self, group: wire.Group) -> None:
+        data = wire.encode(group)
+        self.pending[group.lease_id] = _Pending(data, time.monotonic())
+        await self.sock.send(data)
+        self.num_sent += 1
+
+    def acknowledge(self, acks: tuple[wire.Ack, ...]) -> None:
+        for ack in acks:
+            if self.pending.pop(ack.lease_id, None) is not None:
+                self.outcomes[ack.outcome] = self.outcomes.get(ack.outcome, 0) + 1
+
+    async def resend(self, *, everything: bool = False) -> int:
+        """Re-send groups unacknowledged for `resend_after_s` (or all of them)."""
+        now = time.monotonic()
+        count = 0
+        for item in list(self.pending.values()):
+            if everything or now - item.sent_at > self.resend_after_s:
+                item.sent_at = now
+                await self.sock.send(item.data)
+                count += 1
+        self.num_resent += count
+        return count
+
+
+async def announcements(sock: zmq.asyncio.Socket, limits: wire.Limits) -> AsyncIterator[wire.Announce]:
+    while True:
+        data = await sock.recv()
+        try:
+            msg = wire.decode(data, limits)
+        except WireError as exc:
+            log.warning("bad announcement: %s", exc)
+            continue
+        if isinstance(msg, wire.Announce):
+            yield msg
+

@@ -1,0 +1,421 @@
+"""The producer process: lease prompts, sample G completions, score, send; reload weights.
+
+`asyncio.run(main(cfg))` runs one `asyncio.TaskGroup` of named tasks; a failing task cancels the
+group and one `finally` closes every socket and the engine:
+- `replies`: the control socket's reader (producer/client.py);
+- `heartbeat`: every `heartbeat_s`, reports state and takes acks, the newest snapshot and the
+  consumer's run id (a new run id = the consumer restarted: register again, re-send unacked);
+- `announce`: listens for new snapshots; `weights`: fetches (shared filesystem when the file is
+  there and its hash matches, else in chunks over control), verifies and loads the newest one;
+- `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task.
+
+Invariants: a lease starts generating only once the loaded weights are at least its
+`min_version` (the staleness bound by construction); every finished group stays in the outbox
+until acknowledged; a reward that raises or hangs scores 0 and is counted (producer/rewards.py);
+a snapshot that fails verification is never loaded (the producer keeps its weights and says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from common import snapshot as snap
+from common import wire
+from common.config import Config, RewardSpec
+from common.errors import ConfigError, SnapshotError
+from common.sockets import endpoint_with_port, load_keys
+from producer.client import ControlClient, Outbox, Rejected, announcements
+from producer.engine import Engine, SamplingParams, make_engine
+from producer.tokenizer import PromptCodec
+
+log = logging.getLogger("asyncgrpo.producer")
+_REQUEST_TIMEOUT_S = 10.0
+
+
+class Changes:
+    """A change counter that coroutines can wait on without missing a change (no clear races)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._event = asyncio.Event()
+
+    def bump(self) -> None:
+        self.count += 1
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, seen: int, timeout_s: float) -> None:
+        """Return once `count != seen`, or after `timeout_s`."""
+        if self.count != seen:
+            return
+        try:
+            async with asyncio.timeout(timeout_s):  # unlike wait_for, never swallows a cancel
+                await self._event.wait()
+        except TimeoutError:
+            pass
+
+
+@dataclass
+class State:
+    producer_id: str
+    run_id: str = ""
+    target: wire.SnapshotInfo | None = None  # newest snapshot the consumer has announced
+    finished: bool = False
+    in_flight: set[int] = field(default_factory=set)
+    counters: dict[str, float] = field(default_factory=dict)
+    changed: Changes = field(default_factory=Changes)  # version, acks, target or in-flight moved
+
+    def count(self, key: str, n: float = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+
+class Producer:
+    def __init__(self, cfg: Config, ctx: zmq.asyncio.Context) -> None:
+        self.cfg, self.ctx = cfg, ctx
+        pid = os.getpid()
+        self.state = State(cfg.producer.id or f"{socket.gethostname()}-{pid}")
+        self.keys = load_keys(cfg.net.keys_dir, "client") if cfg.net.keys_dir else None
+        self.max_bytes = int(cfg.net.max_message_mib * (1 << 20))
+        self.control = ControlClient(ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes)
+        self.engine: Engine | None = None
+        self.codec: PromptCodec | None = None
+        self.rewards: Any = None
+        self.outbox: Outbox | None = None
+        self.spec: wire.RunSpec | None = None
+        self.cache = Path(tempfile.mkdtemp(prefix="asyncgrpo-snapshots-"))
+        self.rng = random.Random(cfg.run.seed ^ pid)
+        self.started = time.monotonic()
+        self.lease_tasks: dict[int, asyncio.Task[None]] = {}
+
+    # -- setup ---------------------------------------------------------------------------------
+    async def register(self) -> wire.Welcome:
+        held = tuple(self.state.in_flight | set(self.outbox.pending if self.outbox else ()))
+        msg = wire.Register(
+            0, self.state.producer_id, socket.gethostname(), os.getpid(), self.cfg.producer.engine,
+            self.engine.version if self.engine else -1, held,
+        )  # fmt: skip
+        deadline = time.monotonic() + self.cfg.net.handshake_timeout_s
+        while True:
+            try:
+                reply = await self.control.request(msg, timeout_s=min(_REQUEST_TIMEOUT_S, 2.0))
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise ConfigError(
+                        f"no answer from the consumer at net.connect = {self.cfg.net.connect!r} "
+                        f"within net.handshake_timeout_s = {self.cfg.net.handshake_timeout_s} s "
+                        "(is it running, and are the address and keys right?)"
+                    ) from None
+                continue
+            assert isinstance(reply, wire.Welcome), reply
+            self._on_status(reply.status)
+            return reply
+
+    async def setup(self) -> None:
+        welcome = await self.register()
+        spec = self.spec = welcome.spec
+        log.info("registered as %s with consumer run %s", self.state.producer_id, welcome.status.run_id)
+        model_dir = Path(self.cfg.producer.model or spec.model) if self.cfg.producer.engine != "fake" else None
+        if model_dir is not None and not (model_dir / "config.json").exists():
+            raise ConfigError(
+                f"model directory {str(model_dir)!r} (announced by the consumer) does not exist on this "
+                "host: pass --model with a local copy"
+            )
+        self.codec = PromptCodec(model_dir, spec.prompt_format, vocab_size=spec.vocab_size)
+        self.engine = await asyncio.to_thread(
+            make_engine, self.cfg, model_dir=model_dir, vocab_size=spec.vocab_size, seed=self.rng.randrange(1 << 30)
+        )
+        if self.cfg.producer.engine != "fake":
+            from producer.rewards import RewardRunner
+
+            specs = [RewardSpec(r.fn, r.weight) for r in spec.reward_fns]
+            self.rewards = RewardRunner(specs, timeout_s=spec.reward_timeout_s, workers=self.cfg.rewards.workers)
+        push = self._socket(zmq.PUSH, spec.rollouts_port)
+        self.outbox = Outbox(push, resend_after_s=self.cfg.net.resend_after_s)
+
+    def _socket(self, kind: int, port: int) -> zmq.asyncio.Socket:
+        from common.sockets import client_socket
+
+        endpoint = endpoint_with_port(self.cfg.net.connect, port)
+        return client_socket(self.ctx, kind, endpoint, keys=self.keys, max_message_bytes=self.max_bytes)
+
+    # -- status handling -----------------------------------------------------------------------
+    def _on_status(self, status: wire.Status) -> bool:
+        """Apply a status; True when the consumer restarted (new run id)."""
+        restarted = bool(self.state.run_id) and status.run_id != self.state.run_id
+        self.state.run_id = status.run_id
+        if self.outbox is not None:
+            self.outbox.acknowledge(status.acks)
+        if status.snapshot is not None and (
+            self.state.target is None or status.snapshot.version > self.state.target.version or restarted
+        ):
+            self.state.target = status.snapshot
+        self.state.finished = status.finished
+        self.state.changed.bump()
+        return restarted
+
+    async def _request_status(self, msg: wire.Message) -> wire.Message | None:
+        try:
+            reply = await self.control.request(msg, timeout_s=_REQUEST_TIMEOUT_S)
+        except TimeoutError:
+            self.state.count("control_timeouts")
+            return None
+        except Rejected as exc:
+            if exc.reason != "not_registered":
+                raise
+            await self._reregister()
+            return None
+        if self._on_status(reply.status):  # type: ignore[union-attr]
+            await self._reregister()
+        return reply
+
+    async def _reregister(self) -> None:
+        log.warning("consumer restarted or forgot us: registering again, re-sending unacked groups")
+        await self.register()
+        assert self.outbox is not None
+        self.state.count("groups_resent", await self.outbox.resend(everything=True))
+
+    # -- tasks ---------------------------------------------------------------------------------
+    async def heartbeat_loop(self) -> None:
+        assert self.engine is not None and self.outbox is not None
+        while True:
+            msg = wire.Heartbeat(
+                0, self.state.producer_id, self.engine.version, self._state_name(),
+                len(self.state.in_flight), self._counters(),
+            )  # fmt: skip
+            await self._request_status(msg)
+            self.state.count("groups_resent", await self.outbox.resend())
+            await asyncio.sleep(self.cfg.net.heartbeat_s)
+
+    async def announce_loop(self) -> None:
+        assert self.spec is not None
+        sub = self._socket(zmq.SUB, self.spec.announce_port)
+        try:
+            async for ann in announcements(sub, wire.Limits(max_message_bytes=1 << 20)):
+                if ann.run_id == self.state.run_id and (
+                    self.state.target is None or ann.snapshot.version > self.state.target.version
+                ):
+                    self.state.target = ann.snapshot
+                    self.state.changed.bump()
+        finally:
+            sub.close(linger=0)
+
+    async def weights_loop(self) -> None:
+        assert self.engine is not None
+        while True:
+            seen = self.state.changed.count
+            target = self.state.target
+            if target is None or target.version == self.engine.version:
+                await self.state.changed.wait(seen, 5.0)
+                continue
+            try:
+                directory = await self._fetch(target)
+                t0 = time.perf_counter()
+                await self.engine.load_weights(directory, target.version)
+                self.state.count("reloads")
+                self.state.count("reload_s", time.perf_counter() - t0)
+                log.info("loaded weights v%d", target.version)
+                self.state.changed.bump()
+            except (SnapshotError, Rejected, TimeoutError) as exc:
+                self.state.count("snapshot_failures")
+                log.warning("snapshot v%d not loaded (%s); keeping v%d", target.version, exc, self.engine.version)
+                await asyncio.sleep(1.0)
+
+    async def lease_loop(self, tg: asyncio.TaskGroup) -> None:
+        assert self.engine is not None
+        limit = self.cfg.producer.max_in_flight
+        while not self.state.finished:
+            seen = self.state.changed.count
+            free = limit - len(self.state.in_flight)
+            if free <= 0 or self.state.target is None:
+                await self.state.changed.wait(seen, 1.0)
+                continue
+            msg = wire.LeaseRequest(0, self.state.producer_id, free, self.engine.version)
+            reply = await self._request_status(msg)
+            leases = reply.leases if isinstance(reply, wire.LeaseGrant) else ()
+            for lease in leases:
+                self.state.in_flight.add(lease.lease_id)
+                self.lease_tasks[lease.lease_id] = tg.create_task(
+                    self.run_lease(lease), name=f"lease-{lease.lease_id}"
+                )
+            if not leases:
+                self.state.count("lease_requests_empty")
+                await self.state.changed.wait(seen, 0.25)
+        log.info("the consumer needs no more groups: producer done")
+        for task in self.lease_tasks.values():  # their groups would never be trained
+            task.cancel()
+
+    async def run_lease(self, lease: wire.Lease) -> None:
+        assert self.engine is not None and self.codec is not None and self.spec is not None
+        try:
+            t0 = time.perf_counter()
+            while self.engine.version < lease.min_version:  # the staleness bound, by construction
+                await self.state.changed.wait(self.state.changed.count, 1.0)
+            await self._maybe_stall()
+            spec = self.spec
+            prompt_ids = self.codec.encode(lease.prompt)
+            params = SamplingParams(
+                n=spec.group_size, temperature=spec.temperature, max_new_tokens=spec.max_new_tokens,
+                seed=self.rng.randrange(1 << 30), stop_token_ids=self.codec.stop_ids,
+            )  # fmt: skip
+            completions = await self.engine.generate(prompt_ids, params)
+            rewards, errors = await self._score(completions, lease)
+            versions = np.concatenate([c.versions for c in completions]).astype(np.int32)
+            behavior = int(versions.min())
+            group = wire.Group(
+                lease_id=lease.lease_id,
+                producer_id=self.state.producer_id,
+                prompt_index=lease.prompt_index,
+                behavior_version=behavior,
+                prompt_ids=np.asarray(prompt_ids, np.int32),
+                completion_ids=np.concatenate([c.token_ids for c in completions]),
+                completion_lens=np.array([len(c.token_ids) for c in completions], np.int32),
+                behavior_logp=np.concatenate([c.logprobs for c in completions]),
+                token_versions=versions if (versions != behavior).any() else np.zeros(0, np.int32),
+                rewards=rewards,
+                finish_reasons=tuple(c.finish_reason for c in completions),
+                temperature=spec.temperature,
+                num_reward_errors=errors,
+                gen_s=time.perf_counter() - t0,
+            )
+            assert self.outbox is not None
+            await self.outbox.send(group)
+            self.state.count("groups_sent")
+            self.state.count("tokens_generated", group.num_tokens)
+            self.state.count("generate_s", group.gen_s)
+        finally:
+            self.lease_tasks.pop(lease.lease_id, None)
+            self.state.in_flight.discard(lease.lease_id)
+            self.state.changed.bump()
+
+    async def _score(self, completions: list[Any], lease: wire.Lease) -> tuple[np.ndarray, int]:
+        if self.rewards is None:  # fake engine: a seeded coin per completion
+            rng = np.random.default_rng([self.cfg.run.seed, lease.lease_id])
+            return (rng.random(len(completions)) < self.cfg.fake.reward_p).astype(np.float32), 0
+        assert self.codec is not None
+        texts = [self.codec.decode(c.token_ids) for c in completions]
+        scored = await self.rewards.score(texts, lease.answer)
+        self.state.count("reward_errors", scored.num_errors)
+        self.state.count("reward_timeouts", scored.num_timeouts)
+        return np.asarray(scored.rewards, np.float32), scored.num_errors + scored.num_timeouts
+
+    async def _maybe_stall(self) -> None:
+        p = self.cfg.producer
+        if p.stall_s > 0 and p.stall_after_s > 0:
+            start = self.started + p.stall_after_s
+            now = time.monotonic()
+            if start <= now < start + p.stall_s:
+                self.state.count("stalls")
+                await asyncio.sleep(start + p.stall_s - now)
+
+    # -- snapshots -----------------------------------------------------------------------------
+    async def _fetch(self, info: wire.SnapshotInfo) -> Path:
+        """A local directory holding the verified `model.safetensors` of `info`."""
+        local = Path(info.path)
+        if local.is_file():
+            try:
+                await asyncio.to_thread(snap.verify_file, local, expected_hash=info.hash, expected_bytes=info.num_bytes)
+                self.state.count("snapshots_local")
+                return local.parent
+            except SnapshotError as exc:
+                log.info("shared-filesystem snapshot unusable (%s): fetching over the network", exc)
+        chunk = 4 << 20
+        buf = bytearray()
+        while len(buf) < info.num_bytes:
+            msg = wire.ChunkRequest(0, info.version, len(buf), chunk)
+            reply = await self.control.request(msg, timeout_s=_REQUEST_TIMEOUT_S)
+            if not isinstance(reply, wire.Chunk) or reply.total_bytes != info.num_bytes or not reply.data:
+                raise SnapshotError(f"snapshot v{info.version}: inconsistent chunk from the consumer")
+            buf += reply.data
+        await asyncio.to_thread(snap.verify_bytes, buf, expected_hash=info.hash, expected_bytes=info.num_bytes)
+        directory = self.cache / f"v{info.version:06d}"
+        directory.mkdir(exist_ok=True)
+        (directory / snap.WEIGHTS_FILE).write_bytes(buf)
+        self.state.count("snapshots_fetched")
+        for old in sorted(self.cache.iterdir())[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        return directory
+
+    # -- reporting -----------------------------------------------------------------------------
+    def _state_name(self) -> str:
+        assert self.engine is not None
+        if self.state.target is not None and self.state.target.version != self.engine.version:
+            return "loading"
+        return "generating" if self.state.in_flight else "idle"
+
+    def _counters(self) -> dict[str, float]:
+        out = dict(self.state.counters)
+        if self.outbox is not None:
+            out["unacked"] = len(self.outbox.pending)
+            out.update({f"acked_{k}": v for k, v in self.outbox.outcomes.items()})
+        out["uptime_s"] = time.monotonic() - self.started
+        return out
+
+    async def goodbye(self) -> None:
+        if self.outbox is None:
+            return
+        held = tuple(self.outbox.pending)
+        try:
+            await self.control.request(wire.Goodbye(0, self.state.producer_id, held), timeout_s=2.0)
+        except (TimeoutError, Rejected):
+            pass
+
+    async def close(self) -> None:
+        if self.rewards is not None:
+            self.rewards.close()
+        if self.engine is not None:
+            await self.engine.close()
+        if self.outbox is not None:
+            self.outbox.sock.close(linger=0)
+        self.control.close()
+        shutil.rmtree(self.cache, ignore_errors=True)
+
+
+async def main(cfg: Config) -> int:
+    """Run one producer until the consumer says it is finished or a signal arrives."""
+    if cfg.producer.torch_threads and cfg.producer.engine == "hf":
+        import torch
+
+        torch.set_num_threads(cfg.producer.torch_threads)
+    ctx = zmq.asyncio.Context()
+    producer = Producer(cfg, ctx)
+    loop = asyncio.get_running_loop()
+    current = asyncio.current_task()
+    assert current is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, current.cancel)
+    reader = asyncio.create_task(producer.control.read_replies(), name="replies")
+    try:
+        await producer.setup()
+        async with asyncio.TaskGroup() as tg:
+            background = [
+                tg.create_task(producer.heartbeat_loop(), name="heartbeat"),
+                tg.create_task(producer.announce_loop(), name="announce"),
+                tg.create_task(producer.weights_loop(), name="weights"),
+            ]
+            await producer.lease_loop(tg)
+            for task in background:
+                task.cancel()
+    except asyncio.CancelledError:
+        current.uncancel()
+        log.info("stopping: telling the consumer which groups we still hold")
+    finally:
+        await producer.goodbye()
+        reader.cancel()
+        await producer.close()
+        ctx.term()
+    return 0
