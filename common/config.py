@@ -39,15 +39,24 @@ def _f(default: Any, help: str, *, choices: tuple[Any, ...] = ()) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    dir: str = _f("", "Run directory; empty = runs/<timestamp>. Holds config, metrics, ledger, snapshots.")
+    dir: str = _f(
+        "", "Run directory; empty = runs/<timestamp>. Holds config, metrics, ledger, snapshots."
+    )
     seed: int = _f(0, "Seed for prompts order, sampling and initialisation.")
-    steps: int = _f(200, "Optimizer steps the learner takes before it stops (0 = until prompts run out).")
-    resume: bool = _f(False, "Continue from the run directory's checkpoint (model, optimizer, RNG, cursor, ledger).")
+    steps: int = _f(
+        200, "Optimizer steps the learner takes before it stops (0 = until prompts run out)."
+    )
+    resume: bool = _f(
+        False,
+        "Continue from the run directory's checkpoint (model, optimizer, RNG, cursor, ledger).",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    path: str = _f("demo", "HF model directory or name to train and sample; 'demo' = the embedded tiny model.")
+    path: str = _f(
+        "demo", "HF model directory or name to train and sample; 'demo' = the embedded tiny model."
+    )
     dtype: str = _f("float32", "Learner parameter dtype.", choices=("float32", "bfloat16"))
     device: str = _f("auto", "Learner device: auto (cuda if available), cpu, cuda, cuda:N.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
@@ -60,7 +69,9 @@ class TaskConfig:
     path: str = _f("", "JSONL file of prompts (source = jsonl).")
     prompt_field: str = _f("prompt", "JSONL field holding the prompt text.")
     answer_field: str = _f("answer", "JSONL field holding the reference answer given to rewards.")
-    prompt_format: str = _f("raw", "raw text, or the tokenizer's chat template.", choices=("raw", "chat"))
+    prompt_format: str = _f(
+        "raw", "raw text, or the tokenizer's chat template.", choices=("raw", "chat")
+    )
     shuffle: bool = _f(True, "Shuffle prompt order each epoch (seeded).")
     epochs: int = _f(0, "Passes over the prompts (0 = unlimited).")
 
@@ -73,15 +84,23 @@ class RewardSpec:
 
 @dataclass(frozen=True, slots=True)
 class RewardsConfig:
-    fns: list[RewardSpec] = _f([RewardSpec()], "Rewards summed with weights ([[rewards.fns]] tables).")
-    timeout_s: float = _f(5.0, "Seconds a reward call may take; slower calls score 0 and are counted.")
-    workers: int = _f(1, "Reward worker processes per producer (a hung reward is killed, not waited for).")
+    fns: list[RewardSpec] = _f(
+        [RewardSpec()], "Rewards summed with weights ([[rewards.fns]] tables)."
+    )
+    timeout_s: float = _f(
+        5.0, "Seconds a reward call may take; slower calls score 0 and are counted."
+    )
+    workers: int = _f(
+        1, "Reward worker processes per producer (a hung reward is killed, not waited for)."
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingConfig:
     group_size: int = _f(8, "G: completions sampled per prompt.")
-    temperature: float = _f(1.0, "Sampling temperature; the learner divides logits by the same value.")
+    temperature: float = _f(
+        1.0, "Sampling temperature; the learner divides logits by the same value."
+    )
     top_p: float = _f(1.0, "Must stay 1.0 (full-vocabulary log-probs on both sides).")
     top_k: int = _f(0, "Must stay 0 (full-vocabulary log-probs on both sides).")
     max_new_tokens: int = _f(16, "Maximum completion length in tokens.")
@@ -90,17 +109,31 @@ class SamplingConfig:
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    prompts_per_step: int = _f(8, "Groups (prompts) per optimizer step; B = prompts_per_step * G rows.")
+    prompts_per_step: int = _f(
+        8, "Groups (prompts) per optimizer step; B = prompts_per_step * G rows."
+    )
     lr: float = _f(1e-5, "AdamW learning rate.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     betas: list[float] = _f([0.9, 0.999], "AdamW betas.")
     warmup_steps: int = _f(0, "Linear learning-rate warm-up steps.")
     grad_clip: float = _f(1.0, "Global gradient-norm clip (0 = off).")
-    micro_batch_tokens: int = _f(16384, "Token budget (padded rows x length) of one forward/backward micro-batch.")
-    updates_per_batch: int = _f(1, "Optimizer steps per batch (1 = old_logp is logp.detach(), no extra forward).")
-    drop_zero_variance: bool = _f(True, "Skip groups whose rewards are all equal (they carry no signal).")
+    micro_batch_tokens: int = _f(
+        16384, "Token budget (padded rows x length) of one forward/backward micro-batch."
+    )
+    updates_per_batch: int = _f(
+        1, "Optimizer steps per batch (1 = old_logp is logp.detach(), no extra forward)."
+    )
+    drop_zero_variance: bool = _f(
+        True, "Skip groups whose rewards are all equal (they carry no signal)."
+    )
     checkpoint_every: int = _f(0, "Steps between checkpoints (0 = only at shutdown).")
-    simulate_step_s: float = _f(0.0, "Stress testing only: replace the model step by sleeping this long.")
+    eval_every: int = _f(
+        0, "Steps between held-out greedy evaluations in the learner (synthetic task; 0 = off)."
+    )
+    eval_size: int = _f(200, "Held-out problems per periodic evaluation.")
+    simulate_step_s: float = _f(
+        0.0, "Stress testing only: replace the model step by sleeping this long."
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +144,26 @@ class LossConfig:
     clip_high: float = _f(0.2, "PPO clip: ratio <= 1 + clip_high.")
     dual_clip: float = _f(0.0, "Dual-clip constant c > 1 for negative advantages (0 = off).")
     tis: bool = _f(True, "Truncated importance sampling correction of behaviour != learner.")
-    tis_level: str = _f("token", "TIS ratio per token or per sequence.", choices=("token", "sequence"))
-    tis_mode: str = _f("truncate", "Clamp weights to the cap, or zero tokens outside.", choices=("truncate", "mask"))
+    tis_level: str = _f(
+        "token", "TIS ratio per token or per sequence.", choices=("token", "sequence")
+    )
+    tis_mode: str = _f(
+        "truncate",
+        "Clamp weights to the cap, or zero tokens outside.",
+        choices=("truncate", "mask"),
+    )
     tis_cap: float = _f(2.0, "C: upper cap of the TIS weight.")
     tis_cap_min: float = _f(0.0, "Lower cap of the TIS weight (0 = none).")
     agg: str = _f(
         "token-mean",
         "Loss aggregation.",
-        choices=("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
+        choices=(
+            "token-mean",
+            "token-sum",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum",
+            "seq-mean-token-sum-norm",
+        ),
     )
     norm_const: float = _f(0.0, "Constant for seq-mean-token-sum-norm (0 = max_new_tokens).")
     beta: float = _f(0.0, "KL penalty weight to the reference (initial) policy.")
@@ -127,7 +172,9 @@ class LossConfig:
 
 @dataclass(frozen=True, slots=True)
 class StalenessConfig:
-    max_staleness: int = _f(2, "Largest learner_version - behavior_version trained (0 = synchronous on-policy).")
+    max_staleness: int = _f(
+        2, "Largest learner_version - behavior_version trained (0 = synchronous on-policy)."
+    )
     publish_every: int = _f(1, "Steps between weight snapshots (<= max_staleness + 1).")
 
 
@@ -136,21 +183,32 @@ class SnapshotConfig:
     dtype: str = _f("bfloat16", "Snapshot weight dtype.", choices=("bfloat16", "float32"))
     keep_last: int = _f(3, "Snapshots kept on disk (older ones are deleted).")
     chunk_mib: float = _f(4.0, "Chunk size when producers fetch snapshots over the control socket.")
+    delay_s: float = _f(
+        0.0, "Stress testing: hold each snapshot back this long before announcing it."
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class NetConfig:
-    bind_host: str = _f("127.0.0.1", "Consumer bind address; non-loopback needs keys_dir or insecure.")
-    control_port: int = _f(5555, "Control (ROUTER) port; 0 = pick a free one (written to endpoints.json).")
+    bind_host: str = _f(
+        "127.0.0.1", "Consumer bind address; non-loopback needs keys_dir or insecure."
+    )
+    control_port: int = _f(
+        5555, "Control (ROUTER) port; 0 = pick a free one (written to endpoints.json)."
+    )
     rollouts_port: int = _f(0, "Rollouts (PULL) port; 0 = pick a free one.")
     announce_port: int = _f(0, "Announce (PUB) port; 0 = pick a free one.")
     connect: str = _f("tcp://127.0.0.1:5555", "Producer: the consumer's control endpoint.")
     keys_dir: str = _f("", "CurveZMQ keys (asyncgrpo keys DIR); empty = no encryption.")
     insecure: bool = _f(False, "Allow a non-loopback bind or connect without CurveZMQ.")
-    max_message_mib: float = _f(64.0, "Largest accepted message (ZMQ_MAXMSGSIZE and unpacker limits).")
+    max_message_mib: float = _f(
+        64.0, "Largest accepted message (ZMQ_MAXMSGSIZE and unpacker limits)."
+    )
     heartbeat_s: float = _f(1.0, "Producer heartbeat period.")
     producer_timeout_s: float = _f(30.0, "A producer silent this long is gone; its leases expire.")
-    lease_timeout_s: float = _f(900.0, "A lease not delivered in this time expires and is re-issued.")
+    lease_timeout_s: float = _f(
+        900.0, "A lease not delivered in this time expires and is re-issued."
+    )
     resend_after_s: float = _f(60.0, "Producer re-sends a group not acknowledged in this time.")
     handshake_timeout_s: float = _f(60.0, "How long a producer waits for the consumer's welcome.")
 
@@ -164,7 +222,9 @@ class ProducerConfig:
     device: str = _f("auto", "hf engine device: auto, cpu, cuda, cuda:N.")
     torch_threads: int = _f(1, "torch intra-op threads in an hf producer (0 = torch default).")
     slow_factor: float = _f(1.0, "Stress testing: multiply generation latency (fake engine).")
-    stall_after_s: float = _f(0.0, "Stress testing: stall once after this many seconds (0 = never).")
+    stall_after_s: float = _f(
+        0.0, "Stress testing: stall once after this many seconds (0 = never)."
+    )
     stall_s: float = _f(0.0, "Stress testing: length of that stall.")
 
 
@@ -172,8 +232,12 @@ class ProducerConfig:
 class FakeEngineConfig:
     min_tokens: int = _f(4, "Shortest completion.")
     max_tokens: int = _f(16, "Longest completion (capped by max_new_tokens).")
-    long_tail: float = _f(0.0, "Probability that a completion takes max_tokens (long-tail lengths).")
-    latency_s: float = _f(0.0, "Seconds per generate call (one group), before jitter and slow_factor.")
+    long_tail: float = _f(
+        0.0, "Probability that a completion takes max_tokens (long-tail lengths)."
+    )
+    latency_s: float = _f(
+        0.0, "Seconds per generate call (one group), before jitter and slow_factor."
+    )
     per_token_s: float = _f(0.0, "Extra seconds per generated token of the longest completion.")
     jitter: float = _f(0.0, "Relative latency jitter: latency *= uniform(1 - jitter, 1 + jitter).")
     reward_p: float = _f(0.5, "Probability that a fake completion scores 1.")
@@ -187,7 +251,9 @@ class VllmConfig:
     enforce_eager: bool = _f(False, "Disable CUDA graphs (faster start, slower decode).")
     max_num_seqs: int = _f(256, "vLLM scheduler: sequences decoded together.")
     inflight_updates: bool = _f(True, "Reload weights without waiting for requests to finish.")
-    attention_backend: str = _f("", "vLLM attention backend (e.g. FLASH_ATTN); empty = vLLM default.")
+    attention_backend: str = _f(
+        "", "vLLM attention backend (e.g. FLASH_ATTN); empty = vLLM default."
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +355,9 @@ def field_help() -> list[tuple[str, str, Any, str]]:
             if f.metadata.get("choices"):
                 help_text += " One of: " + ", ".join(map(str, f.metadata["choices"])) + "."
             tname = getattr(hints[f.name], "__name__", str(hints[f.name]))
-            rows.append((f"{name}.{f.name}", tname, getattr(getattr(defaults, name), f.name), help_text))
+            rows.append(
+                (f"{name}.{f.name}", tname, getattr(getattr(defaults, name), f.name), help_text)
+            )
     return rows
 
 
@@ -356,10 +424,22 @@ def problems(cfg: Config) -> list[str]:
             out.append(message)
 
     s, st, t, loss, net = cfg.sampling, cfg.staleness, cfg.train, cfg.loss, cfg.net
-    need(s.group_size >= 2, f"sampling.group_size = {s.group_size}: GRPO needs G >= 2 (advantages are relative within a group)")
-    need(s.temperature > 0, "sampling.temperature must be > 0 (log-probs are of logits / temperature)")
-    need(s.top_p == 1.0, "sampling.top_p must be 1.0: the learner computes full-vocabulary log-probs, so top-p sampling would bias every importance ratio")
-    need(s.top_k == 0, "sampling.top_k must be 0: the learner computes full-vocabulary log-probs, so top-k sampling would bias every importance ratio")
+    need(
+        s.group_size >= 2,
+        f"sampling.group_size = {s.group_size}: GRPO needs G >= 2 (advantages are relative within a group)",
+    )
+    need(
+        s.temperature > 0,
+        "sampling.temperature must be > 0 (log-probs are of logits / temperature)",
+    )
+    need(
+        s.top_p == 1.0,
+        "sampling.top_p must be 1.0: the learner computes full-vocabulary log-probs, so top-p sampling would bias every importance ratio",
+    )
+    need(
+        s.top_k == 0,
+        "sampling.top_k must be 0: the learner computes full-vocabulary log-probs, so top-k sampling would bias every importance ratio",
+    )
     need(s.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1")
     need(st.max_staleness >= 0, "staleness.max_staleness must be >= 0 (0 = synchronous on-policy)")
     need(st.publish_every >= 1, "staleness.publish_every must be >= 1")
@@ -372,17 +452,35 @@ def problems(cfg: Config) -> list[str]:
     need(t.lr > 0, "train.lr must be > 0")
     need(t.micro_batch_tokens >= 1, "train.micro_batch_tokens must be >= 1")
     need(t.updates_per_batch >= 1, "train.updates_per_batch must be >= 1")
-    need(len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas), "train.betas must be two numbers in [0, 1)")
+    need(
+        len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas),
+        "train.betas must be two numbers in [0, 1)",
+    )
     need(cfg.run.steps >= 0, "run.steps must be >= 0")
-    need(0 <= loss.clip_low < 1 and loss.clip_high >= 0, "loss.clip_low must be in [0, 1) and loss.clip_high >= 0")
+    need(
+        0 <= loss.clip_low < 1 and loss.clip_high >= 0,
+        "loss.clip_low must be in [0, 1) and loss.clip_high >= 0",
+    )
     need(loss.dual_clip == 0 or loss.dual_clip > 1, "loss.dual_clip must be 0 (off) or > 1")
-    need(loss.tis_cap > 0 and 0 <= loss.tis_cap_min < loss.tis_cap, "loss.tis_cap must be > 0 and > loss.tis_cap_min >= 0")
+    need(
+        loss.tis_cap > 0 and 0 <= loss.tis_cap_min < loss.tis_cap,
+        "loss.tis_cap must be > 0 and > loss.tis_cap_min >= 0",
+    )
     need(loss.beta >= 0, "loss.beta must be >= 0")
-    need(cfg.task.source != "jsonl" or bool(cfg.task.path), "task.path is required when task.source = 'jsonl'")
+    need(
+        cfg.task.source != "jsonl" or bool(cfg.task.path),
+        "task.path is required when task.source = 'jsonl'",
+    )
     need(len(cfg.rewards.fns) >= 1, "rewards.fns needs at least one reward")
-    need(cfg.rewards.timeout_s > 0 and cfg.rewards.workers >= 1, "rewards.timeout_s must be > 0 and rewards.workers >= 1")
+    need(
+        cfg.rewards.timeout_s > 0 and cfg.rewards.workers >= 1,
+        "rewards.timeout_s must be > 0 and rewards.workers >= 1",
+    )
     need(cfg.snapshot.keep_last >= 1, "snapshot.keep_last must be >= 1")
-    need(net.heartbeat_s > 0 and net.producer_timeout_s > 2 * net.heartbeat_s, "net.producer_timeout_s must exceed two heartbeats (net.heartbeat_s)")
+    need(
+        net.heartbeat_s > 0 and net.producer_timeout_s > 2 * net.heartbeat_s,
+        "net.producer_timeout_s must exceed two heartbeats (net.heartbeat_s)",
+    )
     need(net.max_message_mib > 0, "net.max_message_mib must be > 0")
     secure = bool(net.keys_dir) or net.insecure
     need(
@@ -395,7 +493,10 @@ def problems(cfg: Config) -> list[str]:
         f"net.connect = {net.connect!r} leaves this machine: set net.keys_dir (CurveZMQ) or pass --insecure",
     )
     need(cfg.producer.max_in_flight >= 1, "producer.max_in_flight must be >= 1")
-    need(1 <= cfg.fake.min_tokens <= cfg.fake.max_tokens, "fake.min_tokens must be in [1, fake.max_tokens]")
+    need(
+        1 <= cfg.fake.min_tokens <= cfg.fake.max_tokens,
+        "fake.min_tokens must be in [1, fake.max_tokens]",
+    )
     return out
 
 

@@ -112,7 +112,9 @@ def server_socket(
             port = sock.bind_to_random_port(f"tcp://{host}")
     except zmq.ZMQError as exc:
         sock.close(linger=0)
-        raise ConfigError(f"cannot bind tcp://{host}:{port}: {exc}; choose another net.*_port") from None
+        raise ConfigError(
+            f"cannot bind tcp://{host}:{port}: {exc}; choose another net.*_port"
+        ) from None
     return sock, port
 
 

@@ -327,7 +327,7 @@ def _to_wire(obj: Any) -> Any:
 # Decoding
 
 
-def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:  # noqa: B008
+def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
     """Parse and check one message. Raises only `WireError`."""
     if len(data) > limits.max_message_bytes:
         raise WireError("too_large", f"{len(data)} bytes > {limits.max_message_bytes}")
@@ -431,7 +431,9 @@ def check_group(g: Group, limits: Limits) -> None:
     """The cross-field checks of a group (also run by `decode`). Raises `WireError`."""
     lens = g.completion_lens
     if limits.group_size is not None and len(lens) != limits.group_size:
-        raise WireError("group_size", f"{len(lens)} completions, the run samples G={limits.group_size}")
+        raise WireError(
+            "group_size", f"{len(lens)} completions, the run samples G={limits.group_size}"
+        )
     if len(lens) < 1 or len(g.rewards) != len(lens) or len(g.finish_reasons) != len(lens):
         raise WireError("length_mismatch", "completion_lens, rewards and finish_reasons differ")
     if (lens < 1).any() or (lens > limits.max_completion_tokens).any():

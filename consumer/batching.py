@@ -80,7 +80,9 @@ def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]
     return out
 
 
-def collate(rows: list[Row], indices: list[int], *, pad_id: int, device: torch.device) -> MicroBatch:
+def collate(
+    rows: list[Row], indices: list[int], *, pad_id: int, device: torch.device
+) -> MicroBatch:
     picked = [rows[i] for i in indices]
     L = max(len(r.ids) for r in picked)
     B = len(picked)
@@ -102,6 +104,8 @@ def collate(rows: list[Row], indices: list[int], *, pad_id: int, device: torch.d
         tokens_BT=input_ids[:, 1:],
         mask_BT=torch.from_numpy(mask).to(device),
         behavior_logp_BT=torch.from_numpy(behavior).to(device),
-        advantages_B=torch.tensor([r.advantage for r in picked], dtype=torch.float32, device=device),
+        advantages_B=torch.tensor(
+            [r.advantage for r in picked], dtype=torch.float32, device=device
+        ),
         rows=tuple(indices),
     )

@@ -69,9 +69,13 @@ class Learner:
 
             self.trainer = Trainer(cfg, self.model_dir)
         self.source = make_source(cfg.task, seed=cfg.run.seed)
-        order = PromptOrder(len(self.source), seed=cfg.run.seed, shuffle=cfg.task.shuffle, epochs=cfg.task.epochs)
+        order = PromptOrder(
+            len(self.source), seed=cfg.run.seed, shuffle=cfg.task.shuffle, epochs=cfg.task.epochs
+        )
         self.book = LeaseBook(
-            order, prompts_per_step=cfg.train.prompts_per_step, max_staleness=cfg.staleness.max_staleness
+            order,
+            prompts_per_step=cfg.train.prompts_per_step,
+            max_staleness=cfg.staleness.max_staleness,
         )
         self.version = 0
         if cfg.run.resume:
@@ -108,6 +112,7 @@ class Learner:
             run_dir / "snapshots",
             self.model_dir,
             keep_last=cfg.snapshot.keep_last,
+            delay_s=cfg.snapshot.delay_s,
             on_published=lambda info: self.server.call(lambda: self.server.publish(info)).result(),
         )
         self.metrics = M.JsonlWriter(run_dir / "metrics.jsonl")
@@ -120,7 +125,12 @@ class Learner:
         (self.run_dir / "endpoints.json").write_text(__import__("json").dumps(endpoints))
         self.server.call(lambda: setattr(self.server, "policy_version", self.version))
         self.server.start()
-        log.info("consumer %s listening on %s (run dir %s)", self.run_id, endpoints["control"], self.run_dir)
+        log.info(
+            "consumer %s listening on %s (run dir %s)",
+            self.run_id,
+            endpoints["control"],
+            self.run_dir,
+        )
         self._publish(wait=True)
         t_start = last = time.perf_counter()
         steps = self.cfg.run.steps or 1 << 62
@@ -166,7 +176,9 @@ class Learner:
                 continue
             out.dropped[why] += 1
             info = {"behavior_version": g.behavior_version, "num_tokens": g.num_tokens}
-            self.server.call(lambda g=g, why=why, info=info: self.book.finalize(g.lease_id, why, **info))
+            self.server.call(
+                lambda g=g, why=why, info=info: self.book.finalize(g.lease_id, why, **info)
+            )
         return out
 
     def _starved(self) -> bool:
@@ -184,7 +196,11 @@ class Learner:
         def settle() -> None:
             for lease_id, behavior, tokens in kept:
                 self.book.finalize(
-                    lease_id, "trained", behavior_version=behavior, trained_step=v, num_tokens=tokens
+                    lease_id,
+                    "trained",
+                    behavior_version=behavior,
+                    trained_step=v,
+                    num_tokens=tokens,
                 )
             self.server.policy_version = self.version
             self.server.flush_ledger()
@@ -224,8 +240,10 @@ class Learner:
             "leases_open": balance["open"],
             "rejected_messages": view["counters"].get("rejected", 0),
             "producers": {
-                p: {"version": pv["loaded_version"], "state": pv["state"]} for p, pv in view["producers"].items()
+                p: {"version": pv["loaded_version"], "state": pv["state"]}
+                for p, pv in view["producers"].items()
             },
+            "producer_counters": {p: pv["counters"] for p, pv in view["producers"].items()},
             **metrics,
         }
 
@@ -233,7 +251,9 @@ class Learner:
         import torch
 
         dtype = torch.bfloat16 if self.cfg.snapshot.dtype == "bfloat16" else torch.float32
-        self.publisher.submit(self.trainer.snapshot_state(dtype), version=self.version, step=self.version)
+        self.publisher.submit(
+            self.trainer.snapshot_state(dtype), version=self.version, step=self.version
+        )
         self.published = self.version
         if wait:
             self.publisher.wait()

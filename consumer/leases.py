@@ -148,7 +148,8 @@ class LeaseBook:
         doomed = [
             r.lease_id
             for r in self.open.values()
-            if r.state == "issued" and (r.producer_id in gone or now - r.issued_at > lease_timeout_s)
+            if r.state == "issued"
+            and (r.producer_id in gone or now - r.issued_at > lease_timeout_s)
         ]
         return [self.finalize(i, "expired", reason="timeout") for i in doomed]
 
@@ -202,6 +203,8 @@ class LeaseBook:
             rec.state, rec.issued_at = "issued", now
             self.open[rec.lease_id] = rec
         self.counts = Counter(state["counts"])
-        self.by_producer = defaultdict(Counter, {p: Counter(c) for p, c in state["by_producer"].items()})
+        self.by_producer = defaultdict(
+            Counter, {p: Counter(c) for p, c in state["by_producer"].items()}
+        )
         self.final_states = {int(k): v for k, v in state["final_states"].items()}
         self.order.load_state_dict(state["order"])

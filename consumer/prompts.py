@@ -81,7 +81,9 @@ class SyntheticSource:
 
 def make_source(cfg: TaskConfig, *, seed: int) -> PromptSource:
     if cfg.source == "jsonl":
-        return JsonlSource(Path(cfg.path), prompt_field=cfg.prompt_field, answer_field=cfg.answer_field)
+        return JsonlSource(
+            Path(cfg.path), prompt_field=cfg.prompt_field, answer_field=cfg.answer_field
+        )
     return SyntheticSource(seed=seed)
 
 

@@ -38,17 +38,23 @@ class Publisher:
         *,
         keep_last: int,
         on_published: Callable[[SnapshotInfo], None],
+        delay_s: float = 0.0,
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self._extra = [
             p
             for p in (sorted(base_model_dir.iterdir()) if base_model_dir else [])
-            if p.is_file() and not p.name.endswith(_WEIGHT_SUFFIXES) and not p.name.endswith(".index.json")
+            if p.is_file()
+            and not p.name.endswith(_WEIGHT_SUFFIXES)
+            and not p.name.endswith(".index.json")
         ]
         self._keep_last = keep_last
+        self._delay_s = delay_s  # stress testing: a slow filesystem or network
         self._on_published = on_published
-        self._jobs: queue.Queue[tuple[dict[str, torch.Tensor], int, int] | None] = queue.Queue(maxsize=1)
+        self._jobs: queue.Queue[tuple[dict[str, torch.Tensor], int, int] | None] = queue.Queue(
+            maxsize=1
+        )
         self._error: BaseException | None = None
         self._idle = threading.Event()
         self._idle.set()
@@ -81,6 +87,8 @@ class Publisher:
         while (job := self._jobs.get()) is not None:
             try:
                 info = self.write(*job)
+                if self._delay_s > 0:
+                    time.sleep(self._delay_s)
                 self._on_published(info)
             except BaseException as exc:  # handed to the training thread by _raise
                 self._error = exc

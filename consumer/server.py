@@ -72,12 +72,18 @@ class Server:
         self.snapshot_root, self.run_dir = snapshot_root, run_dir
         net = cfg.net
         max_bytes = int(net.max_message_mib * (1 << 20))
-        common = dict(host=net.bind_host, keys=keys, insecure=net.insecure, max_message_bytes=max_bytes)
+        common = dict(
+            host=net.bind_host, keys=keys, insecure=net.insecure, max_message_bytes=max_bytes
+        )
         self.control, control_port = server_socket(ctx, zmq.ROUTER, port=net.control_port, **common)
-        self.rollouts, rollouts_port = server_socket(ctx, zmq.PULL, port=net.rollouts_port, **common)
+        self.rollouts, rollouts_port = server_socket(
+            ctx, zmq.PULL, port=net.rollouts_port, **common
+        )
         self.announce, announce_port = server_socket(ctx, zmq.PUB, port=net.announce_port, **common)
         self.ports = {"control": control_port, "rollouts": rollouts_port, "announce": announce_port}
-        self.spec = wire.RunSpec(**{**asdict(spec), "rollouts_port": rollouts_port, "announce_port": announce_port})
+        self.spec = wire.RunSpec(
+            **{**asdict(spec), "rollouts_port": rollouts_port, "announce_port": announce_port}
+        )
         s = cfg.sampling
         self.group_limits = wire.Limits(
             max_message_bytes=max_bytes,
@@ -108,7 +114,9 @@ class Server:
     def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn` on the network thread (between socket events); its result via the future."""
         fut: Future[T] = Future()
-        if self.error is not None or (self._thread.ident is not None and not self._thread.is_alive()):
+        if self.error is not None or (
+            self._thread.ident is not None and not self._thread.is_alive()
+        ):
             fut.set_exception(RuntimeError("the consumer's network thread has stopped"))
             return fut
         self._calls.put((fn, fut))
@@ -161,7 +169,9 @@ class Server:
             for sock in (self.control, self.rollouts, self.announce):
                 sock.close(linger=0)
 
-    def _drain(self, sock: zmq.Socket, handler: Callable[[list[bytes]], None], limit: int = 256) -> None:
+    def _drain(
+        self, sock: zmq.Socket, handler: Callable[[list[bytes]], None], limit: int = 256
+    ) -> None:
         for _ in range(limit):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
@@ -187,7 +197,11 @@ class Server:
         expired = self.book.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=gone)
         with self._lock:
             for p in gone:
-                log.warning("producer %s silent for %.0f s: gone, its leases expire", p, net.producer_timeout_s)
+                log.warning(
+                    "producer %s silent for %.0f s: gone, its leases expire",
+                    p,
+                    net.producer_timeout_s,
+                )
                 self.producers[p].state = "gone"
                 self.producers[p].last_seen = float("inf")  # report once
             self.counters["expired"] += len(expired)
@@ -244,7 +258,9 @@ class Server:
 
     def _status(self, producer_id: str | None) -> wire.Status:
         acks = self.book.take_acks(producer_id) if producer_id else ()
-        return wire.Status(self.run_id, self.policy_version, self.snapshot, acks, not self.accepting)
+        return wire.Status(
+            self.run_id, self.policy_version, self.snapshot, acks, not self.accepting
+        )
 
     def _handle(self, msg: wire.Message) -> wire.Message:
         now = time.monotonic()
@@ -254,7 +270,13 @@ class Server:
                     msg.host, msg.pid, msg.engine, msg.loaded_version, last_seen=now
                 )
             self.book.reconcile(msg.producer_id, set(msg.held_leases))
-            log.info("producer %s registered (%s pid %d, %s)", msg.producer_id, msg.host, msg.pid, msg.engine)
+            log.info(
+                "producer %s registered (%s pid %d, %s)",
+                msg.producer_id,
+                msg.host,
+                msg.pid,
+                msg.engine,
+            )
             return wire.Welcome(msg.req, self.spec, self._status(msg.producer_id))
         if isinstance(msg, wire.ChunkRequest):
             return self._chunk(msg)
@@ -292,7 +314,9 @@ class Server:
         out = []
         for r in records:
             prompt, answer = self.prompts.get(r.prompt_index)
-            out.append(wire.Lease(r.lease_id, r.prompt_index, r.step, r.min_version, prompt, answer))
+            out.append(
+                wire.Lease(r.lease_id, r.prompt_index, r.step, r.min_version, prompt, answer)
+            )
         if out:
             self._ledger_dirty = True
         return tuple(out)

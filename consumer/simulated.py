@@ -32,7 +32,11 @@ class SimulatedTrainer:
         time.sleep(self.step_s)
         self.version += 1
         tokens = sum(g.num_tokens for g in groups)
-        return {"step_s": time.perf_counter() - t0, "num_tokens": float(tokens), "tis_weight_mean": 1.0}
+        return {
+            "step_s": time.perf_counter() - t0,
+            "num_tokens": float(tokens),
+            "tis_weight_mean": 1.0,
+        }
 
     def snapshot_state(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         return {"version": torch.tensor(np.array([self.version], np.float32)).to(dtype)}

@@ -61,7 +61,10 @@ class Trainer:
         self.pad_id = _pad_id(self.model.config)
         t = cfg.train
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=t.lr, betas=(t.betas[0], t.betas[1]), weight_decay=t.weight_decay
+            self.model.parameters(),
+            lr=t.lr,
+            betas=(t.betas[0], t.betas[1]),
+            weight_decay=t.weight_decay,
         )
         warm = max(t.warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -109,7 +112,9 @@ class Trainer:
         for plan in plans:
             mb = collate(rows, plan, pad_id=self.pad_id, device=self.device)
             old_BT = None if old is None else _stack_old(old, [row_ids[i] for i in plan], mb)
-            loss, m = self._micro_loss(mb, old_BT, global_tokens=global_tokens, global_seqs=len(rows))
+            loss, m = self._micro_loss(
+                mb, old_BT, global_tokens=global_tokens, global_seqs=len(rows)
+            )
             loss.backward()
             metrics.append((m, mb.num_tokens))
         clip = c.train.grad_clip if c.train.grad_clip > 0 else math.inf
@@ -119,11 +124,17 @@ class Trainer:
         return metrics, grad_norm
 
     def _forward_logp(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if self._autocast else contextlib.nullcontext()
+        ctx = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if self._autocast
+            else contextlib.nullcontext()
+        )
         with ctx:
             logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL).logits
         logits_BTV = logits[:, :-1].float()
-        logp_BT = L.sampled_logprobs(logits_BTV, mb.tokens_BT, temperature=self.cfg.sampling.temperature)
+        logp_BT = L.sampled_logprobs(
+            logits_BTV, mb.tokens_BT, temperature=self.cfg.sampling.temperature
+        )
         return logp_BT, logits_BTV
 
     def _micro_loss(
@@ -164,7 +175,9 @@ class Trainer:
     def _old_logp(self, rows: list[Row]) -> dict[int, torch.Tensor]:
         """Learner log-probs before any update of this batch, per row (completion positions)."""
         out: dict[int, torch.Tensor] = {}
-        for plan in plan_micro_batches([len(r.ids) for r in rows], self.cfg.train.micro_batch_tokens):
+        for plan in plan_micro_batches(
+            [len(r.ids) for r in rows], self.cfg.train.micro_batch_tokens
+        ):
             mb = collate(rows, plan, pad_id=self.pad_id, device=self.device)
             logp_BT, _ = self._forward_logp(self.model, mb)
             for b, i in enumerate(plan):
@@ -178,7 +191,8 @@ class Trainer:
         rows = rows_of(groups, np.zeros((len(groups), groups[0].group_size)))
         per_row = self._old_logp(rows)
         return [
-            per_row[i][r.prompt_len - 1 : len(r.ids) - 1].float().cpu().numpy() for i, r in enumerate(rows)
+            per_row[i][r.prompt_len - 1 : len(r.ids) - 1].float().cpu().numpy()
+            for i, r in enumerate(rows)
         ]
 
     def snapshot_state(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -35,7 +35,8 @@ config_app = typer.Typer(help="Inspect the configuration keys.", no_args_is_help
 app.add_typer(config_app, name="config")
 
 ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="TOML config file (see `asyncgrpo config show`).")
+    Path | None,
+    typer.Option("--config", "-c", help="TOML config file (see `asyncgrpo config show`)."),
 ]
 SetOpt = Annotated[
     list[str] | None,
@@ -97,15 +98,26 @@ def make_run_dir(cfg: C.Config) -> Path:
 def consumer(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    run_dir: Annotated[str | None, typer.Option("--run-dir", help="run.dir: where metrics, ledger and snapshots go.")] = None,
+    run_dir: Annotated[
+        str | None,
+        typer.Option("--run-dir", help="run.dir: where metrics, ledger and snapshots go."),
+    ] = None,
     steps: Annotated[int | None, typer.Option(help="run.steps: optimizer steps to take.")] = None,
-    model: Annotated[str | None, typer.Option(help="model.path: HF model directory, or 'demo'.")] = None,
-    max_staleness: Annotated[int | None, typer.Option(help="staleness.max_staleness (0 = synchronous).")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="model.path: HF model directory, or 'demo'.")
+    ] = None,
+    max_staleness: Annotated[
+        int | None, typer.Option(help="staleness.max_staleness (0 = synchronous).")
+    ] = None,
     bind: Annotated[str | None, typer.Option(help="net.bind_host: address to listen on.")] = None,
-    port: Annotated[int | None, typer.Option(help="net.control_port: the port producers --connect to.")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="net.control_port: the port producers --connect to.")
+    ] = None,
     keys: KeysOpt = None,
     insecure: InsecureOpt = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run directory's checkpoint.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the run directory's checkpoint.")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the learner: lease prompts, receive groups, train, publish snapshots."""
@@ -132,11 +144,20 @@ def consumer(
 def producer(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    connect: Annotated[str | None, typer.Option(help="net.connect: the consumer's control endpoint, tcp://HOST:PORT.")] = None,
+    connect: Annotated[
+        str | None,
+        typer.Option(help="net.connect: the consumer's control endpoint, tcp://HOST:PORT."),
+    ] = None,
     engine: Annotated[str | None, typer.Option(help="producer.engine: hf, vllm or fake.")] = None,
-    model: Annotated[str | None, typer.Option(help="producer.model: local model dir (default: the consumer's).")] = None,
-    max_in_flight: Annotated[int | None, typer.Option(help="producer.max_in_flight: prompts held at once.")] = None,
-    producer_id: Annotated[str | None, typer.Option("--id", help="producer.id: name in logs and ledger.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="producer.model: local model dir (default: the consumer's).")
+    ] = None,
+    max_in_flight: Annotated[
+        int | None, typer.Option(help="producer.max_in_flight: prompts held at once.")
+    ] = None,
+    producer_id: Annotated[
+        str | None, typer.Option("--id", help="producer.id: name in logs and ledger.")
+    ] = None,
     device: Annotated[str | None, typer.Option(help="producer.device for the hf engine.")] = None,
     keys: KeysOpt = None,
     insecure: InsecureOpt = False,
@@ -163,7 +184,9 @@ def producer(
 
 
 @app.command()
-def keys(directory: Annotated[Path, typer.Argument(help="Directory to create the keys in.")]) -> None:
+def keys(
+    directory: Annotated[Path, typer.Argument(help="Directory to create the keys in.")],
+) -> None:
     """Create CurveZMQ keys: server.key(_secret) for the consumer, client.key(_secret) for producers."""
     from common.sockets import create_keys
 
@@ -171,6 +194,244 @@ def keys(directory: Annotated[Path, typer.Argument(help="Directory to create the
     typer.echo(f"wrote {server} and {client} (+ secrets) in {directory}")
     typer.echo("consumer: --keys DIR (needs server.key_secret, client.key)")
     typer.echo("producers: --keys DIR (need client.key_secret, server.key)")
+
+
+DEMO_CONFIG = Path(__file__).parent / "configs" / "demo.toml"
+
+
+@app.command()
+def launch(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run_dir: Annotated[
+        str | None, typer.Option("--run-dir", help="Run directory (default: runs/<timestamp>).")
+    ] = None,
+    steps: Annotated[int | None, typer.Option(help="run.steps: optimizer steps to take.")] = None,
+    producers: Annotated[int, typer.Option(help="Producer processes to start.")] = 2,
+    engine: Annotated[str | None, typer.Option(help="producer.engine: hf, vllm or fake.")] = None,
+    max_staleness: Annotated[
+        int | None, typer.Option(help="staleness.max_staleness (0 = synchronous).")
+    ] = None,
+    live: Annotated[
+        bool | None,
+        typer.Option(
+            "--live/--no-live", help="Live dashboard (default: when stderr is a terminal)."
+        ),
+    ] = None,
+    evaluate: Annotated[
+        bool,
+        typer.Option(
+            "--eval/--no-eval", help="Evaluate the start and final models on the held-out split."
+        ),
+    ] = True,
+) -> None:
+    """Run the whole pipeline here: one consumer and N producers, supervised.
+
+    Without --config it trains the embedded demo (a tiny model this project builds itself) on the
+    synthetic arithmetic task, shows live progress, evaluates the starting model and the final
+    snapshot on the held-out split, and writes plots. Ctrl-C stops cleanly (final snapshot).
+    """
+    flags = {
+        "run.dir": run_dir, "run.steps": steps, "producer.engine": engine,
+        "staleness.max_staleness": max_staleness,
+    }  # fmt: skip
+    cfg = load_config(config or DEMO_CONFIG, set_, flags)
+    out = make_run_dir(cfg)
+    from consumer.learner import resolve_model
+    from launch import local
+
+    model_dir = None
+    if not cfg.train.simulate_step_s:
+        typer.echo(
+            f"model: {cfg.model.path} (building it the first time can take a minute)", err=True
+        )
+        try:
+            model_dir = resolve_model(cfg.model.path)
+        except ConfigError as exc:
+            _fail(str(exc))
+    resolved = [f"run.dir={_toml_value(str(out.resolve()))}", "net.control_port=0"]
+    if model_dir is not None:
+        resolved.append(f"model.path={_toml_value(str(model_dir))}")
+    cfg = C.apply_overrides(cfg, resolved)
+    C.write(cfg, out / "config.toml")
+    typer.echo(f"run directory: {out}", err=True)
+    show = sys.stderr.isatty() if live is None else live
+    code = local.run(
+        out / "config.toml", out, steps=cfg.run.steps, num_producers=producers, live=show
+    )
+    if evaluate and model_dir is not None and cfg.task.source == "synthetic":
+        _evaluate_run(out, model_dir)
+    from launch.report import report as write_report
+
+    for path in write_report(out):
+        typer.echo(f"wrote {path}", err=True)
+    raise typer.Exit(code)
+
+
+def _evaluate_run(run_dir: Path, model_dir: Path) -> None:
+    import json
+
+    from common import snapshot as snap
+    from launch.evaluate import greedy_accuracy
+
+    versions = snap.list_versions(run_dir / "snapshots")
+    if not versions:
+        typer.echo("no snapshot to evaluate", err=True)
+        return
+    final_dir = snap.snapshot_dir(run_dir / "snapshots", versions[-1])
+    initial = greedy_accuracy(model_dir)
+    final = greedy_accuracy(model_dir, snapshot=final_dir / snap.WEIGHTS_FILE)
+    result = {
+        "initial_accuracy": initial.accuracy,
+        "final_accuracy": final.accuracy,
+        "heldout_size": initial.total,
+        "final_version": versions[-1],
+        "model": str(model_dir),
+    }
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
+    typer.secho(
+        f"held-out greedy accuracy: start {initial.accuracy:.1%} → final (v{versions[-1]}) "
+        f"{final.accuracy:.1%} on {initial.total} problems",
+        fg=typer.colors.GREEN if final.accuracy > initial.accuracy else typer.colors.YELLOW,
+        err=True,
+    )
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
+    """Write PNG plots (RUN_DIR/plots) and summary.md for a run, finished or not."""
+    from launch.report import report as write_report
+
+    if not run_dir.is_dir():
+        _fail(f"{run_dir} is not a directory")
+    for path in write_report(run_dir):
+        typer.echo(f"wrote {path}")
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"{name} expects comma-separated integers, got {text!r}")
+        raise AssertionError from None
+
+
+@app.command(
+    epilog=(
+        "Example (transport and scheduling only, ~3 minutes): asyncgrpo stress --out runs/sweep "
+        "--max-staleness 0,1,2,4 --engine fake --steps 30 --gen-s 0.5 --step-s 0.5. "
+        "With learning: asyncgrpo stress --out runs/sweep-demo --engine demo --max-staleness 0,2 --steps 150."
+    )
+)
+def stress(
+    out: Annotated[
+        Path,
+        typer.Option(help="Sweep directory: results.csv, summary.md, plots/, runs/<setting>/."),
+    ],
+    max_staleness: Annotated[
+        str,
+        typer.Option(help="Comma-separated max_staleness values; 0 is the synchronous baseline."),
+    ] = "0,1,2,4",
+    producers: Annotated[str, typer.Option(help="Comma-separated producer counts.")] = "2",
+    is_modes: Annotated[
+        str,
+        typer.Option(
+            "--is",
+            help="Comma-separated IS corrections: off, token-truncate, token-mask, sequence-truncate, sequence-mask.",
+        ),
+    ] = "token-truncate",
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="fake (scheduling only, no learning) or demo (the embedded model learns)."
+        ),
+    ] = "fake",
+    steps: Annotated[int, typer.Option(help="Optimizer steps per setting.")] = 30,
+    gen_s: Annotated[float, typer.Option(help="fake: seconds to generate one group.")] = 0.5,
+    step_s: Annotated[float, typer.Option(help="fake: simulated learner step, seconds.")] = 0.5,
+    slow: Annotated[
+        float, typer.Option(help="Producer p1 generates this many times slower.")
+    ] = 1.0,
+    jitter: Annotated[
+        float, typer.Option(help="fake: relative latency jitter (0.3 = ±30%).")
+    ] = 0.0,
+    long_tail: Annotated[
+        float, typer.Option(help="fake: probability of a max-length completion.")
+    ] = 0.0,
+    stall_s: Annotated[
+        float, typer.Option(help="Producer p2 stalls this long, 5 s after it starts.")
+    ] = 0.0,
+    publish_delay_s: Annotated[
+        float, typer.Option(help="Delay every snapshot announcement by this long.")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed of every setting (sweeps are repeatable).")] = 0,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Run a grid of real pipeline runs under different staleness settings and compare them.
+
+    Each setting starts a consumer and producers as processes over ZeroMQ; results.csv has one
+    row per setting (throughput, idle fractions, staleness histogram, drops, TIS statistics,
+    speedup over max_staleness = 0, and accuracy when the demo model learns).
+    """
+    from launch.stress import IS_MODES, Scenario, run_sweep
+
+    modes = [m.strip() for m in is_modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in IS_MODES]
+    if bad:
+        _fail(f"--is: unknown {bad}; choose from {', '.join(IS_MODES)}")
+    if engine not in ("fake", "demo"):
+        _fail("--engine must be fake or demo")
+    base = load_config(config or (DEMO_CONFIG if engine == "demo" else None), set_, {})
+    if engine == "demo":
+        from consumer.learner import resolve_model
+
+        base = C.apply_overrides(
+            base, [f"model.path={_toml_value(str(resolve_model(base.model.path)))}"]
+        )
+    scenario = Scenario(
+        gen_s=gen_s, step_s=step_s, slow_factor=slow, jitter=jitter, long_tail=long_tail,
+        stall_s=stall_s, publish_delay_s=publish_delay_s, seed=seed,
+    )  # fmt: skip
+    rows = run_sweep(
+        base, out, staleness=_ints(max_staleness, "--max-staleness"), producers=_ints(producers, "--producers"),
+        is_modes=modes, engine=engine, steps=steps, scenario=scenario,
+    )  # fmt: skip
+    for r in rows:
+        typer.echo(
+            f"{r['setting']:<28} steps/h {r['steps_per_hour'] or 0:9.0f}  speedup {r['speedup_vs_sync'] or 0:5.2f}x  "
+            f"learner idle {r['learner_idle_frac'] or 0:.2f}  staleness max {r['staleness_max_trained']}"
+        )
+    typer.echo(f"wrote {out / 'results.csv'}, {out / 'summary.md'} and {out / 'plots'}")
+
+
+@app.command("make-model")
+def make_model(
+    out: Annotated[
+        Path | None, typer.Argument(help="Directory to write (default: the cache).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the build (the default model uses 0).")] = 0,
+) -> None:
+    """Build the embedded demo model (own tokenizer, small Qwen2, short supervised warm-up)."""
+    from launch.demo_model import build_demo_model, ensure_demo_model
+
+    path = build_demo_model(out, seed=seed) if out is not None else ensure_demo_model()
+    typer.echo(str(path))
+
+
+@app.command("eval")
+def eval_(
+    model: Annotated[Path, typer.Argument(help="Model directory or snapshot directory.")],
+    snapshot: Annotated[
+        Path | None, typer.Option(help="A model.safetensors to load over MODEL's weights.")
+    ] = None,
+    n: Annotated[int | None, typer.Option(help="Held-out problems to use (default: all).")] = None,
+) -> None:
+    """Greedy accuracy of a model (or snapshot) on the synthetic task's held-out split."""
+    from launch.evaluate import greedy_accuracy
+
+    result = greedy_accuracy(model, snapshot=snapshot, n=n)
+    typer.echo(f"accuracy {result.accuracy:.4f} ({result.correct}/{result.total})")
 
 
 @config_app.command("show")
@@ -200,3 +461,7 @@ def config_docs() -> None:
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -40,7 +40,9 @@ class ControlClient:
     def __init__(
         self, ctx: zmq.asyncio.Context, endpoint: str, *, keys: Keys | None, max_message_bytes: int
     ) -> None:
-        self.sock = client_socket(ctx, zmq.DEALER, endpoint, keys=keys, max_message_bytes=max_message_bytes)
+        self.sock = client_socket(
+            ctx, zmq.DEALER, endpoint, keys=keys, max_message_bytes=max_message_bytes
+        )
         self.limits = wire.Limits(max_message_bytes=max_message_bytes)
         self._next = 1
         self._waiting: dict[int, asyncio.Future[wire.Message]] = {}
@@ -54,8 +56,8 @@ class ControlClient:
         fut: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
         self._waiting[req] = fut
         try:
-            await self.sock.send(wire.encode(msg))
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s):  # send too: a DEALER with no peer blocks
+                await self.sock.send(wire.encode(msg))
                 reply = await fut
         finally:
             self._waiting.pop(req, None)
@@ -125,7 +127,9 @@ class Outbox:
         return count
 
 
-async def announcements(sock: zmq.asyncio.Socket, limits: wire.Limits) -> AsyncIterator[wire.Announce]:
+async def announcements(
+    sock: zmq.asyncio.Socket, limits: wire.Limits
+) -> AsyncIterator[wire.Announce]:
     while True:
         data = await sock.recv()
         try:
@@ -135,4 +139,3 @@ async def announcements(sock: zmq.asyncio.Socket, limits: wire.Limits) -> AsyncI
             continue
         if isinstance(msg, wire.Announce):
             yield msg
-

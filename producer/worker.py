@@ -91,7 +91,9 @@ class Producer:
         self.state = State(cfg.producer.id or f"{socket.gethostname()}-{pid}")
         self.keys = load_keys(cfg.net.keys_dir, "client") if cfg.net.keys_dir else None
         self.max_bytes = int(cfg.net.max_message_mib * (1 << 20))
-        self.control = ControlClient(ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes)
+        self.control = ControlClient(
+            ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes
+        )
         self.engine: Engine | None = None
         self.codec: PromptCodec | None = None
         self.rewards: Any = None
@@ -101,6 +103,7 @@ class Producer:
         self.rng = random.Random(cfg.run.seed ^ pid)
         self.started = time.monotonic()
         self.lease_tasks: dict[int, asyncio.Task[None]] = {}
+        self.num_active, self.busy_since = 0, self.started
 
     # -- setup ---------------------------------------------------------------------------------
     async def register(self) -> wire.Welcome:
@@ -128,8 +131,14 @@ class Producer:
     async def setup(self) -> None:
         welcome = await self.register()
         spec = self.spec = welcome.spec
-        log.info("registered as %s with consumer run %s", self.state.producer_id, welcome.status.run_id)
-        model_dir = Path(self.cfg.producer.model or spec.model) if self.cfg.producer.engine != "fake" else None
+        log.info(
+            "registered as %s with consumer run %s", self.state.producer_id, welcome.status.run_id
+        )
+        model_dir = (
+            Path(self.cfg.producer.model or spec.model)
+            if self.cfg.producer.engine != "fake"
+            else None
+        )
         if model_dir is not None and not (model_dir / "config.json").exists():
             raise ConfigError(
                 f"model directory {str(model_dir)!r} (announced by the consumer) does not exist on this "
@@ -137,13 +146,19 @@ class Producer:
             )
         self.codec = PromptCodec(model_dir, spec.prompt_format, vocab_size=spec.vocab_size)
         self.engine = await asyncio.to_thread(
-            make_engine, self.cfg, model_dir=model_dir, vocab_size=spec.vocab_size, seed=self.rng.randrange(1 << 30)
+            make_engine,
+            self.cfg,
+            model_dir=model_dir,
+            vocab_size=spec.vocab_size,
+            seed=self.rng.randrange(1 << 30),
         )
         if self.cfg.producer.engine != "fake":
             from producer.rewards import RewardRunner
 
             specs = [RewardSpec(r.fn, r.weight) for r in spec.reward_fns]
-            self.rewards = RewardRunner(specs, timeout_s=spec.reward_timeout_s, workers=self.cfg.rewards.workers)
+            self.rewards = RewardRunner(
+                specs, timeout_s=spec.reward_timeout_s, workers=self.cfg.rewards.workers
+            )
         push = self._socket(zmq.PUSH, spec.rollouts_port)
         self.outbox = Outbox(push, resend_after_s=self.cfg.net.resend_after_s)
 
@@ -151,7 +166,9 @@ class Producer:
         from common.sockets import client_socket
 
         endpoint = endpoint_with_port(self.cfg.net.connect, port)
-        return client_socket(self.ctx, kind, endpoint, keys=self.keys, max_message_bytes=self.max_bytes)
+        return client_socket(
+            self.ctx, kind, endpoint, keys=self.keys, max_message_bytes=self.max_bytes
+        )
 
     # -- status handling -----------------------------------------------------------------------
     def _on_status(self, status: wire.Status) -> bool:
@@ -161,7 +178,9 @@ class Producer:
         if self.outbox is not None:
             self.outbox.acknowledge(status.acks)
         if status.snapshot is not None and (
-            self.state.target is None or status.snapshot.version > self.state.target.version or restarted
+            self.state.target is None
+            or status.snapshot.version > self.state.target.version
+            or restarted
         ):
             self.state.target = status.snapshot
         self.state.finished = status.finished
@@ -232,7 +251,12 @@ class Producer:
                 self.state.changed.bump()
             except (SnapshotError, Rejected, TimeoutError) as exc:
                 self.state.count("snapshot_failures")
-                log.warning("snapshot v%d not loaded (%s); keeping v%d", target.version, exc, self.engine.version)
+                log.warning(
+                    "snapshot v%d not loaded (%s); keeping v%d",
+                    target.version,
+                    exc,
+                    self.engine.version,
+                )
                 await asyncio.sleep(1.0)
 
     async def lease_loop(self, tg: asyncio.TaskGroup) -> None:
@@ -261,11 +285,14 @@ class Producer:
 
     async def run_lease(self, lease: wire.Lease) -> None:
         assert self.engine is not None and self.codec is not None and self.spec is not None
+        busy = False
         try:
             t0 = time.perf_counter()
             while self.engine.version < lease.min_version:  # the staleness bound, by construction
                 await self.state.changed.wait(self.state.changed.count, 1.0)
             await self._maybe_stall()
+            self._busy(+1)
+            busy = True
             spec = self.spec
             prompt_ids = self.codec.encode(lease.prompt)
             params = SamplingParams(
@@ -298,9 +325,19 @@ class Producer:
             self.state.count("tokens_generated", group.num_tokens)
             self.state.count("generate_s", group.gen_s)
         finally:
+            if busy:
+                self._busy(-1)
             self.lease_tasks.pop(lease.lease_id, None)
             self.state.in_flight.discard(lease.lease_id)
             self.state.changed.bump()
+
+    def _busy(self, delta: int) -> None:
+        """Track time with at least one lease generating or scoring (counter busy_s)."""
+        now = time.monotonic()
+        if self.num_active > 0:
+            self.state.count("busy_s", now - self.busy_since)
+        self.busy_since = now
+        self.num_active += delta
 
     async def _score(self, completions: list[Any], lease: wire.Lease) -> tuple[np.ndarray, int]:
         if self.rewards is None:  # fake engine: a seeded coin per completion
@@ -328,7 +365,9 @@ class Producer:
         local = Path(info.path)
         if local.is_file():
             try:
-                await asyncio.to_thread(snap.verify_file, local, expected_hash=info.hash, expected_bytes=info.num_bytes)
+                await asyncio.to_thread(
+                    snap.verify_file, local, expected_hash=info.hash, expected_bytes=info.num_bytes
+                )
                 self.state.count("snapshots_local")
                 return local.parent
             except SnapshotError as exc:
@@ -338,10 +377,18 @@ class Producer:
         while len(buf) < info.num_bytes:
             msg = wire.ChunkRequest(0, info.version, len(buf), chunk)
             reply = await self.control.request(msg, timeout_s=_REQUEST_TIMEOUT_S)
-            if not isinstance(reply, wire.Chunk) or reply.total_bytes != info.num_bytes or not reply.data:
-                raise SnapshotError(f"snapshot v{info.version}: inconsistent chunk from the consumer")
+            if (
+                not isinstance(reply, wire.Chunk)
+                or reply.total_bytes != info.num_bytes
+                or not reply.data
+            ):
+                raise SnapshotError(
+                    f"snapshot v{info.version}: inconsistent chunk from the consumer"
+                )
             buf += reply.data
-        await asyncio.to_thread(snap.verify_bytes, buf, expected_hash=info.hash, expected_bytes=info.num_bytes)
+        await asyncio.to_thread(
+            snap.verify_bytes, buf, expected_hash=info.hash, expected_bytes=info.num_bytes
+        )
         directory = self.cache / f"v{info.version:06d}"
         directory.mkdir(exist_ok=True)
         (directory / snap.WEIGHTS_FILE).write_bytes(buf)
@@ -358,6 +405,7 @@ class Producer:
         return "generating" if self.state.in_flight else "idle"
 
     def _counters(self) -> dict[str, float]:
+        self._busy(0)  # account the interval in progress
         out = dict(self.state.counters)
         if self.outbox is not None:
             out["unacked"] = len(self.outbox.pending)

@@ -1,0 +1,242 @@
+"""Supervised local processes: one consumer and N producers on this machine.
+
+`Supervisor` starts the children through the same CLI a user would type (`python -m launch.cli
+consumer …`, `… producer …`), each in its own process group and with a parent-death signal
+(Linux), so they never outlive the launcher. Invariants:
+- Processes are tracked by PID/process group, never found or killed by name.
+- A producer that fails (non-zero exit) while the consumer still runs is restarted under the same producer id
+  (the consumer then expires the leases it lost at once), at most `max_restarts` times each.
+- `stop()` asks the consumer to finish (SIGINT: final step, final snapshot, ledger), waits, then
+  ends the producers (SIGTERM, then SIGKILL after a grace period). After `stop()` no child runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("asyncgrpo.launch")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setpgrp()  # own process group: a terminal's Ctrl-C reaches only the launcher
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+    finished: bool = False  # exited and will not be restarted
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout_s: float) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        config_path: Path,
+        num_producers: int,
+        producer_args: Callable[[int], list[str]] | None = None,
+        max_restarts: int = 5,
+    ) -> None:
+        self.run_dir = run_dir
+        self.config_path = config_path
+        self.num_producers = num_producers
+        self.producer_args = producer_args or (lambda index: [])
+        self.max_restarts = max_restarts
+        self.consumer: Child | None = None
+        self.producers: list[Child] = []
+        self.endpoint = ""
+
+    def _cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "launch.cli", *args]
+
+    def start(self, *, startup_timeout_s: float = 300.0) -> None:
+        """Start the consumer, wait for its endpoints, then the producers."""
+        endpoints = self.run_dir / "endpoints.json"
+        endpoints.unlink(missing_ok=True)
+        self.consumer = Child(
+            "consumer",
+            self._cli("consumer", "--config", str(self.config_path)),
+            self.run_dir / "consumer.stdout.log",
+        )
+        self.consumer.start()
+        deadline = time.monotonic() + startup_timeout_s
+        while not endpoints.exists():
+            code = self.consumer.poll()
+            if code is not None:
+                raise RuntimeError(
+                    f"the consumer exited with {code} at startup: see {self.consumer.log_path}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the consumer did not start within {startup_timeout_s} s")
+            time.sleep(0.1)
+        self.endpoint = json.loads(endpoints.read_text())["control"]
+        for i in range(self.num_producers):
+            name = f"p{i + 1}"
+            argv = self._cli(
+                "producer", "--config", str(self.config_path), "--connect", self.endpoint, "--id", name,
+                *self.producer_args(i),
+            )  # fmt: skip
+            child = Child(name, argv, self.run_dir / f"producer-{name}.log")
+            child.start()
+            self.producers.append(child)
+
+    def tick(self) -> int | None:
+        """Restart dead producers; the consumer's exit code once it has exited, else None."""
+        assert self.consumer is not None
+        code = self.consumer.poll()
+        if code is not None:
+            return code
+        for child in self.producers:
+            exit_code = child.poll()
+            if exit_code is None or child.finished:
+                continue
+            child.exit_codes.append(exit_code)
+            if exit_code == 0 or child.restarts >= self.max_restarts:  # 0: the consumer is done
+                child.finished = True
+                continue
+            child.restarts += 1
+            log.warning(
+                "producer %s exited with %s: restart %d", child.name, exit_code, child.restarts
+            )
+            child.start()
+        return None
+
+    def alive(self) -> list[str]:
+        kids = [self.consumer, *self.producers] if self.consumer else self.producers
+        return [c.name for c in kids if c.poll() is None]
+
+    def stop(self, *, grace_s: float = 120.0) -> int | None:
+        """Finish the consumer cleanly, then end every producer. Returns the consumer's code."""
+        code = None
+        if self.consumer is not None:
+            self.consumer.signal(signal.SIGINT)
+            code = self.consumer.wait(grace_s)
+            if code is None:
+                log.error("consumer did not finish within %.0f s: killing it", grace_s)
+                self.consumer.signal(signal.SIGKILL)
+                code = self.consumer.wait(10)
+        for child in self.producers:
+            child.signal(signal.SIGTERM)
+        for child in self.producers:
+            if child.wait(10) is None:
+                child.signal(signal.SIGKILL)
+                child.wait(10)
+        return code
+
+    def pids(self) -> list[int]:
+        kids = [self.consumer, *self.producers] if self.consumer else self.producers
+        return [c.proc.pid for c in kids if c.proc is not None]
+
+
+def run(
+    config_path: Path,
+    run_dir: Path,
+    *,
+    steps: int,
+    num_producers: int,
+    live: bool,
+    producer_args: Callable[[int], list[str]] | None = None,
+    on_tick: Callable[[Supervisor], None] | None = None,
+) -> int:
+    """Start everything, watch it (restarting producers), stop cleanly; the consumer's code.
+
+    Ctrl-C (SIGINT) or SIGTERM to the launcher ends the run early, the same clean way.
+    """
+    from rich.console import Console
+    from rich.live import Live
+
+    from launch.dashboard import MetricsTail, render, summary_line
+
+    stop = {"asked": False}
+
+    def ask_stop(signum: int, _frame: object) -> None:
+        stop["asked"] = True
+
+    previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    sup = Supervisor(
+        run_dir, config_path=config_path, num_producers=num_producers, producer_args=producer_args
+    )
+    tail = MetricsTail(run_dir / "metrics.jsonl")
+    console = Console(stderr=True)
+    t0 = time.monotonic()
+
+    def view() -> Any:
+        restarts = {c.name: c.restarts for c in sup.producers}
+        return render(tail, steps=steps, elapsed_s=time.monotonic() - t0, restarts=restarts)
+
+    code: int | None = None
+    try:
+        sup.start()
+        last_line = time.monotonic()
+        display = (
+            Live(get_renderable=view, console=console, refresh_per_second=2)
+            if live
+            else nullcontext()
+        )
+        with display:
+            while not stop["asked"] and code is None:
+                code = sup.tick()
+                tail.poll()
+                if on_tick is not None:
+                    on_tick(sup)
+                if not live and time.monotonic() - last_line > 10:
+                    last_line = time.monotonic()
+                    rec = tail.records[-1] if tail.records else None
+                    console.print(summary_line(rec, steps, time.monotonic() - t0), highlight=False)
+                time.sleep(0.25)
+    finally:
+        if stop["asked"]:
+            console.print("stopping: the consumer finishes its step and writes a final snapshot…")
+        stopped = sup.stop()
+        code = code if code is not None else stopped
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        tail.poll()
+    if tail.records:
+        console.print(summary_line(tail.records[-1], steps, time.monotonic() - t0), highlight=False)
+    return int(code) if code is not None else 1

@@ -1,0 +1,183 @@
+"""`asyncgrpo report RUN_DIR`: PNG plots and a Markdown summary of one run, from its files.
+
+Reads `metrics.jsonl` (one line per step), `leases.jsonl` (one line per finished lease),
+`ledger.json` and `eval.json` (if present). Writes `plots/*.png` and `summary.md`:
+- reward.png: batch reward mean (and held-out greedy accuracy when the learner evaluated) vs step;
+- staleness.png: histogram of learner_version - behavior_version over trained groups;
+- tis.png: TIS weight mean and fraction truncated vs step;
+- throughput.png: completion tokens/s and learner idle fraction over wall time;
+- lag.png: the learner's version and every producer's loaded weight version over wall time.
+Works on partial runs (a run stopped early plots what it has).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from common.metrics import read_jsonl
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        if r.get(key) is not None:
+            xs.append(r["step"])
+            ys.append(r[key])
+    return xs, ys
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_reward(records: list[dict[str, Any]], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(*_series(records, "reward_mean"), label="batch reward mean", alpha=0.6)
+    xs, ys = _series(records, "heldout_accuracy")
+    if xs:
+        ax.plot(xs, ys, "o-", label="held-out greedy accuracy")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend()
+    ax.set_title("reward and accuracy")
+    return _save(fig, out / "reward.png")
+
+
+def staleness_counts(leases: list[dict[str, Any]]) -> Counter[int]:
+    return Counter(
+        r["trained_step"] - r["behavior_version"] for r in leases if r.get("state") == "trained"
+    )
+
+
+def plot_staleness(leases: list[dict[str, Any]], out: Path) -> Path:
+    counts = staleness_counts(leases)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lags = sorted(counts)
+    ax.bar([str(k) for k in lags], [counts[k] for k in lags])
+    ax.set_xlabel("staleness (learner version - behaviour version)")
+    ax.set_ylabel("trained groups")
+    ax.set_title("staleness of trained groups")
+    return _save(fig, out / "staleness.png")
+
+
+def plot_tis(records: list[dict[str, Any]], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(*_series(records, "tis_weight_mean"), label="TIS weight mean")
+    ax.plot(*_series(records, "tis_frac_truncated"), label="fraction truncated/masked")
+    ax.plot(*_series(records, "behavior_gap_abs_mean"), label="mean |old - behaviour| log-prob")
+    ax.set_xlabel("optimizer step")
+    ax.legend()
+    ax.set_title("truncated importance sampling")
+    return _save(fig, out / "tis.png")
+
+
+def plot_throughput(records: list[dict[str, Any]], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    t = [r["time_s"] for r in records]
+    ax.plot(t, [r.get("tokens_per_s", 0) for r in records], label="completion tokens/s")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("tokens/s")
+    ax2 = ax.twinx()
+    ax2.plot(
+        t,
+        [r.get("learner_idle_frac", 0) for r in records],
+        color="tab:red",
+        alpha=0.6,
+        label="learner idle",
+    )
+    ax2.set_ylim(0, 1)
+    ax2.set_ylabel("learner idle fraction")
+    fig.legend(loc="upper right")
+    ax.set_title("throughput")
+    return _save(fig, out / "throughput.png")
+
+
+def plot_lag(records: list[dict[str, Any]], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    t = [r["time_s"] for r in records]
+    ax.plot(t, [r["step"] for r in records], label="learner version", linewidth=2)
+    names = sorted({p for r in records for p in r.get("producers", {})})
+    for name in names:
+        pts = [
+            (r["time_s"], r["producers"][name]["version"])
+            for r in records
+            if name in r.get("producers", {})
+        ]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{name} weights", alpha=0.7)
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("version")
+    ax.legend()
+    ax.set_title("learner vs producer weight versions")
+    return _save(fig, out / "lag.png")
+
+
+def summarize(run_dir: Path) -> str:
+    records = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    leases = read_jsonl(run_dir / "leases.jsonl") if (run_dir / "leases.jsonl").exists() else []
+    ledger = (
+        json.loads((run_dir / "ledger.json").read_text())
+        if (run_dir / "ledger.json").exists()
+        else {}
+    )
+    ev = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
+    lines = [f"# Run {run_dir.name}", ""]
+    if records:
+        last, first = records[-1], records[0]
+        k = min(10, len(records))
+        lines += [
+            f"- steps: {last['step']} in {last['time_s']:.0f} s",
+            f"- reward mean: first {k} steps {sum(r['reward_mean'] for r in records[:k]) / k:.3f}, "
+            f"last {k} steps {sum(r['reward_mean'] for r in records[-k:]) / k:.3f}",
+            f"- staleness of trained groups: {dict(sorted(staleness_counts(leases).items()))}",
+            f"- learner idle fraction (mean): {sum(r.get('learner_idle_frac', 0) for r in records) / len(records):.3f}",
+            f"- completion tokens/s (mean): {sum(r.get('tokens_per_s', 0) for r in records) / len(records):.0f}",
+            f"- first step at {first['time_s']:.1f} s",
+        ]
+    if ev:
+        lines += [
+            f"- held-out greedy accuracy: {ev.get('initial_accuracy', float('nan')):.3f} → "
+            f"{ev.get('final_accuracy', float('nan')):.3f} (n = {ev.get('heldout_size')})"
+        ]
+    if ledger:
+        lines += [
+            "",
+            "## Ledger",
+            "",
+            "```",
+            json.dumps(ledger.get("balance", {}), sort_keys=True),
+            "```",
+        ]
+    lines += ["", "## Plots", ""] + [
+        f"![{p.stem}](plots/{p.name})" for p in sorted((run_dir / "plots").glob("*.png"))
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def report(run_dir: Path) -> list[Path]:
+    """Write every plot and summary.md; returns the files written."""
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    records = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    leases = read_jsonl(run_dir / "leases.jsonl") if (run_dir / "leases.jsonl").exists() else []
+    written = []
+    if records:
+        written += [
+            plot_reward(records, out),
+            plot_tis(records, out),
+            plot_throughput(records, out),
+            plot_lag(records, out),
+        ]
+    written.append(plot_staleness(leases, out))
+    (run_dir / "summary.md").write_text(summarize(run_dir))
+    return [*written, run_dir / "summary.md"]

@@ -1,0 +1,65 @@
+"""Start the CLI as real processes in tests, and wait on files they write (no sleeps as sync)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def cli(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    """`python -m launch.cli ARGS` in its own process group, output to `log`."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "launch.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def wait_for(predicate: Any, *, timeout_s: float, what: str, procs: list[Any] = ()) -> Any:  # type: ignore[assignment]
+    """Poll `predicate()` until it returns a truthy value; fail with `what` after `timeout_s`.
+
+    Fails early if one of `procs` exits while we wait.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{what}: process {p.args[3:5]} exited with {p.returncode}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def endpoint(run_dir: Path, procs: list[Any] = (), timeout_s: float = 120) -> str:  # type: ignore[assignment]
+    path = run_dir / "endpoints.json"
+    wait_for(path.exists, timeout_s=timeout_s, what="the consumer's endpoints.json", procs=procs)
+    return str(json.loads(path.read_text())["control"])
+
+
+def stop(*procs: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, sig)
+    for p in procs:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
