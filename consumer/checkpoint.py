@@ -2,7 +2,8 @@
 
 Layout: `<run>/checkpoint/` = `model.safetensors` (fp32), `trainer.pt` (optimizer, scheduler and
 RNG states, via torch.save of plain tensors and dicts), `state.json` (version, lease book with
-prompt cursor, ledger counts). Written under a temporary name and renamed, so a crash during a
+prompt cursor, ledger counts, and the sizes of `leases.jsonl` and `metrics.jsonl` at the save: a
+resumed run truncates them there, so every lease and step appears once). Written under a temporary name and renamed, so a crash during a
 save leaves the previous checkpoint intact. `--resume` (run.resume) restores all of it: the
 learner continues with the same weights, optimizer moments and RNG streams; producers notice
 the new incarnation and re-register by themselves.
@@ -64,6 +65,11 @@ def load(run_dir: Path, *, trainer: Any) -> tuple[int, dict[str, Any]]:
     if not (path / "state.json").exists():
         raise ConfigError(f"run.resume: no checkpoint in {path} (run.dir must name an earlier run)")
     state = json.loads((path / "state.json").read_text())
+    for name, size in state["book"].pop("logs", {}).items():  # drop what happened after the save
+        log = run_dir / name
+        if log.exists() and log.stat().st_size > size:
+            with open(log, "r+b") as f:
+                f.truncate(size)
     if trainer.model is not None:
         weights = load_file(path / "model.safetensors", device=str(trainer.device))
         missing, unexpected = trainer.model.load_state_dict(weights, strict=False)

@@ -16,6 +16,7 @@ the ledger, check that it balances, exit 0.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import signal
@@ -81,6 +82,7 @@ class Learner:
         if cfg.run.resume:
             self.version, book_state = checkpoint.load(run_dir, trainer=self.trainer)
             self.book.load_state_dict(book_state, now=time.monotonic())
+            cfg = self.cfg = _reuse_ports(cfg, run_dir)
             log.info("resumed at version %d (incarnation %d)", self.version, self.book.incarnation)
         self.run_id = f"{uuid.uuid4().hex[:8]}-{self.book.incarnation}"
         self.ctx = zmq.Context()
@@ -122,7 +124,7 @@ class Learner:
     def run(self) -> int:
         host = self.cfg.net.bind_host
         endpoints = {k: f"tcp://{host}:{p}" for k, p in self.server.ports.items()}
-        (self.run_dir / "endpoints.json").write_text(__import__("json").dumps(endpoints))
+        (self.run_dir / "endpoints.json").write_text(json.dumps(endpoints))
         self.server.call(lambda: setattr(self.server, "policy_version", self.version))
         self.server.start()
         log.info(
@@ -259,9 +261,27 @@ class Learner:
             self.publisher.wait()
 
     def _checkpoint(self) -> None:
+        """Save learner and lease book together with how far the append-only logs had got, so a
+        resumed run truncates them to exactly the state it continues from."""
         self.publisher.wait()
-        state = self.server.call(self.book.state_dict).result()
+
+        def consistent_state() -> dict[str, Any]:
+            self.server.flush_ledger()
+            state = self.book.state_dict()
+            state["logs"] = {name: _size(self.run_dir / name) for name in ("leases.jsonl", "metrics.jsonl")}
+            return state
+
+        self.metrics.flush()
+        state = self.server.call(consistent_state).result()
         checkpoint.save(self.run_dir, trainer=self.trainer, version=self.version, book_state=state)
+
+    def _let_producers_hear_the_end(self) -> None:
+        """Keep answering for a few heartbeats so producers learn the run is over and exit."""
+        deadline = time.monotonic() + 3 * self.cfg.net.heartbeat_s + 1.0
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            if self.server.call(self.server.all_told_finished).result():
+                return
+            time.sleep(0.05)
 
     def shutdown(self) -> None:
         """Stop granting, final snapshot, expire open leases, checkpoint, balanced ledger."""
@@ -276,6 +296,7 @@ class Learner:
             self.server.call(lambda: self.book.expire_all("shutdown")).result()
             self.server.call(self.server.flush_ledger).result()
             balance = self.server.call(self.book.balance).result()
+            self._let_producers_hear_the_end()
             self.server.stop()
             if self.auth is not None:
                 self.auth.stop()
@@ -284,6 +305,26 @@ class Learner:
         log.info("ledger: %s", balance)
         if not balance["ok"]:
             raise AssertionError(f"ledger does not balance: {balance}")
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _reuse_ports(cfg: Config, run_dir: Path) -> Config:
+    """A resumed consumer listens where the old one did (ports 0 = the previous ports), so its
+    producers reconnect by themselves."""
+    path = run_dir / "endpoints.json"
+    if not path.exists():
+        return cfg
+    old = {k: int(v.rsplit(":", 1)[1]) for k, v in json.loads(path.read_text()).items()}
+    net = cfg.net
+    sets = [
+        f"net.{k}_port={old[k]}"
+        for k in ("control", "rollouts", "announce")
+        if getattr(net, f"{k}_port") == 0 and k in old
+    ]
+    return config_mod.apply_overrides(cfg, sets)
 
 
 def resolve_model(path: str) -> Path:

@@ -98,6 +98,7 @@ class Server:
         self.policy_version = 0
         self.snapshot: wire.SnapshotInfo | None = None
         self.accepting = True  # False once the learner needs no more groups
+        self.told_finished: set[str] = set()  # producers whose last reply said finished
         self.counters: Counter[str] = Counter()
         self.producers: dict[str, ProducerView] = {}
         self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
@@ -125,6 +126,11 @@ class Server:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def all_told_finished(self) -> bool:
+        """Every live producer has heard that the run is finished (call on this thread)."""
+        live = {p for p, v in self.producers.items() if v.state not in ("gone", "left")}
+        return live <= self.told_finished
 
     def check(self) -> None:
         """Re-raise, on the caller's thread, a failure of the network thread."""
@@ -243,13 +249,15 @@ class Server:
                 self.counters["control_rejected.multipart"] += 1
             return
         identity, payload = frames
+        req = 0  # unknown until the request parses
         try:
             msg = wire.decode(payload, self.control_limits)
+            req = getattr(msg, "req", 0)
             reply = self._handle(msg)
         except WireError as exc:
             with self._lock:
                 self.counters[f"control_rejected.{exc.reason}"] += 1
-            reply = wire.Reject(req=0, reason=exc.reason, detail=exc.detail)
+            reply = wire.Reject(req=req, reason=exc.reason, detail=exc.detail)
         try:
             self.control.send_multipart([identity, wire.encode(reply)], zmq.NOBLOCK)
         except zmq.ZMQError:  # peer gone (ROUTER_MANDATORY) or its pipe full: it will retry
@@ -258,6 +266,8 @@ class Server:
 
     def _status(self, producer_id: str | None) -> wire.Status:
         acks = self.book.take_acks(producer_id) if producer_id else ()
+        if producer_id and not self.accepting:
+            self.told_finished.add(producer_id)
         return wire.Status(
             self.run_id, self.policy_version, self.snapshot, acks, not self.accepting
         )

@@ -433,6 +433,13 @@ class Producer:
         shutil.rmtree(self.cache, ignore_errors=True)
 
 
+def _log_tasks() -> None:
+    for task in asyncio.all_tasks():
+        frames = task.get_stack(limit=8)
+        where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
+        log.warning("task %s: %s", task.get_name(), where)
+
+
 async def main(cfg: Config) -> int:
     """Run one producer until the consumer says it is finished or a signal arrives."""
     if cfg.producer.torch_threads and cfg.producer.engine == "hf":
@@ -446,6 +453,7 @@ async def main(cfg: Config) -> int:
     assert current is not None
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, current.cancel)
+    loop.add_signal_handler(signal.SIGUSR1, _log_tasks)  # `kill -USR1 PID`: where is it waiting?
     reader = asyncio.create_task(producer.control.read_replies(), name="replies")
     try:
         await producer.setup()

@@ -1,0 +1,115 @@
+"""Either side may die and come back: no group is lost or trained twice, the ledger balances.
+
+Real processes over loopback; a simulated learner step keeps these quick (the lease book,
+checkpoint and resume logic are the same as with a model).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from procs import cli, endpoint, read_jsonl, stop, wait_for
+
+P = 4  # prompts per step
+
+
+def prompts_file(tmp_path: Path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}*2=", "answer": str(2 * i)}) + "\n" for i in range(50)))
+    return path
+
+
+def consumer(tmp_path: Path, run_dir: Path, steps: int, *extra: str, log: str = "consumer.log"):
+    sets = [
+        "train.simulate_step_s=0.05", "sampling.group_size=4", f"train.prompts_per_step={P}",
+        "net.control_port=0", "net.producer_timeout_s=3", "net.heartbeat_s=0.2",
+        "net.resend_after_s=2", "train.checkpoint_every=5", "staleness.max_staleness=2",
+        "task.source=jsonl", f"task.path={prompts_file(tmp_path)}",
+    ]  # fmt: skip
+    args = ["consumer", "--run-dir", str(run_dir), "--steps", str(steps), *extra]
+    for s in sets:
+        args += ["--set", s]
+    return cli(*args, log=tmp_path / log)
+
+
+def producer(tmp_path: Path, ep: str, name: str, log: str | None = None):
+    return cli(
+        "producer", "--connect", ep, "--engine", "fake", "--id", name,
+        "--set", "fake.latency_s=0.05", "--set", "net.heartbeat_s=0.2",
+        log=tmp_path / (log or f"{name}.log"),
+    )  # fmt: skip
+
+
+def steps_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(read_jsonl(path)) if path.exists() else 0
+
+
+def check_ledger(run_dir: Path, steps: int) -> dict:
+    leases = read_jsonl(run_dir / "leases.jsonl")
+    ids = [r["lease_id"] for r in leases]
+    assert len(ids) == len(set(ids)), "a lease ended twice"
+    trained = [r for r in leases if r["state"] == "trained"]
+    assert len(trained) == steps * P
+    assert sorted({r["trained_step"] for r in trained}) == list(range(steps))
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert ledger["balance"]["ok"] == 1
+    assert ledger["balance"]["issued"] == len(leases)
+    return ledger
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_consumer_resumes_from_its_checkpoint_and_producers_reconnect(tmp_path):
+    run_dir = tmp_path / "run"
+    first = consumer(tmp_path, run_dir, 30)
+    procs = [first]
+    try:
+        ep = endpoint(run_dir, procs)
+        procs += [producer(tmp_path, ep, "p1"), producer(tmp_path, ep, "p2")]
+        wait_for(lambda: steps_done(run_dir) >= 12, timeout_s=120, what="12 steps", procs=procs)
+        first.send_signal(signal.SIGKILL)  # no clean shutdown: only the checkpoint survives
+        first.wait(30)
+        second = consumer(tmp_path, run_dir, 30, "--resume", log="consumer2.log")
+        procs.append(second)
+        assert second.wait(180) == 0, (tmp_path / "consumer2.log").read_text()[-3000:]
+        for p in procs[1:3]:
+            p.wait(60)
+    finally:
+        stop(*procs)
+    assert "resumed at version 10" in (tmp_path / "consumer2.log").read_text()
+    check_ledger(run_dir, 30)
+    for name in ("p1", "p2"):  # the same producer processes served both consumer incarnations
+        assert "registering again" in (tmp_path / f"{name}.log").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_producer_is_replaced_and_its_leases_are_reissued(tmp_path):
+    run_dir = tmp_path / "run"
+    cons = consumer(tmp_path, run_dir, 25)
+    procs = [cons]
+    try:
+        ep = endpoint(run_dir, procs)
+        victim = producer(tmp_path, ep, "p1")
+        procs += [victim, producer(tmp_path, ep, "p2")]
+        wait_for(lambda: steps_done(run_dir) >= 5, timeout_s=120, what="5 steps", procs=procs)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(30)
+        procs.append(producer(tmp_path, ep, "p1", log="p1-again.log"))  # as the launcher does
+        assert cons.wait(180) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
+    finally:
+        stop(*procs)
+    ledger = check_ledger(run_dir, 25)
+    leases = read_jsonl(run_dir / "leases.jsonl")
+    lost = [r for r in leases if r["state"] == "expired" and r["reason"] == "not held"]
+    assert lost, "the restarted producer's lost leases must expire at once"
+    assert all(r["producer_id"] == "p1" for r in lost)
+    # their prompts were leased again
+    reissued = {r["prompt_index"] for r in leases if r["state"] == "trained"}
+    assert {r["prompt_index"] for r in lost} <= reissued
+    assert ledger["by_producer"]["p1"]["trained"] > 0
