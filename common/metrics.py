@@ -36,6 +36,9 @@ class JsonlWriter:
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(_finite(record), sort_keys=True) + "\n")
 
+    def flush(self) -> None:
+        self._file.flush()
+
     def close(self) -> None:
         self._file.close()
 
