@@ -94,6 +94,8 @@ class Trainer:
             metrics.extend(part_metrics)
             grad_norms.append(grad_norm)
         out = _combine(metrics)
+        if out.get("tis_weight_sq_sum"):  # effective sample size of the TIS weights, in (0, 1]
+            out["tis_ess"] = out["tis_weight_sum"] ** 2 / (out["num_tokens"] * out["tis_weight_sq_sum"])
         out.update(
             grad_norm=float(np.mean(grad_norms)),
             lr=float(self.scheduler.get_last_lr()[0]),
@@ -227,7 +229,7 @@ def _combine(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
             out[key] = min(values)
         elif key.endswith("_max"):
             out[key] = max(values)
-        elif key == "num_tokens":
+        elif key == "num_tokens" or key.endswith("_sum"):
             out[key] = float(sum(values))
         else:
             out[key] = sum(m[key] * n for m, n in parts if key in m) / total
