@@ -119,6 +119,7 @@ class Learner:
         )
         self.metrics = M.JsonlWriter(run_dir / "metrics.jsonl")
         self.published = -1
+        self._eval: tuple[Any, Any] | None = None
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -142,6 +143,7 @@ class Learner:
                 if got is None:
                     break
                 record = self._train(got, t_start, last)
+                record.update(self._maybe_evaluate())
                 last = time.perf_counter()
                 self.metrics.write(record)
                 every = self.cfg.train.checkpoint_every
@@ -248,6 +250,24 @@ class Learner:
             "producer_counters": {p: pv["counters"] for p, pv in view["producers"].items()},
             **metrics,
         }
+
+    def _maybe_evaluate(self) -> dict[str, Any]:
+        """Held-out greedy accuracy every train.eval_every steps (synthetic task, real model)."""
+        every = self.cfg.train.eval_every
+        if not every or self.version % every or self.model_dir is None or self.cfg.task.source != "synthetic":
+            return {}
+        from common.tasks import make_examples
+        from launch.evaluate import accuracy_of
+
+        t0 = time.perf_counter()
+        if self._eval is None:
+            from transformers import AutoTokenizer
+
+            examples = make_examples("heldout", self.cfg.train.eval_size, seed=self.cfg.run.seed)
+            self._eval = (AutoTokenizer.from_pretrained(self.model_dir), examples)
+        tokenizer, examples = self._eval
+        result = accuracy_of(self.trainer.model, tokenizer, examples, max_new_tokens=self.cfg.sampling.max_new_tokens)
+        return {M.HELDOUT_ACC: result.accuracy, "eval_s": time.perf_counter() - t0}
 
     def _publish(self, wait: bool = False) -> None:
         import torch
