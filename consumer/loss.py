@@ -1,41 +1,47 @@
-"""The GRPO loss family as pure tensor functions (no I/O, no model, no config objects).
+"""The GRPO loss family as pure tensor functions: rewards and log-probs in, a scalar loss out.
+
+Owns: advantages, the truncated-importance-sampling (TIS) weight, the clipped surrogate, the KL
+penalty, aggregation, the loss metrics, and the sampling-distribution log-prob rule. Does not:
+run models, read config objects, move tensors between devices, or do I/O (consumer/trainer.py
+does). docs/loss.md lists the same formulas with their defaults.
 
 Shapes: N groups, G completions per group, B = N·G rows, T token positions, V vocabulary.
-Names carry their shape (`rewards_NG`, `logp_BT`, `mask_BT`). Log-prob roles: `logp` (learner,
-with gradient), `old_logp` (learner before this update, detached), `behavior_logp` (the policy
-that sampled), `ref_logp` (reference policy for the KL penalty).
+Names carry their shape (`rewards_NG`, `logp_BT`, `mask_BT`, `advantages_B`). Log-prob roles:
+`logp` (learner, with gradient), `old_logp` (learner before this update), `behavior_logp` (the
+weights that sampled), `ref_logp` (reference policy of the KL penalty). `mask_BT` is 1 at the
+completion tokens that count and 0 at padding.
 
-Formulas (docs/loss.md has the same list with the defaults):
-- Advantages, per group g of G rewards r:
-  `scale="group"`: A = (r - mean_g) / (std_g + eps), std with Bessel's correction (ddof = 1),
-  eps outside the square root; `scale="batch"`: the same with the std of all N·G rewards;
-  `scale="none"`: A = r - mean_g (Dr. GRPO). A group whose rewards are all equal gets exactly 0.
-- Sampling distribution: `logp = log_softmax(logits / temperature)[token]` (`sampled_logprobs`),
-  on the learner and on every engine alike.
-- TIS weight (detached): token level `rho_t = exp(old_t - behavior_t)`; sequence level
-  `rho_b = exp(Σ_t mask·(old_t - behavior_t))`, broadcast over the row. Log-ratios are clamped to
-  ±20 before exp. `mode="truncate"`: w = clamp(rho, cap_min, cap); `mode="mask"`:
-  w = rho · 1[cap_min <= rho <= cap] (IcePop / MIS). Padding gets 0.
-- Policy term per token: r = exp(clamp(logp - old_logp, ±20));
-  L = max(-A·r, -A·clip(r, 1 - clip_low, 1 + clip_high)); with dual clip c and A < 0:
-  L = min(L, -c·A); then L = w·L.
+Formulas (references: GRPO, Shao et al. 2024; Dr. GRPO, Liu et al. 2025; DAPO clip-higher, Yu et
+al. 2025; dual clip, Ye et al. 2020; TIS, Yao et al. 2025; IcePop / MIS; k3, Schulman 2020):
+- Sampling distribution, learner and engines alike: logp = log_softmax(logits / temperature)[tok].
+- Advantages of one group of G rewards r:
+    "group": A = (r - mean_g) / (std_g + eps), std with Bessel's correction (ddof=1), eps outside
+             the square root (TRL and verl); "batch": mean per group, std of all N·G rewards;
+    "none":  A = r - mean_g (Dr. GRPO). A group whose rewards are all equal gets exactly 0.
+- TIS weight (detached): token level log_rho_t = old_t - behavior_t; sequence level
+  log_rho_b = Σ_t mask·(old_t - behavior_t), broadcast over the row; rho = exp(clamp(log_rho, ±20)).
+    "truncate": w = clamp(rho, cap_min, cap);  "mask": w = rho·1[cap_min <= rho <= cap].
+  w = 0 at padding; cap_min None means no lower bound.
+- Clipped surrogate per token: r = exp(clamp(logp - old_logp, ±20));
+  L = max(-A·r, -A·clip(r, 1 - clip_low, 1 + clip_high)); dual clip c > 1 where A < 0:
+  L = min(L, -c·A); then L = w·L. A is one value per row, broadcast over its tokens.
 - KL to the reference (never IS-weighted): k1 = logp - ref; k2 = ½(logp - ref)²;
-  k3 = exp(x) - x - 1 with x = clamp(ref - logp, ±20), k3 clamped to [-10, 10].
-- Aggregation (`aggregate`): token-mean Σ/Σmask; token-sum Σ; seq-mean-token-mean mean over
-  non-empty rows of the row's token mean; seq-mean-token-sum mean over non-empty rows of row sums;
-  seq-mean-token-sum-norm Σ / (non-empty rows · norm_const) (Dr. GRPO). With `global_tokens`
-  (token-mean) or `global_seqs` (seq-* modes) the denominators are those of the whole batch, so
-  losses of micro-batches add up exactly to the loss of the batch.
-Total: `policy_term + beta · aggregate(kl)`.
+  k3 = clamp(exp(x) - x - 1, ±10) with x = clamp(ref - logp, ±20) (verl's low_var_kl).
+- loss = aggregate(w·L) + beta·aggregate(kl), the same mode and normalisers for both terms.
+- Aggregation: see `aggregate` (token-mean, token-sum, seq-mean-token-mean, seq-mean-token-sum,
+  seq-mean-token-sum-norm).
 
-Padding positions may hold anything (NaN, inf): inputs are sanitised with `torch.where` before any
-arithmetic, so neither the value nor the gradient sees them. Gradients flow only through `logp`.
+Invariants: padding positions may hold anything (NaN, ±inf) in any input; every input passes
+through `torch.where(mask, x, 0)` before any arithmetic, so neither values nor gradients see
+them. Gradients flow only through `logp`. With global normalisers, the losses of micro-batches
+add up to the loss of the whole batch, so accumulated gradients are exact.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast, get_args
 
 import torch
 
@@ -44,75 +50,108 @@ TISLevel = Literal["token", "sequence"]
 TISMode = Literal["truncate", "mask"]
 KLKind = Literal["k1", "k2", "k3"]
 AggMode = Literal[
-    "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
-]
-AGG_MODES = (
     "token-mean",
     "token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
-)
-LOG_RATIO_CLAMP = 20.0
-K3_CLAMP = 10.0
+]
+ADV_SCALES: tuple[str, ...] = get_args(AdvScale)
+TIS_LEVELS: tuple[str, ...] = get_args(TISLevel)
+TIS_MODES: tuple[str, ...] = get_args(TISMode)
+KL_KINDS: tuple[str, ...] = get_args(KLKind)
+AGG_MODES: tuple[str, ...] = get_args(AggMode)
+
+LOG_RATIO_CLAMP = 20.0  # |log-ratio| bound before exp (token ratios, TIS, k3)
+K3_CLAMP = 10.0  # |k3| bound
+
+# The fixed set of metric keys `policy_loss` returns (all floats, always present). Means are over
+# valid tokens; across micro-batches combine `*_sum` and `num_tokens` by adding, `*_min` / `*_max`
+# by min / max, everything else as a token-weighted mean. An empty micro-batch reports all zeros.
 METRIC_KEYS = (
-    "clip_frac_low",
-    "clip_frac_high",
-    "tis_weight_mean",
-    "tis_frac_truncated",
-    "tis_weight_sum",
-    "tis_weight_sq_sum",
-    "behavior_gap_abs_mean",
-    "behavior_gap_abs_max",
-    "kl_behavior",
-    "ratio_min",
-    "ratio_max",
-    "kl_ref",
-    "num_tokens",
+    "clip_frac_low",  # A < 0 and r < 1 - clip_low (gradient clipped away)
+    "clip_frac_high",  # A > 0 and r > 1 + clip_high
+    "clip_frac_dual",  # A < 0 and r > dual_clip (0 without dual clip)
+    "ratio_min",  # min r = exp(logp - old_logp)
+    "ratio_max",  # max r
+    "tis_weight_mean",  # mean w (1 without TIS)
+    "tis_weight_sum",  # Σ w, for the effective sample size (Σw)² / (n·Σw²)
+    "tis_weight_sq_sum",  # Σ w²
+    "tis_frac_truncated",  # fraction of tokens whose weight was truncated or masked (w != rho)
+    "behavior_gap_abs_mean",  # mean |old_logp - behavior_logp|
+    "behavior_gap_abs_max",  # max |old_logp - behavior_logp|
+    "kl_behavior",  # k3 estimate of KL(behaviour ‖ learner-old) on the behaviour's samples
+    "kl_ref",  # mean per-token KL estimate (`kl` kind) to the reference; 0 without ref_logp
+    "num_tokens",  # number of valid tokens
 )
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class TISConfig:
+    """Truncated importance sampling options; `policy_loss` also takes the plain 4-tuple."""
+
     level: TISLevel = "token"
     mode: TISMode = "truncate"
     cap: float = 2.0
     cap_min: float | None = None
 
+    def __post_init__(self) -> None:
+        _check_choice("tis level", self.level, TIS_LEVELS)
+        _check_choice("tis mode", self.mode, TIS_MODES)
+        if not self.cap > 0:
+            raise ValueError(f"tis cap must be > 0, got {self.cap}")
+        if self.cap_min is not None and not 0 <= self.cap_min <= self.cap:
+            raise ValueError(f"tis cap_min must be in [0, cap={self.cap}], got {self.cap_min}")
 
-def _choose(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+DEFAULT_TIS = TISConfig()
+TISSpec = TISConfig | tuple[str, str, float, float | None] | None
+
+
+def _check_temperature(temperature: float) -> None:
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
 
 
 def sampled_logprobs(
     logits_BTV: torch.Tensor, tokens_BT: torch.Tensor, *, temperature: float
 ) -> torch.Tensor:
-    """log_softmax(logits / temperature) at `tokens` (float32 at least; float64 is kept)."""
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    dtype = torch.float64 if logits_BTV.dtype == torch.float64 else torch.float32
-    logp_BTV = torch.log_softmax(logits_BTV.to(dtype) / temperature, dim=-1)
-    return logp_BTV.gather(-1, tokens_BT.long().unsqueeze(-1)).squeeze(-1)
+    """log_softmax(logits / temperature) at `tokens`: the log-prob under the sampling distribution.
+
+    Computed in float32 at least (float64 is kept). Uses gather - logsumexp, which keeps no
+    [B, T, V] output alive for backward (log_softmax would). Any leading shape works.
+    """
+    _check_temperature(temperature)
+    dtype = torch.promote_types(logits_BTV.dtype, torch.float32)
+    z_BTV = logits_BTV.to(dtype)
+    if temperature != 1.0:
+        z_BTV = z_BTV / temperature
+    picked_BT = z_BTV.gather(-1, tokens_BT.long().unsqueeze(-1)).squeeze(-1)
+    return picked_BT - torch.logsumexp(z_BTV, dim=-1)
 
 
 def entropy_from_logits(logits_BTV: torch.Tensor, *, temperature: float) -> torch.Tensor:
-    """Per-position entropy (nats) of the sampling distribution softmax(logits / temperature)."""
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    dtype = torch.float64 if logits_BTV.dtype == torch.float64 else torch.float32
+    """Per-position entropy (nats) of softmax(logits / temperature); -inf logits count as 0."""
+    _check_temperature(temperature)
+    dtype = torch.promote_types(logits_BTV.dtype, torch.float32)
     logp_BTV = torch.log_softmax(logits_BTV.to(dtype) / temperature, dim=-1)
-    return -(logp_BTV.exp() * logp_BTV).sum(-1)
+    p_BTV = logp_BTV.exp()
+    return -(p_BTV * torch.where(p_BTV > 0, logp_BTV, 0.0)).sum(-1)
 
 
 def needs_old_logp_pass(updates_per_batch: int) -> bool:
-    """Whether the trainer must compute `old_logp` in a separate no-grad forward.
+    """Whether the trainer must pay a separate no-grad forward pass for `old_logp`.
 
-    When one optimizer step consumes the whole batch (`updates_per_batch == 1`), the policy
-    before the update is the policy of this very forward: `old_logp = logp.detach()` and the
-    ratio is exactly 1 in value (its gradient is that of logp). No second forward is paid.
-    With k > 1 updates per batch the weights move between them, so old log-probs must be
-    computed once, before the first update, under no_grad.
+    With one optimizer step per batch (`updates_per_batch == 1`), the policy before the update is
+    the policy of this very forward pass: `old_logp = logp.detach()`, the ratio is exactly 1 in
+    value (its gradient is that of logp), and no second forward is paid. With k > 1 updates per
+    batch the weights move between them, so `old_logp` must be computed once, before the first
+    update, under `torch.no_grad()`, and reused by all k updates.
     """
     if updates_per_batch < 1:
         raise ValueError(f"updates_per_batch must be >= 1, got {updates_per_batch}")
@@ -122,25 +161,42 @@ def needs_old_logp_pass(updates_per_batch: int) -> bool:
 def group_advantages(
     rewards_NG: torch.Tensor, *, scale: AdvScale = "group", eps: float = 1e-6
 ) -> torch.Tensor:
-    """Group-relative advantages `[N, G]` (see the module docstring for the conventions)."""
-    _choose("scale", scale, ("group", "batch", "none"))
+    """Group-relative advantages `[N, G]` from rewards `[N, G]` (formulas: module docstring).
+
+    Computed in float32 at least (float64 is kept). Constant groups get exactly 0, also with
+    eps = 0; a batch whose rewards are all equal therefore gets all zeros under "batch" too.
+    """
+    _check_choice("scale", scale, ADV_SCALES)
     if rewards_NG.ndim != 2:
         raise ValueError(f"rewards must be [n_groups, G], got shape {tuple(rewards_NG.shape)}")
     if rewards_NG.shape[1] < 2:
         raise ValueError(
             f"G = {rewards_NG.shape[1]}: GRPO needs at least 2 completions per group "
-            "(the advantage is relative to the group's other samples)"
+            "(an advantage is relative to the other samples of the same prompt)"
         )
-    centered_NG = rewards_NG - rewards_NG.mean(dim=1, keepdim=True)
-    constant_N1 = (rewards_NG == rewards_NG[:, :1]).all(dim=1, keepdim=True)
-    centered_NG = torch.where(constant_N1, torch.zeros_like(centered_NG), centered_NG)
-    if scale == "none":
-        return centered_NG
+    r_NG = rewards_NG.to(torch.promote_types(rewards_NG.dtype, torch.float32))
+    constant_N1 = (r_NG == r_NG[:, :1]).all(dim=1, keepdim=True)
+    adv_NG = r_NG - r_NG.mean(dim=1, keepdim=True)
     if scale == "group":
-        std = rewards_NG.std(dim=1, keepdim=True, correction=1)
+        adv_NG = adv_NG / (r_NG.std(dim=1, keepdim=True, correction=1) + eps)
+    elif scale == "batch" and r_NG.numel() > 0:
+        adv_NG = adv_NG / (r_NG.std(correction=1) + eps)
+    return torch.where(constant_N1, torch.zeros_like(adv_NG), adv_NG)
+
+
+def _tis_rho(diff_BT: torch.Tensor, level: str) -> torch.Tensor:
+    """rho = exp(clamp(log_rho, ±20)) from the sanitised (0 at padding) old - behavior."""
+    log_rho_BT = diff_BT if level == "token" else diff_BT.sum(1, keepdim=True).expand_as(diff_BT)
+    return torch.exp(log_rho_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def _tis_weight(rho_BT: torch.Tensor, mask_BT: torch.Tensor, cfg: TISConfig) -> torch.Tensor:
+    low = 0.0 if cfg.cap_min is None else cfg.cap_min
+    if cfg.mode == "truncate":
+        w_BT = rho_BT.clamp(min=low, max=cfg.cap)
     else:
-        std = rewards_NG.std(correction=1) if rewards_NG.numel() > 1 else rewards_NG.new_zeros(())
-    return centered_NG / (std + eps)
+        w_BT = torch.where((rho_BT >= low) & (rho_BT <= cfg.cap), rho_BT, 0.0)
+    return torch.where(mask_BT, w_BT, 0.0)
 
 
 def importance_weights(
@@ -153,35 +209,26 @@ def importance_weights(
     cap: float = 2.0,
     cap_min: float | None = None,
 ) -> torch.Tensor:
-    """The detached truncated-importance-sampling weight `[B, T]`; 0 at padding."""
-    _choose("level", level, ("token", "sequence"))
-    _choose("mode", mode, ("truncate", "mask"))
+    """The detached TIS weight `[B, T]` (formulas: module docstring); 0 at padding."""
+    cfg = TISConfig(level, mode, cap, cap_min)
     mask = mask_BT.bool()
     with torch.no_grad():
-        zero = torch.zeros((), dtype=old_logp_BT.dtype, device=old_logp_BT.device)
-        diff_BT = torch.where(mask, old_logp_BT.detach() - behavior_logp_BT.detach(), zero)
-        if level == "token":
-            log_rho = diff_BT
-        else:
-            log_rho = diff_BT.sum(dim=1, keepdim=True).expand_as(diff_BT)
-        rho = torch.exp(log_rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        low = cap_min if cap_min is not None else 0.0
-        if mode == "truncate":
-            w = rho.clamp(min=low, max=cap)
-        else:
-            w = torch.where((rho >= low) & (rho <= cap), rho, zero)
-        return torch.where(mask, w, zero)
+        diff_BT = torch.where(mask, old_logp_BT - behavior_logp_BT, 0.0)
+        return _tis_weight(_tis_rho(diff_BT, cfg.level), mask, cfg)
 
 
 def kl_penalty(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: KLKind) -> torch.Tensor:
-    """Per-token KL estimate of the policy to the reference (k1, k2 or k3)."""
-    _choose("kind", kind, ("k1", "k2", "k3"))
+    """Per-token estimate of KL(policy ‖ reference) on the policy's samples: k1, k2 or k3.
+
+    k3 >= 0 always, so only its upper clamp (10) can act; x's clamp (±20) bounds exp.
+    """
+    _check_choice("kl", kind, KL_KINDS)
     if kind == "k1":
         return logp_BT - ref_logp_BT
     if kind == "k2":
         return 0.5 * (logp_BT - ref_logp_BT) ** 2
-    x = (ref_logp_BT - logp_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return (torch.exp(x) - x - 1).clamp(-K3_CLAMP, K3_CLAMP)
+    x_BT = (ref_logp_BT - logp_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return (torch.exp(x_BT) - x_BT - 1).clamp(-K3_CLAMP, K3_CLAMP)
 
 
 def aggregate(
@@ -190,42 +237,90 @@ def aggregate(
     mode: AggMode,
     *,
     norm_const: float | None = None,
-    global_tokens: int | float | None = None,
-    global_seqs: int | float | None = None,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token values to a scalar (module docstring: every mode's formula).
+    """Reduce per-token values to a scalar over valid tokens (padding values are never read).
 
-    `global_tokens` replaces Σmask (token-mean); `global_seqs` replaces the number of non-empty
-    rows (seq-* modes). Given those of the whole batch, micro-batch results sum to the batch's.
+    With m = mask, S = number of non-empty rows (rows with at least one valid token):
+      token-mean               Σ m·v / Σ m                     Σ m  -> global_tokens
+      token-sum                Σ m·v                           (no normaliser)
+      seq-mean-token-mean      Σ_b (Σ_t m·v / Σ_t m) / S       S    -> global_seqs
+      seq-mean-token-sum       Σ m·v / S                       S    -> global_seqs
+      seq-mean-token-sum-norm  Σ m·v / (S · norm_const)        S    -> global_seqs (Dr. GRPO)
+    Given `global_tokens` (total valid tokens of the whole batch) or `global_seqs` (its non-empty
+    rows), the normaliser is the batch's instead of this micro-batch's, so micro-batch results
+    add up exactly to the batch's. The other global is ignored. Denominators below 1 are raised
+    to 1: an empty batch gives 0, never NaN.
     """
-    _choose("mode", mode, AGG_MODES)
+    _check_choice("agg", mode, AGG_MODES)
     mask = mask_BT.bool()
-    v = torch.where(mask, values_BT, torch.zeros((), dtype=values_BT.dtype, device=values_BT.device))
+    v_BT = torch.where(mask, values_BT, 0.0)
     if mode == "token-sum":
-        return v.sum()
+        return v_BT.sum()
     if mode == "token-mean":
-        denom = global_tokens if global_tokens is not None else mask.sum()
-        return v.sum() / max(float(denom), 1.0)
-    row_tokens_B = mask.sum(dim=1)
-    nonempty_B = row_tokens_B > 0
-    seqs = global_seqs if global_seqs is not None else nonempty_B.sum()
-    seqs = max(float(seqs), 1.0)
-    row_sum_B = v.sum(dim=1)
+        if global_tokens is not None:
+            return v_BT.sum() / max(float(global_tokens), 1.0)
+        return v_BT.sum() / mask.sum().clamp(min=1)
+    tokens_B = mask.sum(dim=1)
+    seqs = (tokens_B > 0).sum().clamp(min=1) if global_seqs is None else max(global_seqs, 1.0)
     if mode == "seq-mean-token-mean":
-        row_mean_B = row_sum_B / row_tokens_B.clamp(min=1)
-        return row_mean_B.sum() / seqs
+        return (v_BT.sum(dim=1) / tokens_B.clamp(min=1)).sum() / seqs
     if mode == "seq-mean-token-sum":
-        return row_sum_B.sum() / seqs
+        return v_BT.sum() / seqs
     if norm_const is None or not norm_const > 0:
-        raise ValueError("seq-mean-token-sum-norm needs norm_const > 0 (e.g. max_new_tokens)")
-    return row_sum_B.sum() / (seqs * norm_const)
+        raise ValueError("agg 'seq-mean-token-sum-norm' needs norm_const > 0 (e.g. max_new_tokens)")
+    return v_BT.sum() / (seqs * norm_const)
 
 
-def _as_tis(tis: TISConfig | tuple[str, str, float, float | None] | None) -> TISConfig | None:
+def _as_tis(tis: TISSpec) -> TISConfig | None:
     if tis is None or isinstance(tis, TISConfig):
         return tis
+    if len(tis) != 4:
+        raise ValueError(f"tis must be None, a TISConfig or (level, mode, cap, cap_min); got {tis}")
     level, mode, cap, cap_min = tis
-    return TISConfig(level, mode, cap, cap_min)  # type: ignore[arg-type]
+    return TISConfig(cast(TISLevel, level), cast(TISMode, mode), cap, cap_min)
+
+
+def _clipped_surrogate(
+    ratio_BT: torch.Tensor,
+    adv_BT: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> torch.Tensor:
+    clipped_BT = ratio_BT.clamp(1 - clip_low, 1 + clip_high)
+    loss_BT = torch.maximum(-adv_BT * ratio_BT, -adv_BT * clipped_BT)
+    if dual_clip is not None:
+        loss_BT = torch.where(adv_BT < 0, torch.minimum(loss_BT, -dual_clip * adv_BT), loss_BT)
+    return loss_BT
+
+
+def _check_options(
+    clip_low: float, clip_high: float, dual_clip: float | None, beta: float, agg: str, kl: str
+) -> None:
+    _check_choice("agg", agg, AGG_MODES)
+    _check_choice("kl", kl, KL_KINDS)
+    if not (0 <= clip_low < 1 and clip_high >= 0):
+        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    if not beta >= 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+
+
+def _check_shapes(advantages_B: torch.Tensor, *per_token_BT: torch.Tensor | None) -> None:
+    shapes = [tuple(t.shape) for t in per_token_BT if t is not None]
+    if len(set(shapes)) != 1 or len(shapes[0]) != 2:
+        raise ValueError(
+            "logp, old_logp, behavior_logp, mask (and ref_logp) must share one [B, T] shape; "
+            f"got {shapes}"
+        )
+    if tuple(advantages_B.shape) != shapes[0][:1]:
+        raise ValueError(
+            f"advantages must be one value per row, [B] = {shapes[0][:1]}; "
+            f"got {tuple(advantages_B.shape)}"
+        )
 
 
 def policy_loss(
@@ -238,95 +333,95 @@ def policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
-    tis: TISConfig | tuple[str, str, float, float | None] | None = TISConfig(),  # noqa: B008
+    tis: TISSpec = DEFAULT_TIS,
     agg: AggMode = "token-mean",
     norm_const: float | None = None,
-    ref_logp_BT: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
     beta: float = 0.0,
     kl: KLKind = "k3",
-    global_tokens: int | float | None = None,
-    global_seqs: int | float | None = None,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The TIS-corrected clipped GRPO loss of one (micro-)batch, and its metrics."""
-    if dual_clip is not None and not dual_clip > 1:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    ref_BT = ref_logp_BT if ref_logp_BT is not None else ref_logp
-    if beta > 0 and ref_BT is None:
-        raise ValueError("beta > 0 needs ref_logp")
-    mask = mask_BT.bool()
-    zero = torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device)
-    logp = torch.where(mask, logp_BT, zero)
-    old = torch.where(mask, old_logp_BT.detach(), zero)
-    behavior = torch.where(mask, behavior_logp_BT.detach(), zero)
-    adv_BT = advantages_B.detach().to(logp.dtype).unsqueeze(1).expand_as(logp)
-    adv_BT = torch.where(mask, adv_BT, zero)
+    """The TIS-corrected clipped GRPO loss of one (micro-)batch, and its metrics (`METRIC_KEYS`).
 
-    ratio = torch.exp((logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
-    per_token = torch.maximum(-adv_BT * ratio, -adv_BT * clipped)
-    if dual_clip is not None:
-        per_token = torch.where(adv_BT < 0, torch.minimum(per_token, -dual_clip * adv_BT), per_token)
+    `tis`: None (w = 1), a `TISConfig`, or `(level, mode, cap, cap_min)`. `ref_logp` is `[B, T]`;
+    required when beta > 0, otherwise only measured (`kl_ref`). Gradients flow only into `logp`.
+    """
+    _check_options(clip_low, clip_high, dual_clip, beta, agg, kl)
+    _check_shapes(advantages_B, logp_BT, old_logp_BT, behavior_logp_BT, mask_BT, ref_logp)
+    if beta > 0 and ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp")
     cfg = _as_tis(tis)
-    if cfg is None:
-        w = mask.to(logp.dtype)
-    else:
-        w = importance_weights(
-            old, behavior, mask, level=cfg.level, mode=cfg.mode, cap=cfg.cap, cap_min=cfg.cap_min
-        )
-    kw = dict(norm_const=norm_const, global_tokens=global_tokens, global_seqs=global_seqs)
-    loss = aggregate(w * per_token, mask, agg, **kw)  # type: ignore[arg-type]
+    mask = mask_BT.bool()
+    logp = torch.where(mask, logp_BT, 0.0)
+    old = torch.where(mask, old_logp_BT.detach(), 0.0)
+    adv_BT = torch.where(mask, advantages_B.detach().to(logp.dtype)[:, None], 0.0)
+    with torch.no_grad():
+        gap_BT = old - torch.where(mask, behavior_logp_BT.detach(), 0.0)
+        rho_BT = _tis_rho(gap_BT, cfg.level) if cfg is not None else torch.ones_like(gap_BT)
+        w_BT = _tis_weight(rho_BT, mask, cfg) if cfg is not None else mask.to(gap_BT.dtype)
+
+    ratio_BT = torch.exp((logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    per_token_BT = w_BT * _clipped_surrogate(ratio_BT, adv_BT, clip_low, clip_high, dual_clip)
+    norms = {"norm_const": norm_const, "global_tokens": global_tokens, "global_seqs": global_seqs}
+    loss = aggregate(per_token_BT, mask, agg, **norms)
     kl_BT = None
-    if ref_BT is not None:
-        ref = torch.where(mask, ref_BT.detach(), zero)
-        kl_BT = kl_penalty(logp, ref, kl)
+    if ref_logp is not None:
+        ref = torch.where(mask, ref_logp.detach(), 0.0)
         if beta > 0:
-            loss = loss + beta * aggregate(kl_BT, mask, agg, **kw)  # type: ignore[arg-type]
-    metrics = _metrics(ratio, adv_BT, w, old, behavior, mask, kl_BT, cfg, clip_low, clip_high)
-    return loss, metrics
+            kl_BT = kl_penalty(logp, ref, kl)
+            loss = loss + beta * aggregate(kl_BT, mask, agg, **norms)
+        else:  # measured only
+            kl_BT = kl_penalty(logp.detach(), ref, kl)
+    limits = (clip_low, clip_high, dual_clip)
+    return loss, _metrics(ratio_BT, adv_BT, w_BT, rho_BT, gap_BT, mask, kl_BT, limits)
 
 
 @torch.no_grad()
 def _metrics(
-    ratio: torch.Tensor,
-    adv: torch.Tensor,
-    w: torch.Tensor,
-    old: torch.Tensor,
-    behavior: torch.Tensor,
+    ratio_BT: torch.Tensor,
+    adv_BT: torch.Tensor,
+    w_BT: torch.Tensor,
+    rho_BT: torch.Tensor,
+    gap_BT: torch.Tensor,
     mask: torch.Tensor,
     kl_BT: torch.Tensor | None,
-    tis: TISConfig | None,
-    clip_low: float,
-    clip_high: float,
+    limits: tuple[float, float, float | None],
 ) -> dict[str, float]:
-    """Means over valid tokens (0 when there are none; never NaN)."""
-    n = int(mask.sum())
-    out = dict.fromkeys(METRIC_KEYS, 0.0)
-    out["num_tokens"] = float(n)
-    if n == 0:
-        out["ratio_min"] = out["ratio_max"] = 1.0
-        return out
-    r, a, wv = ratio[mask], adv[mask], w[mask]
-    gap = (old - behavior)[mask]
-    out["clip_frac_low"] = float(((r < 1 - clip_low) & (a < 0)).float().mean())
-    out["clip_frac_high"] = float(((r > 1 + clip_high) & (a > 0)).float().mean())
-    out["tis_weight_mean"] = float(wv.mean())
-    out["tis_weight_sum"] = float(wv.sum())
-    out["tis_weight_sq_sum"] = float((wv * wv).sum())
-    if tis is not None:
-        log_rho = gap if tis.level == "token" else wv.new_zeros(0)
-        if tis.level == "sequence":
-            rows = torch.where(mask, old - behavior, torch.zeros_like(old)).sum(1, keepdim=True)
-            log_rho = rows.expand_as(old)[mask]
-        rho = torch.exp(log_rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        low = tis.cap_min if tis.cap_min is not None else 0.0
-        out["tis_frac_truncated"] = float(((rho > tis.cap) | (rho < low)).float().mean())
-    out["behavior_gap_abs_mean"] = float(gap.abs().mean())
-    out["behavior_gap_abs_max"] = float(gap.abs().max())
-    x = (-gap).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # k3 of learner vs behaviour
-    out["kl_behavior"] = float((torch.exp(x) - x - 1).mean())
-    out["ratio_min"] = float(r.min())
-    out["ratio_max"] = float(r.max())
-    if kl_BT is not None:
-        out["kl_ref"] = float(kl_BT[mask].mean())
-    return out
+    """`METRIC_KEYS` over valid tokens, read back with one device sync; zeros when none."""
+    if mask.numel() == 0:
+        return dict.fromkeys(METRIC_KEYS, 0.0)
+    clip_low, clip_high, dual_clip = limits
+    dtype = ratio_BT.dtype
+    n = mask.sum().to(dtype)
+    any_valid = n > 0
+
+    def mean(x_BT: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask, x_BT.to(dtype), 0.0).sum() / n.clamp(min=1)
+
+    def extreme(x_BT: torch.Tensor, largest: bool) -> torch.Tensor:
+        fill = -math.inf if largest else math.inf
+        x = torch.where(mask, x_BT, fill)
+        return torch.where(any_valid, x.amax() if largest else x.amin(), 0.0)
+
+    gap_abs_BT = gap_BT.abs()
+    x_BT = gap_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    dual_c = math.inf if dual_clip is None else dual_clip
+    values = {
+        "clip_frac_low": mean((adv_BT < 0) & (ratio_BT < 1 - clip_low)),
+        "clip_frac_high": mean((adv_BT > 0) & (ratio_BT > 1 + clip_high)),
+        "clip_frac_dual": mean((adv_BT < 0) & (ratio_BT > dual_c)),
+        "ratio_min": extreme(ratio_BT, largest=False),
+        "ratio_max": extreme(ratio_BT, largest=True),
+        "tis_weight_mean": mean(w_BT),
+        "tis_weight_sum": w_BT.sum(),
+        "tis_weight_sq_sum": (w_BT * w_BT).sum(),
+        "tis_frac_truncated": mean(w_BT != rho_BT),
+        "behavior_gap_abs_mean": mean(gap_abs_BT),
+        "behavior_gap_abs_max": extreme(gap_abs_BT, largest=True),
+        "kl_behavior": mean(torch.exp(x_BT) - x_BT - 1),
+        "kl_ref": mean(kl_BT) if kl_BT is not None else n * 0,
+        "num_tokens": n,
+    }
+    read = torch.stack([values[k].to(dtype) for k in METRIC_KEYS]).tolist()
+    return dict(zip(METRIC_KEYS, read, strict=True))

@@ -222,6 +222,7 @@ def _stack_old(old: dict[int, torch.Tensor], ids: list[int], mb: MicroBatch) -> 
 def _combine(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
     """Token-weighted mean of micro-batch metrics; *_min / *_max combine as min / max."""
     out: dict[str, float] = {}
+    parts = [(m, n) for m, n in parts if n > 0] or parts[:1]  # empty micro-batches say nothing
     total = sum(n for _, n in parts) or 1
     for key in parts[0][0]:
         values = [m[key] for m, _ in parts if key in m]

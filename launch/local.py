@@ -46,12 +46,14 @@ class Child:
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
     finished: bool = False  # exited and will not be restarted
+    pids: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 self.argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
             )
+        self.pids.append(self.proc.pid)
 
     def poll(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -124,6 +126,13 @@ class Supervisor:
             child = Child(name, argv, self.run_dir / f"producer-{name}.log")
             child.start()
             self.producers.append(child)
+        self.record_pids()
+
+    def record_pids(self) -> None:
+        """`processes.json`: every child started, so nothing outlives the run unnoticed."""
+        kids = [self.consumer, *self.producers] if self.consumer else self.producers
+        started = {c.name: c.pids for c in kids}
+        (self.run_dir / "processes.json").write_text(json.dumps(started))
 
     def tick(self) -> int | None:
         """Restart dead producers; the consumer's exit code once it has exited, else None."""
@@ -168,9 +177,6 @@ class Supervisor:
                 child.wait(10)
         return code
 
-    def pids(self) -> list[int]:
-        kids = [self.consumer, *self.producers] if self.consumer else self.producers
-        return [c.proc.pid for c in kids if c.proc is not None]
 
 
 def run(

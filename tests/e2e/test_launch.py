@@ -1,0 +1,88 @@
+"""`asyncgrpo launch` through the CLI in a subprocess: the demo learns; Ctrl-C is clean."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from procs import cli, read_jsonl, stop, wait_for
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def no_child_survives(run_dir: Path) -> None:
+    started = json.loads((run_dir / "processes.json").read_text())
+    for name, pids in started.items():
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                alive = proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                alive = False
+            assert not alive, f"{name} (pid {pid}) outlived the launcher"
+
+
+def ledger_balances(run_dir: Path) -> dict:
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert ledger["balance"]["ok"] == 1
+    assert ledger["balance"]["open"] == 0
+    leases = read_jsonl(run_dir / "leases.jsonl")
+    assert len({r["lease_id"] for r in leases}) == len(leases) == ledger["balance"]["issued"]
+    return ledger
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_demo_launch_learns_and_leaves_a_complete_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = cli("launch", "--run-dir", str(run_dir), "--steps", "200", "--no-live", log=tmp_path / "launch.log")
+    try:
+        assert launcher.wait(800) == 0, (tmp_path / "launch.log").read_text()[-3000:]
+    finally:
+        stop(launcher)
+    ev = json.loads((run_dir / "eval.json").read_text())
+    assert ev["final_accuracy"] > ev["initial_accuracy"]
+    assert ev["heldout_size"] > 100
+    ledger_balances(run_dir)
+    for name in ("reward", "staleness", "tis", "throughput", "lag"):
+        assert (run_dir / "plots" / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
+    assert (run_dir / "summary.md").exists()
+    assert (run_dir / "config.toml").exists()
+    no_child_survives(run_dir)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snapshot(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    launcher = cli(
+        "launch", "--run-dir", str(run_dir), "--steps", "10000", "--no-live", "--no-eval",
+        "--engine", "fake", "--set", f"model.path={tiny_model_dir}",
+        "--set", "sampling.group_size=4", "--set", "train.prompts_per_step=4",
+        "--set", "train.eval_every=0", "--set", "fake.latency_s=0.02",
+        log=tmp_path / "launch.log",
+    )  # fmt: skip
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and len(read_jsonl(metrics)) >= 5, timeout_s=200,
+                 what="5 steps", procs=[launcher])  # fmt: skip
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(120) == 0, (tmp_path / "launch.log").read_text()[-3000:]
+    finally:
+        stop(launcher)
+    no_child_survives(run_dir)
+    ledger_balances(run_dir)
+    steps = len(read_jsonl(run_dir / "metrics.jsonl"))
+    assert steps < 10000
+    final = run_dir / "snapshots" / f"v{steps:06d}"
+    from common import snapshot as snap
+    from launch.evaluate import load_model
+
+    manifest = snap.read_manifest(final)
+    snap.verify_file(final / snap.WEIGHTS_FILE, expected_hash=manifest.hash, expected_bytes=manifest.num_bytes)
+    model, _ = load_model(final)  # a complete HF model directory
+    assert model.num_parameters() > 0
+    assert (run_dir / "checkpoint" / "state.json").exists()
