@@ -1,21 +1,32 @@
-"""Verifiable rewards and the runner that keeps bad reward functions from hurting the producer.
+"""Verifiable rewards, and the runner that keeps bad reward functions from hurting the producer.
 
-A reward function is `fn(completion: str, answer: str) -> float`. Built-ins:
-- `exact_match`: 1.0 when the completion, whitespace-stripped, equals the answer (stripped).
-- `math_verify`: the `math-verify` library: the answer in the completion's last `\\boxed{…}`
-  (else the whole text) is parsed and checked for mathematical equivalence with the reference.
-- `boxed_format`: 1.0 when the completion contains a `\\boxed{…}` (a small format reward).
-Anything else is `"module:function"`, imported on the producer.
+A reward function is pure: `fn(completion: str, answer: str) -> float`. Built-ins:
+- `exact_match`: 1.0 when the completion, whitespace-stripped, equals the answer, stripped
+  (`common.tasks.is_correct`, the rule of the built-in synthetic task).
+- `math_verify`: the `math-verify` library. The completion's answer is the content of its last
+  `\\boxed{…}`, else its last number (`-3`, `2.5`, `1/2`); it and the reference are parsed as
+  LaTeX and compared for mathematical equivalence (`\\boxed{1/2}` matches `0.5`).
+- `boxed_format`: 1.0 when the completion contains a non-empty `\\boxed{…}` (a format reward).
+Anything else is `"module:function"`, imported with importlib (`resolve`).
 
-`RewardRunner` scores one group per round trip to a process pool (spawn context: nothing of the
-producer's torch state is forked). Invariants:
-- A reward that raises, or returns a non-number or a non-finite value, scores 0 for that
-  completion and counts as an error; the others in the group are unaffected.
-- A reward that runs longer than `timeout_s` is interrupted inside the worker (SIGALRM timer),
-  scores 0 and counts as a timeout. If a whole group call outlives its hard deadline (a reward
-  stuck in C code), the pool is killed and rebuilt and the group scores 0: the producer never
-  waits forever and never crashes.
-- Specs are resolved in the parent at construction, so a typo fails at startup.
+`RewardRunner.score(completions, answer)` scores one group in one round trip to a process pool
+(spawn context: a worker never inherits the producer's torch threads or CUDA state; spawn
+workers do inherit `sys.path`). The reward of completion i is `sum_k weight_k * fn_k(c_i, answer)`.
+Invariants:
+- A call that raises, or returns a non-number (bool counts as 0/1) or a non-finite value, scores
+  0 for that (completion, fn) and counts as an error; the other calls are unaffected.
+- A call that runs longer than `timeout_s` is interrupted in the worker (an ITIMER_REAL alarm
+  raising a BaseException, which libraries' `except Exception` cannot swallow — math-verify has
+  such handlers), scores 0 and counts as a timeout. math-verify's own signal timeouts are off.
+- A group whose round trip outlives `timeout_s * calls + hard_margin_s` (a reward stuck in C
+  code, or one that blocks SIGALRM) gets the pool's processes killed and a new pool started; the
+  group scores 0 and every call counts as a timeout. A worker that dies (a reward calling
+  `os._exit`, a segfault) likewise costs one new pool and the group's calls count as errors.
+- At most `workers` groups are in the pool at once (the rest wait in asyncio), and a group waits
+  for a new pool's workers to start before its clock runs: the deadline measures its own work,
+  not time queued behind other groups or a worker's start-up.
+- Specs are resolved in the parent at construction: a typo fails at startup, not in a worker.
+- `num_calls`, `num_errors`, `num_timeouts`, `num_pool_restarts` are cumulative counters.
 """
 
 from __future__ import annotations
@@ -25,46 +36,57 @@ import importlib
 import logging
 import math
 import multiprocessing
+import numbers
 import re
 import signal
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any
+from types import FrameType, TracebackType
 
 import numpy as np
 
 from common.config import RewardSpec
 from common.errors import ConfigError
+from common.tasks import is_correct
 
 RewardFn = Callable[[str, str], float]
+log = logging.getLogger("asyncgrpo.producer")
+POOL_START_S = 60.0  # longest wait for a new pool's first worker (spawn + imports, e.g. sympy)
+
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*)\}")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
 def exact_match(completion: str, answer: str) -> float:
-    return float(completion.strip() == answer.strip())
+    return float(is_correct(completion, answer))
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{…}` (braces nested up to two levels), else None."""
     found = _BOXED.findall(text)
     return found[-1] if found else None
 
 
 def math_verify(completion: str, answer: str) -> float:
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # sympy: imported by the workers that use it
 
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # we enforce timeouts ourselves
-    boxed = _last_boxed(completion)
-    target = f"${boxed}$" if boxed is not None else completion
-    gold = parse(f"${answer}$", parsing_timeout=None)
-    pred = parse(target, parsing_timeout=None)
-    if not gold or not pred:
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": on purpose
+    target = last_boxed(completion)
+    if target is None:
+        numbers_found = _NUMBER.findall(completion)
+        target = numbers_found[-1] if numbers_found else None
+    if not target or not answer.strip():
         return 0.0
-    return float(verify(gold, pred, timeout_seconds=None))
+    gold = parse(f"${answer}$", parsing_timeout=None)
+    pred = parse(f"${target}$", parsing_timeout=None)
+    return float(bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None))
 
 
 def boxed_format(completion: str, answer: str) -> float:
-    return float(_last_boxed(completion) is not None)
+    return float(bool(last_boxed(completion)))
 
 
 BUILTINS: dict[str, RewardFn] = {
@@ -75,13 +97,14 @@ BUILTINS: dict[str, RewardFn] = {
 
 
 def resolve(spec: str) -> RewardFn:
-    """A built-in name or 'module:function'; ConfigError naming rewards.fns otherwise."""
+    """A built-in name or 'module:function'; `ConfigError` naming rewards.fns otherwise."""
     if spec in BUILTINS:
         return BUILTINS[spec]
     module, sep, name = spec.partition(":")
-    if not sep:
+    if not sep or not module or not name:
         raise ConfigError(
-            f"rewards.fns: unknown reward {spec!r}; use one of {', '.join(BUILTINS)} or 'module:function'"
+            f"rewards.fns: unknown reward {spec!r}; use one of "
+            f"{', '.join(BUILTINS)} or 'module:function'"
         )
     try:
         fn = getattr(importlib.import_module(module), name)
@@ -94,92 +117,193 @@ def resolve(spec: str) -> RewardFn:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Scored:
-    rewards: np.ndarray  # float32 [G], weighted sum
-    parts: dict[str, np.ndarray]  # per reward spec, float32 [G]
+    rewards: np.ndarray  # float32 [G]: the weighted sum
+    parts: dict[str, np.ndarray]  # float32 [G] per reward spec (unweighted)
     num_errors: int
     num_timeouts: int
 
 
-class _Timeout(Exception):
-    pass
+# ---------------------------------------------------------------------------------------------
+# Inside a pool worker
+
+_OK, _ERROR, _TIMEOUT = 0, 1, 2
+_armed = False  # the alarm raises only while a reward call runs
 
 
-def _alarm(signum: int, frame: Any) -> None:
-    raise _Timeout
+class _CallTimeout(BaseException):
+    """Raised into a reward call by the alarm. Not an Exception: `except Exception` can't eat it."""
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    if _armed:
+        raise _CallTimeout
+
+
+def _init_worker(specs: list[str]) -> None:
+    signal.signal(signal.SIGALRM, _on_alarm)
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    for spec in specs:  # imports happen here, outside every call's timer
+        resolve(spec)
+
+
+def _call(fn: RewardFn, completion: str, answer: str, timeout_s: float) -> tuple[float, int]:
+    """One reward call under its own timer: (value, _OK | _ERROR | _TIMEOUT)."""
+    global _armed
+    try:
+        _armed = True
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            value = fn(completion, answer)
+        finally:
+            _armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _CallTimeout:
+        return 0.0, _TIMEOUT
+    except (Exception, SystemExit):  # a user's reward failing is data, not a producer crash
+        return 0.0, _ERROR
+    if isinstance(value, numbers.Real) and math.isfinite(value):
+        return float(value), _OK
+    return 0.0, _ERROR
 
 
 def _score_in_worker(
     specs: list[str], completions: list[str], answer: str, timeout_s: float
 ) -> tuple[list[list[float]], int, int]:
-    """Runs in a pool process: every spec on every completion, each call under its own timer."""
-    signal.signal(signal.SIGALRM, _alarm)
-    table, errors, timeouts = [], 0, 0
+    """Every spec on every completion: (table [spec][completion], errors, timeouts)."""
+    table, outcomes = [], []
     for spec in specs:
         fn = resolve(spec)
-        row = []
-        for text in completions:
-            signal.setitimer(signal.ITIMER_REAL, timeout_s)
-            try:
-                value = fn(text, answer)
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-                row.append(float(value) if ok else 0.0)
-                errors += not ok
-            except _Timeout:
-                row.append(0.0)
-                timeouts += 1
-            except Exception:  # a user's reward failing is data, not a producer crash
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                row.append(0.0)
-                errors += 1
-        table.append(row)
-    return table, errors, timeouts
+        row = [_call(fn, text, answer, timeout_s) for text in completions]
+        table.append([value for value, _ in row])
+        outcomes += [outcome for _, outcome in row]
+    return table, outcomes.count(_ERROR), outcomes.count(_TIMEOUT)
+
+
+# ---------------------------------------------------------------------------------------------
+# In the producer
 
 
 class RewardRunner:
+    """Scores groups in a pool of `workers` spawn processes; see the module docstring."""
+
     def __init__(
-        self, specs: list[RewardSpec], *, timeout_s: float, workers: int, hard_margin_s: float = 10.0
+        self,
+        specs: Sequence[RewardSpec],
+        *,
+        timeout_s: float,
+        workers: int,
+        hard_margin_s: float = 10.0,
     ) -> None:
+        if not specs:
+            raise ConfigError("rewards.fns needs at least one reward")
         for s in specs:
             resolve(s.fn)
-        self.specs = specs
-        self.timeout_s = timeout_s
-        self.workers = workers
-        self.hard_margin_s = hard_margin_s  # beyond timeout_s per call: then the pool is killed
+            if not math.isfinite(s.weight):
+                raise ConfigError(f"rewards.fns: weight of {s.fn!r} must be finite")
+        assert timeout_s > 0, "config validation keeps rewards.timeout_s > 0"
+        assert workers >= 1, "config validation keeps rewards.workers >= 1"
+        self.specs = tuple(specs)
+        self.names = part_names([s.fn for s in self.specs])
+        self.timeout_s, self.workers, self.hard_margin_s = timeout_s, workers, hard_margin_s
         self.num_calls = self.num_errors = self.num_timeouts = self.num_pool_restarts = 0
-        self._pool = self._new_pool()
+        self._slots = asyncio.Semaphore(workers)
+        self._closed = False
+        self._pool, self._ready = self._start_pool()
 
-    def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+    def _start_pool(self) -> tuple[ProcessPoolExecutor, Future[int]]:
+        """A new pool, and a future done once a worker has started (imports included)."""
+        ctx = multiprocessing.get_context("spawn")
+        fns = sorted({s.fn for s in self.specs})
+        pool = ProcessPoolExecutor(
+            self.workers, mp_context=ctx, initializer=_init_worker, initargs=(fns,)
+        )
+        return pool, pool.submit(int)  # workers start now, not on the first group
 
     async def score(self, completions: list[str], answer: str) -> Scored:
-        names = [s.fn for s in self.specs]
-        calls = len(names) * len(completions)
+        """Score one group: G completions against one reference answer."""
+        assert not self._closed, "score() after close()"
+        calls = len(self.specs) * len(completions)
         self.num_calls += calls
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, _score_in_worker, names, completions, answer, self.timeout_s)
-        try:
-            async with asyncio.timeout(self.timeout_s * calls + self.hard_margin_s):
-                table, errors, timeouts = await future
-        except TimeoutError:
-            self._restart_pool()
-            table, errors, timeouts = [[0.0] * len(completions) for _ in names], 0, calls
+        if calls:
+            async with self._slots:
+                table, errors, timeouts = await self._round_trip(completions, answer, calls)
+        else:
+            table, errors, timeouts = [[] for _ in self.specs], 0, 0
         self.num_errors += errors
         self.num_timeouts += timeouts
-        parts = {name: np.asarray(row, np.float32) for name, row in zip(names, table, strict=True)}
+        parts = {n: np.asarray(row, np.float32) for n, row in zip(self.names, table, strict=True)}
         total = np.zeros(len(completions), np.float32)
-        for spec, row in zip(self.specs, table, strict=True):
-            total += np.float32(spec.weight) * np.asarray(row, np.float32)
+        for spec, name in zip(self.specs, self.names, strict=True):
+            total += np.float32(spec.weight) * parts[name]
         return Scored(total, parts, errors, timeouts)
 
-    def _restart_pool(self) -> None:
+    async def _round_trip(
+        self, completions: list[str], answer: str, calls: int
+    ) -> tuple[list[list[float]], int, int]:
+        zeros = [[0.0] * len(completions) for _ in self.specs]
+        specs = [s.fn for s in self.specs]
+        for _ in range(2):  # a second try only if another group's failure replaced the pool
+            if not self._ready.done():  # the deadline measures the group's work, not a start-up
+                await asyncio.to_thread(futures.wait, [self._ready], POOL_START_S)
+            if self._closed:
+                break
+            pool = self._pool
+            try:
+                job = pool.submit(_score_in_worker, specs, completions, answer, self.timeout_s)
+                async with asyncio.timeout(self.timeout_s * calls + self.hard_margin_s):
+                    return await asyncio.wrap_future(job)
+            except TimeoutError:
+                self._replace_pool(pool, "a reward outlived its hard deadline")
+                return zeros, 0, calls
+            except BrokenProcessPool:
+                if pool is self._pool:  # this group's reward took its worker down
+                    self._replace_pool(pool, "a reward worker died")
+                    return zeros, calls, 0
+        return zeros, calls, 0
+
+    def _replace_pool(self, pool: ProcessPoolExecutor, why: str) -> None:
+        if pool is not self._pool or self._closed:
+            return
+        log.warning("rewards: %s; restarting the reward worker pool", why)
         self.num_pool_restarts += 1
-        for proc in list(getattr(self._pool, "_processes", {}).values()):
-            proc.kill()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._pool = self._new_pool()
+        _kill(pool)
+        self._pool, self._ready = self._start_pool()
 
     def close(self) -> None:
-        for proc in list(getattr(self._pool, "_processes", {}).values()):
+        """Stop the workers now (rewards are pure: there is nothing to flush). Idempotent.
+
+        A group still in flight scores 0 with its calls counted as errors.
+        """
+        self._closed = True
+        _kill(self._pool)
+
+    async def __aenter__(self) -> RewardRunner:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def part_names(fns: list[str]) -> list[str]:
+    """Keys of `Scored.parts`: the spec, with `#2`, `#3`… for repeats of the same spec."""
+    out, seen = [], dict.fromkeys(fns, 0)
+    for fn in fns:
+        seen[fn] += 1
+        out.append(fn if seen[fn] == 1 else f"{fn}#{seen[fn]}")
+    return out
+
+
+def _kill(pool: ProcessPoolExecutor) -> None:
+    """Kill a pool's processes (a hung reward does not answer a polite shutdown) and reap them."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # no public API before 3.14
+    pool.shutdown(wait=False)  # pending futures fail with BrokenProcessPool once they are dead
+    for proc in procs:
+        if proc.is_alive():
             proc.kill()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.join(timeout=5)

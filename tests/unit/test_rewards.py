@@ -1,19 +1,30 @@
-"""Built-in verifiers, reward resolution, and the runner with real worker processes."""
+"""Built-in verifiers, reward resolution, and the runner with real spawn worker processes."""
 
 from __future__ import annotations
+
+import asyncio
 
 import numpy as np
 import pytest
 
 from common.config import RewardSpec
 from common.errors import ConfigError
-from producer.rewards import RewardRunner, boxed_format, exact_match, math_verify, resolve
+from producer.rewards import (
+    RewardRunner,
+    boxed_format,
+    exact_match,
+    last_boxed,
+    math_verify,
+    part_names,
+    resolve,
+)
 
 
 @pytest.mark.parametrize(
     ("completion", "answer", "expected"),
-    [("42", "42", 1.0), (" 42\n", "42", 1.0), ("42.", "42", 0.0), ("4 2", "42", 0.0)],
-)
+    [("42", "42", 1.0), (" 42\n", "42", 1.0), ("42", " 42 ", 1.0), ("42.", "42", 0.0),
+     ("4 2", "42", 0.0), ("042", "42", 0.0), ("", "42", 0.0)],
+)  # fmt: skip
 def test_exact_match_compares_stripped_text(completion, answer, expected):
     assert exact_match(completion, answer) == expected
 
@@ -23,74 +34,134 @@ def test_exact_match_compares_stripped_text(completion, answer, expected):
     [
         (r"so the answer is \boxed{1/2}", "0.5", 1.0),
         (r"\boxed{\frac{2}{4}}", "1/2", 1.0),
+        (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
         (r"first \boxed{3} then \boxed{4}", "4", 1.0),
         (r"\boxed{5}", "4", 0.0),
-        ("no box but 7", "7", 1.0),
+        (r"\boxed{x^2 + 2x}", "x(x+2)", 1.0),
+        ("no box: 3 apples and then 7", "7", 1.0),
+        ("no box: 7 apples and then 3", "7", 0.0),
+        ("it is -12", "-12", 1.0),
         ("nothing here", "7", 0.0),
+        ("", "7", 0.0),
+        (r"\boxed{7}", "", 0.0),
     ],
 )
-def test_math_verify_checks_the_last_boxed_answer_for_equivalence(completion, answer, expected):
+def test_math_verify_checks_the_last_boxed_answer_else_the_last_number(
+    completion, answer, expected
+):
     assert math_verify(completion, answer) == expected
 
 
-def test_boxed_format_rewards_a_boxed_answer():
+def test_boxed_extraction_handles_nested_braces():
+    assert last_boxed(r"\boxed{\frac{1}{\sqrt{2}}} and more") == r"\frac{1}{\sqrt{2}}"
+    assert last_boxed("plain") is None
+
+
+def test_boxed_format_rewards_a_non_empty_boxed_answer():
     assert boxed_format(r"x \boxed{2}", "") == 1.0
+    assert boxed_format(r"\boxed{}", "") == 0.0
     assert boxed_format("2", "") == 0.0
 
 
-def test_unknown_or_broken_reward_specs_fail_at_startup_naming_the_key():
-    for spec in ("exact-match", "no_such_module:f", "reward_fixtures:missing", "reward_fixtures:not_callable"):
-        with pytest.raises(ConfigError, match="rewards.fns"):
-            resolve(spec)
+def test_specs_resolve_to_builtins_or_imported_functions():
+    assert resolve("exact_match") is exact_match
+    assert resolve("reward_fixtures:length")("abc", "") == 3.0
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["exact-match", "no_such_module:f", "reward_fixtures:missing", "reward_fixtures:not_callable",
+     ":f", "reward_fixtures:"],
+)  # fmt: skip
+def test_unknown_or_broken_reward_specs_fail_naming_the_key_and_the_spec(spec):
+    with pytest.raises(ConfigError, match=r"rewards\.fns") as info:
+        resolve(spec)
+    assert repr(spec) in str(info.value)
+
+
+def test_a_runner_refuses_a_typo_at_construction_before_starting_workers():
+    with pytest.raises(ConfigError, match="no_such"):
+        RewardRunner([RewardSpec("no_such_reward")], timeout_s=1, workers=1)
+
+
+def test_repeated_specs_get_distinct_part_names():
+    assert part_names(["a", "b", "a", "a"]) == ["a", "b", "a#2", "a#3"]
 
 
 async def test_rewards_are_weighted_and_summed_per_completion():
-    specs = [RewardSpec("exact_match", 2.0), RewardSpec("reward_fixtures:length", 0.5)]
-    runner = RewardRunner(specs, timeout_s=5, workers=1)
-    try:
+    specs = [
+        RewardSpec("exact_match", 2.0),
+        RewardSpec("reward_fixtures:length", 0.5),
+        RewardSpec("reward_fixtures:numpy_half", 1.0),
+        RewardSpec("reward_fixtures:is_answer", 1.0),
+    ]
+    async with asyncio.timeout(60), RewardRunner(specs, timeout_s=5, workers=1) as runner:
         scored = await runner.score(["7", "77", " 7 "], "7")
-    finally:
-        runner.close()
-    np.testing.assert_allclose(scored.parts["exact_match"], [1, 0, 1])
-    np.testing.assert_allclose(scored.rewards, [2 + 0.5, 0 + 1.0, 2 + 1.5])
+        empty = await runner.score([], "7")
+    np.testing.assert_array_equal(scored.parts["exact_match"], [1, 0, 1])
+    np.testing.assert_array_equal(scored.parts["reward_fixtures:is_answer"], [1, 0, 0])
+    np.testing.assert_allclose(scored.rewards, [2 + 0.5 + 0.5 + 1, 0 + 1.0 + 0.5, 2 + 1.5 + 0.5])
+    assert scored.rewards.dtype == np.float32
     assert scored.num_errors == scored.num_timeouts == 0
+    assert empty.rewards.shape == (0,)
+    assert runner.num_calls == 12
 
 
-async def test_a_raising_nan_or_non_numeric_reward_scores_zero_and_is_counted():
-    specs = [RewardSpec("exact_match", 1.0), RewardSpec("reward_fixtures:raises", 1.0),
-             RewardSpec("reward_fixtures:nan", 1.0), RewardSpec("reward_fixtures:not_a_number", 1.0)]  # fmt: skip
-    runner = RewardRunner(specs, timeout_s=5, workers=1)
-    try:
+async def test_a_raising_exiting_nan_or_non_numeric_reward_scores_zero_and_is_counted():
+    bad = ["raises", "exits", "nan", "inf", "not_a_number"]
+    specs = [RewardSpec("exact_match"), *(RewardSpec(f"reward_fixtures:{b}") for b in bad)]
+    async with asyncio.timeout(60), RewardRunner(specs, timeout_s=5, workers=1) as runner:
         scored = await runner.score(["1", "2"], "1")
-    finally:
-        runner.close()
-    np.testing.assert_allclose(scored.rewards, [1.0, 0.0])
-    assert scored.num_errors == 6
-    assert runner.num_errors == 6
+        again = await runner.score(["1"], "1")
+    np.testing.assert_array_equal(scored.rewards, [1.0, 0.0])
+    assert scored.num_errors == 2 * len(bad)
+    assert scored.num_timeouts == 0
+    np.testing.assert_array_equal(again.rewards, [1.0])
+    assert (runner.num_errors, runner.num_pool_restarts) == (3 * len(bad), 0)
 
 
 async def test_a_hanging_reward_times_out_and_the_runner_keeps_working():
-    runner = RewardRunner([RewardSpec("reward_fixtures:hangs", 1.0)], timeout_s=0.5, workers=1)
-    try:
+    spec = [RewardSpec("reward_fixtures:hangs_on_hang")]
+    async with asyncio.timeout(60), RewardRunner(spec, timeout_s=0.5, workers=1) as runner:
+        scored = await runner.score(["hang", "ok", "hang"], "x")
+        again = await runner.score(["ok", "ok"], "x")
+    np.testing.assert_array_equal(scored.rewards, [0.0, 1.0, 0.0])
+    assert scored.num_timeouts == 2
+    np.testing.assert_array_equal(again.rewards, [1.0, 1.0])
+    assert (runner.num_timeouts, runner.num_errors, runner.num_calls) == (2, 0, 5)
+
+
+async def test_a_reward_that_ignores_its_alarm_gets_the_pool_killed_and_rebuilt():
+    spec = [RewardSpec("reward_fixtures:hangs_hard_on_hang")]
+    async with (
+        asyncio.timeout(60),
+        RewardRunner(spec, timeout_s=0.2, workers=1, hard_margin_s=1.0) as runner,
+    ):
+        scored = await runner.score(["ok", "hang"], "x")
+        again = await runner.score(["ok", "ok"], "x")
+    np.testing.assert_array_equal(scored.rewards, [0.0, 0.0])  # the whole group is lost
+    assert (scored.num_timeouts, runner.num_pool_restarts) == (2, 1)
+    np.testing.assert_array_equal(again.rewards, [1.0, 1.0])
+    assert again.num_timeouts == 0
+
+
+async def test_a_reward_that_kills_its_worker_costs_one_pool_and_counts_as_errors():
+    spec = [RewardSpec("reward_fixtures:kills_worker")]
+    async with asyncio.timeout(60), RewardRunner(spec, timeout_s=5, workers=1) as runner:
         scored = await runner.score(["a", "b"], "x")
-        assert scored.num_timeouts == 2
-        np.testing.assert_allclose(scored.rewards, [0.0, 0.0])
-        runner.specs = [RewardSpec("exact_match", 1.0)]
-        again = await runner.score(["x", "y"], "x")
-    finally:
-        runner.close()
-    np.testing.assert_allclose(again.rewards, [1.0, 0.0])
-    assert runner.num_timeouts == 2
+        assert (scored.num_errors, runner.num_pool_restarts) == (2, 1)
+        scored = await runner.score(["c"], "x")
+        assert (scored.num_errors, runner.num_pool_restarts) == (1, 2)
 
 
-async def test_a_reward_stuck_beyond_its_alarm_gets_the_pool_killed_and_rebuilt():
-    runner = RewardRunner([RewardSpec("reward_fixtures:hangs_hard", 1.0)], timeout_s=0.2, workers=1, hard_margin_s=1.0)
-    try:
-        scored = await runner.score(["a"], "x")
-        assert scored.num_timeouts == 1
-        assert runner.num_pool_restarts == 1
-        runner.specs = [RewardSpec("exact_match", 1.0)]
-        again = await runner.score(["x"], "x")
-    finally:
+async def test_closing_with_a_group_in_flight_scores_it_zero_and_starts_no_new_pool():
+    spec = [RewardSpec("reward_fixtures:hangs_on_hang")]
+    runner = RewardRunner(spec, timeout_s=30, workers=1)
+    async with asyncio.timeout(30):
+        in_flight = asyncio.create_task(runner.score(["hang", "ok"], "x"))
+        await asyncio.to_thread(runner._ready.result)  # the worker is up
+        await asyncio.sleep(0.5)  # and the group is in it, hanging
         runner.close()
-    np.testing.assert_allclose(again.rewards, [1.0])
+        scored = await in_flight
+    np.testing.assert_array_equal(scored.rewards, [0.0, 0.0])
+    assert (scored.num_errors, runner.num_pool_restarts) == (2, 0)
