@@ -179,6 +179,12 @@ class Learner:
                 out.kept.append(g)
                 continue
             out.dropped[why] += 1
+            if why == "dropped_zero_variance" and out.dropped[why] % (20 * c.train.prompts_per_step) == 0:
+                log.warning(
+                    "%d groups in a row had equal rewards for every completion (no signal): "
+                    "is the task too hard or too easy for this model, or the reward constant?",
+                    out.dropped[why],
+                )
             info = {"behavior_version": g.behavior_version, "num_tokens": g.num_tokens}
             self.server.call(
                 lambda g=g, why=why, info=info: self.book.finalize(g.lease_id, why, **info)

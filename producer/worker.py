@@ -103,6 +103,7 @@ class Producer:
         self.rng = random.Random(cfg.run.seed ^ pid)
         self.started = time.monotonic()
         self.lease_tasks: dict[int, asyncio.Task[None]] = {}
+        self._registering = asyncio.Lock()
         self.num_active, self.busy_since = 0, self.started
 
     # -- setup ---------------------------------------------------------------------------------
@@ -129,11 +130,17 @@ class Producer:
             return reply
 
     async def setup(self) -> None:
+        """Register; the heartbeat may start right after this (engine loading can take long)."""
         welcome = await self.register()
-        spec = self.spec = welcome.spec
+        self.spec = welcome.spec
         log.info(
             "registered as %s with consumer run %s", self.state.producer_id, welcome.status.run_id
         )
+
+    async def prepare(self) -> None:
+        """Tokenizer, engine, rewards and the outbox, from the run spec."""
+        spec = self.spec
+        assert spec is not None
         model_dir = (
             Path(self.cfg.producer.model or spec.model)
             if self.cfg.producer.engine != "fake"
@@ -203,21 +210,26 @@ class Producer:
         return reply
 
     async def _reregister(self) -> None:
-        log.warning("consumer restarted or forgot us: registering again, re-sending unacked groups")
-        await self.register()
-        assert self.outbox is not None
-        self.state.count("groups_resent", await self.outbox.resend(everything=True))
+        if self._registering.locked():  # another task is already at it
+            async with self._registering:
+                return
+        async with self._registering:
+            log.warning("consumer restarted or forgot us: registering again, re-sending unacked groups")
+            await self.register()
+            if self.outbox is not None:
+                self.state.count("groups_resent", await self.outbox.resend(everything=True))
 
     # -- tasks ---------------------------------------------------------------------------------
     async def heartbeat_loop(self) -> None:
-        assert self.engine is not None and self.outbox is not None
         while True:
+            version = self.engine.version if self.engine is not None else -1
             msg = wire.Heartbeat(
-                0, self.state.producer_id, self.engine.version, self._state_name(),
+                0, self.state.producer_id, version, self._state_name(),
                 len(self.state.in_flight), self._counters(),
             )  # fmt: skip
             await self._request_status(msg)
-            self.state.count("groups_resent", await self.outbox.resend())
+            if self.outbox is not None:
+                self.state.count("groups_resent", await self.outbox.resend())
             await asyncio.sleep(self.cfg.net.heartbeat_s)
 
     async def announce_loop(self) -> None:
@@ -399,7 +411,8 @@ class Producer:
 
     # -- reporting -----------------------------------------------------------------------------
     def _state_name(self) -> str:
-        assert self.engine is not None
+        if self.engine is None:
+            return "starting"
         if self.state.target is not None and self.state.target.version != self.engine.version:
             return "loading"
         return "generating" if self.state.in_flight else "idle"
@@ -458,8 +471,10 @@ async def main(cfg: Config) -> int:
     try:
         await producer.setup()
         async with asyncio.TaskGroup() as tg:
+            heartbeat = tg.create_task(producer.heartbeat_loop(), name="heartbeat")
+            await producer.prepare()
             background = [
-                tg.create_task(producer.heartbeat_loop(), name="heartbeat"),
+                heartbeat,
                 tg.create_task(producer.announce_loop(), name="announce"),
                 tg.create_task(producer.weights_loop(), name="weights"),
             ]

@@ -14,7 +14,9 @@ from typing import Any
 
 def cli(*args: str, log: Path) -> subprocess.Popen[bytes]:
     """`python -m launch.cli ARGS` in its own process group, output to `log`."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    tests_dir = str(Path(__file__).parent)  # reward_fixtures importable by producers
+    path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "launch.cli", *args],

@@ -99,3 +99,35 @@ def test_two_fake_producers_feed_a_real_learner_within_the_staleness_bound(
     # both producers contributed
     assert set(ledger["by_producer"]) == {"p1", "p2"}
     assert all(c.get("trained", 0) > 0 for c in ledger["by_producer"].values())
+
+
+@pytest.mark.timeout(300)
+def test_hf_producer_logprobs_equal_the_learners_after_every_reload(tmp_path, tiny_model_dir):
+    """Synchronous mode: each step's groups were sampled with exactly the learner's weights, which
+    change every step (large lr), so agreement to float32 rounding proves every reload took."""
+    run_dir = tmp_path / "run"
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    length_reward = 'rewards.fns=[{fn="reward_fixtures:length", weight=1.0}]'  # varies: a signal
+    args = consumer_args(
+        run_dir, tiny_model_dir, prompts, "staleness.max_staleness=0", "train.lr=0.02", length_reward
+    )
+    args[args.index("--steps") + 1] = "6"
+    consumer = cli(*args, log=tmp_path / "consumer.log")
+    ep = endpoint(run_dir, [consumer])
+    producer = cli("producer", "--connect", ep, "--engine", "hf", "--id", "hf1", log=tmp_path / "hf1.log")
+    try:
+        assert consumer.wait(240) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
+        producer.wait(60)
+    finally:
+        stop(consumer, producer)
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(metrics) == 6
+    for m in metrics:
+        assert m["staleness_max"] == 0
+        assert m["behavior_gap_abs_max"] < 1e-4, m["step"]
+        assert abs(m["tis_weight_mean"] - 1) < 1e-4
+    from safetensors.torch import load_file
+
+    first = load_file(run_dir / "snapshots" / "v000005" / "model.safetensors")
+    last = load_file(run_dir / "snapshots" / "v000006" / "model.safetensors")
+    assert max(float((first[k] - last[k]).abs().max()) for k in first) > 1e-3  # weights moved
