@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 import types
 import typing
@@ -318,7 +319,12 @@ def load(path: str | Path | None, overrides: list[str] = ()) -> Config:  # type:
 
 
 def apply_overrides(cfg: Config, overrides: typing.Iterable[str]) -> Config:
-    """Apply `section.key=value` strings; values are parsed as TOML, else taken as strings."""
+    """Apply `section.key=value` strings; values are parsed as TOML, else taken as strings.
+
+    For a string or bool key, a value that TOML reads as another type is taken as written:
+    `producer.id=1e3` is "1e3" (not "1000.0"), `run.dir=2024-01-01` is a name (not a date),
+    `run.resume=1` is true (as "1" would be)."""
+    sections = _section_types()
     for item in overrides:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
@@ -328,6 +334,9 @@ def apply_overrides(cfg: Config, overrides: typing.Iterable[str]) -> Config:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
+        tp = typing.get_type_hints(sections[section]).get(name) if section in sections else None
+        if tp in (str, bool) and not isinstance(value, str | tp):
+            value = raw.strip()
         cfg = from_dict({section: {name: value}}, cfg)
     return cfg
 
@@ -429,8 +438,8 @@ def problems(cfg: Config) -> list[str]:
         f"sampling.group_size = {s.group_size}: GRPO needs G >= 2 (advantages are relative within a group)",
     )
     need(
-        s.temperature > 0,
-        "sampling.temperature must be > 0 (log-probs are of logits / temperature)",
+        math.isfinite(s.temperature) and s.temperature > 0,  # the wire refuses other values
+        "sampling.temperature must be finite and > 0 (log-probs are of logits / temperature)",
     )
     need(
         s.top_p == 1.0,

@@ -121,7 +121,7 @@ def list_versions(root: Path) -> list[int]:
 def prune(root: Path, keep_last: int, *, protect: tuple[int, ...] = ()) -> list[int]:
     """Delete all but the newest `keep_last` snapshots (and `protect`); returns the removed."""
     versions = list_versions(root)
-    removed = [v for v in versions[:-keep_last] if v not in protect]
+    removed = [v for v in versions[: max(len(versions) - keep_last, 0)] if v not in protect]
     for v in removed:
         shutil.rmtree(snapshot_dir(root, v), ignore_errors=True)
     for stale in root.glob("*.tmp-*") if root.is_dir() else ():

@@ -349,9 +349,10 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
     if not isinstance(body, dict):
         raise WireError("not_a_map", type(body).__name__)
     schema = body.pop("schema", None)
-    if schema != SCHEMA_VERSION:
+    if type(schema) is not int or schema != SCHEMA_VERSION:  # True == 1.0 == 1 in Python
         raise WireError("schema_version", f"got {schema!r}, this build speaks {SCHEMA_VERSION}")
-    cls = _KINDS.get(body.pop("kind", None))  # type: ignore[arg-type]
+    kind = body.pop("kind", None)
+    cls = _KINDS.get(kind) if type(kind) is str else None  # a list or map is unhashable
     if cls is None:
         raise WireError("unknown_kind")
     try:
@@ -406,10 +407,11 @@ def _value(tp: Any, value: Any, where: str) -> Any:
         return tuple(_value(inner, v, f"{where}[]") for v in value)
     if origin is dict:
         if not isinstance(value, dict) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
+            type(k) is str and isinstance(v, int | float) and not isinstance(v, bool)
+            for k, v in value.items()
         ):
-            raise WireError("bad_type", f"{where} is not a map of numbers")
-        return {str(k): float(v) for k, v in value.items()}
+            raise WireError("bad_type", f"{where} is not a map of str to numbers")
+        return {k: float(v) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, where)  # type: ignore[arg-type]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):

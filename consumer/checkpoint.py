@@ -93,3 +93,14 @@ def _dedup(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             seen.add(tensor.data_ptr())
             out[name] = tensor
     return out
+
+
+def record_incarnation(run_dir: Path, incarnation: int) -> None:
+    """Persist a resumed run's incarnation at once: resuming twice from the same checkpoint must
+    not hand out the lease ids of the first resume again."""
+    path = run_dir / DIR / "state.json"
+    state = json.loads(path.read_text())
+    state["book"]["incarnation"] = max(int(state["book"]["incarnation"]), incarnation)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)

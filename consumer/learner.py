@@ -82,6 +82,7 @@ class Learner:
         if cfg.run.resume:
             self.version, book_state = checkpoint.load(run_dir, trainer=self.trainer)
             self.book.load_state_dict(book_state, now=time.monotonic())
+            checkpoint.record_incarnation(run_dir, self.book.incarnation)
             cfg = self.cfg = _reuse_ports(cfg, run_dir)
             log.info("resumed at version %d (incarnation %d)", self.version, self.book.incarnation)
         self.run_id = f"{uuid.uuid4().hex[:8]}-{self.book.incarnation}"

@@ -39,14 +39,18 @@ class JsonlSource:
     def __init__(self, path: Path, *, prompt_field: str, answer_field: str) -> None:
         self._rows: list[tuple[str, str]] = []
         try:
-            lines = Path(path).read_text().splitlines()
+            # Split on b"\n" only: str.splitlines() would also cut at U+2028, U+0085, ... which
+            # JSON allows unescaped inside strings (json.dumps(..., ensure_ascii=False) writes them).
+            lines = Path(path).read_bytes().split(b"\n")
         except OSError as exc:
             raise ConfigError(f"task.path = {str(path)!r}: {exc}") from None
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{path}:{number}: not UTF-8 ({exc})") from None
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}:{number}: not JSON ({exc})") from None
             if not isinstance(row, dict) or prompt_field not in row or answer_field not in row:

@@ -2,8 +2,9 @@
 
 `lag = policy_version - behavior_version`, where `behavior_version` is the oldest weight version
 that produced any token of the group (per-token versions when weights changed mid-generation).
-A group is trained at version v only if `lag <= max_staleness`; otherwise it is dropped and
-counted (`dropped_stale`). Leases already keep the bound by construction (consumer/leases.py);
+A group is trained at version v only if `0 <= lag <= max_staleness`; otherwise it is dropped
+and counted (`dropped_stale`). A negative lag happens only after a resume from an older
+checkpoint: those weights were never part of this run's history. Leases already keep the bound by construction (consumer/leases.py);
 this gate is what makes it a guarantee even when groups overtake each other in flight.
 
 A group whose rewards are all equal has zero advantage for every completion, so it carries no
@@ -26,7 +27,8 @@ def verdict(
     group: Group, *, policy_version: int, max_staleness: int, drop_zero_variance: bool
 ) -> str | None:
     """None to train the group now, else the ledger outcome that drops it."""
-    if lag(policy_version, group) > max_staleness:
+    behind = lag(policy_version, group)
+    if behind > max_staleness or behind < 0:  # < 0: weights of a lineage a resume abandoned
         return "dropped_stale"
     if drop_zero_variance and zero_variance(group.rewards):
         return "dropped_zero_variance"

@@ -11,12 +11,13 @@ SPECIALS = ["<pad>", "<eos>"]
 def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
     """Write a complete HF model directory (config, weights, tokenizer) into `out`."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()  # characters join without spaces
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
     fast.save_pretrained(out)
     torch.manual_seed(seed)

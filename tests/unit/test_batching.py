@@ -1,0 +1,180 @@
+"""Micro-batch planning, rows, and collation (shifted positions, masks, behaviour log-probs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common import wire
+from consumer.batching import Row, collate, plan_micro_batches, rows_of
+
+CPU = torch.device("cpu")
+PAD = 0
+
+
+def make_group(prompt: list[int], completions: list[list[int]], *, lease_id: int = 0) -> wire.Group:
+    ids = [t for c in completions for t in c]
+    return wire.Group(
+        lease_id=lease_id,
+        producer_id="p",
+        prompt_index=0,
+        behavior_version=0,
+        prompt_ids=np.array(prompt, np.int32),
+        completion_ids=np.array(ids, np.int32),
+        completion_lens=np.array([len(c) for c in completions], np.int32),
+        behavior_logp=-np.arange(1, len(ids) + 1, dtype=np.float32) / 10,
+        token_versions=np.zeros(0, np.int32),
+        rewards=np.arange(len(completions), dtype=np.float32),
+        finish_reasons=("stop",) * len(completions),
+        temperature=1.0,
+    )
+
+
+def make_row(prompt: list[int], completion: list[int], *, advantage: float = 0.0) -> Row:
+    return Row(
+        ids=np.array(prompt + completion, np.int32),
+        prompt_len=len(prompt),
+        behavior_logp=-np.arange(1, len(completion) + 1, dtype=np.float32) / 10,
+        advantage=advantage,
+        group=0,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# plan_micro_batches
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(1, 300), max_size=40), budget=st.integers(1, 2000))
+def test_micro_batches_partition_the_rows_within_the_token_budget(lengths, budget):
+    plan = plan_micro_batches(lengths, budget)
+    assert sorted(i for mb in plan for i in mb) == list(range(len(lengths)))
+    for mb in plan:
+        assert mb
+        assert len(mb) * max(lengths[i] for i in mb) <= budget or len(mb) == 1
+
+
+@pytest.mark.parametrize(
+    ("lengths", "budget", "expected"),
+    [
+        ([], 100, []),
+        ([10, 10, 10, 10], 40, [[0, 1, 2, 3]]),
+        ([10, 10, 10, 10], 39, [[0, 1, 2], [3]]),
+        ([50, 10, 30, 10], 60, [[1, 3], [2], [0]]),  # by length: 3 rows x 30 > 60
+        ([50, 10, 30, 10], 90, [[1, 3, 2], [0]]),
+        ([500, 5], 100, [[1], [0]]),  # a row longer than the budget gets its own micro-batch
+        ([7, 7, 7], 1, [[0], [1], [2]]),
+    ],
+)
+def test_micro_batch_plans(lengths, budget, expected):
+    assert plan_micro_batches(lengths, budget) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# collate
+
+
+def test_collate_lays_out_shifted_positions():
+    rows = [make_row([10, 11, 12], [20, 21], advantage=0.5), make_row([13], [30, 31, 32, 33])]
+    mb = collate(rows, [0, 1], pad_id=PAD, device=CPU)
+    assert mb.input_ids_BL.tolist() == [[10, 11, 12, 20, 21], [13, 30, 31, 32, 33]]
+    assert mb.attention_mask_BL.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 1]]
+    assert mb.tokens_BT.tolist() == [[11, 12, 20, 21], [30, 31, 32, 33]]
+    # position j predicts token j + 1: the completion tokens of row 0 sit at j = 2, 3
+    assert mb.mask_BT.tolist() == [[False, False, True, True], [True, True, True, True]]
+    expected = torch.tensor([[0.0, 0.0, -0.1, -0.2], [-0.1, -0.2, -0.3, -0.4]])
+    torch.testing.assert_close(mb.behavior_logp_BT, expected)
+    assert mb.advantages_B.tolist() == [0.5, 0.0]
+    assert mb.rows == (0, 1)
+    assert mb.num_tokens == 6
+
+
+def test_collate_pads_short_rows_on_the_right_outside_the_mask():
+    rows = [make_row([1, 2], [3]), make_row([4, 5, 6], [7, 8, 9])]
+    mb = collate(rows, [1, 0], pad_id=99, device=CPU)
+    assert mb.rows == (1, 0)
+    assert mb.input_ids_BL.tolist() == [[4, 5, 6, 7, 8, 9], [1, 2, 3, 99, 99, 99]]
+    assert mb.attention_mask_BL.tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0]]
+    assert mb.mask_BT.tolist()[1] == [False, True, False, False, False]
+    assert mb.behavior_logp_BT[1].tolist() == pytest.approx([0.0, -0.1, 0.0, 0.0, 0.0])
+
+
+def test_collate_dtypes():
+    mb = collate([make_row([1], [2, 3])], [0], pad_id=PAD, device=CPU)
+    assert mb.input_ids_BL.dtype == torch.int64
+    assert mb.attention_mask_BL.dtype == torch.int64
+    assert mb.tokens_BT.dtype == torch.int64
+    assert mb.mask_BT.dtype == torch.bool
+    assert mb.behavior_logp_BT.dtype == torch.float32
+    assert mb.advantages_B.dtype == torch.float32
+
+
+ROWS = st.lists(
+    st.tuples(
+        st.lists(st.integers(1, 1000), min_size=1, max_size=6),
+        st.lists(st.integers(1, 1000), min_size=1, max_size=6),
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=ROWS)
+def test_the_mask_marks_exactly_the_completion_tokens(spec):
+    rows = [make_row(p, c, advantage=float(i)) for i, (p, c) in enumerate(spec)]
+    mb = collate(rows, list(range(len(rows))), pad_id=PAD, device=CPU)
+    B, T = mb.tokens_BT.shape
+    assert max(len(p) + len(c) for p, c in spec) - 1 == T
+    for b, (prompt, completion) in enumerate(spec):
+        ids = prompt + completion
+        mask = mb.mask_BT[b]
+        positions = [j for j in range(T) if mask[j]]
+        assert positions == list(range(len(prompt) - 1, len(ids) - 1))
+        for j in positions:
+            assert mb.tokens_BT[b, j] == ids[j + 1]
+        assert mb.tokens_BT[b][mask].tolist() == completion
+        assert mb.behavior_logp_BT[b][mask].tolist() == rows[b].behavior_logp.tolist()
+        assert not mb.behavior_logp_BT[b][~mask].any()
+        assert mb.attention_mask_BL[b].sum() == len(ids)
+    assert mb.num_tokens == sum(len(c) for _, c in spec)
+    assert mb.advantages_B.tolist() == [float(i) for i in range(B)]
+
+
+# ---------------------------------------------------------------------------------------------
+# rows_of
+
+
+def test_rows_follow_group_order_with_their_advantages():
+    groups = [
+        make_group([1, 2], [[3], [4, 5]]),
+        make_group([6], [[7, 8, 9], [10], [11]], lease_id=1),
+    ]
+    advantages_NG = np.array([[0.5, -0.5, np.nan], [1.0, 0.0, -1.0]])  # NaN: padding, unused
+    rows = rows_of([groups[0], groups[1]], advantages_NG)
+    assert [r.ids.tolist() for r in rows] == [
+        [1, 2, 3],
+        [1, 2, 4, 5],
+        [6, 7, 8, 9],
+        [6, 10],
+        [6, 11],
+    ]
+    assert [r.prompt_len for r in rows] == [2, 2, 1, 1, 1]
+    assert [r.group for r in rows] == [0, 0, 1, 1, 1]
+    assert [r.advantage for r in rows] == [0.5, -0.5, 1.0, 0.0, -1.0]
+    assert rows[1].behavior_logp.tolist() == pytest.approx([-0.2, -0.3])
+    assert rows[2].behavior_logp.tolist() == pytest.approx([-0.1, -0.2, -0.3])
+    assert all(r.ids.dtype == np.int32 for r in rows)
+    assert all(r.behavior_logp.dtype == np.float32 for r in rows)
+
+
+def test_rows_of_a_decoded_group_collate_back_to_its_tokens():
+    g = wire.decode(wire.encode(make_group([5, 6, 7], [[8, 9], [10, 11, 12]])))
+    rows = rows_of([g], np.array([[1.0, -1.0]]))
+    (indices,) = plan_micro_batches([len(r.ids) for r in rows], 1000)
+    mb = collate(rows, indices, pad_id=PAD, device=CPU)
+    assert mb.tokens_BT[mb.mask_BT].tolist() == g.completion_ids.tolist()
+    assert mb.behavior_logp_BT[mb.mask_BT].tolist() == g.behavior_logp.tolist()

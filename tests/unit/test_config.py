@@ -1,0 +1,384 @@
+"""The config tree: defaults, TOML, `--set` coercion, validation messages, round trips, help."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import tomllib
+import typing
+
+import pytest
+
+from common import config as C
+from common.errors import ConfigError
+
+
+def with_sets(*sets: str) -> C.Config:
+    return C.apply_overrides(C.Config(), list(sets))
+
+
+def all_keys() -> list[str]:
+    return [
+        f"{name}.{f.name}"
+        for name, cls in C._section_types().items()
+        for f in dataclasses.fields(cls)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Defaults and loading
+
+
+def test_defaults_validate():
+    assert C.problems(C.Config()) == []
+    C.validate(C.Config())
+    assert C.load(None) == C.Config()
+
+
+def test_a_toml_file_overrides_defaults_and_keeps_the_rest(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(
+        '[sampling]\ngroup_size = 4\ntemperature = 0.7\n\n[net]\nbind_host = "localhost"\n'
+        '[[rewards.fns]]\nfn = "exact_match"\nweight = 0.5\n'
+        '[[rewards.fns]]\nfn = "mypkg.rewards:length"\nweight = 2\n'
+    )
+    cfg = C.load(path)
+    assert (cfg.sampling.group_size, cfg.sampling.temperature) == (4, 0.7)
+    assert cfg.net.bind_host == "localhost"
+    assert cfg.rewards.fns == [
+        C.RewardSpec("exact_match", 0.5),
+        C.RewardSpec("mypkg.rewards:length", 2.0),
+    ]
+    assert isinstance(cfg.rewards.fns[1].weight, float)
+    assert cfg.train == C.TrainConfig()
+    assert cfg.sampling.max_new_tokens == C.SamplingConfig().max_new_tokens
+
+
+def test_overrides_apply_after_the_file(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[sampling]\ngroup_size = 4\n")
+    cfg = C.load(path, ["sampling.group_size=6"])
+    assert cfg.sampling.group_size == 6
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.toml does not exist"):
+        C.load(tmp_path / "nope.toml")
+
+
+def test_invalid_toml_is_refused_with_the_file_name(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[sampling\ngroup_size = 4\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
+        C.load(path)
+
+
+def test_load_validates(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[sampling]\ngroup_size = 1\n")
+    with pytest.raises(ConfigError, match=r"sampling\.group_size"):
+        C.load(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# --set coercion
+
+
+@pytest.mark.parametrize(
+    ("item", "key", "expected"),
+    [
+        ("sampling.group_size=4", "sampling.group_size", 4),
+        ("train.micro_batch_tokens=1_000", "train.micro_batch_tokens", 1000),
+        ("train.lr=3e-6", "train.lr", 3e-6),
+        ("sampling.temperature=1", "sampling.temperature", 1.0),
+        ("run.resume=true", "run.resume", True),
+        ("run.resume=false", "run.resume", False),
+        ("run.resume=yes", "run.resume", True),
+        ("run.resume=1", "run.resume", True),
+        ("run.resume=0", "run.resume", False),
+        ('run.resume="true"', "run.resume", True),
+        ('producer.id="1e3"', "producer.id", "1e3"),
+        ("task.shuffle=False", "task.shuffle", False),
+        ("net.bind_host=0.0.0.0", "net.bind_host", "0.0.0.0"),
+        ("net.bind_host=::1", "net.bind_host", "::1"),
+        ('task.prompt_field="question"', "task.prompt_field", "question"),
+        ("task.prompt_field=question", "task.prompt_field", "question"),
+        ("net.connect=tcp://10.1.2.3:5555", "net.connect", "tcp://10.1.2.3:5555"),
+        ("model.path=runs/x/snapshots/v000003", "model.path", "runs/x/snapshots/v000003"),
+        ("producer.id=7", "producer.id", "7"),
+        ("producer.id=1e3", "producer.id", "1e3"),
+        ("producer.id=0x1F", "producer.id", "0x1F"),
+        ("producer.id=true", "producer.id", "true"),
+        ("model.path=1.10", "model.path", "1.10"),
+        ("run.dir=2024-01-01", "run.dir", "2024-01-01"),
+        ("run.dir=", "run.dir", ""),
+        ("train.betas=[0.9, 0.95]", "train.betas", [0.9, 0.95]),
+        ("train.betas=[1, 0]", "train.betas", [1.0, 0.0]),
+        (
+            'rewards.fns=[{fn = "math_verify", weight = 2}, {fn = "m:f"}]',
+            "rewards.fns",
+            [C.RewardSpec("math_verify", 2.0), C.RewardSpec("m:f", 1.0)],
+        ),
+        ("model.dtype=bfloat16", "model.dtype", "bfloat16"),
+    ],
+)
+def test_set_parses_the_value_as_the_key_type(item, key, expected):
+    section, name = key.split(".")
+    value = getattr(getattr(with_sets(item), section), name)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_later_overrides_win():
+    assert with_sets("sampling.group_size=4", "sampling.group_size=6").sampling.group_size == 6
+
+
+@pytest.mark.parametrize("item", ["sampling.group_size", "group_size=4", "=4"])
+def test_set_without_section_key_and_value_is_refused(item):
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
+        with_sets(item)
+
+
+def test_set_with_an_empty_section_is_refused():
+    with pytest.raises(ConfigError, match=r"unknown section \[\]"):
+        with_sets(".group_size=4")
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("sampling.group_size=eight", "sampling.group_size must be int, got 'eight'"),
+        ("sampling.group_size=8.0", "sampling.group_size must be int, got 8.0"),
+        ("sampling.group_size=true", "sampling.group_size must be int, got True"),
+        ("sampling.temperature=true", "sampling.temperature must be float"),
+        ("sampling.temperature=warm", "sampling.temperature must be float"),
+        ("run.resume=maybe", "run.resume must be bool, got 'maybe'"),
+        ("run.resume=2", "run.resume must be bool, got '2'"),
+        ("train.betas=0.9", "train.betas must be a list"),
+        ("train.betas=[0.9, 'a']", r"train.betas\[1\] must be float"),
+        ("rewards.fns=[1]", r"rewards.fns\[0\] must be a table"),
+        ("rewards.fns=[{weight = 'x'}]", r"rewards.fns\[0\].weight must be float"),
+        ("model.dtype=float16", "model.dtype = 'float16' is not one of 'float32', 'bfloat16'"),
+        ("producer.engine=sglang", "producer.engine = 'sglang' is not one of"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_naming_the_key(item, message):
+    with pytest.raises(ConfigError, match=message):
+        with_sets(item)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"model": {"path": [1, 2]}}, "model.path must be str"),
+        ({"model": {"path": True}}, "model.path must be str"),
+        ({"run": {"resume": 1}}, "run.resume must be bool, got 1"),
+        ({"run": {"seed": "0"}}, "run.seed must be int, got '0'"),
+        ({"rewards": {"fns": {"fn": "x"}}}, "rewards.fns must be a list"),
+    ],
+)
+def test_a_toml_value_of_the_wrong_type_is_refused_naming_the_key(data, message):
+    with pytest.raises(ConfigError, match=message):
+        C.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"samplng": {}}, r"unknown section \[samplng\] \(did you mean 'sampling'\?\)"),
+        ({"sampling": {"group_sise": 4}}, r"sampling.group_sise \(did you mean 'group_size'\?\)"),
+        ({"rewards": {"fns": [{"fnn": "x"}]}}, r"rewards.fns\[0\].fnn \(did you mean 'fn'\?\)"),
+        ({"zzz": {}}, r"unknown section \[zzz\]$"),
+        ({"sampling": {"qqqqqq": 1}}, r"unknown key sampling.qqqqqq$"),
+        ({"run": 5}, r"\[run\] must be a table"),
+    ],
+)
+def test_unknown_sections_and_keys_are_refused_with_a_suggestion(data, message):
+    with pytest.raises(ConfigError, match=message):
+        C.from_dict(data)
+
+
+def test_an_unknown_key_in_set_gets_a_suggestion():
+    with pytest.raises(ConfigError, match=r"did you mean 'max_staleness'"):
+        with_sets("staleness.max_stalenes=3")
+    with pytest.raises(ConfigError, match=r"did you mean 'staleness'"):
+        with_sets("stalenes.max_staleness=3")
+
+
+def test_an_unknown_key_in_a_file_gets_a_suggestion(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nprompt_per_step = 4\n")
+    with pytest.raises(ConfigError, match=r"did you mean 'prompts_per_step'"):
+        C.load(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: every message of problems() is reachable and names its key
+
+# (overrides, a fragment of exactly one message, the key that message must name)
+PROBLEMS = [
+    (["sampling.group_size=1"], "GRPO needs G >= 2", "sampling.group_size"),
+    (["sampling.temperature=0"], "temperature must be finite and > 0", "sampling.temperature"),
+    (["sampling.top_p=0.9"], "top-p sampling would bias", "sampling.top_p"),
+    (["sampling.top_k=50"], "top-k sampling would bias", "sampling.top_k"),
+    (["sampling.max_new_tokens=0"], "max_new_tokens must be >= 1", "sampling.max_new_tokens"),
+    (["staleness.max_staleness=-1"], "max_staleness must be >= 0", "staleness.max_staleness"),
+    (["staleness.publish_every=0"], "publish_every must be >= 1", "staleness.publish_every"),
+    (["staleness.publish_every=4"], "= 4 > max_staleness + 1 = 3", "staleness.publish_every"),
+    (["train.prompts_per_step=0"], "prompts_per_step must be >= 1", "train.prompts_per_step"),
+    (["train.lr=0"], "lr must be > 0", "train.lr"),
+    (["train.micro_batch_tokens=0"], "micro_batch_tokens must be", "train.micro_batch_tokens"),
+    (["train.updates_per_batch=0"], "updates_per_batch must be", "train.updates_per_batch"),
+    (["train.betas=[0.9, 1.0]"], "betas must be two numbers", "train.betas"),
+    (["run.steps=-1"], "steps must be >= 0", "run.steps"),
+    (["loss.clip_low=1.0"], "clip_low must be in [0, 1)", "loss.clip_low"),
+    (["loss.dual_clip=0.5"], "dual_clip must be 0 (off) or > 1", "loss.dual_clip"),
+    (["loss.tis_cap_min=2.0"], "tis_cap must be > 0 and > loss.tis_cap_min", "loss.tis_cap"),
+    (["loss.beta=-0.1"], "beta must be >= 0", "loss.beta"),
+    (["task.source=jsonl"], "required when task.source = 'jsonl'", "task.path"),
+    (["rewards.fns=[]"], "needs at least one reward", "rewards.fns"),
+    (["rewards.workers=0"], "rewards.workers >= 1", "rewards.timeout_s"),
+    (["snapshot.keep_last=0"], "keep_last must be >= 1", "snapshot.keep_last"),
+    (["net.heartbeat_s=20"], "must exceed two heartbeats", "net.producer_timeout_s"),
+    (["net.max_message_mib=0"], "max_message_mib must be > 0", "net.max_message_mib"),
+    (["net.bind_host=0.0.0.0"], "is not a loopback address", "net.bind_host"),
+    (["net.connect=tcp://10.0.0.2:5555"], "leaves this machine", "net.connect"),
+    (["producer.max_in_flight=0"], "max_in_flight must be >= 1", "producer.max_in_flight"),
+    (["fake.min_tokens=0"], "min_tokens must be in [1, fake.max_tokens]", "fake.min_tokens"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sets", "fragment", "key"), PROBLEMS, ids=[p[1] for p in PROBLEMS])
+def test_each_impossible_setting_is_refused_naming_its_key(sets, fragment, key):
+    found = [m for m in C.problems(with_sets(*sets)) if fragment in m]
+    assert len(found) == 1
+    assert key in found[0]
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        C.load(None, sets)
+
+
+def test_every_check_in_problems_has_a_case():
+    # One `need(...)` per check: a new check needs a new row in PROBLEMS.
+    num_checks = inspect.getsource(C.problems).count("need(") - 1  # minus the definition
+    assert len({fragment for _, fragment, _ in PROBLEMS}) == num_checks
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["sampling.group_size=1", "sampling.group_size=2"],
+        ["staleness.publish_every=3"],  # == max_staleness + 1
+        ["staleness.max_staleness=0", "staleness.publish_every=1"],
+        ["net.bind_host=0.0.0.0", "net.keys_dir=keys"],
+        ["net.bind_host=0.0.0.0", "net.insecure=true"],
+        ["net.bind_host=localhost"],
+        ["net.bind_host=127.0.0.2"],
+        ["net.bind_host=::1"],
+        ["net.connect=tcp://10.0.0.2:5555", "net.keys_dir=keys"],
+        ["net.connect=tcp://10.0.0.2:5555", "net.insecure=true"],
+        ["net.connect=tcp://localhost:5555"],
+        ["net.connect=tcp://[::1]:5555"],
+        ["net.connect=ipc:///tmp/asyncgrpo.sock"],
+        ["task.source=jsonl", "task.path=prompts.jsonl"],
+        ["loss.dual_clip=3.0"],
+        ["fake.min_tokens=16", "fake.max_tokens=16"],
+    ],
+)
+def test_a_possible_setting_near_a_limit_is_accepted(sets):
+    assert C.problems(with_sets(*sets)) == []
+
+
+@pytest.mark.parametrize(
+    ("sets", "keys"),
+    [
+        (["sampling.temperature=inf"], ["sampling.temperature"]),  # the wire refuses it
+        (["sampling.temperature=nan"], ["sampling.temperature"]),
+        (["net.bind_host=0.0.0.0", "net.connect=tcp://10.0.0.2:5555"], ["bind_host", "connect"]),
+        (["net.bind_host=*"], ["bind_host"]),
+        (["fake.min_tokens=17"], ["fake.min_tokens"]),
+        (["train.betas=[0.9]"], ["train.betas"]),
+        (["loss.tis_cap=0"], ["loss.tis_cap"]),
+        (["loss.clip_high=-0.1"], ["loss.clip_low"]),
+        (["rewards.timeout_s=0"], ["rewards.timeout_s"]),
+        (["net.heartbeat_s=0"], ["net.heartbeat_s"]),
+        (["sampling.group_size=0", "train.lr=0"], ["sampling.group_size", "train.lr"]),
+    ],
+)
+def test_problems_lists_every_problem_not_only_the_first(sets, keys):
+    found = C.problems(with_sets(*sets))
+    assert len(found) == len(keys)
+    for message, key in zip(found, keys, strict=True):
+        assert key in message
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.9.9.9", True), ("::1", True), ("localhost", True),
+     ("0.0.0.0", False), ("10.0.0.1", False), ("*", False), ("example.com", False), ("", False)],
+)  # fmt: skip
+def test_is_loopback(host, loopback):
+    assert C.is_loopback(host) is loopback
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing and help
+
+
+def test_to_toml_then_load_round_trips_exactly(tmp_path):
+    cfg = with_sets(
+        'run.dir=runs/ünï "quoted"',
+        "run.seed=123",
+        "sampling.temperature=0.7",
+        "train.lr=1e-7",
+        "train.betas=[0.9, 0.95]",
+        'rewards.fns=[{fn = "math_verify", weight = 0.25}, {fn = "m:f", weight = 3}]',
+        "loss.agg=seq-mean-token-sum-norm",
+        "net.insecure=true",
+        "net.bind_host=0.0.0.0",
+        "producer.engine=fake",
+    )
+    path = tmp_path / "config.toml"
+    C.write(cfg, path)
+    assert C.load(path) == cfg
+    assert C.from_dict(tomllib.loads(C.to_toml(cfg))) == cfg
+
+
+def test_defaults_round_trip_through_toml(tmp_path):
+    path = tmp_path / "config.toml"
+    C.write(C.Config(), path)
+    assert C.load(path) == C.Config()
+
+
+def test_field_help_covers_every_field_with_help_text():
+    rows = C.field_help()
+    assert [key for key, *_ in rows] == all_keys()
+    defaults = C.Config()
+    for key, tname, default, help_text in rows:
+        section, name = key.split(".")
+        assert help_text.strip(), key
+        assert tname
+        assert default == getattr(getattr(defaults, section), name)
+
+
+def test_field_help_lists_the_choices():
+    rows = {key: help_text for key, _, _, help_text in C.field_help()}
+    assert rows["model.dtype"].endswith("One of: float32, bfloat16.")
+    assert rows["producer.engine"].endswith("One of: hf, vllm, fake.")
+
+
+def test_every_field_has_a_simple_type_and_a_default_of_that_type():
+    for name, cls in C._section_types().items():
+        hints = typing.get_type_hints(cls)
+        instance = cls()
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            value = getattr(instance, f.name)
+            expected = typing.get_origin(tp) or tp
+            assert isinstance(value, expected), f"{name}.{f.name}"
+
+
+def test_list_defaults_are_not_shared_between_instances():
+    a, b = C.Config(), C.Config()
+    assert a.train.betas == b.train.betas
+    assert a.train.betas is not b.train.betas
+    assert a.rewards.fns is not b.rewards.fns

@@ -1,0 +1,428 @@
+"""The lease state machine and ledger of consumer/leases.py (pure: `now` is an argument)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.wire import OUTCOMES, Ack
+from consumer.leases import LeaseBook
+from consumer.prompts import PromptOrder
+
+P = 4  # prompts per step
+
+
+def make_book(
+    *, max_staleness: int = 0, prompts_per_step: int = P, num_prompts: int = 100, **kw
+) -> LeaseBook:
+    order = PromptOrder(num_prompts, seed=0, shuffle=False, epochs=kw.pop("epochs", 0))
+    return LeaseBook(order, prompts_per_step=prompts_per_step, max_staleness=max_staleness, **kw)
+
+
+def grant(book: LeaseBook, n: int = 100, *, version: int = 0, published: int | None = None,
+          producer: str = "a", now: float = 0.0):  # fmt: skip
+    published = version if published is None else published
+    return book.grant(producer, n, policy_version=version, published_version=published, now=now)
+
+
+def deliver(book: LeaseBook, rec, outcome: str = "trained") -> None:
+    assert book.receive(rec.lease_id, rec.producer_id) == "accept"
+    book.finalize(rec.lease_id, outcome)
+
+
+# ---------------------------------------------------------------------------------------------
+# Granting keeps the staleness bound by construction
+
+
+def test_synchronous_mode_grants_exactly_one_step_of_leases():
+    book = make_book(max_staleness=0)
+    first = grant(book)
+    assert len(first) == P
+    assert {(r.step, r.min_version) for r in first} == {(0, 0)}
+    assert grant(book) == []
+    for rec in first:  # the learner trains them and takes its step in one go
+        deliver(book, rec)
+    second = grant(book, version=1)
+    assert len(second) == P
+    assert {(r.step, r.min_version) for r in second} == {(1, 1)}
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 5])
+def test_max_staleness_k_allows_k_plus_one_steps_of_open_leases(k):
+    book = make_book(max_staleness=k)
+    leases = grant(book, 1000, version=10)
+    assert len(leases) == (k + 1) * P
+    assert [r.step for r in leases] == [10 + i // P for i in range(len(leases))]
+    assert all(r.min_version == r.step - k for r in leases)
+    assert grant(book, version=10) == []
+
+
+def test_a_dropped_group_frees_its_place_for_the_same_step():
+    book = make_book(max_staleness=0)
+    leases = grant(book)
+    deliver(book, leases[0], "dropped_zero_variance")
+    again = grant(book)
+    assert len(again) == 1
+    assert again[0].step == 0
+
+
+@pytest.mark.parametrize(
+    ("k", "version", "published", "expected"),
+    [
+        (1, 5, 2, 0),  # step 5 needs weights >= 4, only 2 are out
+        (1, 5, 4, P),  # step 5 may start on 4; step 6 would need 5
+        (1, 5, 5, 2 * P),
+        (2, 3, 1, P),  # min_version = 1 for step 3, then 2 for step 4 > published 1
+        (0, 3, 2, 0),
+        (0, 0, 0, P),
+    ],
+)
+def test_no_lease_whose_min_version_exceeds_the_published_version(k, version, published, expected):
+    book = make_book(max_staleness=k)
+    leases = grant(book, 1000, version=version, published=published)
+    assert len(leases) == expected
+    assert all(r.min_version <= published for r in leases)
+
+
+def test_grant_stops_when_prompts_run_out():
+    book = make_book(max_staleness=3, num_prompts=3, epochs=1)
+    assert [r.prompt_index for r in grant(book)] == [0, 1, 2]
+    assert grant(book) == []
+
+
+def test_grant_respects_max_leases():
+    book = make_book(max_staleness=3)
+    assert len(grant(book, 3)) == 3
+    assert len(grant(book, 0)) == 0
+
+
+def test_lease_ids_carry_the_incarnation_and_are_unique():
+    book = make_book(max_staleness=5, incarnation=3)
+    ids = [r.lease_id for r in grant(book)]
+    assert len(set(ids)) == len(ids)
+    assert all(i >> 40 == 3 for i in ids)
+    assert [i & ((1 << 40) - 1) for i in ids] == list(range(len(ids)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Delivery: accept, duplicate, late, unknown
+
+
+def test_a_duplicate_before_finalize_is_refused_and_not_acked():
+    book = make_book()
+    (rec,) = grant(book, 1)
+    assert book.receive(rec.lease_id, "a") == "accept"
+    assert book.receive(rec.lease_id, "a") == "duplicate"
+    assert book.take_acks("a") == ()
+
+
+def test_a_finalized_lease_is_acked_once_and_a_redelivery_is_a_duplicate_acked_again():
+    book = make_book()
+    (rec,) = grant(book, 1)
+    deliver(book, rec)
+    assert book.take_acks("a") == (Ack(rec.lease_id, "trained"),)
+    assert book.take_acks("a") == ()
+    assert book.receive(rec.lease_id, "a") == "duplicate"
+    assert book.take_acks("a") == (Ack(rec.lease_id, "trained"),)
+    assert book.balance()["trained"] == 1
+
+
+def test_a_group_for_an_expired_lease_is_late_and_acked_as_expired():
+    book = make_book()
+    (rec,) = grant(book, 1)
+    assert book.expire(now=0.0, lease_timeout_s=10.0, gone={"a"}) != []
+    assert book.take_acks("a") == ()  # nothing was delivered: nothing to acknowledge yet
+    assert book.receive(rec.lease_id, "a") == "late"
+    assert book.take_acks("a") == (Ack(rec.lease_id, "expired"),)
+    assert book.balance()["expired"] == 1
+
+
+def test_a_group_for_an_unknown_lease_is_acked_as_expired():
+    book = make_book()
+    assert book.receive(12345, "x") == "unknown"
+    assert book.take_acks("x") == (Ack(12345, "expired"),)
+
+
+def test_acks_queue_per_producer():
+    book = make_book(max_staleness=1)
+    (a,) = grant(book, 1, producer="a")
+    (b,) = grant(book, 1, producer="b")
+    deliver(book, a)
+    deliver(book, b, "dropped_zero_variance")
+    assert book.take_acks("b") == (Ack(b.lease_id, "dropped_zero_variance"),)
+    assert book.take_acks("a") == (Ack(a.lease_id, "trained"),)
+
+
+def test_a_group_delivered_by_another_producer_is_credited_to_it():
+    book = make_book()
+    (rec,) = grant(book, 1, producer="a")
+    assert book.receive(rec.lease_id, "b") == "accept"
+    book.finalize(rec.lease_id, "trained")
+    assert book.take_acks("b") == (Ack(rec.lease_id, "trained"),)
+    assert book.by_producer["b"]["trained"] == 1
+
+
+def test_a_lease_cannot_be_finalized_twice():
+    book = make_book()
+    (rec,) = grant(book, 1)
+    deliver(book, rec)
+    with pytest.raises(KeyError):
+        book.finalize(rec.lease_id, "dropped_stale")
+    assert book.balance()["trained"] == 1
+    assert book.balance()["dropped_stale"] == 0
+
+
+def test_a_rejected_group_ends_its_issued_lease_and_is_acked():
+    book = make_book()
+    (rec,) = grant(book, 1)
+    book.finalize(rec.lease_id, "rejected_invalid", reason="bad_logprob")
+    assert book.take_acks("a") == (Ack(rec.lease_id, "rejected_invalid"),)
+    assert book.receive(rec.lease_id, "a") == "duplicate"
+
+
+# ---------------------------------------------------------------------------------------------
+# Retries
+
+
+@pytest.mark.parametrize("outcome", ["expired", "dropped_stale"])
+def test_the_prompt_of_an_expired_or_stale_lease_is_leased_again_before_new_ones(outcome):
+    book = make_book(max_staleness=1)
+    leases = grant(book, 3)
+    assert [r.prompt_index for r in leases] == [0, 1, 2]
+    if outcome == "expired":
+        book.reconcile("a", held={leases[0].lease_id, leases[2].lease_id})
+    else:
+        deliver(book, leases[1], "dropped_stale")
+    again = grant(book, 2)
+    assert [r.prompt_index for r in again] == [1, 3]
+    assert again[0].lease_id != leases[1].lease_id
+
+
+@pytest.mark.parametrize("outcome", ["rejected_invalid", "trained", "dropped_zero_variance"])
+def test_the_prompt_of_a_rejected_trained_or_zero_variance_lease_is_not_retried(outcome):
+    book = make_book(max_staleness=1)
+    leases = grant(book, 2)
+    if outcome == "rejected_invalid":
+        book.finalize(leases[0].lease_id, outcome)
+    else:
+        deliver(book, leases[0], outcome)
+    assert [r.prompt_index for r in grant(book, 1)] == [2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Expiry and reconciliation
+
+
+def test_expire_ends_only_overdue_or_orphaned_leases_not_yet_delivered():
+    book = make_book(max_staleness=3)
+    old = grant(book, 2, producer="a", now=0.0)
+    fresh = grant(book, 1, producer="a", now=50.0)
+    orphan = grant(book, 1, producer="gone", now=50.0)
+    delivered_old = grant(book, 1, producer="a", now=0.0)
+    assert book.receive(delivered_old[0].lease_id, "a") == "accept"
+    expired = book.expire(now=60.0, lease_timeout_s=30.0, gone={"gone"})
+    assert {r.lease_id for r in expired} == {r.lease_id for r in old + orphan}
+    assert all(r.state == "expired" for r in expired)
+    assert set(book.open) == {fresh[0].lease_id, delivered_old[0].lease_id}
+
+
+def test_reconcile_expires_only_that_producers_undelivered_leases_it_no_longer_holds():
+    book = make_book(max_staleness=3)
+    lost, held, received = grant(book, 3, producer="a")
+    other = grant(book, 1, producer="b")[0]
+    assert book.receive(received.lease_id, "a") == "accept"
+    expired = book.reconcile("a", held={held.lease_id})
+    assert [r.lease_id for r in expired] == [lost.lease_id]
+    assert set(book.open) == {held.lease_id, received.lease_id, other.lease_id}
+    assert book.reconcile("a", held={held.lease_id}) == []
+
+
+def test_expire_all_ends_every_open_lease_and_requeues_its_prompt():
+    book = make_book(max_staleness=1)
+    leases = grant(book)
+    assert book.receive(leases[0].lease_id, "a") == "accept"
+    book.expire_all("shutdown")
+    assert book.open == {}
+    assert book.balance() == {"issued": len(leases), "trained": 0, "dropped_stale": 0,
+                              "dropped_zero_variance": 0, "rejected_invalid": 0,
+                              "expired": len(leases), "open": 0, "ok": 1}  # fmt: skip
+    assert [r.prompt_index for r in grant(book, len(leases))] == [r.prompt_index for r in leases]
+
+
+def test_take_finished_returns_each_final_record_once():
+    book = make_book()
+    leases = grant(book, 2)
+    deliver(book, leases[0])
+    book.finalize(leases[1].lease_id, "expired", reason="timeout")
+    rows = book.take_finished()
+    assert [(r["lease_id"], r["state"]) for r in rows] == [
+        (leases[0].lease_id, "trained"),
+        (leases[1].lease_id, "expired"),
+    ]
+    assert rows[1]["reason"] == "timeout"
+    assert book.take_finished() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Random operation sequences keep the ledger balanced
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["grant", "receive", "finalize", "reject", "expire", "reconcile", "advance", "publish"]
+        ),
+        st.integers(0, 2),  # which producer
+        st.integers(0, 1 << 16),  # which lease / how many / which outcome
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, k=st.integers(0, 2), ppstep=st.integers(1, 3))
+def test_random_operations_keep_the_balance_and_never_finalize_twice(ops, k, ppstep):
+    book = make_book(max_staleness=k, prompts_per_step=ppstep, num_prompts=7)
+    producers = ["a", "b", "c"]
+    version = published = 0
+    now = 0.0
+    issued: list[int] = []
+    finalized: list[int] = []
+    for op, p, n in ops:
+        producer = producers[p]
+        now += 1.0
+        open_ids = sorted(book.open)
+        if op == "grant":
+            got = book.grant(
+                producer, n % 5, policy_version=version, published_version=published, now=now
+            )
+            issued += [r.lease_id for r in got]
+            assert all(r.min_version <= min(version, published) for r in got)
+        elif op == "receive" and issued:
+            lease_id = issued[n % len(issued)] if n % 7 else 999_999
+            rec = book.open.get(lease_id)
+            state = rec.state if rec is not None else None
+            verdict = book.receive(lease_id, producer)
+            if state == "issued":
+                assert verdict == "accept"
+            elif state == "received":
+                assert verdict == "duplicate"
+            else:
+                assert verdict in ("duplicate", "late", "unknown")
+                assert book.acks[producer][-1].lease_id == lease_id
+        elif op == "finalize":
+            received = [i for i in open_ids if book.open[i].state == "received"]
+            if received:
+                outcome = ("trained", "dropped_stale", "dropped_zero_variance")[n % 3]
+                book.finalize(received[n % len(received)], outcome)
+                finalized.append(received[n % len(received)])
+        elif op == "reject":
+            fresh = [i for i in open_ids if book.open[i].state == "issued"]
+            if fresh:
+                book.finalize(fresh[n % len(fresh)], "rejected_invalid")
+                finalized.append(fresh[n % len(fresh)])
+        elif op == "expire":
+            gone = {producer} if n % 2 else set()
+            finalized += [r.lease_id for r in book.expire(now=now, lease_timeout_s=5.0, gone=gone)]
+        elif op == "reconcile":
+            mine = [i for i in open_ids if book.open[i].producer_id == producer]
+            held = {i for j, i in enumerate(mine) if (n >> j) & 1}
+            finalized += [r.lease_id for r in book.reconcile(producer, held)]
+        elif op == "advance":
+            version += 1
+        elif op == "publish":
+            published = version
+        if n % 4 == 0:
+            book.take_acks(producers[n % 3])
+
+        balance = book.balance()
+        assert balance["ok"] == 1
+        assert balance["issued"] == len(issued)
+        assert len(finalized) == len(set(finalized))  # never finalized twice
+        assert set(book.open).isdisjoint(book.final_states)
+        assert set(book.open) | set(book.final_states) == set(issued)
+        assert sum(balance[o] for o in OUTCOMES) == len(book.final_states)
+        assert len(book.open) <= (k + 1) * ppstep
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint and resume
+
+
+def busy_book() -> tuple[LeaseBook, dict[str, object]]:
+    """A book with issued, received and final leases of several kinds, and its saved state."""
+    book = make_book(max_staleness=2, incarnation=1)
+    leases = grant(book, producer="a")
+    assert book.receive(leases[0].lease_id, "a") == "accept"  # delivered, not trained yet
+    deliver(book, leases[1])
+    deliver(book, leases[2], "dropped_stale")  # prompt 2 waits for retry
+    book.finalize(leases[3].lease_id, "expired")  # prompt 3 waits for retry
+    book.finalize(leases[4].lease_id, "rejected_invalid")
+    return book, json.loads(json.dumps(book.state_dict()))  # saved as JSON in a checkpoint
+
+
+def test_resume_restores_the_ledger_as_the_next_incarnation():
+    book, state = busy_book()
+    restored = make_book(max_staleness=2)
+    restored.load_state_dict(state, now=500.0)
+    assert restored.incarnation == book.incarnation + 1
+    assert restored.balance() == book.balance()
+    assert restored.balance()["ok"] == 1
+    assert restored.final_states == book.final_states
+    assert {p: dict(c) for p, c in restored.by_producer.items()} == {
+        p: dict(c) for p, c in book.by_producer.items()
+    }
+    assert set(restored.open) == set(book.open)
+
+
+def test_resume_turns_received_leases_back_into_issued_ones():
+    book, state = busy_book()
+    restored = make_book(max_staleness=2)
+    restored.load_state_dict(state, now=500.0)
+    assert {r.state for r in restored.open.values()} == {"issued"}
+    assert {r.issued_at for r in restored.open.values()} == {500.0}
+    received = next(i for i, r in book.open.items() if r.state == "received")
+    assert restored.receive(received, "a") == "accept"  # the producer re-sends it
+
+
+def test_resume_never_reuses_a_lease_id_issued_before_the_restart():
+    book, state = busy_book()
+    before = set(book.open) | set(book.final_states)
+    after_save = {r.lease_id for r in grant(book, producer="a")}  # issued, then the crash
+    restored = make_book(max_staleness=2)
+    restored.load_state_dict(state, now=0.0)
+    for rec in list(restored.open.values()):
+        restored.finalize(rec.lease_id, "expired")
+    new = {r.lease_id for r in grant(restored, producer="b")}
+    assert new
+    assert new.isdisjoint(before | after_save)
+    assert all(i >> 40 == book.incarnation + 1 for i in new)
+
+
+def test_resume_continues_with_the_same_prompts_retries_first():
+    book, state = busy_book()
+    for rec in list(book.open.values()):
+        book.finalize(rec.lease_id, "expired")
+    restored = make_book(max_staleness=2)
+    restored.load_state_dict(state, now=0.0)
+    for rec in list(restored.open.values()):
+        restored.finalize(rec.lease_id, "expired")
+    expected = [r.prompt_index for r in grant(book, producer="a")]
+    assert [r.prompt_index for r in grant(restored, producer="a")] == expected
+    assert expected[:2] == [2, 3]  # the stale and the expired prompt come back first
+
+
+def test_late_groups_from_before_the_restart_are_classified_by_the_saved_ledger():
+    book, state = busy_book()
+    restored = make_book(max_staleness=2)
+    restored.load_state_dict(state, now=0.0)
+    verdicts = {book.final_states[i]: restored.receive(i, "a") for i in book.final_states}
+    assert verdicts == {
+        "trained": "duplicate",
+        "dropped_stale": "duplicate",
+        "expired": "late",
+        "rejected_invalid": "duplicate",
+    }

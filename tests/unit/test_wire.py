@@ -1,0 +1,597 @@
+"""Wire schema v1: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+import typing
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common import wire
+from common.errors import WireError
+
+# ---------------------------------------------------------------------------------------------
+# One sample message of every kind.
+
+SNAPSHOT = wire.SnapshotInfo(version=3, num_bytes=1024, hash="af13", path="/r/v000003/m")
+STATUS = wire.Status(
+    run_id="a1b2-0",
+    policy_version=3,
+    snapshot=SNAPSHOT,
+    acks=(wire.Ack(7, "trained"), wire.Ack(8, "expired")),
+    finished=False,
+)
+SPEC = wire.RunSpec(
+    group_size=2,
+    vocab_size=16,
+    max_staleness=1,
+    temperature=0.75,
+    top_p=1.0,
+    top_k=0,
+    max_new_tokens=4,
+    prompt_format="raw",
+    model="demo",
+    rollouts_port=5556,
+    announce_port=5557,
+    heartbeat_s=1.0,
+    max_message_bytes=1 << 20,
+    reward_fns=(wire.RewardWeight("exact_match", 1.0), wire.RewardWeight("m:f", 0.5)),
+    reward_timeout_s=5.0,
+)
+LEASE = wire.Lease(
+    lease_id=(1 << 40) | 5, prompt_index=9, step=4, min_version=3, prompt="2+2=", answer="4"
+)
+# The limits of the run that `group()` belongs to.
+RUN = wire.Limits(
+    vocab_size=16, group_size=2, temperature=0.75, max_prompt_tokens=8, max_completion_tokens=4
+)
+
+
+def group(**changes: typing.Any) -> wire.Group:
+    """A valid group of the run `RUN` (G = 2); arrays given as lists get the schema's dtype."""
+    fields: dict[str, typing.Any] = dict(
+        lease_id=7, producer_id="p0", prompt_index=9, behavior_version=2,
+        prompt_ids=[1, 2, 3], completion_ids=[4, 5, 6], completion_lens=[1, 2],
+        behavior_logp=[-0.5, -1.0, -2.0], token_versions=[], rewards=[1.0, 0.0],
+        finish_reasons=("stop", "length"), temperature=0.75, num_reward_errors=0, gen_s=0.25,
+    )  # fmt: skip
+    fields.update(changes)
+    for name, dtype in (
+        ("prompt_ids", np.int32), ("completion_ids", np.int32), ("completion_lens", np.int32),
+        ("token_versions", np.int32), ("behavior_logp", np.float32), ("rewards", np.float32),
+    ):  # fmt: skip
+        if isinstance(fields[name], list):
+            fields[name] = np.array(fields[name], dtype=dtype)
+    return wire.Group(**fields)
+
+
+MESSAGES: dict[str, typing.Any] = {
+    "register": wire.Register(
+        req=1, producer_id="p0", host="h", pid=42, engine="fake", loaded_version=3,
+        held_leases=(7, 8),
+    ),
+    "heartbeat": wire.Heartbeat(
+        req=2, producer_id="p0", loaded_version=3, state="generating", num_in_flight=2,
+        counters={"groups_sent": 5.0, "reward_errors": 0.0},
+    ),
+    "lease_req": wire.LeaseRequest(req=3, producer_id="p0", max_leases=4, loaded_version=3),
+    "chunk_req": wire.ChunkRequest(req=4, version=3, offset=0, max_bytes=4096),
+    "goodbye": wire.Goodbye(req=5, producer_id="p0", held_leases=(7,)),
+    "welcome": wire.Welcome(req=1, spec=SPEC, status=STATUS),
+    "status": wire.StatusReply(req=2, status=wire.Status("a1b2-0", 3, None, (), True)),
+    "lease_grant": wire.LeaseGrant(req=3, leases=(LEASE,), status=STATUS),
+    "chunk": wire.Chunk(req=4, version=3, offset=0, total_bytes=6, data=b"\x00\x01\xfe\xff\n7"),
+    "reject": wire.Reject(req=6, reason="not_registered", detail="register first"),
+    "group": group(),
+    "announce": wire.Announce(run_id="a1b2-0", policy_version=3, snapshot=SNAPSHOT),
+}  # fmt: skip
+
+# Golden encodings, generated once from MESSAGES. A change here means the bytes on the wire
+# changed: that is a schema change, so bump wire.SCHEMA_VERSION (old and new peers can't talk).
+GOLDEN_HEX = {
+    "register": (
+        "89a6736368656d6101a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
+        "a27030a4686f7374a168a37069642aa6656e67696e65a466616b65ae6c6f616465645f7665727369"
+        "6f6e03ab68656c645f6c6561736573920708"
+    ),
+    "heartbeat": (
+        "88a6736368656d6101a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
+        "64a27030ae6c6f616465645f76657273696f6e03a57374617465aa67656e65726174696e67ad6e75"
+        "6d5f696e5f666c6967687402a8636f756e7465727382ab67726f7570735f73656e74cb4014000000"
+        "000000ad7265776172645f6572726f7273cb0000000000000000"
+    ),
+    "lease_req": (
+        "86a6736368656d6101a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
+        "64a27030aa6d61785f6c656173657304ae6c6f616465645f76657273696f6e03"
+    ),
+    "chunk_req": (
+        "86a6736368656d6101a46b696e64a96368756e6b5f726571a372657104a776657273696f6e03a66f"
+        "666673657400a96d61785f6279746573cd1000"
+    ),
+    "goodbye": (
+        "85a6736368656d6101a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
+        "7030ab68656c645f6c65617365739107"
+    ),
+    "welcome": (
+        "85a6736368656d6101a46b696e64a777656c636f6d65a372657101a4737065638faa67726f75705f"
+        "73697a6502aa766f6361625f73697a6510ad6d61785f7374616c656e65737301ab74656d70657261"
+        "74757265cb3fe8000000000000a5746f705f70cb3ff0000000000000a5746f705f6b00ae6d61785f"
+        "6e65775f746f6b656e7304ad70726f6d70745f666f726d6174a3726177a56d6f64656ca464656d6f"
+        "ad726f6c6c6f7574735f706f7274cd15b4ad616e6e6f756e63655f706f7274cd15b5ab6865617274"
+        "626561745f73cb3ff0000000000000b16d61785f6d6573736167655f6279746573ce00100000aa72"
+        "65776172645f666e739282a2666eab65786163745f6d61746368a6776569676874cb3ff000000000"
+        "000082a2666ea36d3a66a6776569676874cb3fe0000000000000b07265776172645f74696d656f75"
+        "745f73cb4014000000000000a673746174757385a672756e5f6964a6613162322d30ae706f6c6963"
+        "795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f6279746573cd"
+        "0400a468617368a461663133a470617468ac2f722f763030303030332f6da461636b739282a86c65"
+        "6173655f696407a76f7574636f6d65a7747261696e656482a86c656173655f696408a76f7574636f"
+        "6d65a765787069726564a866696e6973686564c2"
+    ),
+    "status": (
+        "84a6736368656d6101a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
+        "64a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f74c0a461636b7390"
+        "a866696e6973686564c3"
+    ),
+    "lease_grant": (
+        "85a6736368656d6101a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739186"
+        "a86c656173655f6964cf0000010000000005ac70726f6d70745f696e64657809a47374657004ab6d"
+        "696e5f76657273696f6e03a670726f6d7074a4322b323da6616e73776572a134a673746174757385"
+        "a672756e5f6964a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f7484"
+        "a776657273696f6e03a96e756d5f6279746573cd0400a468617368a461663133a470617468ac2f72"
+        "2f763030303030332f6da461636b739282a86c656173655f696407a76f7574636f6d65a774726169"
+        "6e656482a86c656173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2"
+    ),
+    "chunk": (
+        "87a6736368656d6101a46b696e64a56368756e6ba372657104a776657273696f6e03a66f66667365"
+        "7400ab746f74616c5f627974657306a464617461c4060001feff0a37"
+    ),
+    "reject": (
+        "85a6736368656d6101a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
+        "6769737465726564a664657461696cae7265676973746572206669727374"
+    ),
+    "group": (
+        "de0010a6736368656d6101a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
+        "725f6964a27030ac70726f6d70745f696e64657809b06265686176696f725f76657273696f6e02aa"
+        "70726f6d70745f696473c40c010000000200000003000000ae636f6d706c6574696f6e5f696473c4"
+        "0c040000000500000006000000af636f6d706c6574696f6e5f6c656e73c4080100000002000000ad"
+        "6265686176696f725f6c6f6770c40c000000bf000080bf000000c0ae746f6b656e5f76657273696f"
+        "6e73c400a772657761726473c4080000803f00000000ae66696e6973685f726561736f6e7392a473"
+        "746f70a66c656e677468ab74656d7065726174757265cb3fe8000000000000b16e756d5f72657761"
+        "72645f6572726f727300a567656e5f73cb3fd0000000000000"
+    ),
+    "announce": (
+        "85a6736368656d6101a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
+        "6c6963795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f627974"
+        "6573cd0400a468617368a461663133a470617468ac2f722f763030303030332f6d"
+    ),
+}
+
+
+def body_of(msg: typing.Any) -> dict[str, typing.Any]:
+    """The decoded msgpack map of an encoded message (tests may build bodies by hand)."""
+    return msgpack.unpackb(wire.encode(msg), raw=False)
+
+
+def pack(body: typing.Any) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def assert_same(a: typing.Any, b: typing.Any) -> None:
+    """Message equality that compares `Group` arrays by value and dtype."""
+    assert type(a) is type(b)
+    if not isinstance(a, wire.Group):
+        assert a == b
+        return
+    for f in wire.Group.__dataclass_fields__:
+        x, y = getattr(a, f), getattr(b, f)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype, f
+            assert np.array_equal(x, y), f
+        else:
+            assert x == y, f
+
+
+def edited(msg: typing.Any, *path: str, value: typing.Any) -> bytes:
+    """`msg`'s bytes with the body entry at `path` (keys into nested maps) set to `value`."""
+    body = body_of(msg)
+    node = body
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return pack(body)
+
+
+def without(msg: typing.Any, *path: str) -> bytes:
+    """`msg`'s bytes with the body entry at `path` removed."""
+    body = body_of(msg)
+    node = body
+    for key in path[:-1]:
+        node = node[key]
+    del node[path[-1]]
+    return pack(body)
+
+
+KINDS = {cls.KIND: cls for cls in typing.get_args(wire.Message)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Round trips and golden bytes
+
+
+def test_the_samples_cover_every_message_kind():
+    assert set(MESSAGES) == set(KINDS) == set(GOLDEN_HEX)
+    assert all(kind == type(m).KIND for kind, m in MESSAGES.items())
+
+
+@pytest.mark.parametrize("kind", sorted(MESSAGES))
+def test_every_kind_round_trips_to_an_equal_message(kind):
+    msg = MESSAGES[kind]
+    limits = RUN if kind == "group" else wire.Limits()
+    decoded = wire.decode(wire.encode(msg), limits)
+    assert_same(decoded, msg)
+    assert wire.encode(decoded) == wire.encode(msg)
+
+
+def test_a_group_with_per_token_versions_round_trips():
+    msg = group(behavior_version=2, token_versions=[2, 3, 3])
+    assert_same(wire.decode(wire.encode(msg), RUN), msg)
+
+
+@pytest.mark.parametrize("kind", sorted(MESSAGES))
+def test_encoding_matches_the_golden_bytes(kind):
+    # A failure means the bytes on the wire changed: bump SCHEMA_VERSION, then regenerate.
+    assert wire.encode(MESSAGES[kind]).hex() == "".join(GOLDEN_HEX[kind])
+
+
+@pytest.mark.parametrize("kind", sorted(MESSAGES))
+def test_schema_is_the_first_key_and_kind_the_second(kind):
+    body = body_of(MESSAGES[kind])
+    assert list(body)[:2] == ["schema", "kind"]
+    assert body["schema"] == wire.SCHEMA_VERSION
+    assert body["kind"] == kind
+
+
+def test_group_arrays_of_other_dtypes_are_encoded_in_the_schema_dtype():
+    msg = group(
+        prompt_ids=np.array([1, 2, 3], np.int64),
+        behavior_logp=np.array([-0.5, -1.0, -2.0], np.float64),
+        rewards=np.array([1, 0], np.int64),
+    )
+    assert wire.encode(msg) == wire.encode(group())
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays and size
+
+
+ARRAY_DTYPES = {
+    "prompt_ids": np.int32,
+    "completion_ids": np.int32,
+    "completion_lens": np.int32,
+    "token_versions": np.int32,
+    "behavior_logp": np.float32,
+    "rewards": np.float32,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARRAY_DTYPES))
+def test_arrays_decode_as_read_only_views_of_the_unpacked_bytes(name):
+    g = wire.decode(wire.encode(group(token_versions=[2, 3, 3])), RUN)
+    arr = getattr(g, name)
+    assert arr.dtype == np.dtype(ARRAY_DTYPES[name])
+    assert arr.flags.writeable is False
+    base = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    # The only buffer is the immutable bytes object msgpack produced for this field: no copy.
+    assert isinstance(base, bytes)
+    assert len(base) == arr.nbytes
+    assert np.shares_memory(arr, np.frombuffer(base, np.uint8))
+    with pytest.raises(ValueError, match="read-only"):
+        arr[:1] = 0
+
+
+def test_completion_returns_views_into_the_flat_arrays():
+    g = wire.decode(wire.encode(group()), RUN)
+    ids, logp = g.completion(1)
+    assert ids.tolist() == [5, 6]
+    assert logp.tolist() == [-1.0, -2.0]
+    assert np.shares_memory(ids, g.completion_ids)
+    assert np.shares_memory(logp, g.behavior_logp)
+    assert (g.group_size, g.num_tokens) == (2, 3)
+
+
+def test_a_group_costs_about_eight_bytes_per_completion_token():
+    G, L, P = 8, 256, 16
+    rng = np.random.default_rng(0)
+    msg = wire.Group(
+        lease_id=(3 << 40) | 12345, producer_id="host-12345", prompt_index=123456,
+        behavior_version=41, prompt_ids=rng.integers(0, 150_000, P, dtype=np.int32),
+        completion_ids=rng.integers(0, 150_000, G * L, dtype=np.int32),
+        completion_lens=np.full(G, L, np.int32),
+        behavior_logp=-rng.random(G * L, dtype=np.float32), token_versions=np.zeros(0, np.int32),
+        rewards=rng.random(G, dtype=np.float32), finish_reasons=("length",) * G,
+        temperature=1.0, num_reward_errors=0, gen_s=1.5,
+    )  # fmt: skip
+    data = wire.encode(msg)
+    num_tokens = G * L
+    assert len(data) / num_tokens < 8.5
+    assert len(data) <= 8 * num_tokens + 4 * P + 8 * G + 400  # arrays + keys and scalars
+    limits = wire.Limits(vocab_size=150_000, group_size=G, temperature=1.0)
+    assert wire.decode(data, limits).num_tokens == num_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Rejections: every reason
+
+
+GROUP_BODY_PREFIX = b"\x83\xa6schema\x01\xa4kind\xa5group\xaecompletion_ids"
+REJECTIONS = [
+    # (reason, id, data, limits)
+    ("too_large", "over_the_limit", wire.encode(group()), wire.Limits(max_message_bytes=64)),
+    ("not_msgpack", "truncated", wire.encode(group())[:-3], RUN),
+    ("not_msgpack", "truncated_header", wire.encode(MESSAGES["register"])[:1], RUN),
+    ("not_msgpack", "random_bytes", np.random.default_rng(1).bytes(64), RUN),
+    ("not_msgpack", "trailing_data", wire.encode(MESSAGES["register"]) + b"\xc0", RUN),
+    ("not_msgpack", "reserved_byte", b"\xc1", RUN),
+    ("not_msgpack", "empty", b"", RUN),
+    ("not_msgpack", "ext_type", b"\xd6\xff\x00\x00\x00\x00", RUN),
+    ("not_msgpack", "int_map_key", pack({1: 2}), RUN),
+    ("not_msgpack", "nesting_too_deep", b"\x91" * 100_000 + b"\x00", RUN),
+    ("not_a_map", "list", pack([1, 2, 3]), RUN),
+    ("not_a_map", "int", pack(5), RUN),
+    ("not_a_map", "str", pack("register"), RUN),
+    ("schema_version", "two", edited(MESSAGES["register"], "schema", value=2), RUN),
+    ("schema_version", "missing", without(MESSAGES["register"], "schema"), RUN),
+    ("schema_version", "bool", edited(MESSAGES["register"], "schema", value=True), RUN),
+    ("schema_version", "float", edited(MESSAGES["register"], "schema", value=1.0), RUN),
+    ("schema_version", "str", edited(MESSAGES["register"], "schema", value="1"), RUN),
+    ("unknown_kind", "name", edited(MESSAGES["register"], "kind", value="regster"), RUN),
+    ("unknown_kind", "missing", without(MESSAGES["register"], "kind"), RUN),
+    ("unknown_kind", "bytes", edited(MESSAGES["register"], "kind", value=b"register"), RUN),
+    ("unknown_kind", "list", edited(MESSAGES["register"], "kind", value=[1]), RUN),
+    ("unknown_kind", "map", edited(MESSAGES["register"], "kind", value={"a": 1}), RUN),
+    ("unknown_field", "top", edited(MESSAGES["register"], "extra", value=1), RUN),
+    ("unknown_field", "nested",
+     edited(MESSAGES["welcome"], "status", "snapshot", "x", value=1), RUN),
+    ("unknown_field", "group", edited(group(), "logits", value=b""), RUN),
+    ("missing_field", "top", without(MESSAGES["register"], "producer_id"), RUN),
+    ("missing_field", "nested", without(MESSAGES["welcome"], "spec", "vocab_size"), RUN),
+    ("missing_field", "group_array", without(group(), "rewards"), RUN),
+    ("bad_type", "bool_for_int", edited(MESSAGES["register"], "req", value=True), RUN),
+    ("bad_type", "float_for_int", edited(MESSAGES["register"], "pid", value=42.0), RUN),
+    ("bad_type", "str_for_int", edited(MESSAGES["chunk_req"], "offset", value="0"), RUN),
+    ("bad_type", "bool_in_list", edited(MESSAGES["goodbye"], "held_leases", value=[True]), RUN),
+    ("bad_type", "int_for_list", edited(MESSAGES["goodbye"], "held_leases", value=7), RUN),
+    ("bad_type", "str_for_bytes", edited(MESSAGES["chunk"], "data", value="abc"), RUN),
+    ("bad_type", "list_for_bytes", edited(group(), "completion_ids", value=[4, 5, 6]), RUN),
+    ("bad_type", "bool_for_group_int", edited(group(), "lease_id", value=True), RUN),
+    ("bad_type", "str_for_float", edited(group(), "temperature", value="hot"), RUN),
+    ("bad_type", "nested_wrong",
+     edited(MESSAGES["welcome"], "status", "snapshot", "version", value="3"), RUN),
+    ("bad_type", "nested_not_a_map", edited(MESSAGES["status"], "status", value=[1]), RUN),
+    ("bad_type", "list_item_not_a_map", edited(MESSAGES["lease_grant"], "leases", value=[1]), RUN),
+    ("bad_type", "counter_is_str",
+     edited(MESSAGES["heartbeat"], "counters", value={"a": "1"}), RUN),
+    ("bad_type", "counter_bool", edited(MESSAGES["heartbeat"], "counters", value={"a": True}), RUN),
+    ("bad_type", "counter_bytes_key",
+     edited(MESSAGES["heartbeat"], "counters", value={b"a": 1}), RUN),
+    ("bad_array", "ids_not_whole_int32", edited(group(), "completion_ids", value=b"\x00" * 7), RUN),
+    ("bad_array", "rewards_not_whole_f32", edited(group(), "rewards", value=b"\x00" * 6), RUN),
+    ("group_size", "three_for_two", wire.encode(group(
+        completion_ids=[4, 5, 6], completion_lens=[1, 1, 1], rewards=[1.0, 0.0, 1.0],
+        finish_reasons=("stop",) * 3)), RUN),
+    ("length_mismatch", "lens_sum_vs_ids", wire.encode(group(completion_lens=[1, 1])), RUN),
+    ("length_mismatch", "logprobs_vs_ids", wire.encode(group(behavior_logp=[-1.0, -1.0])), RUN),
+    ("length_mismatch", "token_versions", wire.encode(group(token_versions=[2, 2])), RUN),
+    ("length_mismatch", "rewards_vs_g", wire.encode(group(rewards=[1.0, 0.0, 1.0])), RUN),
+    ("length_mismatch", "finish_reasons", wire.encode(group(finish_reasons=("stop",))), RUN),
+    ("length_mismatch", "no_completions", wire.encode(group(
+        completion_ids=[], completion_lens=[], behavior_logp=[], rewards=[],
+        finish_reasons=())), wire.Limits()),
+    ("bad_length", "empty_completion", wire.encode(group(completion_lens=[0, 3])), RUN),
+    ("bad_length", "negative_length", wire.encode(group(completion_lens=[-1, 4])), RUN),
+    ("bad_length", "completion_too_long", wire.encode(group(
+        completion_ids=[4] * 6, completion_lens=[1, 5], behavior_logp=[-1.0] * 6)), RUN),
+    ("bad_length", "empty_prompt", wire.encode(group(prompt_ids=[])), RUN),
+    ("bad_length", "prompt_too_long", wire.encode(group(prompt_ids=[1] * 9)), RUN),
+    ("token_out_of_range", "negative", wire.encode(group(completion_ids=[4, -1, 6])), RUN),
+    ("token_out_of_range", "equal_to_vocab", wire.encode(group(completion_ids=[4, 5, 16])), RUN),
+    ("token_out_of_range", "prompt", wire.encode(group(prompt_ids=[1, 99, 3])), RUN),
+    ("token_out_of_range", "negative_no_vocab", wire.encode(group(prompt_ids=[-5])), wire.Limits()),
+    ("bad_logprob", "nan", wire.encode(group(behavior_logp=[-0.5, math.nan, -2.0])), RUN),
+    ("bad_logprob", "plus_inf", wire.encode(group(behavior_logp=[-0.5, math.inf, -2.0])), RUN),
+    ("bad_logprob", "minus_inf", wire.encode(group(behavior_logp=[-0.5, -math.inf, -2.0])), RUN),
+    ("bad_logprob", "positive", wire.encode(group(behavior_logp=[-0.5, 0.01, -2.0])), RUN),
+    ("bad_reward", "nan", wire.encode(group(rewards=[math.nan, 0.0])), RUN),
+    ("bad_reward", "inf", wire.encode(group(rewards=[1.0, -math.inf])), RUN),
+    ("bad_value", "finish_reason", wire.encode(group(finish_reasons=("stop", "eos"))), RUN),
+    ("bad_value", "behavior_version_not_min", wire.encode(group(
+        behavior_version=3, token_versions=[2, 3, 3])), RUN),
+    ("bad_value", "behavior_version_below_min", wire.encode(group(
+        behavior_version=1, token_versions=[2, 3, 3])), RUN),
+    ("bad_value", "negative_version", wire.encode(group(behavior_version=-1)), RUN),
+    ("bad_value", "negative_lease_id", wire.encode(group(lease_id=-7)), RUN),
+    ("bad_value", "negative_counter", wire.encode(group(num_reward_errors=-1)), RUN),
+    ("bad_value", "zero_temperature", wire.encode(group(temperature=0.0)), wire.Limits()),
+    ("bad_value", "nan_temperature", wire.encode(group(temperature=math.nan)), wire.Limits()),
+    ("sampling_mismatch", "temperature", wire.encode(group(temperature=1.0)), RUN),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reason", "data", "limits"),
+    [pytest.param(r, data, limits, id=f"{r}-{name}") for r, name, data, limits in REJECTIONS],
+)
+def test_bad_message_is_rejected_with_its_reason(reason, data, limits):
+    with pytest.raises(WireError) as info:
+        wire.decode(data, limits)
+    assert info.value.reason == reason
+    assert str(info.value).startswith(reason)
+
+
+def test_every_reason_that_decode_can_raise_has_a_rejection_case():
+    import inspect
+    import re
+
+    raised = set(re.findall(r'WireError\(\s*"(\w+)"', inspect.getsource(wire)))
+    assert raised <= {reason for reason, *_ in REJECTIONS}
+
+
+def test_the_samples_pass_the_checks_the_rejection_cases_break():
+    assert_same(wire.decode(wire.encode(group()), RUN), group())
+    assert_same(
+        wire.decode(wire.encode(group(temperature=1.0)), wire.Limits()), group(temperature=1.0)
+    )
+
+
+def test_a_memoryview_decodes_like_bytes():
+    data = wire.encode(group())
+    assert_same(wire.decode(memoryview(data), RUN), group())
+
+
+HUGE_HEADERS = {
+    "array32": b"\xdd\x80\x00\x00\x00",
+    "map32": b"\xdf\x80\x00\x00\x00",
+    "bin32": b"\xc6\x80\x00\x00\x00",
+    "str32": b"\xdb\x80\x00\x00\x00",
+}
+
+
+@pytest.mark.parametrize("where", ["top_level", "inside_a_group"])
+@pytest.mark.parametrize("header", sorted(HUGE_HEADERS))
+def test_a_huge_declared_length_is_refused_without_allocating(header, where):
+    prefix = GROUP_BODY_PREFIX if where == "inside_a_group" else b""
+    data = prefix + HUGE_HEADERS[header] + b"\x00" * 32  # claims 2**31 items in ~80 bytes
+    generous = wire.Limits(max_message_bytes=1 << 40, max_items=1 << 40)
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireError) as info:
+            wire.decode(data, generous)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.reason == "not_msgpack"
+    assert peak < 1 << 20
+
+
+def test_a_group_error_names_the_lease_and_producer_it_came_from():
+    with pytest.raises(WireError) as info:
+        wire.decode(wire.encode(group(behavior_logp=[-0.5, math.nan, -2.0])), RUN)
+    assert (info.value.lease_id, info.value.producer_id) == (7, "p0")
+    with pytest.raises(WireError) as info:  # failed while building, after the ids parsed
+        wire.decode(edited(group(), "completion_ids", value=[4, 5, 6]), RUN)
+    assert (info.value.lease_id, info.value.producer_id) == (7, "p0")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(edited(group(), "lease_id", value=True), id="lease_id_is_bool"),
+        pytest.param(edited(group(), "producer_id", value=5), id="producer_id_is_int"),
+        pytest.param(edited(MESSAGES["register"], "req", value=True), id="not_a_group"),
+        pytest.param(b"\xc1", id="not_msgpack"),
+    ],
+)
+def test_an_error_without_trustworthy_ids_carries_none(data):
+    with pytest.raises(WireError) as info:
+        wire.decode(data, RUN)
+    assert (info.value.lease_id, info.value.producer_id) == (None, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzzing: only WireError may escape
+
+
+ENCODED = [wire.encode(m) for m in MESSAGES.values()] + [
+    wire.encode(group(token_versions=[2, 3, 3]))
+]
+FUZZ_LIMITS = [wire.Limits(), RUN, wire.Limits(max_message_bytes=256, max_items=8)]
+
+
+def decode_or_reject(data: bytes, limits: wire.Limits) -> None:
+    """Decode `data`; a `WireError` with a reason is fine, any other exception fails the test."""
+    msg: typing.Any = None
+    reason = ""
+    try:
+        msg = wire.decode(data, limits)
+    except WireError as exc:
+        reason = exc.reason
+    if msg is None:
+        assert reason
+    else:
+        assert type(msg) in KINDS.values()
+
+
+@st.composite
+def mutations(draw: st.DrawFn) -> bytes:
+    data = bytearray(draw(st.sampled_from(ENCODED)))
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(["flip", "truncate", "insert", "delete", "overwrite"]))
+        pos = draw(st.integers(0, max(len(data) - 1, 0)))
+        if op == "flip" and data:
+            data[pos] ^= 1 << draw(st.integers(0, 7))
+        elif op == "truncate":
+            del data[pos:]
+        elif op == "insert":
+            data[pos:pos] = draw(st.binary(min_size=1, max_size=9))
+        elif op == "delete":
+            del data[pos : pos + draw(st.integers(1, 9))]
+        elif op == "overwrite":
+            chunk = draw(st.binary(min_size=1, max_size=9))
+            data[pos : pos + len(chunk)] = chunk
+    return bytes(data)
+
+
+MSGPACK_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.binary(max_size=13),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@st.composite
+def type_confusions(draw: st.DrawFn) -> bytes:
+    """A valid body with one entry (at any depth of maps) replaced by an arbitrary value."""
+    body = body_of(draw(st.sampled_from(list(MESSAGES.values()))))
+    node = body
+    while True:
+        key = draw(st.sampled_from(sorted(node)))
+        if isinstance(node[key], dict) and node[key] and draw(st.booleans()):
+            node = node[key]
+            continue
+        node[key] = draw(MSGPACK_VALUES)
+        return pack(body)
+
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(data=st.binary(max_size=600), limits=st.sampled_from(FUZZ_LIMITS))
+def test_random_bytes_raise_only_wire_error(data, limits):
+    decode_or_reject(data, limits)
+
+
+@FUZZ
+@given(data=mutations(), limits=st.sampled_from(FUZZ_LIMITS))
+def test_mutated_messages_raise_only_wire_error(data, limits):
+    decode_or_reject(data, limits)
+
+
+@FUZZ
+@given(data=type_confusions(), limits=st.sampled_from(FUZZ_LIMITS))
+def test_values_of_the_wrong_type_raise_only_wire_error(data, limits):
+    decode_or_reject(data, limits)
