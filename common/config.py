@@ -31,8 +31,12 @@ import tomli_w
 from common.errors import ConfigError
 
 
+def _meta(help: str, choices: tuple[Any, ...] = ()) -> dict[str, Any]:
+    return {"help": help, "choices": choices}
+
+
 def _f(default: Any, help: str, *, choices: tuple[Any, ...] = ()) -> Any:
-    meta = {"help": help, "choices": choices}
+    meta = _meta(help, choices)
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -85,8 +89,9 @@ class RewardSpec:
 
 @dataclass(frozen=True, slots=True)
 class RewardsConfig:
-    fns: list[RewardSpec] = _f(
-        [RewardSpec()], "Rewards summed with weights ([[rewards.fns]] tables)."
+    fns: list[RewardSpec] = field(
+        default_factory=lambda: [RewardSpec()],
+        metadata=_meta("Rewards summed with weights ([[rewards.fns]] tables)."),
     )
     timeout_s: float = _f(
         5.0, "Seconds a reward call may take; slower calls score 0 and are counted."
@@ -115,7 +120,7 @@ class TrainConfig:
     )
     lr: float = _f(1e-5, "AdamW learning rate.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
-    betas: list[float] = _f([0.9, 0.999], "AdamW betas.")
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=_meta("AdamW betas."))
     warmup_steps: int = _f(0, "Linear learning-rate warm-up steps.")
     grad_clip: float = _f(1.0, "Global gradient-norm clip (0 = off).")
     micro_batch_tokens: int = _f(
@@ -394,10 +399,10 @@ def _coerce_value(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be a list")
         return [_coerce_value(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a table")
-        return tp(**{k: _coerce(tp, k, v, f"{where}.{k}") for k, v in value.items()})  # type: ignore[operator]
+        return tp(**{k: _coerce(tp, k, v, f"{where}.{k}") for k, v in value.items()})
     if origin in (typing.Union, types.UnionType):
         raise AssertionError(f"{where}: optional config fields are not used")
     if tp is bool:
@@ -435,7 +440,8 @@ def problems(cfg: Config) -> list[str]:
     s, st, t, loss, net = cfg.sampling, cfg.staleness, cfg.train, cfg.loss, cfg.net
     need(
         s.group_size >= 2,
-        f"sampling.group_size = {s.group_size}: GRPO needs G >= 2 (advantages are relative within a group)",
+        f"sampling.group_size = {s.group_size}: GRPO needs G >= 2 "
+        "(advantages are relative within a group)",
     )
     need(
         math.isfinite(s.temperature) and s.temperature > 0,  # the wire refuses other values
@@ -443,19 +449,23 @@ def problems(cfg: Config) -> list[str]:
     )
     need(
         s.top_p == 1.0,
-        "sampling.top_p must be 1.0: the learner computes full-vocabulary log-probs, so top-p sampling would bias every importance ratio",
+        "sampling.top_p must be 1.0: the learner computes full-vocabulary log-probs, "
+        "so top-p sampling would bias every importance ratio",
     )
     need(
         s.top_k == 0,
-        "sampling.top_k must be 0: the learner computes full-vocabulary log-probs, so top-k sampling would bias every importance ratio",
+        "sampling.top_k must be 0: the learner computes full-vocabulary log-probs, "
+        "so top-k sampling would bias every importance ratio",
     )
     need(s.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1")
     need(st.max_staleness >= 0, "staleness.max_staleness must be >= 0 (0 = synchronous on-policy)")
     need(st.publish_every >= 1, "staleness.publish_every must be >= 1")
     need(
         st.publish_every <= st.max_staleness + 1,
-        f"staleness.publish_every = {st.publish_every} > max_staleness + 1 = {st.max_staleness + 1}: "
-        "producers could never load weights recent enough to start a lease; lower publish_every or raise max_staleness",
+        f"staleness.publish_every = {st.publish_every} > "
+        f"max_staleness + 1 = {st.max_staleness + 1}: "
+        "producers could never load weights recent enough to start a lease; "
+        "lower publish_every or raise max_staleness",
     )
     need(t.prompts_per_step >= 1, "train.prompts_per_step must be >= 1")
     need(t.lr > 0, "train.lr must be > 0")
@@ -494,12 +504,14 @@ def problems(cfg: Config) -> list[str]:
     secure = bool(net.keys_dir) or net.insecure
     need(
         secure or is_loopback(net.bind_host),
-        f"net.bind_host = {net.bind_host!r} is not a loopback address: traffic beyond this machine must be "
-        "encrypted; create keys with `asyncgrpo keys DIR` and set net.keys_dir, or pass --insecure",
+        f"net.bind_host = {net.bind_host!r} is not a loopback address: "
+        "traffic beyond this machine must be encrypted; "
+        "create keys with `asyncgrpo keys DIR` and set net.keys_dir, or pass --insecure",
     )
     need(
         secure or is_loopback(_endpoint_host(net.connect)),
-        f"net.connect = {net.connect!r} leaves this machine: set net.keys_dir (CurveZMQ) or pass --insecure",
+        f"net.connect = {net.connect!r} leaves this machine: "
+        "set net.keys_dir (CurveZMQ) or pass --insecure",
     )
     need(cfg.producer.max_in_flight >= 1, "producer.max_in_flight must be >= 1")
     need(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import zmq
 import zmq.auth
@@ -26,6 +27,10 @@ from common.errors import ConfigError
 
 SERVER_NAME = "server"
 CLIENT_NAME = "client"
+
+# The socket class a context makes: `zmq.Socket` for a `zmq.Context`, `zmq.asyncio.Socket` for a
+# `zmq.asyncio.Context` (producers use the asyncio flavour, the consumer the blocking one).
+_SocketT = TypeVar("_SocketT", bound=zmq.Socket[Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +70,7 @@ def load_keys(directory: str | Path, role: str) -> Keys:
     return Keys(directory, public, secret, server_public)
 
 
-def start_authenticator(ctx: zmq.Context, keys: Keys) -> ThreadAuthenticator:
+def start_authenticator(ctx: zmq.Context[Any], keys: Keys) -> ThreadAuthenticator:
     """Accept CURVE clients whose public key file lies in the keys directory."""
     auth = ThreadAuthenticator(ctx)
     auth.start()
@@ -73,7 +78,7 @@ def start_authenticator(ctx: zmq.Context, keys: Keys) -> ThreadAuthenticator:
     return auth
 
 
-def configure(sock: zmq.Socket, *, max_message_bytes: int, hwm: int = 1000) -> None:
+def configure(sock: zmq.Socket[Any], *, max_message_bytes: int, hwm: int = 1000) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.SNDHWM, hwm)
@@ -81,7 +86,7 @@ def configure(sock: zmq.Socket, *, max_message_bytes: int, hwm: int = 1000) -> N
 
 
 def server_socket(
-    ctx: zmq.Context,
+    ctx: zmq.Context[_SocketT],
     kind: int,
     *,
     host: str,
@@ -90,7 +95,7 @@ def server_socket(
     insecure: bool,
     max_message_bytes: int,
     hwm: int = 1000,
-) -> tuple[zmq.Socket, int]:
+) -> tuple[_SocketT, int]:
     """Create, configure and bind a consumer socket. Returns it and the bound port."""
     if keys is None and not insecure and not is_loopback(host):
         raise ConfigError(
@@ -119,14 +124,14 @@ def server_socket(
 
 
 def client_socket(
-    ctx: zmq.Context,
+    ctx: zmq.Context[_SocketT],
     kind: int,
     endpoint: str,
     *,
     keys: Keys | None,
     max_message_bytes: int,
     hwm: int = 1000,
-) -> zmq.Socket:
+) -> _SocketT:
     """Create, configure and connect a producer socket."""
     sock = ctx.socket(kind)
     configure(sock, max_message_bytes=max_message_bytes, hwm=hwm)

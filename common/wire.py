@@ -3,22 +3,22 @@
 Every message is one msgpack map whose first key is `schema` (= SCHEMA_VERSION) and second `kind`.
 Everyone else sees the frozen dataclasses below; nobody builds message dicts by hand.
 
-| kind        | socket / direction               | fields (besides schema, kind)                          |
-|-------------|----------------------------------|--------------------------------------------------------|
-| register    | control, producer → consumer     | req, producer_id, host, pid, engine, loaded_version,   |
-|             |                                  | held_leases                                            |
-| heartbeat   | control, producer → consumer     | req, producer_id, loaded_version, state, num_in_flight,|
-|             |                                  | counters                                               |
-| lease_req   | control, producer → consumer     | req, producer_id, max_leases, loaded_version           |
-| chunk_req   | control, producer → consumer     | req, version, offset, max_bytes                        |
-| goodbye     | control, producer → consumer     | req, producer_id, held_leases                          |
-| welcome     | control, reply to register       | req, spec (RunSpec), status (Status)                   |
-| status      | control, reply to heartbeat etc. | req, status                                            |
-| lease_grant | control, reply to lease_req      | req, leases (Lease…), status                           |
-| chunk       | control, reply to chunk_req      | req, version, offset, total_bytes, data                |
-| reject      | control, reply to a bad request  | req, reason, detail                                    |
-| group       | rollouts, PUSH → PULL            | see `Group`                                            |
-| announce    | announce, PUB → SUB              | run_id, policy_version, snapshot                       |
+| kind        | socket / direction               | fields (besides schema, kind)                  |
+|-------------|----------------------------------|------------------------------------------------|
+| register    | control, producer → consumer     | req, producer_id, host, pid, engine,           |
+|             |                                  | loaded_version, held_leases                    |
+| heartbeat   | control, producer → consumer     | req, producer_id, loaded_version, state,       |
+|             |                                  | num_in_flight, counters                        |
+| lease_req   | control, producer → consumer     | req, producer_id, max_leases, loaded_version   |
+| chunk_req   | control, producer → consumer     | req, version, offset, max_bytes                |
+| goodbye     | control, producer → consumer     | req, producer_id, held_leases                  |
+| welcome     | control, reply to register       | req, spec (RunSpec), status (Status)           |
+| status      | control, reply to heartbeat etc. | req, status                                    |
+| lease_grant | control, reply to lease_req      | req, leases (Lease…), status                   |
+| chunk       | control, reply to chunk_req      | req, version, offset, total_bytes, data        |
+| reject      | control, reply to a bad request  | req, reason, detail                            |
+| group       | rollouts, PUSH → PULL            | see `Group`                                    |
+| announce    | announce, PUB → SUB              | run_id, policy_version, snapshot               |
 
 Conventions and invariants:
 - Arrays travel as raw little-endian bytes whose dtype the schema fixes (`_ARRAY_DTYPES`: token ids

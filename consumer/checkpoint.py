@@ -3,10 +3,11 @@
 Layout: `<run>/checkpoint/` = `model.safetensors` (fp32), `trainer.pt` (optimizer, scheduler and
 RNG states, via torch.save of plain tensors and dicts), `state.json` (version, lease book with
 prompt cursor, ledger counts, and the sizes of `leases.jsonl` and `metrics.jsonl` at the save: a
-resumed run truncates them there, so every lease and step appears once). Written under a temporary name and renamed, so a crash during a
-save leaves the previous checkpoint intact. `--resume` (run.resume) restores all of it: the
-learner continues with the same weights, optimizer moments and RNG streams; producers notice
-the new incarnation and re-register by themselves.
+resumed run truncates them there, so every lease and step appears once). Written under a
+temporary name and renamed, so a crash during a save leaves the previous checkpoint intact.
+`--resume` (run.resume) restores all of it: the learner continues with the same weights,
+optimizer moments and RNG streams; producers notice the new incarnation and re-register by
+themselves.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def load(run_dir: Path, *, trainer: Any) -> tuple[int, dict[str, Any]]:
                 f.truncate(size)
     if trainer.model is not None:
         weights = load_file(path / "model.safetensors", device=str(trainer.device))
-        missing, unexpected = trainer.model.load_state_dict(weights, strict=False)
+        _missing, unexpected = trainer.model.load_state_dict(weights, strict=False)
         assert not unexpected, unexpected
         extra = torch.load(path / "trainer.pt", weights_only=False)
         trainer.optimizer.load_state_dict(extra["optimizer"])

@@ -180,7 +180,10 @@ class Learner:
                 out.kept.append(g)
                 continue
             out.dropped[why] += 1
-            if why == "dropped_zero_variance" and out.dropped[why] % (20 * c.train.prompts_per_step) == 0:
+            if (
+                why == "dropped_zero_variance"
+                and out.dropped[why] % (20 * c.train.prompts_per_step) == 0
+            ):
                 log.warning(
                     "%d groups in a row had equal rewards for every completion (no signal): "
                     "is the task too hard or too easy for this model, or the reward constant?",
@@ -261,7 +264,12 @@ class Learner:
     def _maybe_evaluate(self) -> dict[str, Any]:
         """Held-out greedy accuracy every train.eval_every steps (synthetic task, real model)."""
         every = self.cfg.train.eval_every
-        if not every or self.version % every or self.model_dir is None or self.cfg.task.source != "synthetic":
+        if (
+            not every
+            or self.version % every
+            or self.model_dir is None
+            or self.cfg.task.source != "synthetic"
+        ):
             return {}
         from common.tasks import make_examples
         from launch.evaluate import accuracy_of
@@ -273,7 +281,9 @@ class Learner:
             examples = make_examples("heldout", self.cfg.train.eval_size, seed=self.cfg.run.seed)
             self._eval = (AutoTokenizer.from_pretrained(self.model_dir), examples)
         tokenizer, examples = self._eval
-        result = accuracy_of(self.trainer.model, tokenizer, examples, max_new_tokens=self.cfg.sampling.max_new_tokens)
+        result = accuracy_of(
+            self.trainer.model, tokenizer, examples, max_new_tokens=self.cfg.sampling.max_new_tokens
+        )
         return {M.HELDOUT_ACC: result.accuracy, "eval_s": time.perf_counter() - t0}
 
     def _publish(self, wait: bool = False) -> None:
@@ -295,7 +305,9 @@ class Learner:
         def consistent_state() -> dict[str, Any]:
             self.server.flush_ledger()
             state = self.book.state_dict()
-            state["logs"] = {name: _size(self.run_dir / name) for name in ("leases.jsonl", "metrics.jsonl")}
+            state["logs"] = {
+                name: _size(self.run_dir / name) for name in ("leases.jsonl", "metrics.jsonl")
+            }
             return state
 
         self.metrics.flush()

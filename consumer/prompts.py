@@ -40,7 +40,8 @@ class JsonlSource:
         self._rows: list[tuple[str, str]] = []
         try:
             # Split on b"\n" only: str.splitlines() would also cut at U+2028, U+0085, ... which
-            # JSON allows unescaped inside strings (json.dumps(..., ensure_ascii=False) writes them).
+            # JSON allows unescaped inside strings (json.dumps(..., ensure_ascii=False) writes
+            # them).
             lines = Path(path).read_bytes().split(b"\n")
         except OSError as exc:
             raise ConfigError(f"task.path = {str(path)!r}: {exc}") from None

@@ -334,7 +334,9 @@ class Server:
     def _chunk(self, msg: wire.ChunkRequest) -> wire.Message:
         path = snap.snapshot_dir(self.snapshot_root, msg.version) / snap.WEIGHTS_FILE
         # a chunk must fit the producer's message limit too (with room for the envelope)
-        limit = min(int(self.cfg.snapshot.chunk_mib * (1 << 20)), self.spec.max_message_bytes - 4096)
+        limit = min(
+            int(self.cfg.snapshot.chunk_mib * (1 << 20)), self.spec.max_message_bytes - 4096
+        )
         try:
             with open(path, "rb") as f:
                 total = f.seek(0, 2)

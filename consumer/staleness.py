@@ -4,8 +4,9 @@
 that produced any token of the group (per-token versions when weights changed mid-generation).
 A group is trained at version v only if `0 <= lag <= max_staleness`; otherwise it is dropped
 and counted (`dropped_stale`). A negative lag happens only after a resume from an older
-checkpoint: those weights were never part of this run's history. Leases already keep the bound by construction (consumer/leases.py);
-this gate is what makes it a guarantee even when groups overtake each other in flight.
+checkpoint: those weights were never part of this run's history. Leases already keep the bound
+by construction (consumer/leases.py); this gate is what makes it a guarantee even when groups
+overtake each other in flight.
 
 A group whose rewards are all equal has zero advantage for every completion, so it carries no
 policy-gradient signal; with `drop_zero_variance` it is dropped (`dropped_zero_variance`) and the

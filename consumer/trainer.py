@@ -95,7 +95,9 @@ class Trainer:
             grad_norms.append(grad_norm)
         out = _combine(metrics)
         if out.get("tis_weight_sq_sum"):  # effective sample size of the TIS weights, in (0, 1]
-            out["tis_ess"] = out["tis_weight_sum"] ** 2 / (out["num_tokens"] * out["tis_weight_sq_sum"])
+            out["tis_ess"] = out["tis_weight_sum"] ** 2 / (
+                out["num_tokens"] * out["tis_weight_sq_sum"]
+            )
         out.update(
             grad_norm=float(np.mean(grad_norms)),
             lr=float(self.scheduler.get_last_lr()[0]),

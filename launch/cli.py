@@ -183,11 +183,16 @@ def producer(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(
+    # The help text is given here rather than as a docstring: it is one line in the command list.
+    help=(
+        "Create CurveZMQ keys: server.key(_secret) for the consumer, "
+        "client.key(_secret) for producers."
+    )
+)
 def keys(
     directory: Annotated[Path, typer.Argument(help="Directory to create the keys in.")],
 ) -> None:
-    """Create CurveZMQ keys: server.key(_secret) for the consumer, client.key(_secret) for producers."""
     from common.sockets import create_keys
 
     server, client = create_keys(directory)
@@ -320,7 +325,8 @@ def _ints(text: str, name: str) -> list[int]:
     epilog=(
         "Example (transport and scheduling only, ~3 minutes): asyncgrpo stress --out runs/sweep "
         "--max-staleness 0,1,2,4 --engine fake --steps 30 --gen-s 0.5 --step-s 0.5. "
-        "With learning: asyncgrpo stress --out runs/sweep-demo --engine demo --max-staleness 0,2 --steps 150."
+        "With learning: asyncgrpo stress --out runs/sweep-demo --engine demo "
+        "--max-staleness 0,2 --steps 150."
     )
 )
 def stress(
@@ -337,7 +343,8 @@ def stress(
         str,
         typer.Option(
             "--is",
-            help="Comma-separated IS corrections: off, token-truncate, token-mask, sequence-truncate, sequence-mask.",
+            help="Comma-separated IS corrections: off, token-truncate, token-mask, "
+            "sequence-truncate, sequence-mask.",
         ),
     ] = "token-truncate",
     engine: Annotated[
@@ -394,13 +401,17 @@ def stress(
         stall_s=stall_s, publish_delay_s=publish_delay_s, seed=seed,
     )  # fmt: skip
     rows = run_sweep(
-        base, out, staleness=_ints(max_staleness, "--max-staleness"), producers=_ints(producers, "--producers"),
+        base, out,
+        staleness=_ints(max_staleness, "--max-staleness"),
+        producers=_ints(producers, "--producers"),
         is_modes=modes, engine=engine, steps=steps, scenario=scenario,
     )  # fmt: skip
     for r in rows:
         typer.echo(
-            f"{r['setting']:<28} steps/h {r['steps_per_hour'] or 0:9.0f}  speedup {r['speedup_vs_sync'] or 0:5.2f}x  "
-            f"learner idle {r['learner_idle_frac'] or 0:.2f}  staleness max {r['staleness_max_trained']}"
+            f"{r['setting']:<28} steps/h {r['steps_per_hour'] or 0:9.0f}  "
+            f"speedup {r['speedup_vs_sync'] or 0:5.2f}x  "
+            f"learner idle {r['learner_idle_frac'] or 0:.2f}  "
+            f"staleness max {r['staleness_max_trained']}"
         )
     typer.echo(f"wrote {out / 'results.csv'}, {out / 'summary.md'} and {out / 'plots'}")
 

@@ -100,8 +100,10 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
         )
         top.add_row(
             "ledger",
-            f"trained {rec.get('groups_trained', 0)} · stale {rec.get('groups_dropped_stale', 0)} · "
-            f"zero-var {rec.get('groups_dropped_zero_variance', 0)} · expired {rec.get('groups_expired', 0)}",
+            f"trained {rec.get('groups_trained', 0)} · "
+            f"stale {rec.get('groups_dropped_stale', 0)} · "
+            f"zero-var {rec.get('groups_dropped_zero_variance', 0)} · "
+            f"expired {rec.get('groups_expired', 0)}",
             "",
             "",
         )

@@ -4,14 +4,16 @@
 consumer …`, `… producer …`), each in its own process group and with a parent-death signal
 (Linux), so they never outlive the launcher. Invariants:
 - Processes are tracked by PID/process group, never found or killed by name.
-- A producer that fails (non-zero exit) while the consumer still runs is restarted under the same producer id
-  (the consumer then expires the leases it lost at once), at most `max_restarts` times each.
+- A producer that fails (non-zero exit) while the consumer still runs is restarted under the same
+  producer id (the consumer then expires the leases it lost at once), at most `max_restarts`
+  times each.
 - `stop()` asks the consumer to finish (SIGINT: final step, final snapshot, ledger), waits, then
   ends the producers (SIGTERM, then SIGKILL after a grace period). After `stop()` no child runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -60,10 +62,8 @@ class Child:
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def wait(self, timeout_s: float) -> int | None:
         if self.proc is None:
@@ -120,8 +120,8 @@ class Supervisor:
         for i in range(self.num_producers):
             name = f"p{i + 1}"
             argv = self._cli(
-                "producer", "--config", str(self.config_path), "--connect", self.endpoint, "--id", name,
-                *self.producer_args(i),
+                "producer", "--config", str(self.config_path), "--connect", self.endpoint,
+                "--id", name, *self.producer_args(i),
             )  # fmt: skip
             child = Child(name, argv, self.run_dir / f"producer-{name}.log")
             child.start()
@@ -176,7 +176,6 @@ class Supervisor:
                 child.signal(signal.SIGKILL)
                 child.wait(10)
         return code
-
 
 
 def run(

@@ -140,8 +140,10 @@ def summarize(run_dir: Path) -> str:
             f"- reward mean: first {k} steps {sum(r['reward_mean'] for r in records[:k]) / k:.3f}, "
             f"last {k} steps {sum(r['reward_mean'] for r in records[-k:]) / k:.3f}",
             f"- staleness of trained groups: {dict(sorted(staleness_counts(leases).items()))}",
-            f"- learner idle fraction (mean): {sum(r.get('learner_idle_frac', 0) for r in records) / len(records):.3f}",
-            f"- completion tokens/s (mean): {sum(r.get('tokens_per_s', 0) for r in records) / len(records):.0f}",
+            "- learner idle fraction (mean): "
+            f"{sum(r.get('learner_idle_frac', 0) for r in records) / len(records):.3f}",
+            "- completion tokens/s (mean): "
+            f"{sum(r.get('tokens_per_s', 0) for r in records) / len(records):.0f}",
             f"- first step at {first['time_s']:.1f} s",
         ]
     if ev:

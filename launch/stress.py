@@ -34,12 +34,13 @@ from common import config as C
 from common.metrics import read_jsonl
 
 COLUMNS = [
-    "setting", "max_staleness", "producers", "engine", "is_mode", "steps", "wall_s", "steps_per_hour",
-    "speedup_vs_sync", "groups_per_s", "tokens_per_s", "learner_idle_frac", "producer_idle_frac",
-    "trained", "dropped_stale", "dropped_zero_variance", "expired", "staleness_mean_trained",
-    "staleness_max_trained", "staleness_hist", "tis_weight_mean", "tis_frac_truncated", "ess",
-    "trained_mean_tokens", "dropped_stale_mean_tokens", "expired_by_producer", "dropped_stale_by_producer",
-    "final_reward", "final_accuracy", "accuracy_at_equal_time",
+    "setting", "max_staleness", "producers", "engine", "is_mode", "steps", "wall_s",
+    "steps_per_hour", "speedup_vs_sync", "groups_per_s", "tokens_per_s", "learner_idle_frac",
+    "producer_idle_frac", "trained", "dropped_stale", "dropped_zero_variance", "expired",
+    "staleness_mean_trained", "staleness_max_trained", "staleness_hist", "tis_weight_mean",
+    "tis_frac_truncated", "ess", "trained_mean_tokens", "dropped_stale_mean_tokens",
+    "expired_by_producer", "dropped_stale_by_producer", "final_reward", "final_accuracy",
+    "accuracy_at_equal_time",
 ]  # fmt: skip
 IS_MODES = ("off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
 
@@ -80,8 +81,9 @@ def build_config(
     ]  # fmt: skip
     if engine == "fake":
         sets += [
-            f"train.simulate_step_s={sc.step_s}", 'producer.engine="fake"', f"fake.latency_s={sc.gen_s}",
-            f"fake.jitter={sc.jitter}", f"fake.long_tail={sc.long_tail}",
+            f"train.simulate_step_s={sc.step_s}", 'producer.engine="fake"',
+            f"fake.latency_s={sc.gen_s}", f"fake.jitter={sc.jitter}",
+            f"fake.long_tail={sc.long_tail}",
         ]  # fmt: skip
     return C.apply_overrides(base, sets)
 
@@ -269,8 +271,11 @@ def _cell(v: Any) -> Any:
 
 
 def summary(rows: list[dict[str, Any]], plots: list[Path]) -> str:
-    head = ["setting", "steps_per_hour", "speedup_vs_sync", "learner_idle_frac", "producer_idle_frac",
-            "staleness_max_trained", "dropped_stale", "expired", "tis_weight_mean", "ess", "final_accuracy"]  # fmt: skip
+    head = [
+        "setting", "steps_per_hour", "speedup_vs_sync", "learner_idle_frac", "producer_idle_frac",
+        "staleness_max_trained", "dropped_stale", "expired", "tis_weight_mean", "ess",
+        "final_accuracy",
+    ]  # fmt: skip
     lines = ["# Staleness sweep", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append("| " + " | ".join(str(_cell(r.get(k))) for k in head) + " |")
@@ -285,7 +290,8 @@ def summary(rows: list[dict[str, Any]], plots: list[Path]) -> str:
     if knee:
         first = min(knee, key=lambda r: r["max_staleness"])
         lines.append(
-            f"The learner stops waiting (idle < 10%) from max_staleness = {first['max_staleness']}: "
+            "The learner stops waiting (idle < 10%) from "
+            f"max_staleness = {first['max_staleness']}: "
             "beyond it, producers are no longer the bottleneck."
         )
     lines += ["", "## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots]

@@ -86,7 +86,8 @@ class FakeEngine:
         jitter: float = 0.0,
         slow_factor: float = 1.0,
     ) -> None:
-        assert 1 <= min_tokens <= max_tokens and vocab_size > 1
+        assert 1 <= min_tokens <= max_tokens
+        assert vocab_size > 1
         self._vocab = vocab_size
         self._eos = eos_token_id
         self._rng = random.Random(seed)

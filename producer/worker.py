@@ -18,6 +18,7 @@ a snapshot that fails verification is never loaded (the producer keeps its weigh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -148,8 +149,8 @@ class Producer:
         )
         if model_dir is not None and not (model_dir / "config.json").exists():
             raise ConfigError(
-                f"model directory {str(model_dir)!r} (announced by the consumer) does not exist on this "
-                "host: pass --model with a local copy"
+                f"model directory {str(model_dir)!r} (announced by the consumer) "
+                "does not exist on this host: pass --model with a local copy"
             )
         self.codec = PromptCodec(model_dir, spec.prompt_format, vocab_size=spec.vocab_size)
         self.engine = await asyncio.to_thread(
@@ -214,7 +215,9 @@ class Producer:
             async with self._registering:
                 return
         async with self._registering:
-            log.warning("consumer restarted or forgot us: registering again, re-sending unacked groups")
+            log.warning(
+                "consumer restarted or forgot us: registering again, re-sending unacked groups"
+            )
             await self.register()
             if self.outbox is not None:
                 self.state.count("groups_resent", await self.outbox.resend(everything=True))
@@ -296,7 +299,9 @@ class Producer:
             task.cancel()
 
     async def run_lease(self, lease: wire.Lease) -> None:
-        assert self.engine is not None and self.codec is not None and self.spec is not None
+        assert self.engine is not None
+        assert self.codec is not None
+        assert self.spec is not None
         busy = False
         try:
             t0 = time.perf_counter()
@@ -375,7 +380,7 @@ class Producer:
     async def _fetch(self, info: wire.SnapshotInfo) -> Path:
         """A local directory holding the verified `model.safetensors` of `info`."""
         local = Path(info.path)
-        if local.is_file():
+        if await asyncio.to_thread(local.is_file):  # may be a slow shared filesystem
             try:
                 await asyncio.to_thread(
                     snap.verify_file, local, expected_hash=info.hash, expected_bytes=info.num_bytes
@@ -430,10 +435,8 @@ class Producer:
         if self.outbox is None:
             return
         held = tuple(self.outbox.pending)
-        try:
+        with contextlib.suppress(TimeoutError, Rejected):
             await self.control.request(wire.Goodbye(0, self.state.producer_id, held), timeout_s=2.0)
-        except (TimeoutError, Rejected):
-            pass
 
     async def close(self) -> None:
         if self.rewards is not None:

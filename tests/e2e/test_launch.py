@@ -8,7 +8,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from procs import cli, read_jsonl, stop, wait_for
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -39,7 +38,15 @@ def ledger_balances(run_dir: Path) -> dict:
 @pytest.mark.timeout(900)
 def test_the_demo_launch_learns_and_leaves_a_complete_run_directory(tmp_path):
     run_dir = tmp_path / "run"
-    launcher = cli("launch", "--run-dir", str(run_dir), "--steps", "200", "--no-live", log=tmp_path / "launch.log")
+    launcher = cli(
+        "launch",
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        "200",
+        "--no-live",
+        log=tmp_path / "launch.log",
+    )
     try:
         assert launcher.wait(800) == 0, (tmp_path / "launch.log").read_text()[-3000:]
     finally:
@@ -56,7 +63,9 @@ def test_the_demo_launch_learns_and_leaves_a_complete_run_directory(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snapshot(tmp_path, tiny_model_dir):
+def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snapshot(
+    tmp_path, tiny_model_dir
+):
     run_dir = tmp_path / "run"
     launcher = cli(
         "launch", "--run-dir", str(run_dir), "--steps", "10000", "--no-live", "--no-eval",
@@ -82,7 +91,9 @@ def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snap
     from launch.evaluate import load_model
 
     manifest = snap.read_manifest(final)
-    snap.verify_file(final / snap.WEIGHTS_FILE, expected_hash=manifest.hash, expected_bytes=manifest.num_bytes)
+    snap.verify_file(
+        final / snap.WEIGHTS_FILE, expected_hash=manifest.hash, expected_bytes=manifest.num_bytes
+    )
     model, _ = load_model(final)  # a complete HF model directory
     assert model.num_parameters() > 0
     assert (run_dir / "checkpoint" / "state.json").exists()

@@ -84,7 +84,8 @@ def test_garbage_on_every_socket_is_counted_and_the_run_still_completes(tmp_path
         dealer.send(os.urandom(32))
         assert dealer.poll(10_000), "the consumer must answer garbage on control with a Reject"
         reply = wire.decode(dealer.recv())
-        assert isinstance(reply, wire.Reject) and reply.reason == "not_msgpack"
+        assert isinstance(reply, wire.Reject)
+        assert reply.reason == "not_msgpack"
         for s in (push, dealer):
             s.close(linger=1000)
         ctx.term()
@@ -109,7 +110,8 @@ def test_garbage_on_every_socket_is_counted_and_the_run_still_completes(tmp_path
     ):
         assert counters[f"rejected.{reason}"] >= 1, reason
     assert counters["rejected"] >= sent + 1
-    assert ledger["balance"]["ok"] == 1 and ledger["balance"]["trained"] == STEPS * 2
+    assert ledger["balance"]["ok"] == 1
+    assert ledger["balance"]["trained"] == STEPS * 2
 
 
 def test_a_non_loopback_bind_without_keys_is_refused_with_advice(tmp_path):
@@ -118,7 +120,9 @@ def test_a_non_loopback_bind_without_keys_is_refused_with_advice(tmp_path):
     )
     assert consumer.wait(60) == 2
     text = (tmp_path / "c.log").read_text()
-    assert "net.bind_host" in text and "asyncgrpo keys" in text and "--insecure" in text
+    assert "net.bind_host" in text
+    assert "asyncgrpo keys" in text
+    assert "--insecure" in text
 
 
 @pytest.mark.timeout(240)
@@ -138,8 +142,10 @@ def test_curve_keys_admit_producers_with_keys_and_shut_out_those_without(tmp_pat
     procs = [consumer]
     try:
         ep = endpoint(run_dir, procs)
-        outsider = cli("producer", "--connect", ep, "--engine", "fake", "--set", "net.handshake_timeout_s=3",
-                       log=tmp_path / "outsider.log")  # fmt: skip
+        outsider = cli(
+            "producer", "--connect", ep, "--engine", "fake", "--set", "net.handshake_timeout_s=3",
+            log=tmp_path / "outsider.log",
+        )  # fmt: skip
         procs.append(outsider)
         assert outsider.wait(60) == 2
         assert "no answer from the consumer" in (tmp_path / "outsider.log").read_text()

@@ -90,7 +90,8 @@ def test_two_fake_producers_feed_a_real_learner_within_the_staleness_bound(
     assert len(ids) == len(set(ids))
     ledger = json.loads((run_dir / "ledger.json").read_text())
     balance = ledger["balance"]
-    assert balance["ok"] == 1 and balance["open"] == 0
+    assert balance["ok"] == 1
+    assert balance["open"] == 0
     assert balance["issued"] == len(leases)
     assert balance["trained"] == len(trained)
     assert Counter(r["state"] for r in leases) == Counter(
@@ -109,12 +110,19 @@ def test_hf_producer_logprobs_equal_the_learners_after_every_reload(tmp_path, ti
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     length_reward = 'rewards.fns=[{fn="reward_fixtures:length", weight=1.0}]'  # varies: a signal
     args = consumer_args(
-        run_dir, tiny_model_dir, prompts, "staleness.max_staleness=0", "train.lr=0.02", length_reward
+        run_dir,
+        tiny_model_dir,
+        prompts,
+        "staleness.max_staleness=0",
+        "train.lr=0.02",
+        length_reward,
     )
     args[args.index("--steps") + 1] = "6"
     consumer = cli(*args, log=tmp_path / "consumer.log")
     ep = endpoint(run_dir, [consumer])
-    producer = cli("producer", "--connect", ep, "--engine", "hf", "--id", "hf1", log=tmp_path / "hf1.log")
+    producer = cli(
+        "producer", "--connect", ep, "--engine", "hf", "--id", "hf1", log=tmp_path / "hf1.log"
+    )
     try:
         assert consumer.wait(240) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
         producer.wait(60)

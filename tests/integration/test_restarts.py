@@ -11,7 +11,6 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from procs import cli, endpoint, read_jsonl, stop, wait_for
 
 P = 4  # prompts per step
@@ -19,7 +18,9 @@ P = 4  # prompts per step
 
 def prompts_file(tmp_path: Path) -> Path:
     path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{i}*2=", "answer": str(2 * i)}) + "\n" for i in range(50)))
+    path.write_text(
+        "".join(json.dumps({"prompt": f"{i}*2=", "answer": str(2 * i)}) + "\n" for i in range(50))
+    )
     return path
 
 
