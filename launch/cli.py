@@ -423,7 +423,7 @@ def make_model(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the build (the default model uses 0).")] = 0,
 ) -> None:
-    """Build the embedded demo model (own tokenizer, small Qwen2, short supervised warm-up)."""
+    """Build the embedded demo model (own tokenizer, small Llama, short supervised warm-up)."""
     from launch.demo_model import build_demo_model, ensure_demo_model
 
     path = build_demo_model(out, seed=seed) if out is not None else ensure_demo_model()

@@ -1,134 +1,249 @@
 """The embedded demo model: built here, deterministically, from nothing (no hub).
 
-Recipe (`RECIPE` names it; a change of recipe changes the cache directory):
-- tokenizer: one token per character of "0123456789+=" plus `<pad>` and `<eos>`, built with
-  `tokenizers` (WordLevel over single characters) and saved as a `PreTrainedTokenizerFast`;
-- model: `Qwen2ForCausalLM`, hidden 128, 2 layers, 2 heads of 64 (a head size vLLM's attention
-  kernels accept), tied embeddings, float32;
-- warm-up: teacher-forced cross-entropy on the answer and EOS of `SFT_STEPS` batches of
-  training problems (common/tasks.py), stopped early on purpose so that the model is sometimes
-  right: greedy held-out accuracy around 30%, and groups of 8 samples at temperature 1 often
-  mix right and wrong answers — the regime where GRPO has something to learn. (Measured on a
-  2-core CPU: 350 steps take ~17 s; greedy accuracy rises from ~5% at 200 steps through ~35%
-  at 400 to ~85% at 500, so stopping at 350 leaves the model right about a quarter of the time.)
+Owns the recipe of the tiny model that `model.path = "demo"` means, its build, and its cache.
+Does not: evaluate (launch/evaluate.py), define the task (common/tasks.py) or train with RL.
 
-The result is a normal Hugging Face model directory that the `hf` and `vllm` engines load.
-`ensure_demo_model()` builds it once into the user cache (atomically: a temporary directory
-renamed into place, so concurrent first runs cannot see half a model).
+Recipe (`Recipe`; its `name` is part of the cache directory, so a new recipe rebuilds):
+- tokenizer: one token per character of "0123456789+-*= " plus `<pad>`, `<eos>`, `<unk>` (18
+  tokens), built with `tokenizers` (WordLevel over single characters, no normaliser) and saved
+  as a `PreTrainedTokenizerFast`; no BOS, no chat template;
+- model: `LlamaForCausalLM`, hidden 64, 2 layers, 1 attention head of size 64 (a head size the
+  GPU attention kernels of vLLM accept), MLP 192, tied embeddings, float32 (108k parameters).
+  Llama rather than Qwen2 because transformers 5's `AutoTokenizer` replaces the pre-tokenizer
+  and decoder of any `qwen2` checkpoint with Qwen2's byte-level ones (our space and `<unk>`
+  would be lost), while for `llama` it loads `tokenizer.json` as written;
+- warm-up, teacher-forced cross-entropy on the answer and EOS tokens only (never the prompt),
+  batches of train-split problems of common/tasks.py drawn from a seeded generator:
+  1. `learn_steps` steps at `learn_lr` on correct answers: the model learns to add, partly;
+  2. `sloppy_steps` steps at `sloppy_lr` where each answer is correct with probability
+     `correct_prob` and otherwise has every carry dropped (49+97 → "036" instead of "146"), the
+     mistake of a sloppy teacher.
+  The model ends up knowing the right algorithm, imperfectly, but preferring the carry-free
+  one. Measured for the default recipe (seed 0): greedy held-out accuracy 19.5% (61% on the 31%
+  of problems without a carry, 1% on the others); sampling at temperature 1 is right 13% of
+  the time and 57% of groups of 8 samples hold a right answer. That is the regime where GRPO
+  with a 0/1 correctness reward has a clear signal: it teaches the model to carry (throwaway
+  on-policy GRPO, 8 prompts x 8 samples, AdamW lr 1e-4: 19.5% → ~60% in 150 steps, ~15 s of
+  CPU; lr 3e-4 is too large for this model and learns erratically). The build takes ~25 s on
+  one CPU core.
+
+Determinism: one CPU thread, `torch.use_deterministic_algorithms`, the global RNG forked and
+seeded, data from a `torch.Generator(seed)`: two builds with the same seed, recipe and torch
+build write identical weights. `ensure_demo_model()` builds once into the user cache under an
+exclusive file lock, into a temporary directory renamed into place, so concurrent first runs
+build once and nobody sees half a model.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from common.tasks import ArithmeticTask
 
-RECIPE = "radd2-h128-l2-sft350-v1"
-CHARS = list("0123456789+=")
-SPECIALS = ["<pad>", "<eos>"]
-SFT_STEPS = 350
-SFT_BATCH = 64
-SFT_LR = 1e-3
+if TYPE_CHECKING:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHARS = "0123456789+-*= "
+SPECIALS = ("<pad>", "<eos>", "<unk>")
+RECIPE_FILE = "demo_recipe.json"
 
 
-def default_demo_dir() -> Path:
-    return Path.home() / ".cache" / "asyncgrpo" / f"demo-{RECIPE}"
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    hidden_size: int = 64
+    num_layers: int = 2
+    learn_steps: int = 700
+    learn_lr: float = 1e-3
+    sloppy_steps: int = 200
+    sloppy_lr: float = 5e-4
+    correct_prob: float = 0.25
+    batch_size: int = 64
+    digits: int = 2
+    version: int = 3
+
+    @property
+    def name(self) -> str:
+        return (
+            f"llama-add{self.digits}-h{self.hidden_size}-l{self.num_layers}"
+            f"-s{self.learn_steps}+{self.sloppy_steps}-q{round(100 * self.correct_prob)}"
+            f"-v{self.version}"
+        )
 
 
-def ensure_demo_model(path: Path | None = None) -> Path:
-    """The demo model directory, built on first use."""
-    path = path or default_demo_dir()
+DEFAULT_RECIPE = Recipe()
+
+
+def default_demo_dir(recipe: Recipe = DEFAULT_RECIPE) -> Path:
+    return Path.home() / ".cache" / "asyncgrpo" / f"demo-{recipe.name}"
+
+
+def ensure_demo_model(path: Path | None = None, *, recipe: Recipe = DEFAULT_RECIPE) -> Path:
+    """The demo model directory (default: the user cache), built on first use."""
+    path = Path(path) if path is not None else default_demo_dir(recipe)
     if (path / "config.json").exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
-        build_demo_model(tmp)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (path / "config.json").exists():  # built by another process while we waited
+            return path
+        print(f"building the demo model once into {path} ...", file=sys.stderr, flush=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
         try:
+            build_demo_model(tmp, recipe=recipe)
             os.rename(tmp, path)
-        except OSError:  # another process finished first: use its (identical) model
-            if not (path / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
-def make_tokenizer():  # type: ignore[no-untyped-def]
+def make_tokenizer() -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *CHARS])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()  # characters join without spaces
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", padding_side="left"
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+        model_max_length=128,
+        clean_up_tokenization_spaces=False,
     )
 
 
-def build_demo_model(out_dir: Path, *, seed: int = 0, sft_steps: int = SFT_STEPS) -> Path:
-    """Write the demo model into `out_dir` (deterministic for a given seed and torch build)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def make_config(tokenizer: PreTrainedTokenizerFast, recipe: Recipe) -> LlamaConfig:
+    from transformers import LlamaConfig
 
-    t0 = time.perf_counter()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = make_tokenizer()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(min(2, threads))
-    torch.manual_seed(seed)
-    config = Qwen2Config(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=3 * recipe.hidden_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.hidden_size // 64,
+        num_key_value_heads=recipe.hidden_size // 64,
+        max_position_embeddings=128,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
         dtype="float32",
     )
-    model = Qwen2ForCausalLM(config)
-    _warm_up(model, tokenizer, seed=seed, steps=sft_steps)
+
+
+def build_demo_model(out_dir: Path, *, seed: int = 0, recipe: Recipe = DEFAULT_RECIPE) -> Path:
+    """Write the demo model into `out_dir` (a normal Hugging Face model directory)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    if recipe.hidden_size % 64:
+        raise ValueError(f"hidden_size must be a multiple of 64, got {recipe.hidden_size}")
+    t0 = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_tokenizer()
+    with _deterministic(seed):
+        model = LlamaForCausalLM(make_config(tokenizer, recipe))
+        warm_up(model, tokenizer, recipe, generator=torch.Generator().manual_seed(seed))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    (out_dir / "BUILD.txt").write_text(f"recipe {RECIPE} seed {seed} built in {time.perf_counter() - t0:.1f} s\n")
-    torch.set_num_threads(threads)
+    info = {"recipe": recipe.name, "seed": seed, **asdict(recipe)}
+    info["build_s"] = round(time.perf_counter() - t0, 1)
+    (out_dir / RECIPE_FILE).write_text(json.dumps(info, indent=1) + "\n")
     return out_dir
 
 
-def _warm_up(model: torch.nn.Module, tokenizer, *, seed: int, steps: int) -> None:  # type: ignore[no-untyped-def]
-    """Teacher-forced cross-entropy on answer + EOS only (prompt tokens are not predicted)."""
-    task = ArithmeticTask(seed=seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+@contextmanager
+def _deterministic(seed: int) -> Iterator[None]:
+    import torch
+
+    threads, strict = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+    finally:
+        torch.use_deterministic_algorithms(strict)
+        torch.set_num_threads(threads)
+
+
+def carry_free_sum(a: int, b: int, digits: int) -> str:
+    """The sloppy answer: each digit (a_i + b_i) mod 10, every carry dropped, zero-padded."""
+    return "0" + "".join(
+        str((int(x) + int(y)) % 10)
+        for x, y in zip(f"{a:0{digits}d}", f"{b:0{digits}d}", strict=True)
+    )
+
+
+def warm_up(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    recipe: Recipe,
+    *,
+    generator: torch.Generator,
+) -> None:
+    """The two supervised phases of the recipe (see the module docstring), in place."""
+    import torch
+
+    right_BT, sloppy_BT, prompt_len = _train_rows(tokenizer, recipe.digits)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.learn_lr, weight_decay=0.0)
     model.train()
-    for step in range(steps):
-        rows, targets = [], []
-        for i in range(SFT_BATCH):
-            ex = task.example(10_000_000 + step * SFT_BATCH + i, "train")
-            p = tokenizer(ex.prompt)["input_ids"]
-            a = tokenizer(ex.answer)["input_ids"] + [eos]
-            rows.append(p + a)
-            targets.append([-100] * len(p) + a)
-        width = max(map(len, rows))
-        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-        labels = torch.tensor([t + [-100] * (width - len(t)) for t in targets])
-        attn = (torch.arange(width)[None] < torch.tensor([len(r) for r in rows])[:, None]).long()
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    phases = [(recipe.learn_steps, recipe.learn_lr, 1.0)]
+    phases.append((recipe.sloppy_steps, recipe.sloppy_lr, recipe.correct_prob))
+    for steps, lr, correct_prob in phases:
+        for group in opt.param_groups:
+            group["lr"] = lr
+        for _ in range(steps):
+            rows = torch.randint(len(right_BT), (recipe.batch_size,), generator=generator)
+            right = torch.rand(recipe.batch_size, generator=generator) < correct_prob
+            ids_BT = torch.where(right[:, None], right_BT[rows], sloppy_BT[rows])
+            labels_BT = ids_BT.clone()
+            labels_BT[:, :prompt_len] = -100  # loss on the answer and EOS only
+            loss = model(input_ids=ids_BT, labels=labels_BT).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
     model.eval()
+
+
+def _train_rows(
+    tokenizer: PreTrainedTokenizerFast, digits: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Token ids of every training problem with its right and its carry-free answer, + EOS.
+
+    All rows have the same length (fixed-width problems), so batches need no padding.
+    """
+    import torch
+
+    task = ArithmeticTask(seed=0, digits=digits)
+    examples = [(task.format(a, b), carry_free_sum(a, b, digits)) for a, b in task.pairs("train")]
+    right = [ex.prompt + ex.answer for ex, _ in examples]
+    sloppy = [ex.prompt + wrong for ex, wrong in examples]
+    eos = tokenizer.eos_token_id
+
+    def encode(texts: list[str]) -> torch.Tensor:
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return torch.tensor([[*row, eos] for row in ids], dtype=torch.long)
+
+    prompt_len = len(examples[0][0].prompt)
+    return encode(right), encode(sloppy), prompt_len

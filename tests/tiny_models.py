@@ -1,4 +1,7 @@
-"""Tiny causal LMs built inside the tests: own character tokenizer, small Qwen2 config."""
+"""Tiny causal LMs built inside the tests: own character tokenizer, small Llama config.
+
+Llama rather than Qwen2: transformers 5.x swaps in Qwen2's own byte-level tokenizer for any
+`qwen2` model directory, which would not be ours."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int 
     """Write a complete HF model directory (config, weights, tokenizer) into `out`."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
@@ -21,7 +24,7 @@ def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int 
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
     fast.save_pretrained(out)
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config = LlamaConfig(
         vocab_size=len(vocab),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -34,6 +37,6 @@ def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int 
         eos_token_id=vocab["<eos>"],
         bos_token_id=None,
     )
-    model = Qwen2ForCausalLM(config)
+    model = LlamaForCausalLM(config)
     model.save_pretrained(out)
     return out
