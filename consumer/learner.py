@@ -233,6 +233,7 @@ class Learner:
         return {
             M.STEP: self.version,
             M.TIME: now - t_start,
+            "unix_time": time.time(),
             "step_wall_s": now - last,
             M.REWARD_MEAN: float(rewards.mean()),
             M.REWARD_STD: float(rewards.std()),
