@@ -371,6 +371,9 @@ def stress(
     publish_delay_s: Annotated[
         float, typer.Option(help="Delay every snapshot announcement by this long.")
     ] = 0.0,
+    max_in_flight: Annotated[
+        int, typer.Option(help="Leases each producer may hold (the staleness bound caps them too).")
+    ] = 8,
     seed: Annotated[int, typer.Option(help="Seed of every setting (sweeps are repeatable).")] = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -398,7 +401,7 @@ def stress(
         )
     scenario = Scenario(
         gen_s=gen_s, step_s=step_s, slow_factor=slow, jitter=jitter, long_tail=long_tail,
-        stall_s=stall_s, publish_delay_s=publish_delay_s, seed=seed,
+        stall_s=stall_s, publish_delay_s=publish_delay_s, max_in_flight=max_in_flight, seed=seed,
     )  # fmt: skip
     rows = run_sweep(
         base, out,

@@ -57,6 +57,7 @@ class Scenario:
     stall_s: float = 0.0  # producer p2 stalls this long after stall_after_s
     stall_after_s: float = 5.0
     publish_delay_s: float = 0.0
+    max_in_flight: int = 8  # leases a producer may hold (the staleness bound still caps them)
     seed: int = 0
 
 
@@ -77,7 +78,8 @@ def build_config(
     sets = [
         f"staleness.max_staleness={ms}", "staleness.publish_every=1", f"run.steps={steps}",
         f"run.seed={sc.seed}", f'run.dir="{run_dir}"', "net.control_port=0",
-        f"snapshot.delay_s={sc.publish_delay_s}", *is_overrides(is_mode),
+        f"snapshot.delay_s={sc.publish_delay_s}", f"producer.max_in_flight={sc.max_in_flight}",
+        *is_overrides(is_mode),
     ]  # fmt: skip
     if engine == "fake":
         sets += [
