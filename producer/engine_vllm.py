@@ -1,0 +1,497 @@
+"""The `vllm` engine: vLLM's `AsyncLLM` behind the `Engine` protocol, with in-place reloads.
+
+Owns: turning our `SamplingParams` into vLLM requests for the `n = G` samples of a group, many
+groups in flight at once (vLLM batches them continuously), converting vLLM's outputs into
+`Completion`s, and switching weights in place with per-token versions. Does not own: fetching
+or hash-checking snapshots (common/snapshot.py and the producer loop do that before `load_weights`).
+
+Sampling: `logprobs_mode="processed_logprobs"` makes vLLM report log-probs of the sampling
+distribution, `log_softmax(logits / T)`, the learner's rule (`consumer.loss.sampled_logprobs`).
+`top_p = 1` and `top_k = 0` always: truncated sampling would renormalise over a support that the
+learner does not see (config validation refuses other values). `generation_config="vllm"` keeps
+a checkpoint's `generation_config.json` from changing these defaults. Requests ask for
+`logprobs=0` (the sampled token only), `flat_logprobs=True` and `detokenize=False`.
+
+Two request paths; both know, at a weight switch, how many tokens each sample had received:
+- final (used when vLLM's client exposes its per-request token counts, `client_token_counter`;
+  vLLM 0.24 does): one request per sample (`n = 1`, seed + index when seeded, as vLLM's own
+  fan-out does), `FINAL_ONLY` outputs; at a switch the counts are read from vLLM's output
+  processor. Nothing is built per token beyond what vLLM builds anyway.
+- stream (fallback): one request with `n = G`, `DELTA` outputs counted as they arrive. Measured
+  on vLLM 0.24's real output processor (CPU, simulated engine core): about 3.5x the client CPU
+  per token of FINAL_ONLY, which can make the client the bottleneck of a small, fast model.
+
+Weight switch (`load_weights`), serialised by a lock; new `generate` calls wait at a gate while
+it runs. The mode is `reload_mode(in_flight, vcfg.inflight_updates)`:
+- "inflight": `pause_generation(mode="keep", clear_cache=True)` freezes running requests and
+  drops all KV, `collective_rpc("reload_weights", weights_path=dir)` loads in place, then
+  `resume_generation()`: frozen requests recompute their KV with the new weights. (Without
+  `clear_cache` they would continue on old-weight KV: |Δ logprob| 0.66 measured.)
+- "idle": reload, then `reset_prefix_cache()` (a stale prefix cache gave |Δ| 0.65 measured).
+  If vLLM still holds KV (it returns False, e.g. an abort in transit), the cache is cleared
+  through a pause/resume instead.
+- "drain" (inflight_updates off): wait until our in-flight requests finish, then as "idle".
+
+Per-token versions, exact: a paused engine does not step, so every token sampled before the
+pause was sampled with the old weights. Those tokens can still be in transit when
+`pause_generation` returns: the engine process sends step outputs and the pause's reply on one
+ordered socket, but the client resolves the reply at once while step outputs wait in a queue
+for vLLM's output-handler task and then in per-request collectors for our `generate` tasks. So
+the boundary is taken only after the reload RPC has returned (tens of ms later, all of it event
+loop time in which those tasks run) and the token counts have stopped moving (`_settle`):
+`RequestTrack.switch` records, per sample, (tokens received, new version); tokens from that
+index on carry the new version. A sample vLLM no longer (or not yet) knows counts as finished
+if its final output reached us, else as not started (0): a finished sample's final output is
+delivered in the same window. Requests waiting at the gate start after the switch and carry
+the new version from their first token (which may be newer than `version` when they called).
+
+Invariants (besides the contract in producer/engine.py):
+- `version` is -1 until the first `load_weights`; it changes only at a recorded boundary.
+- A snapshot is checked against the checkpoint the engine started from (tensor names and
+  shapes, from the safetensors headers) before anything is loaded: vLLM itself would only log a
+  warning for a missing tensor and keep the old one. A failed reload raises `SnapshotError`;
+  the version stays, generation is resumed, the gate reopens (vLLM copies tensor by tensor, so
+  a file that fails halfway may have replaced some weights; the pre-check makes that rare).
+- vLLM is imported only when an engine is built, so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from common.config import VllmConfig
+from common.errors import ConfigError, SnapshotError
+from producer.engine import Completion, SamplingParams
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "install with pip install -e '.[vllm]' on a CUDA machine"
+FINISH_REASONS = {"stop": "stop", "length": "length"}
+ReloadMode = Literal["inflight", "idle", "drain"]
+TIED_OPTIONAL = ("lm_head.weight",)  # tied models: vLLM ignores it; save_pretrained omits it
+
+
+def import_vllm() -> Any:
+    """The vllm module, or a ConfigError that says how to get it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ConfigError(
+            f"producer.engine = 'vllm' needs vLLM, which is not installed here: {INSTALL_HINT}"
+        ) from exc
+    return vllm
+
+
+# ------------------------------------------------------------------------------ pure parts
+def engine_kwargs(model_dir: Path, vcfg: VllmConfig, *, seed: int) -> dict[str, Any]:
+    """`AsyncEngineArgs` keyword arguments; `max_model_len` capped at the model's positions."""
+    max_len = vcfg.max_model_len
+    positions = json.loads((Path(model_dir) / "config.json").read_text()).get(
+        "max_position_embeddings"
+    )
+    if isinstance(positions, int) and positions < max_len:
+        log.info("vllm.max_model_len %d capped at the model's %d positions", max_len, positions)
+        max_len = positions
+    kw: dict[str, Any] = {
+        "model": str(model_dir),
+        "dtype": vcfg.dtype,
+        "gpu_memory_utilization": vcfg.gpu_memory_utilization,
+        "max_model_len": max_len,
+        "enforce_eager": vcfg.enforce_eager,
+        "max_num_seqs": vcfg.max_num_seqs,
+        "seed": seed,
+        "logprobs_mode": "processed_logprobs",
+        "generation_config": "vllm",
+        "enable_prefix_caching": True,
+    }
+    if vcfg.attention_backend:
+        kw["attention_backend"] = vcfg.attention_backend
+    return kw
+
+
+def sampling_kwargs(params: SamplingParams, *, index: int | None = None) -> dict[str, Any]:
+    """`vllm.SamplingParams` keyword arguments (the caller adds output_kind): the whole group,
+    or with `index` its sample `index` alone (n = 1, seed + index), as vLLM's fan-out does."""
+    assert params.n >= 1
+    assert params.max_new_tokens >= 1
+    assert params.temperature > 0, "config validation keeps sampling.temperature > 0"
+    seed = params.seed
+    if index is not None and seed is not None:
+        seed += index
+    return {
+        "n": params.n if index is None else 1,
+        "temperature": params.temperature,
+        "top_p": 1.0,
+        "top_k": 0,  # 0 = off in vLLM 0.24 (-1 is still accepted)
+        "max_tokens": params.max_new_tokens,
+        "seed": seed,
+        "stop_token_ids": list(params.stop_token_ids),
+        "logprobs": 0,  # the sampled token's log-prob only
+        "flat_logprobs": True,  # a few flat lists per sample instead of a dict per token
+        "detokenize": False,
+    }
+
+
+def finish_reason(vllm_reason: str | None) -> str:
+    """vLLM's finish reason as ours; anything else (abort, error, unfinished) is a bug here."""
+    if vllm_reason not in FINISH_REASONS:
+        raise RuntimeError(f"vLLM finished a sample with reason {vllm_reason!r}")
+    return FINISH_REASONS[vllm_reason]
+
+
+def sampled_token_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
+    """Log-prob of `token_ids[i]` at each position, from vLLM's per-position logprobs.
+
+    `logprobs` is a list of {token_id: Logprob} or a FlatLogprobs (flat lists with the start of
+    each position); with `logprobs=0` a position holds exactly the sampled token. An output
+    with no new token carries no positions (vLLM's delta slice `[-0:]` would be everything).
+    """
+    if len(token_ids) == 0:
+        return []
+    assert logprobs is not None, "requests ask for logprobs=0"
+    assert len(logprobs) == len(token_ids), "one logprobs position per sampled token"
+    starts = getattr(logprobs, "start_indices", None)
+    flat_ids = getattr(logprobs, "token_ids", None)
+    if starts is not None and [flat_ids[s] for s in starts] == list(token_ids):
+        return [logprobs.logprobs[s] for s in starts]
+    return [logprobs[i][t].logprob for i, t in enumerate(token_ids)]
+
+
+def token_versions(
+    length: int, start_version: int, boundaries: Iterable[tuple[int, int]]
+) -> np.ndarray:
+    """int32 [length]: `start_version`, then from each (count, version) boundary on, `version`."""
+    out = np.full(length, start_version, np.int32)
+    for count, version in boundaries:
+        out[count:] = version
+    return out
+
+
+def reload_mode(num_in_flight: int, inflight_updates: bool) -> ReloadMode:
+    if num_in_flight == 0:
+        return "idle"
+    return "inflight" if inflight_updates else "drain"
+
+
+def safetensors_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape over every `*.safetensors` in `directory`, from the headers only."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        try:
+            with open(path, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+        except (OSError, ValueError, struct.error) as exc:
+            raise SnapshotError(f"cannot read safetensors header of {path}: {exc}") from None
+        shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def check_snapshot_fits(
+    snapshot: dict[str, tuple[int, ...]],
+    base: dict[str, tuple[int, ...]],
+    where: Path,
+    *,
+    optional: Sequence[str] = (),
+) -> None:
+    """SnapshotError unless the snapshot holds the base checkpoint's tensors with their shapes.
+
+    `optional` names may be absent on either side (a tied `lm_head.weight`).
+    """
+    missing = sorted(set(base) - set(snapshot) - set(optional))
+    unexpected = sorted(set(snapshot) - set(base) - set(optional))
+    wrong = [
+        f"{k} {list(snapshot[k])} != {list(base[k])}"
+        for k in snapshot
+        if k in base and snapshot[k] != base[k]
+    ]
+    found = {"missing": missing, "unexpected": unexpected, "wrong shape": wrong}
+    problems = [
+        f"{label}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+        for label, keys in found.items()
+        if keys
+    ]
+    if not snapshot:
+        problems.insert(0, "no *.safetensors file")
+    if problems:
+        raise SnapshotError(f"snapshot {where} does not fit the model ({'; '.join(problems)})")
+
+
+class RequestTrack:
+    """The samples of one group as their outputs arrive, and the group's version boundaries.
+
+    `child_ids`: the vLLM request id of each sample (final path), or None (one streamed request).
+    Token ids and log-probs are copied out of vLLM's output objects at once, so those objects
+    die young (keeping them alive made the garbage collector a visible cost per token).
+    """
+
+    def __init__(self, n: int, start_version: int, child_ids: list[str] | None = None) -> None:
+        self.n = n
+        self.start_version = start_version
+        self.child_ids = child_ids
+        self.ids: list[list[int]] = [[] for _ in range(n)]
+        self.logps: list[list[float]] = [[] for _ in range(n)]
+        self.finish: list[str | None] = [None] * n
+        self.boundaries: list[tuple[tuple[int, ...], int]] = []  # (tokens per sample, version)
+
+    def add(self, request_output: Any, index: int | None = None) -> None:
+        """Append a DELTA output's samples, or (with `index`) the final output of one sample."""
+        for c in request_output.outputs:
+            i = c.index if index is None else index
+            self.ids[i].extend(c.token_ids)
+            self.logps[i].extend(sampled_token_logprobs(c.token_ids, c.logprobs))
+            if c.finish_reason is not None:
+                self.finish[i] = c.finish_reason
+
+    def counts(self, client_count: Callable[[str], int] | None) -> tuple[int, ...]:
+        """Tokens received per sample: our own, or vLLM's client counts for unfinished samples."""
+        if self.child_ids is None or client_count is None:
+            return tuple(len(ids) for ids in self.ids)
+        return tuple(
+            len(self.ids[i]) if self.finish[i] is not None else client_count(child)
+            for i, child in enumerate(self.child_ids)
+        )
+
+    def switch(self, version: int, counts: Sequence[int]) -> None:
+        self.boundaries.append((tuple(counts), version))
+
+    def completions(self) -> list[Completion]:
+        out = []
+        for i, ids in enumerate(self.ids):
+            assert ids, f"sample {i} of {self.n} produced no token"
+            bounds = [(counts[i], version) for counts, version in self.boundaries]
+            out.append(
+                Completion(
+                    token_ids=np.asarray(ids, np.int32),
+                    logprobs=np.minimum(np.asarray(self.logps[i], np.float32), 0.0),
+                    finish_reason=finish_reason(self.finish[i]),
+                    versions=token_versions(len(ids), self.start_version, bounds),
+                )
+            )
+        return out
+
+
+def client_token_counter(llm: Any) -> Callable[[str], int] | None:
+    """Tokens vLLM's client has received for a request id (0 for an id it does not know), read
+    from its output processor: `external_req_ids[id]` -> internal id -> `request_states[...]`
+    `.detokenizer.num_output_tokens()` (vLLM 0.24). None where those are missing."""
+    op = getattr(llm, "output_processor", None)
+    if not (hasattr(op, "external_req_ids") and hasattr(op, "request_states")):
+        return None
+
+    def count(request_id: str) -> int:
+        internal = op.external_req_ids.get(request_id)
+        state = op.request_states.get(internal[0]) if internal else None
+        return int(state.detokenizer.num_output_tokens()) if state is not None else 0
+
+    return count
+
+
+# ------------------------------------------------------------------------------ the engine
+def start_async_llm(model_dir: Path, vcfg: VllmConfig, *, seed: int) -> Any:
+    """Start vLLM's AsyncLLM on `model_dir` (forks the engine process unless CUDA is up here)."""
+    import_vllm()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(model_dir, vcfg, seed=seed)))
+
+
+def vllm_sampling_params(kwargs: dict[str, Any], stream: bool) -> Any:
+    """A `vllm.SamplingParams` from `sampling_kwargs`: DELTA outputs if `stream`, else final."""
+    vllm = import_vllm()
+    from vllm.sampling_params import RequestOutputKind
+
+    kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    return vllm.SamplingParams(**kwargs, output_kind=kind)
+
+
+class VLLMEngine:
+    """vLLM's AsyncLLM behind the `Engine` protocol (producer/engine.py); see the module doc.
+
+    Metrics of the last weight switch: `last_mode`, `last_wait_s` (waiting for requests to
+    finish, "drain" only), `last_pause_s` (no token generated: pause to resume, or the idle
+    switch), `last_reload_s` (the reload RPC alone). `llm` takes an already started AsyncLLM
+    (or, with `make_sampling`, a stand-in in CPU tests) instead of starting one.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        vcfg: VllmConfig,
+        *,
+        seed: int = 0,
+        llm: Any = None,
+        make_sampling: Callable[[dict[str, Any], bool], Any] = vllm_sampling_params,
+    ) -> None:
+        self._vcfg = vcfg
+        self._make_sampling = make_sampling
+        self._base_shapes = safetensors_shapes(Path(model_dir))
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        self._optional = TIED_OPTIONAL if config.get("tie_word_embeddings") else ()
+        self._llm = llm if llm is not None else start_async_llm(Path(model_dir), vcfg, seed=seed)
+        self._vocab = int(self._llm.model_config.get_vocab_size())
+        self._count = client_token_counter(self._llm)  # None: stream deltas
+        self._version = -1
+        self._ids = itertools.count()
+        self._id_prefix = f"asyncgrpo-{os.getpid()}-{id(self):x}"
+        self._active: dict[str, RequestTrack] = {}
+        self._open = asyncio.Event()  # cleared while weights switch: new requests wait
+        self._open.set()
+        self._idle = asyncio.Event()  # set when no request is in flight
+        self._idle.set()
+        self._switch_lock = asyncio.Lock()
+        self._closed = False
+        self.last_mode = ""
+        self.last_wait_s = self.last_pause_s = self.last_reload_s = 0.0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._active)
+
+    @property
+    def request_path(self) -> str:
+        """`final` (one request per sample, final outputs) or `stream` (see the module doc)."""
+        return "stream" if self._count is None else "final"
+
+    @property
+    def async_llm(self) -> Any:
+        """The underlying AsyncLLM (benchmarks compare against it; nothing else should use it)."""
+        return self._llm
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        """`params.n` samples of one prompt (request paths: module doc)."""
+        assert len(prompt_ids) >= 1, "an empty prompt has nothing to condition on"
+        while not self._open.is_set():  # a weight switch is running: start after it
+            await self._open.wait()
+        request_id = f"{self._id_prefix}-{next(self._ids)}"
+        prompt = {"prompt_token_ids": list(prompt_ids)}
+        children = None if self._count is None else [f"{request_id}-{j}" for j in range(params.n)]
+        track = RequestTrack(params.n, self._version, children)
+        self._active[request_id] = track
+        self._idle.clear()
+        try:
+            if children is None:
+                sampling = self._make_sampling(sampling_kwargs(params), True)
+                async for output in self._llm.generate(prompt, sampling, request_id):
+                    track.add(output)
+            else:
+                await self._final_outputs(prompt, params, children, track)
+        finally:
+            del self._active[request_id]
+            if not self._active:
+                self._idle.set()
+        return track.completions()
+
+    async def _final_outputs(
+        self,
+        prompt: dict[str, Any],
+        params: SamplingParams,
+        children: list[str],
+        track: RequestTrack,
+    ) -> None:
+        async def one(index: int, child_id: str) -> None:
+            sampling = self._make_sampling(sampling_kwargs(params, index=index), False)
+            final = None
+            async for output in self._llm.generate(prompt, sampling, child_id):
+                final = output
+            track.add(final, index)
+
+        tasks = [asyncio.ensure_future(one(j, child)) for j, child in enumerate(children)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # an error or a cancellation stops the siblings (vLLM aborts them)
+            for task in tasks:
+                task.cancel()
+
+    async def load_weights(self, directory: Path, version: int) -> None:
+        """Switch to `directory`'s weights in place; mode and metrics as in the module doc."""
+        directory = Path(directory)
+        shapes = safetensors_shapes(directory)
+        check_snapshot_fits(shapes, self._base_shapes, directory, optional=self._optional)
+        async with self._switch_lock:
+            self._open.clear()
+            try:
+                await self._switch(directory, version)
+            finally:
+                self._open.set()
+
+    async def _switch(self, directory: Path, version: int) -> None:
+        llm = self._llm
+        mode = reload_mode(len(self._active), self._vcfg.inflight_updates)
+        t_wait = time.perf_counter()
+        if mode == "drain":
+            await self._idle.wait()
+        t_pause = time.perf_counter()
+        paused = False
+        try:
+            if mode == "inflight":
+                await llm.pause_generation(mode="keep", clear_cache=True)
+                paused = True
+            await self._reload(directory)
+            if mode == "inflight":
+                await self._settle()
+            elif not await llm.reset_prefix_cache():
+                log.warning("reset_prefix_cache refused (KV still held); clearing via a pause")
+                await llm.pause_generation(mode="keep", clear_cache=True)
+                paused = True
+            self._set_version(version)
+        finally:
+            if paused:
+                await llm.resume_generation()
+        self.last_mode = mode
+        self.last_wait_s = t_pause - t_wait
+        self.last_pause_s = time.perf_counter() - t_pause
+
+    async def _reload(self, directory: Path) -> None:
+        t0 = time.perf_counter()
+        try:
+            await self._llm.collective_rpc(
+                "reload_weights", kwargs={"weights_path": str(directory)}
+            )
+        except Exception as exc:  # the engine's error type varies; the producer keeps going
+            raise SnapshotError(f"vLLM could not reload weights from {directory}: {exc}") from exc
+        self.last_reload_s = time.perf_counter() - t0
+
+    async def _settle(self, max_rounds: int = 100) -> None:
+        """Let outputs already sent by the paused engine reach our tracks (see module doc)."""
+        seen = -1
+        for _ in range(max_rounds):
+            now = sum(sum(t.counts(self._count)) for t in self._active.values())
+            if now == seen:
+                return
+            seen = now
+            for _ in range(3):
+                await asyncio.sleep(0)
+
+    def _set_version(self, version: int) -> None:
+        """The boundary: no await between recording it and changing `version`."""
+        for track in self._active.values():
+            track.switch(version, track.counts(self._count))
+        self._version = version
+
+    async def close(self) -> None:
+        """Shut the engine (and its process) down. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._llm.shutdown()
