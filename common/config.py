@@ -45,7 +45,7 @@ def _f(default: Any, help: str, *, choices: tuple[Any, ...] = ()) -> Any:
 @dataclass(frozen=True, slots=True)
 class RunConfig:
     dir: str = _f(
-        "", "Run directory; empty = runs/<timestamp>. Holds config, metrics, ledger, snapshots."
+        "", "Run directory; empty = runs/TIMESTAMP. Holds config, metrics, ledger, snapshots."
     )
     seed: int = _f(0, "Seed for prompts order, sampling and initialisation.")
     steps: int = _f(

@@ -9,7 +9,9 @@ and fake-engine producers never import torch.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +31,7 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode="markdown",  # docstring paragraphs are re-flowed to the terminal width
     pretty_exceptions_enable=False,
 )
 config_app = typer.Typer(help="Inspect the configuration keys.", no_args_is_help=True)
@@ -94,7 +97,15 @@ def make_run_dir(cfg: C.Config) -> Path:
     return run_dir
 
 
-@app.command()
+@app.command(
+    epilog=(
+        "Example, one machine (then start producers with `asyncgrpo producer`):\n\n"
+        "`asyncgrpo consumer --run-dir runs/mine --model demo --steps 200`\n\n"
+        "Across machines (CurveZMQ keys from `asyncgrpo keys keys/`):\n\n"
+        "`asyncgrpo consumer --bind 0.0.0.0 --keys keys/ --model /models/qwen`\n\n"
+        "Every config key: `asyncgrpo config show`."
+    )
+)
 def consumer(
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -118,7 +129,7 @@ def consumer(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the run directory's checkpoint.")
     ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False,
 ) -> None:
     """Run the learner: lease prompts, receive groups, train, publish snapshots."""
     flags = {
@@ -140,7 +151,13 @@ def consumer(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(
+    epilog=(
+        "The sampling settings, G, the rewards and the model come from the consumer.\n\n"
+        "`asyncgrpo producer --connect tcp://127.0.0.1:5555 --engine hf`\n\n"
+        "`asyncgrpo producer --connect tcp://10.0.0.1:5555 --keys keys/ --engine vllm`"
+    )
+)
 def producer(
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -162,7 +179,7 @@ def producer(
     keys: KeysOpt = None,
     insecure: InsecureOpt = False,
     log_file: Annotated[Path | None, typer.Option(help="Also log to this file.")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False,
 ) -> None:
     """Run a producer: sample groups for the consumer's leases; reload its snapshots."""
     flags = {
@@ -209,7 +226,7 @@ def launch(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     run_dir: Annotated[
-        str | None, typer.Option("--run-dir", help="Run directory (default: runs/<timestamp>).")
+        str | None, typer.Option("--run-dir", help="Run directory (default: runs/TIMESTAMP).")
     ] = None,
     steps: Annotated[int | None, typer.Option(help="run.steps: optimizer steps to take.")] = None,
     producers: Annotated[int, typer.Option(help="Producer processes to start.")] = 2,
@@ -323,16 +340,16 @@ def _ints(text: str, name: str) -> list[int]:
 
 @app.command(
     epilog=(
-        "Example (transport and scheduling only, ~3 minutes): asyncgrpo stress --out runs/sweep "
-        "--max-staleness 0,1,2,4 --engine fake --steps 30 --gen-s 0.5 --step-s 0.5. "
-        "With learning: asyncgrpo stress --out runs/sweep-demo --engine demo "
-        "--max-staleness 0,2 --steps 150."
+        "Examples. Transport and scheduling only (about 3 minutes):\n\n"
+        "`asyncgrpo stress --out runs/sweep --max-staleness 0,1,2,4 --engine fake --steps 30`\n\n"
+        "With learning (the demo model; about 2 minutes per setting):\n\n"
+        "`asyncgrpo stress --out runs/sweep-demo --engine demo --max-staleness 0,1,2,4 --steps 150`"
     )
 )
 def stress(
     out: Annotated[
         Path,
-        typer.Option(help="Sweep directory: results.csv, summary.md, plots/, runs/<setting>/."),
+        typer.Option(help="Sweep directory: results.csv, summary.md, plots/, runs/SETTING/."),
     ],
     max_staleness: Annotated[
         str,
@@ -469,11 +486,28 @@ def config_docs() -> None:
     """Print the Markdown table of every config key (the README's reference)."""
     typer.echo("| key | type | default | meaning |\n|---|---|---|---|")
     for key, tname, default, text in C.field_help():
-        shown = repr(default) if not isinstance(default, list) else str(default)
+        shown = _toml_value(default)
         typer.echo(f"| `{key}` | {tname} | `{shown}` | {text} |")
 
 
+def _toml_value(value: object) -> str:
+    """A default as it would be written in a TOML file (dataclass items as inline tables)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = ", ".join(f"{k} = {_toml_value(v)}" for k, v in dataclasses.asdict(value).items())
+        return "{" + fields + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value + '"'
+    return repr(value)
+
+
 def main() -> None:
+    # transformers' per-file progress bars ("Loading weights", "Writing model shards") would
+    # interleave with our own progress display; children inherit the setting.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     app()
 
 
