@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """The vLLM producer on a real GPU, in one call: log-prob agreement, throughput, reload latency.
 
-Runs on the lent GPU machine after shared/device's install (vLLM 0.24.0 in /tmp/site):
+Runs on one CUDA GPU (Hopper; tried with vLLM 0.24.0, FLASH_ATTN) with the project and vLLM
+importable (`pip install -e '.[vllm]'`, or vLLM unpacked elsewhere and put on PYTHONPATH), no
+network needed (every model is built here); about 9 minutes for all phases on an H100:
 
-    export PYTHONPATH=/tmp/site:. VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1
-    PYTHONUNBUFFERED=1 python3 bench/device_vllm.py all --out "$OUT"
+    export PYTHONPATH=.:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1
+    PYTHONUNBUFFERED=1 python3 bench/device_vllm.py all --phases build,qwen05,demo --out OUT
+    PYTHONUNBUFFERED=1 python3 bench/device_vllm.py all --phases pipeline --out OUT
+
+It prints a table and writes OUT/device_vllm.json with every number, one log per phase.
 
 Phases (each in its own process, so GPU memory is returned and vLLM can fork its engine before
 CUDA is initialised in that process; results in $OUT/<phase>.json, logs in $OUT/<phase>.log):
@@ -12,7 +17,7 @@ CUDA is initialised in that process; results in $OUT/<phase>.json, logs in $OUT/
   2 KV heads, intermediate 4864, vocab 151936, tied embeddings; bf16), model A and a perturbed
   copy B, with a byte-level BPE tokenizer trained here (4096 tokens; the model's vocabulary is
   padded up to Qwen's size). Also checks which of the project's imports the image lacks.
-- `qwen05` (issue 7 items 4a-c): `VLLMEngine` on A.
+- `qwen05`: `VLLMEngine` on A.
   a) behaviour log-probs vs a learner-style transformers forward (float32 and bf16) of the same
      weights, `consumer.loss.sampled_logprobs` at the sampling temperature, before and after an
      idle reload to B, at each temperature; and three in-flight reloads during which tokens
@@ -22,8 +27,10 @@ CUDA is initialised in that process; results in $OUT/<phase>.json, logs in $OUT/
      same AsyncLLM driven directly with FINAL_ONLY outputs, same settings and prompts.
   c) publish + reload: the learner's state dict to CPU bf16, safetensors bytes, BLAKE3, atomic
      snapshot write (common/snapshot.py), then `load_weights` with requests in flight.
-- `demo`: a) on the embedded demo model (launch/demo_model.py), if that module exists.
-- `pipeline`: HOOK for item 4d (one-GPU consumer + producer run), filled in by the coordinator.
+- `demo`: a) on the embedded demo model (launch/demo_model.py).
+- `pipeline`: one GPU, two processes: the consumer (learner) and a vLLM producer through the CLI
+  (bench/gpu_pipeline.py), on the demo model and on the 0.5B shape; idle fraction, tokens/s and
+  step-to-reload latency.
 
 Definitions: for a sampled token, d = logp_learner - logp_vllm; TIS weight w = min(exp(d), 2);
 "truncated" = exp(d) > 2. Pause = seconds in which the engine generated nothing for the switch.
@@ -513,9 +520,9 @@ async def _demo(a_dir: Path, b_dir: Path, res: dict[str, Any]) -> dict[str, Any]
     return res
 
 
-# ------------------------------------------------------------------------------ 4d hook
+# ------------------------------------------------------------------------------ pipeline
 def phase_pipeline(work: Path) -> dict[str, Any]:
-    """Issue 7 item 4d: consumer and producer as separate processes on one GPU (vLLM with a
+    """Consumer and producer as separate processes on one GPU (vLLM with a
     memory fraction, the learner beside it), through the CLI (bench/gpu_pipeline.py): the demo
     model learning the synthetic task, then the 0.5B shape (random weights, so every reward is
     0: zero-variance groups are kept to exercise the whole step)."""

@@ -265,6 +265,12 @@ class Producer:
                 log.info("loaded weights v%d", target.version)
                 self.state.changed.bump()
             except (SnapshotError, Rejected, TimeoutError) as exc:
+                if self.state.target is not target:
+                    # A newer snapshot was announced meanwhile; the consumer keeps only the last
+                    # few, so this one may simply have been rotated away. Go to the newer one.
+                    self.state.count("snapshots_superseded")
+                    log.info("snapshot v%d superseded before it was loaded", target.version)
+                    continue
                 self.state.count("snapshot_failures")
                 log.warning(
                     "snapshot v%d not loaded (%s); keeping v%d",
@@ -272,7 +278,10 @@ class Producer:
                     exc,
                     self.engine.version,
                 )
-                await asyncio.sleep(1.0)
+                # Back off, but take a newer announcement at once.
+                deadline = time.monotonic() + 1.0
+                while self.state.target is target and (left := deadline - time.monotonic()) > 0:
+                    await self.state.changed.wait(self.state.changed.count, left)
 
     async def lease_loop(self, tg: asyncio.TaskGroup) -> None:
         assert self.engine is not None
