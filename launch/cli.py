@@ -65,10 +65,16 @@ def load_config(config: Path | None, sets: list[str] | None, flags: dict[str, ob
 
 
 def _toml_value(v: object) -> str:
+    """`v` as a TOML value (for --set overrides and the config table; dataclasses as tables)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str | Path):
         return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        fields = ", ".join(f"{k} = {_toml_value(x)}" for k, x in dataclasses.asdict(v).items())
+        return "{" + fields + "}"
     return str(v)
 
 
@@ -488,20 +494,6 @@ def config_docs() -> None:
     for key, tname, default, text in C.field_help():
         shown = _toml_value(default)
         typer.echo(f"| `{key}` | {tname} | `{shown}` | {text} |")
-
-
-def _toml_value(value: object) -> str:
-    """A default as it would be written in a TOML file (dataclass items as inline tables)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = ", ".join(f"{k} = {_toml_value(v)}" for k, v in dataclasses.asdict(value).items())
-        return "{" + fields + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value + '"'
-    return repr(value)
 
 
 def main() -> None:

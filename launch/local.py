@@ -153,6 +153,7 @@ class Supervisor:
                 "producer %s exited with %s: restart %d", child.name, exit_code, child.restarts
             )
             child.start()
+            self.record_pids()
         return None
 
     def alive(self) -> list[str]:

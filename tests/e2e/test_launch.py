@@ -97,3 +97,32 @@ def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snap
     model, _ = load_model(final)  # a complete HF model directory
     assert model.num_parameters() > 0
     assert (run_dir / "checkpoint" / "state.json").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_producer_that_dies_is_restarted_and_the_run_finishes(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    launcher = cli(
+        "launch", "--run-dir", str(run_dir), "--steps", "40", "--no-live", "--no-eval",
+        "--engine", "fake", "--set", f"model.path={tiny_model_dir}",
+        "--set", "sampling.group_size=4", "--set", "train.prompts_per_step=4",
+        "--set", "train.eval_every=0", "--set", "fake.latency_s=0.05",
+        log=tmp_path / "launch.log",
+    )  # fmt: skip
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and len(read_jsonl(metrics)) >= 3, timeout_s=200,
+                 what="3 steps", procs=[launcher])  # fmt: skip
+        victim = json.loads((run_dir / "processes.json").read_text())["p1"][0]
+        psutil.Process(victim).kill()
+        assert launcher.wait(240) == 0, (tmp_path / "launch.log").read_text()[-3000:]
+    finally:
+        stop(launcher)
+    pids = json.loads((run_dir / "processes.json").read_text())
+    assert len(pids["p1"]) == 2, pids  # the original and its replacement
+    assert pids["p1"][0] == victim
+    assert "producer p1 exited with -9: restart 1" in (tmp_path / "launch.log").read_text()
+    ledger = ledger_balances(run_dir)
+    assert ledger["balance"]["trained"] == 40 * 4
+    assert len(read_jsonl(run_dir / "metrics.jsonl")) == 40
+    no_child_survives(run_dir)
