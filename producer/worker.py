@@ -76,6 +76,7 @@ class State:
     producer_id: str
     run_id: str = ""
     target: wire.SnapshotInfo | None = None  # newest snapshot the consumer has announced
+    weights_run: str = ""  # run id of the consumer whose snapshot the engine holds
     finished: bool = False
     in_flight: set[int] = field(default_factory=set)
     counters: dict[str, float] = field(default_factory=dict)
@@ -185,10 +186,13 @@ class Producer:
         self.state.run_id = status.run_id
         if self.outbox is not None:
             self.outbox.acknowledge(status.acks)
-        if status.snapshot is not None and (
-            self.state.target is None
-            or status.snapshot.version > self.state.target.version
-            or restarted
+        if restarted:
+            # A resumed consumer may stand at an older version than the weights we hold (it
+            # restarts from its last checkpoint): forget the old run's snapshots, even when
+            # the new one has published none yet, so that its lower versions are taken.
+            self.state.target = status.snapshot
+        elif status.snapshot is not None and (
+            self.state.target is None or status.snapshot.version > self.state.target.version
         ):
             self.state.target = status.snapshot
         self.state.finished = status.finished
@@ -252,14 +256,17 @@ class Producer:
         assert self.engine is not None
         while True:
             seen = self.state.changed.count
-            target = self.state.target
-            if target is None or target.version == self.engine.version:
+            target, run = self.state.target, self.state.run_id
+            if target is None or (
+                target.version == self.engine.version and self.state.weights_run == run
+            ):
                 await self.state.changed.wait(seen, 5.0)
                 continue
             try:
                 directory = await self._fetch(target)
                 t0 = time.perf_counter()
                 await self.engine.load_weights(directory, target.version)
+                self.state.weights_run = run
                 self.state.count("reloads")
                 self.state.count("reload_s", time.perf_counter() - t0)
                 log.info("loaded weights v%d", target.version)
@@ -314,7 +321,12 @@ class Producer:
         busy = False
         try:
             t0 = time.perf_counter()
-            while self.engine.version < lease.min_version:  # the staleness bound, by construction
+            # The staleness bound, by construction; and never weights of a consumer incarnation
+            # that has been replaced (a resume may have rolled the versions back).
+            while (
+                self.engine.version < lease.min_version
+                or self.state.weights_run != self.state.run_id
+            ):
                 await self.state.changed.wait(self.state.changed.count, 1.0)
             await self._maybe_stall()
             self._busy(+1)
@@ -427,8 +439,11 @@ class Producer:
     def _state_name(self) -> str:
         if self.engine is None:
             return "starting"
-        if self.state.target is not None and self.state.target.version != self.engine.version:
-            return "loading"
+        target = self.state.target
+        if self.state.weights_run != self.state.run_id or (
+            target is not None and target.version != self.engine.version
+        ):
+            return "loading"  # or waiting for this consumer's first snapshot
         return "generating" if self.state.in_flight else "idle"
 
     def _counters(self) -> dict[str, float]:

@@ -31,16 +31,16 @@ def consumer(tmp_path: Path, run_dir: Path, steps: int, *extra: str, log: str = 
         "net.resend_after_s=2", "train.checkpoint_every=5", "staleness.max_staleness=2",
         "task.source=jsonl", f"task.path={prompts_file(tmp_path)}",
     ]  # fmt: skip
-    args = ["consumer", "--run-dir", str(run_dir), "--steps", str(steps), *extra]
+    args = ["consumer", "--run-dir", str(run_dir), "--steps", str(steps)]
     for s in sets:
         args += ["--set", s]
-    return cli(*args, log=tmp_path / log)
+    return cli(*args, *extra, log=tmp_path / log)  # extra last: its --set wins
 
 
-def producer(tmp_path: Path, ep: str, name: str, log: str | None = None):
+def producer(tmp_path: Path, ep: str, name: str, log: str | None = None, latency_s: float = 0.05):
     return cli(
         "producer", "--connect", ep, "--engine", "fake", "--id", name,
-        "--set", "fake.latency_s=0.05", "--set", "net.heartbeat_s=0.2",
+        "--set", f"fake.latency_s={latency_s}", "--set", "net.heartbeat_s=0.2",
         log=tmp_path / (log or f"{name}.log"),
     )  # fmt: skip
 
@@ -92,11 +92,14 @@ def test_a_killed_consumer_resumes_from_its_checkpoint_and_producers_reconnect(t
 @pytest.mark.timeout(300)
 def test_a_killed_producer_is_replaced_and_its_leases_are_reissued(tmp_path):
     run_dir = tmp_path / "run"
-    cons = consumer(tmp_path, run_dir, 25)
+    # A long producer timeout: the victim's leases can only end through the replacement's
+    # registration (which says what it holds), not through silence, however slowly it starts.
+    cons = consumer(tmp_path, run_dir, 25, "--set", "net.producer_timeout_s=120")
     procs = [cons]
     try:
         ep = endpoint(run_dir, procs)
-        victim = producer(tmp_path, ep, "p1")
+        # The victim generates slowly, so it is certainly holding leases when it is killed.
+        victim = producer(tmp_path, ep, "p1", latency_s=30.0)
         procs += [victim, producer(tmp_path, ep, "p2")]
         wait_for(lambda: steps_done(run_dir) >= 5, timeout_s=120, what="5 steps", procs=procs)
         victim.send_signal(signal.SIGKILL)

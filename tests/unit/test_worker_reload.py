@@ -106,3 +106,71 @@ async def test_failed_snapshot_is_counted_and_a_newer_one_taken_without_waiting(
     finally:
         shutil.rmtree(producer.cache, ignore_errors=True)
         ctx.destroy(linger=0)
+
+
+class LoadingProducer(Producer):
+    """Every announced snapshot loads (the engine is the fake one)."""
+
+    async def _fetch(self, target: wire.SnapshotInfo) -> Path:
+        return self.cache
+
+
+async def test_a_resumed_consumer_at_a_lower_version_replaces_the_weights_we_hold() -> None:
+    """The consumer died after publishing v12 and resumed from its v10 checkpoint: the producer
+    must drop v12 (another lineage), take v10 although it is lower, and start no lease before."""
+    ctx = zmq.asyncio.Context()
+    producer = LoadingProducer(C.Config(), ctx)
+    try:
+        producer.engine = FakeEngine(vocab_size=16, eos_token_id=15, seed=0)
+        assert not producer._on_status(wire.Status("run-0", 12, info(12)))
+        await run_weights_loop(producer, until_version=12)
+        assert producer._state_name() == "idle"
+
+        # The new incarnation answers before it has published anything.
+        assert producer._on_status(wire.Status("run-1", 10, None))
+        assert producer.state.target is None
+        assert producer._state_name() == "loading"  # v12 is not usable for run-1's leases
+
+        # Its first snapshot, v10, is lower than what the engine holds: it is taken anyway.
+        assert not producer._on_status(wire.Status("run-1", 10, info(10)))
+        assert producer.state.target == info(10)
+        task = asyncio.create_task(producer.weights_loop())
+        try:
+            async with asyncio.timeout(30):
+                while producer.engine.version != 10:
+                    await producer.state.changed.wait(producer.state.changed.count, 1.0)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert producer.state.weights_run == "run-1"
+        assert producer._state_name() == "idle"
+    finally:
+        shutil.rmtree(producer.cache, ignore_errors=True)
+        ctx.destroy(linger=0)
+
+
+async def test_same_version_from_a_new_incarnation_is_reloaded() -> None:
+    """v12 of a resumed run is not v12 of the run that died (training diverged after the
+    checkpoint): equal version numbers must not skip the reload."""
+    ctx = zmq.asyncio.Context()
+    producer = LoadingProducer(C.Config(), ctx)
+    try:
+        producer.engine = FakeEngine(vocab_size=16, eos_token_id=15, seed=0)
+        producer._on_status(wire.Status("run-0", 12, info(12)))
+        await run_weights_loop(producer, until_version=12)
+        assert producer._on_status(wire.Status("run-1", 12, info(12)))
+        assert producer._state_name() == "loading"
+        task = asyncio.create_task(producer.weights_loop())
+        try:
+            async with asyncio.timeout(30):
+                while producer.state.weights_run != "run-1":
+                    await producer.state.changed.wait(producer.state.changed.count, 1.0)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert producer.state.counters["reloads"] == 2
+    finally:
+        shutil.rmtree(producer.cache, ignore_errors=True)
+        ctx.destroy(linger=0)
