@@ -23,9 +23,10 @@ Recipe (`Recipe`; its `name` is part of the cache directory, so a new recipe reb
   problems without a carry, 1% on the others; 15.3% on a second machine, whose CPU float kernels
   trained a slightly different model from the same seed); sampling at temperature 1 is right 13%
   of the time and 57% of groups of 8 samples hold a right answer. That is the regime where GRPO
-  with a 0/1 correctness reward has a clear signal: it teaches the model to carry (throwaway on-
-  policy GRPO, 8 prompts x 8 samples, AdamW lr 1e-4: 19.5% → ~60% in 150 steps, ~15 s of CPU; lr
-  3e-4 is too large for this model and learns erratically). The build takes ~25 s on one CPU core.
+  with a 0/1 correctness reward has a clear signal: it teaches the model to carry (throwaway
+  on-policy GRPO, 8 prompts x 8 samples, AdamW lr 1e-4: 19.5% → ~60% in 150 steps, ~15 s of CPU;
+  lr 3e-4 is too large for this model and learns erratically). The build takes ~25 s on one CPU
+  core.
 
 Determinism: one CPU thread, `torch.use_deterministic_algorithms`, the global RNG forked and
 seeded, data from a `torch.Generator(seed)`: two builds with the same seed, recipe and torch build
