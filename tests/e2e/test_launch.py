@@ -34,6 +34,23 @@ def ledger_balances(run_dir: Path) -> dict:
     return ledger
 
 
+def fake_launch(tmp_path: Path, model_dir: Path, *, steps: int, latency_s: float):
+    """`asyncgrpo launch` with the fake engine on the tiny model (scheduling, not learning)."""
+    return cli(
+        "launch", "--run-dir", str(tmp_path / "run"), "--steps", str(steps), "--no-live",
+        "--no-eval", "--engine", "fake", "--set", f"model.path={model_dir}",
+        "--set", "sampling.group_size=4", "--set", "train.prompts_per_step=4",
+        "--set", "train.eval_every=0", "--set", f"fake.latency_s={latency_s}",
+        log=tmp_path / "launch.log",
+    )  # fmt: skip
+
+
+def wait_for_steps(run_dir: Path, n: int, launcher) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(read_jsonl(metrics)) >= n, timeout_s=200,
+             what=f"{n} steps", procs=[launcher])  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_demo_launch_learns_and_leaves_a_complete_run_directory(tmp_path):
@@ -67,17 +84,9 @@ def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snap
     tmp_path, tiny_model_dir
 ):
     run_dir = tmp_path / "run"
-    launcher = cli(
-        "launch", "--run-dir", str(run_dir), "--steps", "10000", "--no-live", "--no-eval",
-        "--engine", "fake", "--set", f"model.path={tiny_model_dir}",
-        "--set", "sampling.group_size=4", "--set", "train.prompts_per_step=4",
-        "--set", "train.eval_every=0", "--set", "fake.latency_s=0.02",
-        log=tmp_path / "launch.log",
-    )  # fmt: skip
+    launcher = fake_launch(tmp_path, tiny_model_dir, steps=10000, latency_s=0.02)
     try:
-        metrics = run_dir / "metrics.jsonl"
-        wait_for(lambda: metrics.exists() and len(read_jsonl(metrics)) >= 5, timeout_s=200,
-                 what="5 steps", procs=[launcher])  # fmt: skip
+        wait_for_steps(run_dir, 5, launcher)
         launcher.send_signal(signal.SIGINT)
         assert launcher.wait(120) == 0, (tmp_path / "launch.log").read_text()[-3000:]
     finally:
@@ -102,17 +111,9 @@ def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snap
 @pytest.mark.timeout(300)
 def test_a_producer_that_dies_is_restarted_and_the_run_finishes(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
-    launcher = cli(
-        "launch", "--run-dir", str(run_dir), "--steps", "40", "--no-live", "--no-eval",
-        "--engine", "fake", "--set", f"model.path={tiny_model_dir}",
-        "--set", "sampling.group_size=4", "--set", "train.prompts_per_step=4",
-        "--set", "train.eval_every=0", "--set", "fake.latency_s=0.05",
-        log=tmp_path / "launch.log",
-    )  # fmt: skip
+    launcher = fake_launch(tmp_path, tiny_model_dir, steps=40, latency_s=0.05)
     try:
-        metrics = run_dir / "metrics.jsonl"
-        wait_for(lambda: metrics.exists() and len(read_jsonl(metrics)) >= 3, timeout_s=200,
-                 what="3 steps", procs=[launcher])  # fmt: skip
+        wait_for_steps(run_dir, 3, launcher)
         victim = json.loads((run_dir / "processes.json").read_text())["p1"][0]
         psutil.Process(victim).kill()
         assert launcher.wait(240) == 0, (tmp_path / "launch.log").read_text()[-3000:]
