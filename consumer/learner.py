@@ -193,6 +193,7 @@ class Learner:
             self.server.call(
                 lambda g=g, why=why, info=info: self.book.finalize(g.lease_id, why, **info)
             )
+        out.kept.sort(key=lambda g: g.lease_id)  # arrival order must not change the step
         return out
 
     def _starved(self) -> bool:

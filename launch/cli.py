@@ -397,7 +397,14 @@ def stress(
     max_in_flight: Annotated[
         int, typer.Option(help="Leases each producer may hold (the staleness bound caps them too).")
     ] = 8,
-    seed: Annotated[int, typer.Option(help="Seed of every setting (sweeps are repeatable).")] = 0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="Seed of every setting: prompt order, initialisation and each lease's sampling "
+            "seed. A max_staleness = 0 setting repeats exactly; asynchronous ones repeat their "
+            "prompts and seeds, while which weights sample which group follows timing."
+        ),
+    ] = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:

@@ -48,6 +48,13 @@ log = logging.getLogger("asyncgrpo.producer")
 _REQUEST_TIMEOUT_S = 10.0
 
 
+def lease_seed(run_seed: int, lease_id: int) -> int:
+    """The sampling seed of a lease: whichever producer takes it, the same lease of the same run
+    samples the same completions from the same weights (what makes a synchronous run, and the
+    prompts and seeds of an asynchronous one, repeatable)."""
+    return int(np.random.SeedSequence([run_seed, lease_id]).generate_state(1)[0]) & ((1 << 30) - 1)
+
+
 class Changes:
     """A change counter that coroutines can wait on without missing a change (no clear races)."""
 
@@ -335,7 +342,8 @@ class Producer:
             prompt_ids = self.codec.encode(lease.prompt)
             params = SamplingParams(
                 n=spec.group_size, temperature=spec.temperature, max_new_tokens=spec.max_new_tokens,
-                seed=self.rng.randrange(1 << 30), stop_token_ids=self.codec.stop_ids,
+                seed=lease_seed(self.cfg.run.seed, lease.lease_id),
+                stop_token_ids=self.codec.stop_ids,
             )  # fmt: skip
             completions = await self.engine.generate(prompt_ids, params)
             rewards, errors = await self._score(completions, lease)
