@@ -348,8 +348,8 @@ def _ints(text: str, name: str) -> list[int]:
     epilog=(
         "Examples. Transport and scheduling only (about 3 minutes):\n\n"
         "`asyncgrpo stress --out runs/sweep --max-staleness 0,1,2,4 --engine fake --steps 30`\n\n"
-        "With learning (the demo model; about 2 minutes per setting):\n\n"
-        "`asyncgrpo stress --out runs/sweep-demo --engine demo --max-staleness 0,1,2,4 --steps 150`"
+        "With learning (the demo model; about a minute per setting):\n\n"
+        "`asyncgrpo stress --out runs/sweep-demo --engine demo --max-staleness 0,1,2,4 --steps 300`"
     )
 )
 def stress(
