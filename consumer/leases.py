@@ -25,7 +25,9 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -52,6 +54,80 @@ class LeaseRecord:
     reason: str = ""
 
 
+class FinalStates:
+    """Final outcome by lease id, one byte per lease (a long run ends millions of leases).
+
+    Lease ids are `incarnation << 40 | n` with n counting up from 0, so each incarnation's
+    outcomes live in one `bytearray` indexed by n: 0 = not final, i + 1 = `OUTCOMES[i]`.
+    Reads like a dict (`get`, `[]`, `in`, iteration over lease ids, `len`, `==`).
+    """
+
+    def __init__(self) -> None:
+        self._by_incarnation: dict[int, bytearray] = {}
+        self._len = 0
+
+    def __setitem__(self, lease_id: int, outcome: str) -> None:
+        incarnation, n = lease_id >> _ID_BITS, lease_id & ((1 << _ID_BITS) - 1)
+        codes = self._by_incarnation.setdefault(incarnation, bytearray())
+        if n >= len(codes):
+            codes.extend(bytes(max(n + 1 - len(codes), len(codes) // 2)))  # amortised growth
+        self._len += codes[n] == 0
+        codes[n] = OUTCOMES.index(outcome) + 1
+
+    def get(self, lease_id: int) -> str | None:
+        codes = self._by_incarnation.get(lease_id >> _ID_BITS)
+        n = lease_id & ((1 << _ID_BITS) - 1)
+        if codes is None or n >= len(codes) or codes[n] == 0:
+            return None
+        return OUTCOMES[codes[n] - 1]
+
+    def __getitem__(self, lease_id: int) -> str:
+        outcome = self.get(lease_id)
+        if outcome is None:
+            raise KeyError(lease_id)
+        return outcome
+
+    def __contains__(self, lease_id: object) -> bool:
+        return isinstance(lease_id, int) and self.get(lease_id) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        for incarnation, codes in sorted(self._by_incarnation.items()):
+            base = incarnation << _ID_BITS
+            yield from (base | n for n, code in enumerate(codes) if code)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FinalStates):
+            return NotImplemented
+        return dict(self.items()) == dict(other.items())
+
+    def items(self) -> Iterator[tuple[int, str]]:
+        return ((lease_id, self[lease_id]) for lease_id in self)
+
+    def state_dict(self) -> dict[str, str]:
+        """incarnation -> base64 of its outcome codes (trailing unused bytes dropped)."""
+        return {
+            str(i): base64.b64encode(bytes(codes).rstrip(b"\0")).decode()
+            for i, codes in self._by_incarnation.items()
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> FinalStates:
+        out = cls()
+        for key, value in state.items():
+            if isinstance(value, str) and value not in OUTCOMES:  # incarnation -> base64 codes
+                codes = bytearray(base64.b64decode(value))
+                if any(c > len(OUTCOMES) for c in codes):
+                    raise ValueError(f"checkpoint: unknown lease outcome code in {key!r}")
+                out._by_incarnation[int(key)] = codes
+                out._len += sum(1 for c in codes if c)
+            else:  # lease id -> outcome (checkpoints written before the compact form)
+                out[int(key)] = value
+        return out
+
+
 class LeaseBook:
     def __init__(
         self, order: PromptOrder, *, prompts_per_step: int, max_staleness: int, incarnation: int = 0
@@ -64,7 +140,7 @@ class LeaseBook:
         self.open: dict[int, LeaseRecord] = {}
         self.counts: Counter[str] = Counter()  # final states, plus "issued"
         self.by_producer: defaultdict[str, Counter[str]] = defaultdict(Counter)
-        self.final_states: dict[int, str] = {}  # lease id -> outcome (for duplicates and acks)
+        self.final_states = FinalStates()  # lease id -> outcome (for duplicates and acks)
         self.acks: defaultdict[str, list[Ack]] = defaultdict(list)
         self.finished: list[LeaseRecord] = []  # final records not yet written to leases.jsonl
 
@@ -187,7 +263,7 @@ class LeaseBook:
             "open": [asdict(r) for r in self.open.values()],
             "counts": dict(self.counts),
             "by_producer": {p: dict(c) for p, c in self.by_producer.items()},
-            "final_states": {str(k): v for k, v in self.final_states.items()},
+            "final_states": self.final_states.state_dict(),
             "order": self.order.state_dict(),
         }
 
@@ -206,5 +282,5 @@ class LeaseBook:
         self.by_producer = defaultdict(
             Counter, {p: Counter(c) for p, c in state["by_producer"].items()}
         )
-        self.final_states = {int(k): v for k, v in state["final_states"].items()}
+        self.final_states = FinalStates.from_state_dict(state["final_states"])
         self.order.load_state_dict(state["order"])

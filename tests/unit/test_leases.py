@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.wire import OUTCOMES, Ack
-from consumer.leases import LeaseBook
+from consumer.leases import FinalStates, LeaseBook
 from consumer.prompts import PromptOrder
 
 P = 4  # prompts per step
@@ -426,3 +426,49 @@ def test_late_groups_from_before_the_restart_are_classified_by_the_saved_ledger(
         "expired": "late",
         "rejected_invalid": "duplicate",
     }
+
+
+# -- final outcomes: compact, and the same answers as a dict ---------------------------------------
+@settings(max_examples=50, deadline=None)
+@given(
+    st.dictionaries(
+        st.tuples(st.integers(0, 3), st.integers(0, 5000)).map(lambda t: t[0] << 40 | t[1]),
+        st.sampled_from(OUTCOMES),
+        max_size=200,
+    )
+)
+def test_final_states_answer_like_the_dict_they_replace(reference: dict[int, str]):
+    states = FinalStates()
+    for lease_id, outcome in reference.items():
+        states[lease_id] = outcome
+    assert len(states) == len(reference)
+    assert sorted(states) == sorted(reference)
+    assert dict(states.items()) == reference
+    for probe in [*reference, 0, 1 << 40, (3 << 40) | 4999, (7 << 40) | 1]:
+        assert states.get(probe) == reference.get(probe)
+        assert (probe in states) == (probe in reference)
+    restored = FinalStates.from_state_dict(json.loads(json.dumps(states.state_dict())))
+    assert restored == states
+    assert len(restored) == len(states)
+
+
+def test_final_states_take_one_byte_per_lease_in_a_checkpoint():
+    states = FinalStates()
+    for n in range(100_000):
+        states[(2 << 40) | n] = OUTCOMES[n % len(OUTCOMES)]
+    saved = json.dumps(states.state_dict())
+    assert len(saved) < 140_000  # base64: 4/3 byte per lease (a dict took about 25)
+    assert FinalStates.from_state_dict(json.loads(saved)) == states
+
+
+def test_final_states_read_checkpoints_written_as_a_dict():
+    old = {str((1 << 40) | 7): "trained", str(3): "expired"}
+    states = FinalStates.from_state_dict(old)
+    assert dict(states.items()) == {(1 << 40) | 7: "trained", 3: "expired"}
+
+
+def test_a_corrupt_outcome_code_is_refused():
+    import base64
+
+    with pytest.raises(ValueError, match="unknown lease outcome"):
+        FinalStates.from_state_dict({"0": base64.b64encode(bytes([1, 99])).decode()})
