@@ -64,14 +64,12 @@ class FinalStates:
 
     def __init__(self) -> None:
         self._by_incarnation: dict[int, bytearray] = {}
-        self._len = 0
 
     def __setitem__(self, lease_id: int, outcome: str) -> None:
         incarnation, n = lease_id >> _ID_BITS, lease_id & ((1 << _ID_BITS) - 1)
         codes = self._by_incarnation.setdefault(incarnation, bytearray())
         if n >= len(codes):
             codes.extend(bytes(max(n + 1 - len(codes), len(codes) // 2)))  # amortised growth
-        self._len += codes[n] == 0
         codes[n] = OUTCOMES.index(outcome) + 1
 
     def get(self, lease_id: int) -> str | None:
@@ -96,7 +94,7 @@ class FinalStates:
             yield from (base | n for n, code in enumerate(codes) if code)
 
     def __len__(self) -> int:
-        return self._len
+        return sum(len(codes) - codes.count(0) for codes in self._by_incarnation.values())
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, FinalStates):
@@ -122,7 +120,6 @@ class FinalStates:
                 if any(c > len(OUTCOMES) for c in codes):
                     raise ValueError(f"checkpoint: unknown lease outcome code in {key!r}")
                 out._by_incarnation[int(key)] = codes
-                out._len += sum(1 for c in codes if c)
             else:  # lease id -> outcome (checkpoints written before the compact form)
                 out[int(key)] = value
         return out
