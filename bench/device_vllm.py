@@ -19,7 +19,7 @@ CUDA is initialised in that process; results in $OUT/<phase>.json, logs in $OUT/
   padded up to Qwen's size). Also checks which of the project's imports the image lacks.
 - `qwen05`: `VLLMEngine` on A.
   a) behaviour log-probs vs a learner-style transformers forward (float32 and bf16) of the same
-     weights, `consumer.loss.sampled_logprobs` at the sampling temperature, before and after an
+     weights, `common.logprobs.sampled_logprobs` at the sampling temperature, before and after an
      idle reload to B, at each temperature; and three in-flight reloads during which tokens
      sampled before the switch are compared with the old weights, after it with the new ones
      (by the per-token versions the engine recorded).
@@ -181,7 +181,7 @@ class Learner:
         """Per completion, float64 log-probs of its tokens (right-padded batch, causal)."""
         import torch
 
-        from consumer.loss import sampled_logprobs
+        from common.logprobs import sampled_logprobs
 
         n_p, width = len(prompt), max(len(c.token_ids) for c in completions)
         ids = torch.zeros((len(completions), n_p + width), dtype=torch.long)

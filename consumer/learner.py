@@ -60,7 +60,7 @@ class Learner:
     def __init__(self, cfg: Config, run_dir: Path) -> None:
         self.cfg, self.run_dir = cfg, run_dir
         self.stop_event = threading.Event()
-        self.model_dir = resolve_model(cfg.model.path) if not cfg.train.simulate_step_s else None
+        self.model_dir = local_model_dir(cfg.model.path) if not cfg.train.simulate_step_s else None
         if self.model_dir is None:
             from consumer.simulated import SimulatedTrainer
 
@@ -274,7 +274,7 @@ class Learner:
         ):
             return {}
         from common.tasks import make_examples
-        from launch.evaluate import accuracy_of
+        from consumer.evaluate import accuracy_of
 
         t0 = time.perf_counter()
         if self._eval is None:
@@ -368,12 +368,9 @@ def _reuse_ports(cfg: Config, run_dir: Path) -> Config:
     return config_mod.apply_overrides(cfg, sets)
 
 
-def resolve_model(path: str) -> Path:
-    """'demo' → the embedded tiny model (built once, cached); else a local HF model directory."""
-    if path == "demo":
-        from launch.demo_model import ensure_demo_model
-
-        return ensure_demo_model()
+def local_model_dir(path: str) -> Path:
+    """`model.path` as an absolute local Hugging Face model directory (the command line has
+    already turned 'demo' into the embedded model's directory)."""
     p = Path(path).expanduser()
     if not (p / "config.json").exists():
         raise config_mod.ConfigError(

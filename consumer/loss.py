@@ -1,9 +1,10 @@
 """The GRPO loss family as pure tensor functions: rewards and log-probs in, a scalar loss out.
 
 Owns: advantages, the truncated-importance-sampling (TIS) weight, the clipped surrogate, the KL
-penalty, aggregation, the loss metrics, and the sampling-distribution log-prob rule. Does not:
-run models, read config objects, move tensors between devices, or do I/O (consumer/trainer.py
-does). docs/loss.md lists the same formulas with their defaults.
+penalty, aggregation and the loss metrics. Does not: run models, read config objects, move
+tensors between devices, or do I/O (consumer/trainer.py does). The sampling-distribution
+log-prob rule the log-prob inputs follow lives in common/logprobs.py (the engines share it).
+docs/loss.md lists the same formulas with their defaults.
 
 Shapes: N groups, G completions per group, B = N·G rows, T token positions, V vocabulary.
 Names carry their shape (`rewards_NG`, `logp_BT`, `mask_BT`, `advantages_B`). Log-prob roles:
@@ -13,7 +14,8 @@ completion tokens that count and 0 at padding.
 
 Formulas (references: GRPO, Shao et al. 2024; Dr. GRPO, Liu et al. 2025; DAPO clip-higher, Yu et
 al. 2025; dual clip, Ye et al. 2020; TIS, Yao et al. 2025; IcePop / MIS; k3, Schulman 2020):
-- Sampling distribution, learner and engines alike: logp = log_softmax(logits / temperature)[tok].
+- Sampling distribution, learner and engines alike (common/logprobs.py):
+  logp = log_softmax(logits / temperature)[tok].
 - Advantages of one group of G rewards r:
     "group": A = (r - mean_g) / (std_g + eps), std with Bessel's correction (ddof=1), eps outside
              the square root (TRL and verl); "batch": mean per group, std of all N·G rewards;
@@ -111,37 +113,6 @@ class TISConfig:
 
 DEFAULT_TIS = TISConfig()
 TISSpec = TISConfig | tuple[str, str, float, float | None] | None
-
-
-def _check_temperature(temperature: float) -> None:
-    if not (temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
-
-
-def sampled_logprobs(
-    logits_BTV: torch.Tensor, tokens_BT: torch.Tensor, *, temperature: float
-) -> torch.Tensor:
-    """log_softmax(logits / temperature) at `tokens`: the log-prob under the sampling distribution.
-
-    Computed in float32 at least (float64 is kept). Uses gather - logsumexp, which keeps no
-    [B, T, V] output alive for backward (log_softmax would). Any leading shape works.
-    """
-    _check_temperature(temperature)
-    dtype = torch.promote_types(logits_BTV.dtype, torch.float32)
-    z_BTV = logits_BTV.to(dtype)
-    if temperature != 1.0:
-        z_BTV = z_BTV / temperature
-    picked_BT = z_BTV.gather(-1, tokens_BT.long().unsqueeze(-1)).squeeze(-1)
-    return picked_BT - torch.logsumexp(z_BTV, dim=-1)
-
-
-def entropy_from_logits(logits_BTV: torch.Tensor, *, temperature: float) -> torch.Tensor:
-    """Per-position entropy (nats) of softmax(logits / temperature); -inf logits count as 0."""
-    _check_temperature(temperature)
-    dtype = torch.promote_types(logits_BTV.dtype, torch.float32)
-    logp_BTV = torch.log_softmax(logits_BTV.to(dtype) / temperature, dim=-1)
-    p_BTV = logp_BTV.exp()
-    return -(p_BTV * torch.where(p_BTV > 0, logp_BTV, 0.0)).sum(-1)
 
 
 def needs_old_logp_pass(updates_per_batch: int) -> bool:

@@ -5,8 +5,8 @@ micro-batching by a token budget, an optional frozen reference model (beta > 0).
 do: sockets, staleness decisions, snapshots on disk (consumer/publisher.py), checkpoints.
 
 Conventions:
-- Log-probs are of the sampling distribution: `consumer.loss.sampled_logprobs` divides logits by
-  `sampling.temperature`, exactly as the producers' engines do.
+- Log-probs are of the sampling distribution: `common.logprobs.sampled_logprobs` divides logits
+  by `sampling.temperature`, exactly as the producers' engines do.
 - `model.dtype = "bfloat16"` runs forward/backward under CUDA autocast in bf16 with fp32 master
   weights and optimizer state (CPU runs stay fp32).
 - `updates_per_batch = 1` (default): one optimizer step consumes the batch, `old_logp` is
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from common.config import Config
+from common.logprobs import entropy_from_logits, sampled_logprobs
 from common.wire import Group
 from consumer import loss as L
 from consumer.batching import MicroBatch, Row, collate, plan_micro_batches, rows_of
@@ -136,7 +137,7 @@ class Trainer:
         with ctx:
             logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL).logits
         logits_BTV = logits[:, :-1].float()
-        logp_BT = L.sampled_logprobs(
+        logp_BT = sampled_logprobs(
             logits_BTV, mb.tokens_BT, temperature=self.cfg.sampling.temperature
         )
         return logp_BT, logits_BTV
@@ -170,7 +171,7 @@ class Trainer:
             global_seqs=global_seqs,
         )
         with torch.no_grad():
-            ent = L.entropy_from_logits(logits_BTV, temperature=self.cfg.sampling.temperature)
+            ent = entropy_from_logits(logits_BTV, temperature=self.cfg.sampling.temperature)
             n = max(mb.num_tokens, 1)
             metrics["entropy"] = float(torch.where(mb.mask_BT, ent, 0.0).sum()) / n
         return loss, metrics

@@ -95,6 +95,22 @@ def setup_logging(run_dir: Path | None, name: str, verbose: bool = False) -> Non
     )
 
 
+def resolve_model(path: str) -> Path:
+    """`model.path` as a local model directory: 'demo' is the embedded tiny model (built once
+    into the cache, about 30 s), anything else must be a Hugging Face model directory."""
+    if path == "demo":
+        from launch.demo_model import ensure_demo_model
+
+        return ensure_demo_model()
+    from consumer.learner import local_model_dir
+
+    try:
+        return local_model_dir(path)
+    except ConfigError as exc:
+        _fail(str(exc))
+        raise AssertionError from exc  # unreachable
+
+
 def make_run_dir(cfg: C.Config) -> Path:
     run_dir = Path(cfg.run.dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     if cfg.run.resume and not run_dir.is_dir():
@@ -145,7 +161,10 @@ def consumer(
     }  # fmt: skip
     cfg = load_config(config, set_, flags)
     out = make_run_dir(cfg)
-    cfg = C.apply_overrides(cfg, [f"run.dir={_toml_value(str(out))}"])
+    resolved = [f"run.dir={_toml_value(str(out))}"]
+    if not cfg.train.simulate_step_s:
+        resolved.append(f"model.path={_toml_value(str(resolve_model(cfg.model.path)))}")
+    cfg = C.apply_overrides(cfg, resolved)
     C.write(cfg, out / "config.toml")
     setup_logging(out, "consumer", verbose)
     from consumer.learner import main as learner_main
@@ -265,7 +284,6 @@ def launch(
     }  # fmt: skip
     cfg = load_config(config or DEMO_CONFIG, set_, flags)
     out = make_run_dir(cfg)
-    from consumer.learner import resolve_model
     from launch import local
 
     model_dir = None
@@ -273,10 +291,7 @@ def launch(
         typer.echo(
             f"model: {cfg.model.path} (building it the first time can take a minute)", err=True
         )
-        try:
-            model_dir = resolve_model(cfg.model.path)
-        except ConfigError as exc:
-            _fail(str(exc))
+        model_dir = resolve_model(cfg.model.path)
     resolved = [f"run.dir={_toml_value(str(out.resolve()))}", "net.control_port=0"]
     if model_dir is not None:
         resolved.append(f"model.path={_toml_value(str(model_dir))}")
@@ -300,7 +315,7 @@ def _evaluate_run(run_dir: Path, model_dir: Path) -> None:
     import json
 
     from common import snapshot as snap
-    from launch.evaluate import greedy_accuracy
+    from consumer.evaluate import greedy_accuracy
 
     versions = snap.list_versions(run_dir / "snapshots")
     if not versions:
@@ -424,8 +439,6 @@ def stress(
         _fail("--engine must be fake or demo")
     base = load_config(config or (DEMO_CONFIG if engine == "demo" else None), set_, {})
     if engine == "demo":
-        from consumer.learner import resolve_model
-
         base = C.apply_overrides(
             base, [f"model.path={_toml_value(str(resolve_model(base.model.path)))}"]
         )
@@ -472,7 +485,7 @@ def eval_(
     n: Annotated[int | None, typer.Option(help="Held-out problems to use (default: all).")] = None,
 ) -> None:
     """Greedy accuracy of a model (or snapshot) on the synthetic task's held-out split."""
-    from launch.evaluate import greedy_accuracy
+    from consumer.evaluate import greedy_accuracy
 
     result = greedy_accuracy(model, snapshot=snapshot, n=n)
     typer.echo(f"accuracy {result.accuracy:.4f} ({result.correct}/{result.total})")

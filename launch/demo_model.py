@@ -1,7 +1,7 @@
 """The embedded demo model: built here, deterministically, from nothing (no hub).
 
 Owns the recipe of the tiny model that `model.path = "demo"` means, its build, and its cache.
-Does not: evaluate (launch/evaluate.py), define the task (common/tasks.py) or train with RL.
+Does not: evaluate (consumer/evaluate.py), define the task (common/tasks.py) or train with RL.
 
 Recipe (`Recipe`; its `name` is part of the cache directory, so a new recipe rebuilds):
 - tokenizer: one token per character of "0123456789+-*= " plus `<pad>`, `<eos>`, `<unk>` (18

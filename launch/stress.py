@@ -154,7 +154,7 @@ def run_sweep(
 
 def _evaluate(run_dir: Path, model_dir: Path) -> None:
     from common import snapshot as snap
-    from launch.evaluate import greedy_accuracy
+    from consumer.evaluate import greedy_accuracy
 
     versions = snap.list_versions(run_dir / "snapshots")
     final = greedy_accuracy(

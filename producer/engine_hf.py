@@ -6,7 +6,7 @@ reloads from a snapshot's `model.safetensors`. Does not own: fetching or hash-ch
 
 Why our own loop rather than `model.generate`: the log-prob reported for a token must be exactly
 that of the sampling distribution, `log_softmax(logits / temperature)` in float32, the rule the
-learner applies too (`consumer.loss.sampled_logprobs`), so behaviour and learner log-probs agree
+learner applies too (`common.logprobs.sampled_logprobs`), so behaviour and learner log-probs agree
 to float32 rounding for the same weights. One step, for the n rows of a group:
 
     p = softmax(logits.float() / T);  token ~ multinomial(p, generator);  logp = sampled_logprobs
@@ -50,7 +50,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from common.errors import SnapshotError
-from consumer.loss import sampled_logprobs
+from common.logprobs import sampled_logprobs
 from producer.engine import Completion, SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -6,7 +6,7 @@ groups in flight at once (vLLM batches them continuously), converting vLLM's out
 or hash-checking snapshots (common/snapshot.py and the producer loop do that before `load_weights`).
 
 Sampling: `logprobs_mode="processed_logprobs"` makes vLLM report log-probs of the sampling
-distribution, `log_softmax(logits / T)`, the learner's rule (`consumer.loss.sampled_logprobs`).
+distribution, `log_softmax(logits / T)`, the learner's rule (`common.logprobs.sampled_logprobs`).
 `top_p = 1` and `top_k = 0` always: truncated sampling would renormalise over a support that the
 learner does not see (config validation refuses other values). `generation_config="vllm"` keeps
 a checkpoint's `generation_config.json` from changing these defaults. Requests ask for

@@ -97,7 +97,7 @@ def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snap
     assert steps < 10000
     final = run_dir / "snapshots" / f"v{steps:06d}"
     from common import snapshot as snap
-    from launch.evaluate import load_model
+    from consumer.evaluate import load_model
 
     manifest = snap.read_manifest(final)
     snap.verify_file(

@@ -3,7 +3,7 @@
 One engine for the module (starting vLLM takes seconds), on a small random Qwen2 with heads of
 64 (a size FlashAttention takes) and a perturbed copy of it. The engine starts before this
 process touches CUDA, so vLLM can fork its engine process. The reference ("learner") is a
-transformers float32 forward of the same weights through `consumer.loss.sampled_logprobs` at the
+transformers float32 forward of the same weights through `common.logprobs.sampled_logprobs` at the
 sampling temperature; vLLM runs bf16, so agreement is at bf16 noise (mean |Δ| < 0.02).
 
 Run on a CUDA machine with vllm installed: `pytest -m gpu tests/gpu/test_vllm_engine.py`.
@@ -78,7 +78,7 @@ class Learner:
     def logprobs(self, prompt: list[int], c: Completion, temperature: float) -> np.ndarray:
         import torch
 
-        from consumer.loss import sampled_logprobs
+        from common.logprobs import sampled_logprobs
 
         ids = torch.tensor([prompt + c.token_ids.tolist()], device="cuda")
         with torch.no_grad():

@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.tasks import make_examples
+from consumer.evaluate import SnapshotMismatch, accuracy_of, greedy_accuracy, load_model
 from launch import demo_model
 from launch.demo_model import DEFAULT_RECIPE, Recipe, build_demo_model, ensure_demo_model
-from launch.evaluate import SnapshotMismatch, accuracy_of, greedy_accuracy, load_model
 
 TINY = Recipe(learn_steps=4, sloppy_steps=2, batch_size=8)
 
