@@ -447,9 +447,9 @@ def check_group(g: Group, limits: Limits) -> None:
         raise WireError("length_mismatch", "token_versions must be empty or one per token")
     if not 0 < len(g.prompt_ids) <= limits.max_prompt_tokens:
         raise WireError("bad_length", f"prompt has {len(g.prompt_ids)} tokens")
+    vocab = limits.vocab_size  # None: any non-negative int32 (the largest one included)
     for ids in (g.prompt_ids, g.completion_ids):
-        vocab = limits.vocab_size if limits.vocab_size is not None else 2**31 - 1
-        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        if len(ids) and (int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab)):
             raise WireError("token_out_of_range", f"token id outside [0, {vocab})")
     logp = g.behavior_logp
     if not np.isfinite(logp).all() or (logp > 0).any():
