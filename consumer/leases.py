@@ -14,7 +14,11 @@ Invariants:
   `policy_version + open // prompts_per_step`, where `open` counts leases not yet final, so at
   most `(max_staleness + 1) * prompts_per_step` leases are open at any time.
 - Every lease ends in exactly one final state (`OUTCOMES`); `balance()` checks
-  issued == sum(final) + open. A group id is its lease id: a second delivery of the same lease is
+  issued == sum(final) + open, in total and per producer. A lease belongs to the producer that
+  delivers its group: one delivered by another producer than it was issued to moves to it
+  (`handed_over` / `taken_over` in the per-producer counts), so per producer
+  issued + taken_over - handed_over == sum(final) + open.
+  A group id is its lease id: a second delivery of the same lease is
   a duplicate and never reaches the trainer; a group for an expired lease is late and is dropped.
 - Lease ids carry the consumer's incarnation in their high bits (`incarnation << 40 | n`), so a
   restarted consumer never mistakes an old group for a lease it issued anew.
@@ -184,7 +188,10 @@ class LeaseBook:
             if rec.state == "received":
                 return "duplicate"
             rec.state = "received"
-            rec.producer_id = producer_id
+            if rec.producer_id != producer_id:  # the lease moves to the producer that has it
+                self.by_producer[rec.producer_id]["handed_over"] += 1
+                self.by_producer[producer_id]["taken_over"] += 1
+                rec.producer_id = producer_id
             return "accept"
         final = self.final_states.get(lease_id)
         if final is None:
@@ -241,10 +248,15 @@ class LeaseBook:
 
     # -- accounting ----------------------------------------------------------------------------
     def balance(self) -> dict[str, int]:
-        """Counts by state; `ok` is 1 when issued == sum(final states) + open."""
+        """Counts by state; `ok` is 1 when issued == sum(final states) + open, in total and for
+        every producer (counting the leases it took over from others and handed over to them)."""
         finals = {k: self.counts[k] for k in OUTCOMES}
         issued = self.counts["issued"]
         ok = issued == sum(finals.values()) + len(self.open)
+        open_by_producer = Counter(r.producer_id for r in self.open.values())
+        for p, c in self.by_producer.items():
+            held = c["issued"] + c["taken_over"] - c["handed_over"]
+            ok = ok and held == sum(c[k] for k in OUTCOMES) + open_by_producer[p]
         return {"issued": issued, **finals, "open": len(self.open), "ok": int(ok)}
 
     def take_finished(self) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, read_jsonl, stop
 
 STEPS = 20
@@ -97,9 +98,10 @@ def test_two_fake_producers_feed_a_real_learner_within_the_staleness_bound(
     assert Counter(r["state"] for r in leases) == Counter(
         {k: v for k, v in balance.items() if k not in ("issued", "open", "ok") and v}
     )
-    # both producers contributed
+    # both producers contributed, and each one's leases balance
     assert set(ledger["by_producer"]) == {"p1", "p2"}
     assert all(c.get("trained", 0) > 0 for c in ledger["by_producer"].values())
+    assert_run_balanced(run_dir)
 
 
 @pytest.mark.timeout(300)

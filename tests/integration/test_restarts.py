@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, read_jsonl, stop, wait_for
 
 P = 4  # prompts per step
@@ -59,8 +60,7 @@ def check_ledger(run_dir: Path, steps: int) -> dict:
     assert sorted({r["trained_step"] for r in trained}) == list(range(steps))
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
-    ledger = json.loads((run_dir / "ledger.json").read_text())
-    assert ledger["balance"]["ok"] == 1
+    ledger = assert_run_balanced(run_dir)  # in total and per producer, against leases.jsonl
     assert ledger["balance"]["issued"] == len(leases)
     return ledger
 

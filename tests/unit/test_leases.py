@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ledger_invariant import assert_book_balanced
 
 from common.wire import OUTCOMES, Ack
 from consumer.leases import FinalStates, LeaseBook
@@ -160,9 +162,59 @@ def test_a_group_delivered_by_another_producer_is_credited_to_it():
     book = make_book()
     (rec,) = grant(book, 1, producer="a")
     assert book.receive(rec.lease_id, "b") == "accept"
+    assert {p: dict(c) for p, c in book.by_producer.items()} == {
+        "a": {"issued": 1, "handed_over": 1},
+        "b": {"taken_over": 1},
+    }
+    assert_book_balanced(book)
     book.finalize(rec.lease_id, "trained")
     assert book.take_acks("b") == (Ack(rec.lease_id, "trained"),)
     assert book.by_producer["b"]["trained"] == 1
+    assert book.by_producer["a"]["trained"] == 0
+    assert_book_balanced(book)
+
+
+def test_a_group_delivered_by_its_own_producer_moves_nothing():
+    book = make_book()
+    (rec,) = grant(book, 1, producer="a")
+    assert book.receive(rec.lease_id, "a") == "accept"
+    book.finalize(rec.lease_id, "trained")
+    assert {p: dict(c) for p, c in book.by_producer.items()} == {"a": {"issued": 1, "trained": 1}}
+
+
+@pytest.mark.parametrize(
+    ("producer", "key", "delta"),
+    [("a", "issued", -1), ("a", "issued", 1), ("a", "trained", 1), ("b", "expired", -1),
+     ("b", "issued", 1), ("a", "handed_over", 1), ("b", "taken_over", 1)],
+)  # fmt: skip
+def test_balance_is_not_ok_when_one_producers_counts_are_off(producer, key, delta):
+    book = make_book(max_staleness=1)
+    a = grant(book, 2, producer="a")
+    b = grant(book, 2, producer="b")
+    deliver(book, a[0])
+    book.finalize(b[0].lease_id, "expired")
+    assert book.balance()["ok"] == 1
+    book.by_producer[producer][key] += delta
+    other = "b" if producer == "a" else "a"
+    book.by_producer[other][key] -= delta  # the totals still agree: only per producer is off
+    assert book.balance()["ok"] == 0
+
+
+def test_per_producer_counts_follow_the_grants_and_outcomes():
+    book = make_book(max_staleness=2)
+    a = grant(book, 5, producer="a")
+    b = grant(book, 3, producer="b")
+    deliver(book, a[0])
+    deliver(book, a[1], "dropped_stale")
+    deliver(book, b[0], "dropped_zero_variance")
+    book.finalize(b[1].lease_id, "rejected_invalid")
+    book.expire(now=1.0, lease_timeout_s=10.0, gone={"a"})
+    assert {p: dict(c) for p, c in book.by_producer.items()} == {
+        "a": {"issued": 5, "trained": 1, "dropped_stale": 1, "expired": 3},
+        "b": {"issued": 3, "dropped_zero_variance": 1, "rejected_invalid": 1},
+    }
+    assert_book_balanced(book)
+    assert book.balance()["open"] == 1
 
 
 def test_a_lease_cannot_be_finalized_twice():
@@ -266,6 +318,32 @@ def test_take_finished_returns_each_final_record_once():
     assert book.take_finished() == []
 
 
+def test_a_record_never_trained_carries_trained_step_minus_one():
+    book = make_book(max_staleness=1)
+    trained, stale, expired, rejected = grant(book, 4, now=2.5)
+    assert book.receive(trained.lease_id, "a") == "accept"
+    book.finalize(trained.lease_id, "trained", trained_step=3, behavior_version=2, num_tokens=9)
+    assert book.receive(stale.lease_id, "a") == "accept"
+    book.finalize(stale.lease_id, "dropped_stale", behavior_version=0, num_tokens=5)
+    book.finalize(expired.lease_id, "expired", reason="timeout")
+    book.finalize(rejected.lease_id, "rejected_invalid", reason="bad_logprob")
+    rows = {r["state"]: r for r in book.take_finished()}
+    assert rows["trained"] == {
+        "lease_id": trained.lease_id, "prompt_index": trained.prompt_index, "step": 0,
+        "min_version": 0, "producer_id": "a", "issued_at": 2.5, "state": "trained",
+        "behavior_version": 2, "trained_step": 3, "num_tokens": 9, "reason": "",
+    }  # fmt: skip
+    for state in ("dropped_stale", "expired", "rejected_invalid"):
+        assert rows[state]["trained_step"] == -1, state
+    stale, expired = rows["dropped_stale"], rows["expired"]
+    assert (stale["behavior_version"], stale["num_tokens"]) == (0, 5)
+    assert (expired["behavior_version"], expired["num_tokens"]) == (-1, 0)
+    assert (rows["expired"]["reason"], rows["rejected_invalid"]["reason"]) == (
+        "timeout",
+        "bad_logprob",
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Random operation sequences keep the ledger balanced
 
@@ -290,6 +368,7 @@ def test_random_operations_keep_the_balance_and_never_finalize_twice(ops, k, pps
     version = published = 0
     now = 0.0
     issued: list[int] = []
+    issued_by: Counter[str] = Counter()
     finalized: list[int] = []
     for op, p, n in ops:
         producer = producers[p]
@@ -300,6 +379,7 @@ def test_random_operations_keep_the_balance_and_never_finalize_twice(ops, k, pps
                 producer, n % 5, policy_version=version, published_version=published, now=now
             )
             issued += [r.lease_id for r in got]
+            issued_by[producer] += len(got)
             assert all(r.min_version <= min(version, published) for r in got)
         elif op == "receive" and issued:
             lease_id = issued[n % len(issued)] if n % 7 else 999_999
@@ -346,6 +426,8 @@ def test_random_operations_keep_the_balance_and_never_finalize_twice(ops, k, pps
         assert set(book.open) | set(book.final_states) == set(issued)
         assert sum(balance[o] for o in OUTCOMES) == len(book.final_states)
         assert len(book.open) <= (k + 1) * ppstep
+        assert {p: c["issued"] for p, c in book.by_producer.items() if c["issued"]} == +issued_by
+        assert_book_balanced(book)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +458,26 @@ def test_resume_restores_the_ledger_as_the_next_incarnation():
         p: dict(c) for p, c in book.by_producer.items()
     }
     assert set(restored.open) == set(book.open)
+    # pinned, not only equal to the saving side (which could share a bug)
+    assert dict(restored.by_producer["a"]) == {
+        "issued": 12, "trained": 1, "dropped_stale": 1, "expired": 1, "rejected_invalid": 1,
+    }  # fmt: skip
+    assert_book_balanced(book)
+    assert_book_balanced(restored)
+
+
+def test_a_resumed_book_keeps_balancing_as_it_goes_on():
+    _, state = busy_book()
+    restored = make_book(max_staleness=2)
+    restored.load_state_dict(state, now=0.0)
+    for rec in list(restored.open.values())[:4]:
+        assert restored.receive(rec.lease_id, "b") == "accept"  # re-sent by another producer
+        restored.finalize(rec.lease_id, "trained")
+    restored.expire(now=1.0, lease_timeout_s=0.5, gone=set())
+    grant(restored, 3, producer="c")
+    assert restored.by_producer["c"]["issued"] == 3
+    assert restored.by_producer["b"] == Counter({"taken_over": 4, "trained": 4})
+    assert_book_balanced(restored)
 
 
 def test_resume_turns_received_leases_back_into_issued_ones():
@@ -465,6 +567,20 @@ def test_final_states_read_checkpoints_written_as_a_dict():
     old = {str((1 << 40) | 7): "trained", str(3): "expired"}
     states = FinalStates.from_state_dict(old)
     assert dict(states.items()) == {(1 << 40) | 7: "trained", 3: "expired"}
+
+
+def test_final_states_of_a_lease_never_ended_raise_key_error():
+    states = FinalStates()
+    states[(1 << 40) | 2] = "trained"
+    assert states[(1 << 40) | 2] == "trained"
+    for missing in [(1 << 40) | 0, (1 << 40) | 1, (1 << 40) | 3, (1 << 40) | 99, 2, (5 << 40) | 2]:
+        with pytest.raises(KeyError) as info:
+            states[missing]
+        assert info.value.args == (missing,)
+        assert states.get(missing) is None
+        assert missing not in states
+    assert "trained" not in states  # only lease ids are members
+    assert len(states) == 1
 
 
 def test_a_corrupt_outcome_code_is_refused():
