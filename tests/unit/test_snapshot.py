@@ -1,8 +1,10 @@
-"""Snapshot directories: atomic finalize, hash verification, listing and pruning."""
+"""Snapshot directories: atomic finalize, hash verification, listing and pruning; what
+publication syncs and that it leaks no file descriptor."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -196,3 +198,140 @@ def test_prune_keeping_none_removes_every_unprotected_snapshot(tmp_path):
 
 def test_prune_of_a_missing_root_does_nothing(tmp_path):
     assert snap.prune(tmp_path / "nope", keep_last=1) == []
+
+
+def test_prune_tolerates_a_snapshot_that_vanished_while_it_ran(tmp_path, monkeypatch):
+    """Another process (a second learner cleaning up, an operator) removed it first."""
+    for v in range(1, 5):
+        publish(tmp_path, v)
+    listed = snap.list_versions(tmp_path)
+    shutil.rmtree(snap.snapshot_dir(tmp_path, 1))  # gone between the listing and the removal
+    monkeypatch.setattr(snap, "list_versions", lambda root: listed)
+    assert snap.prune(tmp_path, keep_last=2) == [1, 2]
+    monkeypatch.undo()
+    assert snap.list_versions(tmp_path) == [3, 4]
+
+
+def test_prune_tolerates_a_temporary_that_vanished_while_it_ran(tmp_path, monkeypatch):
+    publish(tmp_path, 1)
+    tmp = start(tmp_path, 2)
+    real_glob = Path.glob
+
+    def glob_then_vanish(self, pattern):
+        found = list(real_glob(self, pattern))
+        shutil.rmtree(tmp)  # the writer's own cleanup got there first
+        return found
+
+    monkeypatch.setattr(Path, "glob", glob_then_vanish)
+    assert snap.prune(tmp_path, keep_last=1) == []
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["v000001"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Publication syncs every file, the temporary directory and the parent, and closes what it opens
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class SyncAudit:
+    """Records every fsync (by the path of the descriptor) and rename, in order, in any thread."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[tuple[str, ...]] = []
+        real_fsync, real_replace = os.fsync, os.replace
+
+        def fsync(fd: int) -> None:
+            self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+            real_fsync(fd)
+
+        def replace(src, dst, **kw) -> None:
+            real_replace(src, dst, **kw)
+            self.events.append(("replace", str(Path(src).resolve()), str(Path(dst).resolve())))
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+
+    def assert_published(self, final: Path) -> None:
+        """`final` was renamed into place from a temporary whose files and directory were all
+        fsynced before the rename, and the parent directory was fsynced after it."""
+        final = final.resolve()
+        (r,) = [i for i, e in enumerate(self.events) if e[0] == "replace" and e[2] == str(final)]
+        tmp = Path(self.events[r][1])
+        assert tmp.parent == final.parent
+        before = {e[1] for e in self.events[:r] if e[0] == "fsync"}
+        after = {e[1] for e in self.events[r + 1 :] if e[0] == "fsync"}
+        names = sorted(p.name for p in final.iterdir())
+        assert {snap.WEIGHTS_FILE, snap.MANIFEST_FILE} <= set(names)
+        for name in names:
+            assert str(tmp / name) in before, f"{name} was not synced before the rename"
+        assert str(tmp) in before, "the temporary directory was not synced before the rename"
+        assert str(final.parent) in after, "the parent directory was not synced after the rename"
+
+
+def test_finalize_syncs_every_file_the_temporary_directory_and_the_parent(tmp_path, monkeypatch):
+    audit = SyncAudit(monkeypatch)
+    final = publish(tmp_path, 4)
+    audit.assert_published(final)
+
+
+def test_finalize_leaves_no_file_descriptor_open(tmp_path):
+    publish(tmp_path, 0)  # anything opened once for good (imports, caches) is open by now
+    before = open_fds()
+    for v in range(1, 6):
+        publish(tmp_path, v)
+        snap.prune(tmp_path, keep_last=2)
+        snap.verify_file(
+            snap.snapshot_dir(tmp_path, v) / snap.WEIGHTS_FILE,
+            expected_hash=manifest_for(v).hash,
+            expected_bytes=len(WEIGHTS),
+        )
+        snap.read_manifest(snap.snapshot_dir(tmp_path, v))
+    assert open_fds() == before
+
+
+def test_fsync_path_closes_its_descriptor_even_when_fsync_fails(tmp_path, monkeypatch):
+    def failing(fd: int) -> None:
+        raise OSError("EIO")
+
+    (tmp_path / "f").write_bytes(b"x")
+    before = open_fds()
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError, match="EIO"):
+        snap.fsync_path(tmp_path / "f")
+    assert open_fds() == before
+
+
+def test_the_publisher_syncs_each_snapshot_and_leaks_no_descriptor(tmp_path, monkeypatch):
+    import torch
+
+    from consumer.publisher import Publisher
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    (base / "tokenizer.json").write_text("{}")
+    (base / "model.safetensors").write_bytes(b"not copied")
+    published = []
+    root = tmp_path / "snapshots"
+    state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    warm = Publisher(root, base, keep_last=2, on_published=published.append)
+    warm.submit(state, version=0, step=0)  # first use opens whatever stays open for good
+    warm.close()
+    before = open_fds()
+    audit = SyncAudit(monkeypatch)
+    publisher = Publisher(root, base, keep_last=2, on_published=published.append)
+    for v in range(1, 5):
+        publisher.submit({"w": state["w"] + v}, version=v, step=v)
+    publisher.close()
+    assert open_fds() == before
+    assert [i.version for i in published] == [0, 1, 2, 3, 4]
+    assert snap.list_versions(root) == [3, 4]
+    for v in (3, 4):
+        final = snap.snapshot_dir(root, v)
+        audit.assert_published(final)
+        assert sorted(p.name for p in final.iterdir()) == [
+            "config.json", snap.MANIFEST_FILE, snap.WEIGHTS_FILE, "tokenizer.json",
+        ]  # fmt: skip
