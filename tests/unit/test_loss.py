@@ -234,6 +234,24 @@ def test_importance_weights_by_level_and_mode(level, mode, cap, cap_min, expecte
     assert w[0, :3].tolist() == pytest.approx(ref_weights(GAPS, (level, mode, cap, cap_min)))
 
 
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_a_ratio_exactly_at_either_cap_keeps_its_weight(level, mode):
+    """The caps are inclusive: rho == cap and rho == cap_min keep w = rho, also when masking."""
+    gaps = torch.tensor([[0.75], [-0.5], [0.75 + 1e-9], [-0.5 - 1e-9]], dtype=torch.float64)
+    cap, cap_min = math.exp(0.75), math.exp(-0.5)
+    assert torch.exp(gaps[:2, 0]).tolist() == [cap, cap_min]  # exactly, as the weight sees it
+    if level == "sequence":  # the same log-ratios as row sums of two tokens each
+        gaps = torch.cat([gaps - 0.25, torch.full_like(gaps, 0.25)], dim=1)
+    w = L.importance_weights(
+        gaps, torch.zeros_like(gaps), torch.ones_like(gaps, dtype=torch.bool),
+        level=level, mode=mode, cap=cap, cap_min=cap_min,
+    )  # fmt: skip
+    beyond = [cap, cap_min] if mode == "truncate" else [0.0, 0.0]
+    assert w[:, 0].tolist() == [cap, cap_min, *beyond]
+    assert w.eq(w[:, :1]).all()
+
+
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_log_ratios_are_clamped_to_20_before_exp(level):
     old = torch.tensor([[50.0], [-50.0]], dtype=torch.float64)
