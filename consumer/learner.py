@@ -1,8 +1,8 @@
 """The consumer process: wires receiver, gate, trainer, publisher and checkpoints; owns shutdown.
 
-Threads: the network thread (consumer/server.py) owns every socket and the lease book; the
-publisher thread writes snapshots; this (main) thread runs the training loop and never touches a
-socket. One step:
+Threads: the network thread (consumer/server.py) owns every socket and the lease book, and this
+thread reaches it only through `Server`'s typed methods; the publisher thread writes snapshots;
+this (main) thread runs the training loop and never touches a socket. One step:
 
     collect P admitted groups (gate: stale → dropped_stale, all-equal rewards →
     dropped_zero_variance, both finalized at once so their lease slots are re-granted)
@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import signal
 import socket
 import threading
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +36,9 @@ from common import wire
 from common.config import Config
 from common.sockets import load_keys, start_authenticator
 from consumer import checkpoint
-from consumer.leases import LeaseBook
-from consumer.prompts import PromptOrder, make_source
+from consumer.prompts import make_source
 from consumer.publisher import Publisher
-from consumer.server import Server
+from consumer.server import Server, run_spec
 from consumer.staleness import lag, verdict, zero_variance
 
 log = logging.getLogger("asyncgrpo.consumer")
@@ -69,54 +66,31 @@ class Learner:
             from consumer.trainer import Trainer
 
             self.trainer = Trainer(cfg, self.model_dir)
-        self.source = make_source(cfg.task, seed=cfg.run.seed)
-        order = PromptOrder(
-            len(self.source), seed=cfg.run.seed, shuffle=cfg.task.shuffle, epochs=cfg.task.epochs
-        )
-        self.book = LeaseBook(
-            order,
-            prompts_per_step=cfg.train.prompts_per_step,
-            max_staleness=cfg.staleness.max_staleness,
-        )
         self.version = 0
+        book_state = None
         if cfg.run.resume:
             self.version, book_state = checkpoint.load(run_dir, trainer=self.trainer)
-            self.book.load_state_dict(book_state, now=time.monotonic())
-            checkpoint.record_incarnation(run_dir, self.book.incarnation)
             cfg = self.cfg = _reuse_ports(cfg, run_dir)
-            log.info("resumed at version %d (incarnation %d)", self.version, self.book.incarnation)
-        self.run_id = f"{uuid.uuid4().hex[:8]}-{self.book.incarnation}"
         self.ctx = zmq.Context()
         keys = load_keys(cfg.net.keys_dir, "server") if cfg.net.keys_dir else None
         self.auth = start_authenticator(self.ctx, keys) if keys else None
-        s = cfg.sampling
-        spec = wire.RunSpec(
-            group_size=s.group_size,
-            vocab_size=self.trainer.vocab_size,
-            max_staleness=cfg.staleness.max_staleness,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            max_new_tokens=s.max_new_tokens,
-            prompt_format=cfg.task.prompt_format,
-            model=str(self.model_dir or ""),
-            rollouts_port=0,
-            announce_port=0,
-            heartbeat_s=cfg.net.heartbeat_s,
-            max_message_bytes=int(cfg.net.max_message_mib * (1 << 20)),
-            reward_fns=tuple(wire.RewardWeight(r.fn, r.weight) for r in cfg.rewards.fns),
-            reward_timeout_s=cfg.rewards.timeout_s,
-        )
+        spec = run_spec(cfg, vocab_size=self.trainer.vocab_size, model=str(self.model_dir or ""))
         self.server = Server(
-            cfg, self.ctx, run_id=self.run_id, book=self.book, prompts=self.source, spec=spec,
-            snapshot_root=run_dir / "snapshots", run_dir=run_dir, keys=keys,
+            cfg, self.ctx, prompts=make_source(cfg.task, seed=cfg.run.seed), spec=spec,
+            run_dir=run_dir, keys=keys, policy_version=self.version, book_state=book_state,
         )  # fmt: skip
+        self.run_id = self.server.run_id
+        if cfg.run.resume:
+            checkpoint.record_incarnation(run_dir, self.server.incarnation)
+            log.info(
+                "resumed at version %d (incarnation %d)", self.version, self.server.incarnation
+            )
         self.publisher = Publisher(
             run_dir / "snapshots",
             self.model_dir,
             keep_last=cfg.snapshot.keep_last,
             delay_s=cfg.snapshot.delay_s,
-            on_published=lambda info: self.server.call(lambda: self.server.publish(info)).result(),
+            on_published=self.server.announce_snapshot,
         )
         self.metrics = M.JsonlWriter(run_dir / "metrics.jsonl")
         self.published = -1
@@ -127,7 +101,6 @@ class Learner:
         host = self.cfg.net.bind_host
         endpoints = {k: f"tcp://{host}:{p}" for k, p in self.server.ports.items()}
         (self.run_dir / "endpoints.json").write_text(json.dumps(endpoints))
-        self.server.call(lambda: setattr(self.server, "policy_version", self.version))
         self.server.start()
         log.info(
             "consumer %s listening on %s (run dir %s)",
@@ -159,15 +132,13 @@ class Learner:
         c, out = self.cfg, Collected()
         while len(out.kept) < c.train.prompts_per_step:
             t0 = time.perf_counter()
-            try:
-                g = self.server.groups.get(timeout=0.1)
-            except queue.Empty:
-                out.wait_s += time.perf_counter() - t0
+            g = self.server.next_group(timeout_s=0.1)
+            out.wait_s += time.perf_counter() - t0
+            if g is None:
                 self.server.check()
-                if self.stop_event.is_set() or self._starved():
+                if self.stop_event.is_set() or self.server.starving():
                     return None
                 continue
-            out.wait_s += time.perf_counter() - t0
             out.seen += 1
             out.zero_std += zero_variance(g.rewards)
             why = verdict(
@@ -189,38 +160,16 @@ class Learner:
                     "is the task too hard or too easy for this model, or the reward constant?",
                     out.dropped[why],
                 )
-            info = {"behavior_version": g.behavior_version, "num_tokens": g.num_tokens}
-            self.server.call(
-                lambda g=g, why=why, info=info: self.book.finalize(g.lease_id, why, **info)
-            )
+            self.server.drop(g, why)
         out.kept.sort(key=lambda g: g.lease_id)  # arrival order must not change the step
         return out
-
-    def _starved(self) -> bool:
-        """True when prompts ran out and nothing is open: no group will ever arrive."""
-        fut = self.server.call(lambda: self.book.order.exhausted() and not self.book.open)
-        return bool(fut.result())
 
     def _train(self, got: Collected, t_start: float, last: float) -> dict[str, Any]:
         v = self.version
         metrics = self.trainer.step(got.kept)
         lags = [lag(v, g) for g in got.kept]
         self.version = v + 1
-        kept = [(g.lease_id, g.behavior_version, g.num_tokens) for g in got.kept]
-
-        def settle() -> None:
-            for lease_id, behavior, tokens in kept:
-                self.book.finalize(
-                    lease_id,
-                    "trained",
-                    behavior_version=behavior,
-                    trained_step=v,
-                    num_tokens=tokens,
-                )
-            self.server.policy_version = self.version
-            self.server.flush_ledger()
-
-        self.server.call(settle).result()
+        self.server.settle_trained(got.kept, trained_step=v)
         publish_s = 0.0
         if self.version % self.cfg.staleness.publish_every == 0:
             t0 = time.perf_counter()
@@ -230,7 +179,7 @@ class Learner:
         rewards = np.concatenate([g.rewards for g in got.kept])
         tokens = sum(g.num_tokens for g in got.kept)
         view = self.server.view()
-        balance = self.server.call(self.book.balance).result()
+        balance = self.server.balance()
         return {
             M.STEP: self.version,
             M.TIME: now - t_start,
@@ -303,40 +252,31 @@ class Learner:
         """Save learner and lease book together with how far the append-only logs had got, so a
         resumed run truncates them to exactly the state it continues from."""
         self.publisher.wait()
-
-        def consistent_state() -> dict[str, Any]:
-            self.server.flush_ledger()
-            state = self.book.state_dict()
-            state["logs"] = {
-                name: _size(self.run_dir / name) for name in ("leases.jsonl", "metrics.jsonl")
-            }
-            return state
-
         self.metrics.flush()
-        state = self.server.call(consistent_state).result()
+        state = self.server.checkpoint_state(logs=("leases.jsonl", "metrics.jsonl"))
         checkpoint.save(self.run_dir, trainer=self.trainer, version=self.version, book_state=state)
 
     def _let_producers_hear_the_end(self) -> None:
         """Keep answering for a few heartbeats so producers learn the run is over and exit."""
         deadline = time.monotonic() + 3 * self.cfg.net.heartbeat_s + 1.0
         while time.monotonic() < deadline and not self.stop_event.is_set():
-            if self.server.call(self.server.all_told_finished).result():
+            if self.server.all_told_finished():
                 return
             time.sleep(0.05)
 
     def shutdown(self) -> None:
         """Stop granting, final snapshot, expire open leases, checkpoint, balanced ledger."""
-        self.server.call(lambda: setattr(self.server, "accepting", False)).result()
+        self.server.stop_granting()
         try:
             if self.published != self.version:
                 self._publish()
             self.publisher.close()
-            self.server.call(lambda: self.book.expire_all("shutdown")).result()
+            self.server.expire_open("shutdown")
             self._checkpoint()
         finally:
-            self.server.call(lambda: self.book.expire_all("shutdown")).result()
-            self.server.call(self.server.flush_ledger).result()
-            balance = self.server.call(self.book.balance).result()
+            self.server.expire_open("shutdown")
+            self.server.flush_ledger()
+            balance = self.server.balance()
             self._let_producers_hear_the_end()
             self.server.stop()
             if self.auth is not None:
@@ -346,10 +286,6 @@ class Learner:
         log.info("ledger: %s", balance)
         if not balance["ok"]:
             raise AssertionError(f"ledger does not balance: {balance}")
-
-
-def _size(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0
 
 
 def _reuse_ports(cfg: Config, run_dir: Path) -> Config:

@@ -4,9 +4,11 @@ Sockets (all bound here): `control` ROUTER (register, heartbeat, lease requests,
 goodbye), `rollouts` PULL (groups), `announce` PUB (new snapshot versions, hints only).
 
 Invariants:
-- Only this thread touches the sockets and the `LeaseBook`. The training thread talks to it
-  through `call(fn)` (a queue of callables run here, answered through futures) and receives
-  admitted groups through `groups` (a queue bounded by construction: one group per open lease).
+- Only this thread touches the sockets and the lease book (`LeaseBook`, private to this module:
+  the server builds it, restores it on resume and hands out only copies of its state). Other
+  threads use the typed methods under "API for other threads" (each runs its work here, between
+  socket events, through a queue of callables answered by futures) and receive admitted groups
+  through `next_group` (a queue bounded by construction: one group per open lease).
 - A bad message is counted under `rejected.<reason>` and never raises out of the loop; a group
   that parsed but failed validation ends its lease as `rejected_invalid` and the producer is
   told (ack with that outcome). Replies are sent without blocking; a lost reply only delays acks.
@@ -16,13 +18,15 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
 import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +40,7 @@ from common.config import Config
 from common.errors import WireError
 from common.sockets import Keys, server_socket
 from consumer.leases import LeaseBook
-from consumer.prompts import PromptSource
+from consumer.prompts import PromptOrder, PromptSource
 
 log = logging.getLogger("asyncgrpo.consumer")
 T = TypeVar("T")
@@ -54,22 +58,61 @@ class ProducerView:
     counters: dict[str, float] = field(default_factory=dict)
 
 
+def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
+    """What every producer is told at registration; ports stay 0 until the server has bound."""
+    s = cfg.sampling
+    return wire.RunSpec(
+        group_size=s.group_size,
+        vocab_size=vocab_size,
+        max_staleness=cfg.staleness.max_staleness,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_new_tokens=s.max_new_tokens,
+        prompt_format=cfg.task.prompt_format,
+        model=model,
+        rollouts_port=0,
+        announce_port=0,
+        heartbeat_s=cfg.net.heartbeat_s,
+        max_message_bytes=int(cfg.net.max_message_mib * (1 << 20)),
+        reward_fns=tuple(wire.RewardWeight(r.fn, r.weight) for r in cfg.rewards.fns),
+        reward_timeout_s=cfg.rewards.timeout_s,
+    )
+
+
 class Server:
+    """The network thread and its lease book. Build it, `start()` it, `stop()` it.
+
+    `book_state` (from a checkpoint) restores the lease book as the next incarnation;
+    `policy_version` is the learner's version at start.
+    """
+
     def __init__(
         self,
         cfg: Config,
         ctx: zmq.Context,
         *,
-        run_id: str,
-        book: LeaseBook,
         prompts: PromptSource,
         spec: wire.RunSpec,
-        snapshot_root: Path,
         run_dir: Path,
         keys: Keys | None,
+        policy_version: int = 0,
+        book_state: dict[str, Any] | None = None,
     ) -> None:
-        self.cfg, self.run_id, self.book, self.prompts = cfg, run_id, book, prompts
-        self.snapshot_root, self.run_dir = snapshot_root, run_dir
+        self.cfg, self.prompts = cfg, prompts
+        self.snapshot_root, self.run_dir = run_dir / "snapshots", run_dir
+        order = PromptOrder(
+            len(prompts), seed=cfg.run.seed, shuffle=cfg.task.shuffle, epochs=cfg.task.epochs
+        )
+        self._book = LeaseBook(
+            order,
+            prompts_per_step=cfg.train.prompts_per_step,
+            max_staleness=cfg.staleness.max_staleness,
+        )
+        if book_state is not None:
+            self._book.load_state_dict(book_state, now=time.monotonic())
+        self.incarnation = self._book.incarnation
+        self.run_id = f"{uuid.uuid4().hex[:8]}-{self.incarnation}"
         net = cfg.net
         max_bytes = int(net.max_message_mib * (1 << 20))
         common = dict(
@@ -81,8 +124,8 @@ class Server:
         )
         self.announce, announce_port = server_socket(ctx, zmq.PUB, port=net.announce_port, **common)
         self.ports = {"control": control_port, "rollouts": rollouts_port, "announce": announce_port}
-        self.spec = wire.RunSpec(
-            **{**asdict(spec), "rollouts_port": rollouts_port, "announce_port": announce_port}
+        self.spec = dataclasses.replace(
+            spec, rollouts_port=rollouts_port, announce_port=announce_port
         )
         s = cfg.sampling
         self.group_limits = wire.Limits(
@@ -94,8 +137,8 @@ class Server:
             max_completion_tokens=s.max_new_tokens,
         )
         self.control_limits = wire.Limits(max_message_bytes=1 << 20, max_items=1 << 16)
-        self.groups: queue.Queue[wire.Group] = queue.Queue()
-        self.policy_version = 0
+        self._groups: queue.Queue[wire.Group] = queue.Queue()
+        self.policy_version = policy_version
         self.snapshot: wire.SnapshotInfo | None = None
         self.accepting = True  # False once the learner needs no more groups
         self.told_finished: set[str] = set()  # producers whose last reply said finished
@@ -112,7 +155,7 @@ class Server:
     def start(self) -> None:
         self._thread.start()
 
-    def call(self, fn: Callable[[], T]) -> Future[T]:
+    def _call(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn` on the network thread (between socket events); its result via the future."""
         fut: Future[T] = Future()
         if self.error is not None or (
@@ -127,10 +170,97 @@ class Server:
         self._stop.set()
         self._thread.join()
 
+    def next_group(self, timeout_s: float) -> wire.Group | None:
+        """The next admitted group, or None after `timeout_s` without one."""
+        try:
+            return self._groups.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def drop(self, group: wire.Group, outcome: str) -> None:
+        """End `group`'s lease as `outcome` (a dropped_* state) without waiting: its slot is
+        granted again as soon as the network thread gets to it. A failure (a lease-book bug)
+        stops the network thread and reaches the caller through `check`."""
+        info = {"behavior_version": group.behavior_version, "num_tokens": group.num_tokens}
+        fut = self._call(lambda: self._book.finalize(group.lease_id, outcome, **info))
+        fut.add_done_callback(self._fail_on_error)
+
+    def settle_trained(self, groups: Sequence[wire.Group], *, trained_step: int) -> None:
+        """The optimizer step `trained_step` consumed `groups`: end their leases as trained,
+        move the policy version to `trained_step + 1` (new leases follow it) and write the
+        ledger, all at once."""
+
+        def settle() -> None:
+            for g in groups:
+                self._book.finalize(
+                    g.lease_id,
+                    "trained",
+                    behavior_version=g.behavior_version,
+                    trained_step=trained_step,
+                    num_tokens=g.num_tokens,
+                )
+            self.policy_version = trained_step + 1
+            self._flush_ledger()
+
+        self._call(settle).result()
+
+    def stop_granting(self) -> None:
+        """No more leases; every reply from now on tells producers the run is finished."""
+
+        def stop() -> None:
+            self.accepting = False
+
+        self._call(stop).result()
+
+    def announce_snapshot(self, info: wire.SnapshotInfo) -> None:
+        """A new snapshot is complete on disk: serve it and announce it."""
+        self._call(lambda: self._publish(info)).result()
+
+    def expire_open(self, reason: str) -> None:
+        """End every open lease as expired (their prompts are leased again after a resume)."""
+        self._call(lambda: self._book.expire_all(reason)).result()
+
+    def flush_ledger(self) -> None:
+        """Append finished leases to leases.jsonl and rewrite ledger.json."""
+        self._call(self._flush_ledger).result()
+
+    def balance(self) -> dict[str, int]:
+        """The ledger's counts by state; `ok` is 1 when they add up (see LeaseBook.balance)."""
+        return self._call(self._book.balance).result()
+
+    def starving(self) -> bool:
+        """True when prompts ran out and no lease is open: no group will ever arrive."""
+        return self._call(lambda: self._book.order.exhausted() and not self._book.open).result()
+
+    def checkpoint_state(self, logs: Sequence[str]) -> dict[str, Any]:
+        """The lease book's state for a checkpoint, taken after writing the ledger, with the
+        sizes of the run-directory files `logs` at that moment (`{"logs": {name: bytes}}`), so
+        that a resumed run truncates its append-only logs to exactly this state."""
+
+        def state() -> dict[str, Any]:
+            self._flush_ledger()
+            out = self._book.state_dict()
+            out["logs"] = {name: _size(self.run_dir / name) for name in logs}
+            return out
+
+        return self._call(state).result()
+
     def all_told_finished(self) -> bool:
-        """Every live producer has heard that the run is finished (call on this thread)."""
+        """Every live producer has heard that the run is finished."""
+        return self._call(self._all_told_finished).result()
+
+    def _all_told_finished(self) -> bool:
         live = {p for p, v in self.producers.items() if v.state not in ("gone", "left")}
         return live <= self.told_finished
+
+    def _fail_on_error(self, fut: Future[Any]) -> None:
+        """A call nobody waits for failed: the lease book can no longer be trusted, so the
+        network thread stops as if it had failed itself (`check` re-raises it)."""
+        exc = fut.exception() if not fut.cancelled() else None
+        if exc is not None and self.error is None:
+            log.error("a call from the training thread failed on the network thread: %r", exc)
+            self.error = exc
+            self._stop.set()
 
     def check(self) -> None:
         """Re-raise, on the caller's thread, a failure of the network thread."""
@@ -164,7 +294,7 @@ class Server:
                     self._housekeeping(now)
                     next_housekeeping = now + 0.25
             self._run_calls()
-            self.flush_ledger()
+            self._flush_ledger()
         except BaseException as exc:
             log.exception("network thread failed")
             self.error = exc
@@ -191,7 +321,9 @@ class Server:
                 fn, fut = self._calls.get_nowait()
             except queue.Empty:
                 return
-            if fut.set_running_or_notify_cancel():
+            if self.error is not None:
+                fut.set_exception(RuntimeError("the consumer's network thread has stopped"))
+            elif fut.set_running_or_notify_cancel():
                 try:
                     fut.set_result(fn())
                 except BaseException as exc:  # delivered to the caller's thread
@@ -200,7 +332,7 @@ class Server:
     def _housekeeping(self, now: float) -> None:
         net = self.cfg.net
         gone = {p for p, v in self.producers.items() if now - v.last_seen > net.producer_timeout_s}
-        expired = self.book.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=gone)
+        expired = self._book.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=gone)
         with self._lock:
             for p in gone:
                 log.warning(
@@ -212,7 +344,7 @@ class Server:
                 self.producers[p].last_seen = float("inf")  # report once
             self.counters["expired"] += len(expired)
         if expired or self._ledger_dirty:
-            self.flush_ledger()
+            self._flush_ledger()
 
     # -- rollouts ------------------------------------------------------------------------------
     def _on_group_frames(self, frames: list[bytes]) -> None:
@@ -226,20 +358,20 @@ class Server:
             return self._reject_group(exc)
         if not isinstance(msg, wire.Group):
             return self._reject_group(WireError("unexpected_kind", type(msg).__name__))
-        verdict = self.book.receive(msg.lease_id, msg.producer_id)
+        verdict = self._book.receive(msg.lease_id, msg.producer_id)
         with self._lock:
             self.counters[f"groups_{verdict}"] += 1
         if verdict == "accept":
-            self.groups.put(msg)
+            self._groups.put(msg)
 
     def _reject_group(self, exc: WireError) -> None:
         with self._lock:
             self.counters[f"rejected.{exc.reason}"] += 1
             self.counters["rejected"] += 1
         log.warning("rejected a group message: %s", exc)
-        rec = self.book.open.get(exc.lease_id) if exc.lease_id is not None else None
+        rec = self._book.open.get(exc.lease_id) if exc.lease_id is not None else None
         if rec is not None and rec.state == "issued" and rec.producer_id == exc.producer_id:
-            self.book.finalize(rec.lease_id, "rejected_invalid", reason=exc.reason)
+            self._book.finalize(rec.lease_id, "rejected_invalid", reason=exc.reason)
             self._ledger_dirty = True
 
     # -- control -------------------------------------------------------------------------------
@@ -265,7 +397,7 @@ class Server:
                 self.counters["control_reply_undeliverable"] += 1
 
     def _status(self, producer_id: str | None) -> wire.Status:
-        acks = self.book.take_acks(producer_id) if producer_id else ()
+        acks = self._book.take_acks(producer_id) if producer_id else ()
         if producer_id and not self.accepting:
             self.told_finished.add(producer_id)
         return wire.Status(
@@ -279,7 +411,7 @@ class Server:
                 self.producers[msg.producer_id] = ProducerView(
                     msg.host, msg.pid, msg.engine, msg.loaded_version, last_seen=now
                 )
-            self.book.reconcile(msg.producer_id, set(msg.held_leases))
+            self._book.reconcile(msg.producer_id, set(msg.held_leases))
             log.info(
                 "producer %s registered (%s pid %d, %s)",
                 msg.producer_id,
@@ -301,7 +433,7 @@ class Server:
                 view.loaded_version, view.state = msg.loaded_version, msg.state
                 view.num_in_flight, view.counters = msg.num_in_flight, dict(msg.counters)
         if isinstance(msg, wire.Goodbye):
-            self.book.reconcile(msg.producer_id, set(msg.held_leases))
+            self._book.reconcile(msg.producer_id, set(msg.held_leases))
             with self._lock:
                 view.state, view.last_seen = "left", float("inf")
             return wire.StatusReply(msg.req, self._status(msg.producer_id))
@@ -314,7 +446,7 @@ class Server:
     def _grant(self, msg: wire.LeaseRequest, now: float) -> tuple[wire.Lease, ...]:
         if not self.accepting or self.snapshot is None:
             return ()
-        records = self.book.grant(
+        records = self._book.grant(
             msg.producer_id,
             max(0, min(msg.max_leases, 1024)),
             policy_version=self.policy_version,
@@ -350,20 +482,20 @@ class Server:
             self.counters["chunk_bytes_served"] += len(data)
         return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
 
-    # -- called on this thread through call() --------------------------------------------------
-    def publish(self, info: wire.SnapshotInfo) -> None:
+    # -- on this thread ------------------------------------------------------------------------
+    def _publish(self, info: wire.SnapshotInfo) -> None:
         self.snapshot = info
         self.announce.send(wire.encode(wire.Announce(self.run_id, self.policy_version, info)))
 
-    def flush_ledger(self) -> None:
+    def _flush_ledger(self) -> None:
         """Append finished leases to leases.jsonl and rewrite ledger.json (atomically)."""
-        finished = self.book.take_finished()
+        finished = self._book.take_finished()
         if finished:
             with open(self.run_dir / "leases.jsonl", "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in finished)
         summary = {
-            "balance": self.book.balance(),
-            "by_producer": {p: dict(c) for p, c in self.book.by_producer.items()},
+            "balance": self._book.balance(),
+            "by_producer": {p: dict(c) for p, c in self._book.by_producer.items()},
             "counters": dict(self.counters),
             "policy_version": self.policy_version,
         }
@@ -371,3 +503,7 @@ class Server:
         tmp.write_text(json.dumps(summary, indent=1, sort_keys=True))
         tmp.replace(self.run_dir / "ledger.json")
         self._ledger_dirty = False
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0

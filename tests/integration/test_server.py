@@ -1,0 +1,118 @@
+"""consumer/server.py through its typed handle: real sockets on loopback, a scripted producer.
+
+The training thread's whole view of the network thread is `Server`'s methods; these tests drive
+one lease from grant to trained, a drop, the end of the run, and a failure on the network
+thread surfacing on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+
+from common import config as C
+from common import wire
+from consumer.prompts import make_source
+from consumer.server import Server, run_spec
+
+G = 2
+
+
+@pytest.fixture
+def server(tmp_path):
+    cfg = C.apply_overrides(
+        C.Config(),
+        ["net.control_port=0", f"sampling.group_size={G}", "train.prompts_per_step=1",
+         "staleness.max_staleness=0", "task.epochs=1"],
+    )  # fmt: skip
+    ctx = zmq.Context()
+    spec = run_spec(cfg, vocab_size=32, model="")
+    srv = Server(
+        cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=spec, run_dir=tmp_path, keys=None
+    )
+    srv.start()
+    yield srv, ctx
+    srv.stop()
+    ctx.destroy(linger=0)
+
+
+def _request(sock: zmq.Socket, msg: wire.Message) -> wire.Message:
+    sock.send(wire.encode(msg))
+    assert sock.poll(10_000), "no reply from the server"
+    return wire.decode(sock.recv(), wire.Limits())
+
+
+def _group(lease: wire.Lease, rewards: list[float]) -> wire.Group:
+    return wire.Group(
+        lease_id=lease.lease_id, producer_id="p", prompt_index=lease.prompt_index,
+        behavior_version=0, prompt_ids=np.array([1, 2], np.int32),
+        completion_ids=np.array([3, 4], np.int32), completion_lens=np.ones(G, np.int32),
+        behavior_logp=np.full(2, -1.0, np.float32), token_versions=np.zeros(0, np.int32),
+        rewards=np.array(rewards, np.float32), finish_reasons=("stop",) * G, temperature=1.0,
+    )  # fmt: skip
+
+
+def test_the_spec_gets_the_bound_ports_and_keeps_its_typed_rewards(server):
+    srv, _ = server
+    assert srv.spec.rollouts_port == srv.ports["rollouts"] != 0
+    assert srv.spec.announce_port == srv.ports["announce"] != 0
+    assert all(isinstance(r, wire.RewardWeight) for r in srv.spec.reward_fns)
+
+
+def test_a_lease_goes_from_grant_to_trained_and_the_ledger_balances(server, tmp_path):
+    srv, ctx = server
+    host = "tcp://127.0.0.1"
+    control = ctx.socket(zmq.DEALER)
+    control.connect(f"{host}:{srv.ports['control']}")
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"{host}:{srv.ports['rollouts']}")
+    welcome = _request(control, wire.Register(1, "p", "h", 1, "fake", -1))
+    assert isinstance(welcome, wire.Welcome)
+    assert welcome.spec == srv.spec
+    assert _request(control, wire.LeaseRequest(2, "p", 4, 0)).leases == ()  # nothing published
+    srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))
+    grant = _request(control, wire.LeaseRequest(3, "p", 4, 0))
+    assert len(grant.leases) == 1  # the staleness bound: one step of one prompt
+    first = grant.leases[0]
+    push.send(wire.encode(_group(first, [1.0, 0.0])))
+    got = srv.next_group(timeout_s=10)
+    assert got is not None
+    assert got.lease_id == first.lease_id
+    srv.settle_trained([got], trained_step=0)
+    assert srv.balance()["trained"] == 1
+    assert (tmp_path / "ledger.json").exists()
+
+    srv.announce_snapshot(wire.SnapshotInfo(1, 1, "01", str(tmp_path / "none")))
+    grant = _request(control, wire.LeaseRequest(4, "p", 4, 0))
+    assert wire.Ack(first.lease_id, "trained") in grant.status.acks
+    second = grant.leases[0]
+    assert second.step == 1  # the policy version moved with the settlement
+    push.send(wire.encode(_group(second, [1.0, 1.0])))
+    dropped = srv.next_group(timeout_s=10)
+    assert dropped is not None
+    srv.drop(dropped, "dropped_zero_variance")
+    srv.stop_granting()
+    status = _request(control, wire.Heartbeat(5, "p", 0, "idle", 0))
+    assert status.status.finished
+    assert wire.Ack(second.lease_id, "dropped_zero_variance") in status.status.acks
+    assert srv.all_told_finished()
+    srv.expire_open("shutdown")
+    balance = srv.balance()
+    assert balance["ok"] == 1
+    assert balance["dropped_zero_variance"] == 1
+    state = srv.checkpoint_state(logs=("leases.jsonl",))
+    assert state["logs"]["leases.jsonl"] == (tmp_path / "leases.jsonl").stat().st_size > 0
+    control.close(linger=0)
+    push.close(linger=0)
+
+
+def test_a_failed_drop_reaches_the_training_thread_through_check(server):
+    srv, _ = server
+    lease = wire.Lease(lease_id=999, prompt_index=0, step=0, min_version=0, prompt="", answer="")
+    srv.drop(_group(lease, [1.0, 0.0]), "dropped_stale")  # never granted: a lease-book bug
+    with pytest.raises(RuntimeError, match="network thread has stopped"):
+        srv.balance()  # queued after the drop: refused once the drop has failed
+    with pytest.raises(RuntimeError, match="network thread failed") as info:
+        srv.check()
+    assert isinstance(info.value.__cause__, KeyError)  # the lease was never open
