@@ -296,12 +296,12 @@ def _reuse_ports(cfg: Config, run_dir: Path) -> Config:
         return cfg
     old = {k: int(v.rsplit(":", 1)[1]) for k, v in json.loads(path.read_text()).items()}
     net = cfg.net
-    sets = [
-        f"net.{k}_port={old[k]}"
+    ports = {
+        f"net.{k}_port": old[k]
         for k in ("control", "rollouts", "announce")
         if getattr(net, f"{k}_port") == 0 and k in old
-    ]
-    return config_mod.apply_overrides(cfg, sets)
+    }
+    return config_mod.override(cfg, ports)
 
 
 def local_model_dir(path: str) -> Path:

@@ -43,21 +43,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, cast, get_args
+from typing import get_args
 
 import torch
 
-AdvScale = Literal["group", "batch", "none"]
-TISLevel = Literal["token", "sequence"]
-TISMode = Literal["truncate", "mask"]
-KLKind = Literal["k1", "k2", "k3"]
-AggMode = Literal[
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-]
+from common.config import AdvScale, AggMode, KLKind, TISLevel, TISMode
+
+# The modes are declared once, in common/config.py (the config keys that select them).
 ADV_SCALES: tuple[str, ...] = get_args(AdvScale)
 TIS_LEVELS: tuple[str, ...] = get_args(TISLevel)
 TIS_MODES: tuple[str, ...] = get_args(TISMode)
@@ -95,7 +87,7 @@ def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class TISConfig:
-    """Truncated importance sampling options; `policy_loss` also takes the plain 4-tuple."""
+    """Truncated importance sampling options (`LossOptions.tis`; None there means no TIS)."""
 
     level: TISLevel = "token"
     mode: TISMode = "truncate"
@@ -112,7 +104,6 @@ class TISConfig:
 
 
 DEFAULT_TIS = TISConfig()
-TISSpec = TISConfig | tuple[str, str, float, float | None] | None
 
 
 def needs_old_logp_pass(updates_per_batch: int) -> bool:
@@ -244,15 +235,6 @@ def aggregate(
     return v_BT.sum() / (seqs * norm_const)
 
 
-def _as_tis(tis: TISSpec) -> TISConfig | None:
-    if tis is None or isinstance(tis, TISConfig):
-        return tis
-    if len(tis) != 4:
-        raise ValueError(f"tis must be None, a TISConfig or (level, mode, cap, cap_min); got {tis}")
-    level, mode, cap, cap_min = tis
-    return TISConfig(cast(TISLevel, level), cast(TISMode, mode), cap, cap_min)
-
-
 def _clipped_surrogate(
     ratio_BT: torch.Tensor,
     adv_BT: torch.Tensor,
@@ -267,17 +249,43 @@ def _clipped_surrogate(
     return loss_BT
 
 
-def _check_options(
-    clip_low: float, clip_high: float, dual_clip: float | None, beta: float, agg: str, kl: str
-) -> None:
-    _check_choice("agg", agg, AGG_MODES)
-    _check_choice("kl", kl, KL_KINDS)
-    if not (0 <= clip_low < 1 and clip_high >= 0):
-        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
-    if dual_clip is not None and not dual_clip > 1:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    if not beta >= 0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
+@dataclass(frozen=True, slots=True)
+class LossOptions:
+    """Every option of `policy_loss`, checked once at construction. "Off" is None, never 0.
+
+    clip_low, clip_high: PPO clip, 0 <= clip_low < 1, clip_high >= 0.
+    dual_clip: c > 1 for negative advantages, or None.
+    tis: the TIS weight (`TISConfig`), or None for w = 1.
+    agg: aggregation mode; norm_const: its constant (> 0) for "seq-mean-token-sum-norm".
+    beta: KL penalty weight (>= 0; > 0 needs `ref_logp`); kl: the KL estimator.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    tis: TISConfig | None = DEFAULT_TIS
+    agg: AggMode = "token-mean"
+    norm_const: float | None = None
+    beta: float = 0.0
+    kl: KLKind = "k3"
+
+    def __post_init__(self) -> None:
+        _check_choice("agg", self.agg, AGG_MODES)
+        _check_choice("kl", self.kl, KL_KINDS)
+        lo, hi = self.clip_low, self.clip_high
+        if not (0 <= lo < 1 and hi >= 0):
+            raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {lo}, {hi}")
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+        if not self.beta >= 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.tis is not None and not isinstance(self.tis, TISConfig):
+            raise ValueError(f"tis must be None or a TISConfig, got {self.tis!r}")
+        if self.agg == "seq-mean-token-sum-norm" and not (self.norm_const or 0) > 0:
+            raise ValueError("agg 'seq-mean-token-sum-norm' needs norm_const > 0")
+
+
+DEFAULT_OPTIONS = LossOptions()
 
 
 def _check_shapes(advantages_B: torch.Tensor, *per_token_BT: torch.Tensor | None) -> None:
@@ -300,29 +308,23 @@ def policy_loss(
     behavior_logp_BT: torch.Tensor,
     advantages_B: torch.Tensor,
     mask_BT: torch.Tensor,
+    options: LossOptions = DEFAULT_OPTIONS,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    tis: TISSpec = DEFAULT_TIS,
-    agg: AggMode = "token-mean",
-    norm_const: float | None = None,
     ref_logp: torch.Tensor | None = None,
-    beta: float = 0.0,
-    kl: KLKind = "k3",
     global_tokens: float | None = None,
     global_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The TIS-corrected clipped GRPO loss of one (micro-)batch, and its metrics (`METRIC_KEYS`).
 
-    `tis`: None (w = 1), a `TISConfig`, or `(level, mode, cap, cap_min)`. `ref_logp` is `[B, T]`;
-    required when beta > 0, otherwise only measured (`kl_ref`). Gradients flow only into `logp`.
+    `options` (built once per run) holds every mode and constant. `ref_logp` is `[B, T]`;
+    required when beta > 0, otherwise only measured (`kl_ref`). `global_tokens` / `global_seqs`
+    are the whole batch's normalisers (see `aggregate`). Gradients flow only into `logp`.
     """
-    _check_options(clip_low, clip_high, dual_clip, beta, agg, kl)
+    o = options
     _check_shapes(advantages_B, logp_BT, old_logp_BT, behavior_logp_BT, mask_BT, ref_logp)
-    if beta > 0 and ref_logp is None:
+    if o.beta > 0 and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp")
-    cfg = _as_tis(tis)
+    cfg = o.tis
     mask = mask_BT.bool()
     logp = torch.where(mask, logp_BT, 0.0)
     old = torch.where(mask, old_logp_BT.detach(), 0.0)
@@ -333,18 +335,19 @@ def policy_loss(
         w_BT = _tis_weight(rho_BT, mask, cfg) if cfg is not None else mask.to(gap_BT.dtype)
 
     ratio_BT = torch.exp((logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    per_token_BT = w_BT * _clipped_surrogate(ratio_BT, adv_BT, clip_low, clip_high, dual_clip)
-    norms = {"norm_const": norm_const, "global_tokens": global_tokens, "global_seqs": global_seqs}
-    loss = aggregate(per_token_BT, mask, agg, **norms)
+    surr_BT = _clipped_surrogate(ratio_BT, adv_BT, o.clip_low, o.clip_high, o.dual_clip)
+    per_token_BT = w_BT * surr_BT
+    norms = {"norm_const": o.norm_const, "global_tokens": global_tokens, "global_seqs": global_seqs}
+    loss = aggregate(per_token_BT, mask, o.agg, **norms)
     kl_BT = None
     if ref_logp is not None:
         ref = torch.where(mask, ref_logp.detach(), 0.0)
-        if beta > 0:
-            kl_BT = kl_penalty(logp, ref, kl)
-            loss = loss + beta * aggregate(kl_BT, mask, agg, **norms)
+        if o.beta > 0:
+            kl_BT = kl_penalty(logp, ref, o.kl)
+            loss = loss + o.beta * aggregate(kl_BT, mask, o.agg, **norms)
         else:  # measured only
-            kl_BT = kl_penalty(logp.detach(), ref, kl)
-    limits = (clip_low, clip_high, dual_clip)
+            kl_BT = kl_penalty(logp.detach(), ref, o.kl)
+    limits = (o.clip_low, o.clip_high, o.dual_clip)
     return loss, _metrics(ratio_BT, adv_BT, w_BT, rho_BT, gap_BT, mask, kl_BT, limits)
 
 

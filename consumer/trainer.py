@@ -43,11 +43,28 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def loss_options(cfg: Config) -> L.LossOptions:
+    """The loss options of a run, built once: the config's "0 = off" become None here."""
+    c = cfg.loss
+    tis = L.TISConfig(c.tis_level, c.tis_mode, c.tis_cap, c.tis_cap_min or None) if c.tis else None
+    return L.LossOptions(
+        clip_low=c.clip_low,
+        clip_high=c.clip_high,
+        dual_clip=c.dual_clip or None,
+        tis=tis,
+        agg=c.agg,
+        norm_const=c.norm_const or float(cfg.sampling.max_new_tokens),
+        beta=c.beta,
+        kl=c.kl,
+    )
+
+
 class Trainer:
     def __init__(self, cfg: Config, model_dir: Path) -> None:
         from transformers import AutoModelForCausalLM
 
         self.cfg = cfg
+        self.loss_options = loss_options(cfg)
         self.device = resolve_device(cfg.model.device)
         if cfg.model.torch_threads:
             torch.set_num_threads(cfg.model.torch_threads)
@@ -145,28 +162,19 @@ class Trainer:
     def _micro_loss(
         self, mb: MicroBatch, old_BT: torch.Tensor | None, *, global_tokens: int, global_seqs: int
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        c = self.cfg.loss
         logp_BT, logits_BTV = self._forward_logp(self.model, mb)
         ref_BT = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_BT, _ = self._forward_logp(self.ref_model, mb)
-        tis = (c.tis_level, c.tis_mode, c.tis_cap, c.tis_cap_min or None) if c.tis else None
         loss, metrics = L.policy_loss(
             logp_BT,
             logp_BT.detach() if old_BT is None else old_BT,
             mb.behavior_logp_BT,
             mb.advantages_B,
             mb.mask_BT,
-            clip_low=c.clip_low,
-            clip_high=c.clip_high,
-            dual_clip=c.dual_clip or None,
-            tis=tis,
-            agg=c.agg,
-            norm_const=c.norm_const or float(self.cfg.sampling.max_new_tokens),
+            self.loss_options,
             ref_logp=ref_BT,
-            beta=c.beta,
-            kl=c.kl,
             global_tokens=global_tokens,
             global_seqs=global_seqs,
         )

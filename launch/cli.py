@@ -54,26 +54,26 @@ InsecureOpt = Annotated[
 
 
 def load_config(config: Path | None, sets: list[str] | None, flags: dict[str, object]) -> C.Config:
-    """Defaults < TOML file < --set < explicit flags (None = not given); validated."""
-    overrides = list(sets or [])
-    overrides += [f"{k}={_toml_value(v)}" for k, v in flags.items() if v is not None]
+    """Defaults < TOML file < --set < explicit flags (None = not given); validated. Flags are
+    typed values (`C.override`): a path with quotes or backslashes arrives as written."""
+    values = {k: v for k, v in flags.items() if v is not None}
     try:
-        return C.load(config, overrides)
+        return C.load(config, sets or [], values)
     except ConfigError as exc:
         _fail(str(exc))
         raise AssertionError from exc  # unreachable
 
 
-def _toml_value(v: object) -> str:
-    """`v` as a TOML value (for --set overrides and the config table; dataclasses as tables)."""
+def _shown(v: object) -> str:
+    """A default as the config table shows it (TOML syntax; dataclasses as inline tables)."""
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, str | Path):
-        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(_shown(x) for x in v) + "]"
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        fields = ", ".join(f"{k} = {_toml_value(x)}" for k, x in dataclasses.asdict(v).items())
+        fields = ", ".join(f"{k} = {_shown(x)}" for k, x in dataclasses.asdict(v).items())
         return "{" + fields + "}"
     return str(v)
 
@@ -161,10 +161,10 @@ def consumer(
     }  # fmt: skip
     cfg = load_config(config, set_, flags)
     out = make_run_dir(cfg)
-    resolved = [f"run.dir={_toml_value(str(out))}"]
+    resolved: dict[str, object] = {"run.dir": out}
     if not cfg.train.simulate_step_s:
-        resolved.append(f"model.path={_toml_value(str(resolve_model(cfg.model.path)))}")
-    cfg = C.apply_overrides(cfg, resolved)
+        resolved["model.path"] = resolve_model(cfg.model.path)
+    cfg = C.override(cfg, resolved)
     C.write(cfg, out / "config.toml")
     setup_logging(out, "consumer", verbose)
     from consumer.learner import main as learner_main
@@ -292,10 +292,10 @@ def launch(
             f"model: {cfg.model.path} (building it the first time can take a minute)", err=True
         )
         model_dir = resolve_model(cfg.model.path)
-    resolved = [f"run.dir={_toml_value(str(out.resolve()))}", "net.control_port=0"]
+    resolved: dict[str, object] = {"run.dir": out.resolve(), "net.control_port": 0}
     if model_dir is not None:
-        resolved.append(f"model.path={_toml_value(str(model_dir))}")
-    cfg = C.apply_overrides(cfg, resolved)
+        resolved["model.path"] = model_dir
+    cfg = C.override(cfg, resolved)
     C.write(cfg, out / "config.toml")
     typer.echo(f"run directory: {out}", err=True)
     show = sys.stderr.isatty() if live is None else live
@@ -439,9 +439,7 @@ def stress(
         _fail("--engine must be fake or demo")
     base = load_config(config or (DEMO_CONFIG if engine == "demo" else None), set_, {})
     if engine == "demo":
-        base = C.apply_overrides(
-            base, [f"model.path={_toml_value(str(resolve_model(base.model.path)))}"]
-        )
+        base = C.override(base, {"model.path": resolve_model(base.model.path)})
     scenario = Scenario(
         gen_s=gen_s, step_s=step_s, slow_factor=slow, jitter=jitter, long_tail=long_tail,
         stall_s=stall_s, publish_delay_s=publish_delay_s, max_in_flight=max_in_flight, seed=seed,
@@ -512,7 +510,7 @@ def config_docs() -> None:
     """Print the Markdown table of every config key (the README's reference)."""
     typer.echo("| key | type | default | meaning |\n|---|---|---|---|")
     for key, tname, default, text in C.field_help():
-        shown = _toml_value(default)
+        shown = _shown(default)
         typer.echo(f"| `{key}` | {tname} | `{shown}` | {text} |")
 
 

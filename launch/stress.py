@@ -28,7 +28,7 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from common import config as C
 from common.metrics import read_jsonl
@@ -42,7 +42,11 @@ COLUMNS = [
     "expired_by_producer", "dropped_stale_by_producer", "final_reward", "final_accuracy",
     "accuracy_at_equal_time",
 ]  # fmt: skip
-IS_MODES = ("off", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+# "off", then every TIS level-mode pair of the config ("token-truncate", ...).
+IS_MODES = (
+    "off",
+    *(f"{level}-{mode}" for level in get_args(C.TISLevel) for mode in get_args(C.TISMode)),
+)
 
 
 @dataclass(frozen=True)
@@ -65,29 +69,28 @@ def setting_name(ms: int, producers: int, is_mode: str) -> str:
     return f"ms{ms}-p{producers}-{is_mode}"
 
 
-def is_overrides(is_mode: str) -> list[str]:
+def is_overrides(is_mode: str) -> dict[str, object]:
     if is_mode == "off":
-        return ["loss.tis=false"]
+        return {"loss.tis": False}
     level, mode = is_mode.split("-")
-    return ["loss.tis=true", f'loss.tis_level="{level}"', f'loss.tis_mode="{mode}"']
+    return {"loss.tis": True, "loss.tis_level": level, "loss.tis_mode": mode}
 
 
 def build_config(
     base: C.Config, *, ms: int, is_mode: str, engine: str, steps: int, sc: Scenario, run_dir: Path
 ) -> C.Config:
-    sets = [
-        f"staleness.max_staleness={ms}", "staleness.publish_every=1", f"run.steps={steps}",
-        f"run.seed={sc.seed}", f'run.dir="{run_dir}"', "net.control_port=0",
-        f"snapshot.delay_s={sc.publish_delay_s}", f"producer.max_in_flight={sc.max_in_flight}",
-        *is_overrides(is_mode),
-    ]  # fmt: skip
+    values: dict[str, object] = {
+        "staleness.max_staleness": ms, "staleness.publish_every": 1, "run.steps": steps,
+        "run.seed": sc.seed, "run.dir": run_dir, "net.control_port": 0,
+        "snapshot.delay_s": sc.publish_delay_s, "producer.max_in_flight": sc.max_in_flight,
+        **is_overrides(is_mode),
+    }  # fmt: skip
     if engine == "fake":
-        sets += [
-            f"train.simulate_step_s={sc.step_s}", 'producer.engine="fake"',
-            f"fake.latency_s={sc.gen_s}", f"fake.jitter={sc.jitter}",
-            f"fake.long_tail={sc.long_tail}",
-        ]  # fmt: skip
-    return C.apply_overrides(base, sets)
+        values |= {
+            "train.simulate_step_s": sc.step_s, "producer.engine": "fake",
+            "fake.latency_s": sc.gen_s, "fake.jitter": sc.jitter, "fake.long_tail": sc.long_tail,
+        }  # fmt: skip
+    return C.override(base, values)
 
 
 def producer_args(index: int, sc: Scenario) -> list[str]:

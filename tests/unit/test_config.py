@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import tomllib
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -373,6 +374,9 @@ def test_every_field_has_a_simple_type_and_a_default_of_that_type():
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
             value = getattr(instance, f.name)
+            if C.choices(tp):  # a mode: a Literal of strings, declared once in common/config.py
+                assert value in C.choices(tp), f"{name}.{f.name}"
+                continue
             expected = typing.get_origin(tp) or tp
             assert isinstance(value, expected), f"{name}.{f.name}"
 
@@ -382,3 +386,51 @@ def test_list_defaults_are_not_shared_between_instances():
     assert a.train.betas == b.train.betas
     assert a.train.betas is not b.train.betas
     assert a.rewards.fns is not b.rewards.fns
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed overrides (what flags and code use: values, never TOML text)
+
+QUOTED = 'runs/it\'s "quoted" \\ dir'
+
+
+def test_override_sets_typed_values_and_paths_as_written(tmp_path):
+    cfg = C.override(
+        C.Config(),
+        {"run.dir": Path(QUOTED), "run.steps": 7, "loss.tis_mode": "mask", "net.insecure": True},
+    )
+    assert cfg.run.dir == QUOTED
+    assert (cfg.run.steps, cfg.loss.tis_mode, cfg.net.insecure) == (7, "mask", True)
+    path = tmp_path / "config.toml"
+    C.write(cfg, path)
+    assert C.load(path) == cfg  # and the quoted path survives the written config
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"run.steps": "7"}, "run.steps must be int, got '7'"),
+        ({"run.steps": True}, "run.steps must be int, got True"),
+        ({"loss.agg": "mean"}, "loss.agg = 'mean' is not one of 'token-mean'"),
+        ({"net.insecure": "yes please"}, "net.insecure must be bool"),
+        ({"sampling.group_sise": 4}, r"did you mean 'group_size'"),
+        ({"steps": 4}, "a config key is section.key"),
+    ],
+)
+def test_override_refuses_what_a_toml_file_would_refuse(values, message):
+    with pytest.raises(ConfigError, match=message):
+        C.override(C.Config(), values)
+
+
+def test_typed_values_come_after_the_file_and_set_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[run]\ndir = "from-file"\nsteps = 3\n')
+    cfg = C.load(path, ["run.dir=from-set"], {"run.dir": QUOTED})
+    assert (cfg.run.dir, cfg.run.steps) == (QUOTED, 3)
+
+
+def test_every_mode_is_declared_once_as_a_literal_and_listed_as_the_choices():
+    rows = {key: help_text for key, _, _, help_text in C.field_help()}
+    assert rows["loss.agg"].endswith("One of: " + ", ".join(C.choices(C.AggMode)) + ".")
+    assert C.choices(C.TISMode) == ("truncate", "mask")
+    assert C.choices(str) == ()

@@ -6,6 +6,7 @@ tokens of each row, independently of the tensor code; conformance is checked to 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -14,9 +15,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common import config as C
 from consumer import loss as L
+from consumer.trainer import loss_options
 
 LOG = math.log
+OPTION_NAMES = {f.name for f in dataclasses.fields(L.LossOptions)}
+
+
+def policy_loss(logp, old, behavior, adv, mask, **kw):
+    """`L.policy_loss` with its `LossOptions` given as keywords, as the tables below write them
+    (`tis` as a `(level, mode, cap, cap_min)` tuple, the reference loops' form)."""
+    options = {k: kw.pop(k) for k in list(kw) if k in OPTION_NAMES}
+    if isinstance(options.get("tis"), tuple) and len(options["tis"]) == 4:
+        options["tis"] = L.TISConfig(*options["tis"])
+    return L.policy_loss(logp, old, behavior, adv, mask, L.LossOptions(**options), **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,7 +138,7 @@ def make_batch(seed: int, B: int = 5, T: int = 7, pad: float = math.nan) -> dict
 
 
 def run_loss(batch, **kw):
-    return L.policy_loss(
+    return policy_loss(
         batch["logp"], batch["old"], batch["behavior"], batch["adv"], batch["mask"], **kw
     )
 
@@ -378,7 +391,7 @@ def test_clipped_surrogate_of_one_token_by_hand(
 ):
     logp = torch.tensor([[LOG(ratio) - 1.0]], dtype=torch.float64, requires_grad=True)
     old = torch.tensor([[-1.0]], dtype=torch.float64)
-    loss, _ = L.policy_loss(
+    loss, _ = policy_loss(
         logp, old, old, torch.tensor([adv]), torch.ones(1, 1), dual_clip=dual_clip
     )
     loss.backward()
@@ -388,7 +401,7 @@ def test_clipped_surrogate_of_one_token_by_hand(
 
 def test_clip_higher_widens_only_the_upper_bound():
     logp, old = torch.tensor([[LOG(1.25)]], dtype=torch.float64), torch.zeros(1, 1)
-    loss, _ = L.policy_loss(logp, old, old, torch.tensor([1.0]), torch.ones(1, 1), clip_high=0.28)
+    loss, _ = policy_loss(logp, old, old, torch.tensor([1.0]), torch.ones(1, 1), clip_high=0.28)
     assert loss.item() == pytest.approx(-1.25, rel=1e-12)
 
 
@@ -397,18 +410,24 @@ def test_tis_weight_multiplies_the_policy_term_but_not_the_kl_term():
     behavior = logp - LOG(4.0)  # rho = 4 -> w = 2
     ref = logp - 0.5
     common = {"ref_logp": ref, "beta": 0.1, "kl": "k1"}
-    loss, m = L.policy_loss(logp, logp, behavior, torch.tensor([1.0]), torch.ones(1, 2), **common)
+    loss, m = policy_loss(logp, logp, behavior, torch.tensor([1.0]), torch.ones(1, 2), **common)
     assert loss.item() == pytest.approx(2 * -1.0 + 0.1 * 0.5, rel=1e-12)
     assert m["kl_ref"] == pytest.approx(0.5)
-    loss0, _ = L.policy_loss(logp, logp, behavior, torch.tensor([0.0]), torch.ones(1, 2), **common)
+    loss0, _ = policy_loss(logp, logp, behavior, torch.tensor([0.0]), torch.ones(1, 2), **common)
     assert loss0.item() == pytest.approx(0.05, rel=1e-12)  # A = 0: only the unweighted KL
 
 
-def test_tis_accepts_none_a_tuple_or_a_tisconfig():
+def test_tis_none_means_unit_weights_and_a_tisconfig_selects_the_weight():
     batch = make_batch(2)
-    as_tuple, _ = run_loss(batch, tis=("sequence", "mask", 3.0, 0.1))
-    as_config, _ = run_loss(batch, tis=L.TISConfig("sequence", "mask", 3.0, 0.1))
-    assert as_tuple.item() == as_config.item()
+    options = L.LossOptions(tis=L.TISConfig("sequence", "mask", 3.0, 0.1))
+    as_config, _ = L.policy_loss(
+        batch["logp"], batch["old"], batch["behavior"], batch["adv"], batch["mask"], options
+    )
+    reference = ref_policy_loss(
+        batch, clip_low=0.2, clip_high=0.2, dual_clip=None, tis=("sequence", "mask", 3.0, 0.1),
+        agg="token-mean", beta=0.0, kl="k3",
+    )  # fmt: skip
+    assert as_config.item() == pytest.approx(reference, rel=1e-6)
     off, m = run_loss(batch, tis=None)
     default, _ = run_loss(batch)
     assert m["tis_weight_mean"] == 1.0
@@ -466,7 +485,7 @@ def test_gradient_matches_finite_differences_in_float64(agg, tis):
     logp = batch["logp"].clone().requires_grad_(True)
 
     def f(lp: torch.Tensor) -> torch.Tensor:
-        return L.policy_loss(
+        return policy_loss(
             lp,
             batch["old"],
             batch["behavior"],
@@ -489,7 +508,7 @@ def test_tis_weight_and_behaviour_log_probs_receive_no_gradient():
         batch[k].clone().requires_grad_(True) for k in ("logp", "old", "behavior", "ref")
     )
     adv = batch["adv"].clone().requires_grad_(True)
-    loss, _ = L.policy_loss(
+    loss, _ = policy_loss(
         logp,
         old,
         behavior,
@@ -513,7 +532,7 @@ def test_the_gradient_treats_the_tis_weight_as_a_constant():
     valid = batch["mask"]
     logp = batch["logp"].clone().requires_grad_(True)
     old = torch.where(valid, batch["logp"], 0.0)  # on-policy: ratio 1, gradient -A·w / n
-    loss, _ = L.policy_loss(logp, old, batch["behavior"], batch["adv"], valid)
+    loss, _ = policy_loss(logp, old, batch["behavior"], batch["adv"], valid)
     loss.backward()
     w = L.importance_weights(old, batch["behavior"], valid)
     adv = torch.where(valid, batch["adv"][:, None], 0.0)
@@ -538,7 +557,7 @@ def test_metrics_by_hand_over_valid_tokens_only():
     logp = old + torch.tensor([[LOG(1.5), 0, 0], [LOG(0.5), LOG(4.0), 0]], dtype=torch.float64)
     behavior = old - torch.tensor([[LOG(3.0), 0, 0], [LOG(0.5), 0, 0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)
-    _, m = L.policy_loss(logp, old, behavior, torch.tensor([1.0, -1.0]), mask, dual_clip=3.0)
+    _, m = policy_loss(logp, old, behavior, torch.tensor([1.0, -1.0]), mask, dual_clip=3.0)
     k3 = lambda x: math.exp(x) - x - 1  # noqa: E731
     expected = {
         "clip_frac_low": 0.25,
@@ -607,9 +626,9 @@ CALLS = {
     "tis mode": lambda: L.importance_weights(ONE, ONE, ONE > -1, mode="clip"),
     "kl": lambda: L.kl_penalty(ONE, ONE, "k4"),
     "agg": lambda: L.aggregate(ONE, ONE > -1, "mean"),
-    "policy agg": lambda: L.policy_loss(ONE, ONE, ONE, ONE[:, 0], ONE > -1, agg="seq-mean"),
-    "policy kl": lambda: L.policy_loss(ONE, ONE, ONE, ONE[:, 0], ONE > -1, kl="low_var_kl"),
-    "policy tis": lambda: L.policy_loss(
+    "policy agg": lambda: policy_loss(ONE, ONE, ONE, ONE[:, 0], ONE > -1, agg="seq-mean"),
+    "policy kl": lambda: policy_loss(ONE, ONE, ONE, ONE[:, 0], ONE > -1, kl="low_var_kl"),
+    "policy tis": lambda: policy_loss(
         ONE, ONE, ONE, ONE[:, 0], ONE > -1, tis=("tok", "truncate", 2.0, None)
     ),
 }
@@ -630,6 +649,7 @@ def test_bad_mode_strings_are_refused_with_the_allowed_values(name):
         ({"beta": -1.0}, "beta"),
         ({"beta": 0.1}, "needs ref_logp"),
         ({"tis": ("token", "mask", 2.0)}, "tis must be"),
+        ({"agg": "seq-mean-token-sum-norm"}, "needs norm_const"),
     ],
 )
 def test_bad_policy_options_are_refused(kwargs, match):
@@ -643,3 +663,19 @@ def test_mismatched_shapes_are_refused():
         run_loss({**batch, "old": batch["old"][:, :-1]})
     with pytest.raises(ValueError, match="one value per row"):
         run_loss({**batch, "adv": batch["adv"][:-1]})
+
+
+def test_every_mode_the_config_accepts_builds_loss_options():
+    for agg in C.choices(C.AggMode):
+        for kl in C.choices(C.KLKind):
+            for level in C.choices(C.TISLevel):
+                for mode in C.choices(C.TISMode):
+                    values = {"loss.agg": agg, "loss.kl": kl, "loss.tis_level": level}
+                    cfg = C.override(C.Config(), {**values, "loss.tis_mode": mode})
+                    options = loss_options(cfg)
+                    assert (options.agg, options.kl) == (agg, kl)
+                    assert options.tis == L.TISConfig(level, mode, 2.0, None)
+    off = loss_options(C.override(C.Config(), {"loss.tis": False, "loss.dual_clip": 0.0}))
+    assert off.tis is None
+    assert off.dual_clip is None
+    assert off.norm_const == C.Config().sampling.max_new_tokens  # 0 = max_new_tokens

@@ -15,10 +15,10 @@ SETTINGS = settings(max_examples=30, deadline=None)
 PER_TOKEN = ("logp", "old", "behavior", "ref")
 TIS_SPECS = [
     None,
-    ("token", "truncate", 2.0, None),
-    ("token", "mask", 2.0, 0.5),
-    ("sequence", "truncate", 1.5, 0.7),
-    ("sequence", "mask", 5.0, None),
+    L.TISConfig("token", "truncate", 2.0, None),
+    L.TISConfig("token", "mask", 2.0, 0.5),
+    L.TISConfig("sequence", "truncate", 1.5, 0.7),
+    L.TISConfig("sequence", "mask", 5.0, None),
 ]
 
 
@@ -52,7 +52,7 @@ options = st.fixed_dictionaries(
 )
 
 
-def loss_and_grad(batch, **kw):
+def loss_and_grad(batch, global_tokens=None, global_seqs=None, **options):
     logp = batch["logp"].clone().requires_grad_(True)
     loss, metrics = L.policy_loss(
         logp,
@@ -60,8 +60,10 @@ def loss_and_grad(batch, **kw):
         batch["behavior"],
         batch["adv"],
         batch["mask"],
+        L.LossOptions(**options),
         ref_logp=batch["ref"],
-        **kw,
+        global_tokens=global_tokens,
+        global_seqs=global_seqs,
     )
     loss.backward()
     return loss.item(), logp.grad, metrics
