@@ -5,14 +5,20 @@ directory: `model.safetensors` (the policy's full state dict in HF parameter nam
 model's config and tokenizer files, and `manifest.json`:
 
     {"version": int, "step": int, "hash": "<blake3 hex of model.safetensors>",
-     "num_bytes": int, "dtype": "bfloat16" | "float32", "created_unix": float}
+     "num_bytes": int, "dtype": "bfloat16" | "float32", "created_unix": float,
+     "writer": "<hostname>/<boot id> of the process that wrote and hashed the file"}
 
 Invariants:
 - A snapshot directory exists under its final name only when complete: it is written under a
   temporary name, every file fsynced, then renamed (atomic on POSIX), then the parent fsynced.
+  (`fsync=False` skips the fsyncs, not the rename: see `snapshot.fsync` in common/config.py.)
 - Nobody loads weights whose BLAKE3 hash or size disagrees with the manifest (`verify_file`,
   `verify_bytes` raise `SnapshotError`); a producer that fails to verify keeps its weights.
+  The one shortcut: the hash in a manifest whose `writer` is this very host (same hostname and
+  kernel boot: one page cache) describes the bytes that process wrote from its own memory, so a
+  reader on that host may take it instead of hashing the file again (`written_here`).
 - BLAKE3 (multi-threaded) rather than SHA-256/BLAKE2b: hashing must not dominate a publish.
+  `write_file` hashes on a second thread over the same memory it writes (both release the GIL).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +38,8 @@ from common.errors import SnapshotError
 WEIGHTS_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
 _HASH_BLOCK = 8 << 20
+_WRITE_BLOCK = 256 << 20  # Linux writes at most ~2 GiB per call
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +50,7 @@ class Manifest:
     num_bytes: int
     dtype: str
     created_unix: float
+    writer: str = ""  # host_id() of the writing process; "" = unknown (never trusted)
 
 
 def snapshot_dir(root: Path, version: int) -> Path:
@@ -56,6 +67,41 @@ def hash_file(path: Path) -> str:
         while block := f.read(_HASH_BLOCK):
             hasher.update(block)
     return hasher.hexdigest()
+
+
+def write_file(path: Path, data: memoryview, *, fsync: bool = True) -> str:
+    """Write `data` to a new file `path` (fsynced when `fsync`); return its BLAKE3 hex digest.
+
+    The hash runs on a second thread over the same memory while this one writes and fsyncs,
+    so the cost is about max(write + fsync, hash) rather than their sum, and no byte is copied
+    in user space. The file must not exist yet; its descriptor is closed whatever happens."""
+    with ThreadPoolExecutor(1, thread_name_prefix="blake3") as pool:
+        digest = pool.submit(hash_bytes, data)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            done = 0
+            while done < len(data):
+                done += os.write(fd, data[done : done + _WRITE_BLOCK])
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        return digest.result()
+
+
+def host_id() -> str:
+    """`hostname/boot id`: equal for two processes only when they share a kernel (one page
+    cache) since its last boot; "" where the boot id is unknown (then nothing is trusted)."""
+    try:
+        boot = _BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+    return f"{socket.gethostname()}/{boot}" if boot else ""
+
+
+def written_here(manifest: Manifest) -> bool:
+    """True when `manifest` was written by a process on this host since its last boot."""
+    return bool(manifest.writer) and manifest.writer == host_id()
 
 
 def verify_bytes(data: bytes | memoryview, *, expected_hash: str, expected_bytes: int) -> None:
@@ -94,16 +140,19 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def finalize(tmp_dir: Path, final_dir: Path, manifest: Manifest) -> None:
-    """Write the manifest into `tmp_dir`, fsync everything, rename to `final_dir` atomically."""
+def finalize(tmp_dir: Path, final_dir: Path, manifest: Manifest, *, fsync: bool = True) -> None:
+    """Write the manifest into `tmp_dir`, fsync everything (every file, the directory; unless
+    `fsync` is False), rename to `final_dir` atomically, fsync the parent."""
     (tmp_dir / MANIFEST_FILE).write_text(json.dumps(asdict(manifest), indent=1))
-    for child in tmp_dir.iterdir():
-        fsync_path(child)
-    fsync_path(tmp_dir)
+    if fsync:
+        for child in tmp_dir.iterdir():
+            fsync_path(child)
+        fsync_path(tmp_dir)
     if final_dir.exists():
         shutil.rmtree(final_dir)
     os.replace(tmp_dir, final_dir)
-    fsync_path(final_dir.parent)
+    if fsync:
+        fsync_path(final_dir.parent)
 
 
 def list_versions(root: Path) -> list[int]:
