@@ -242,7 +242,7 @@ class Learner:
 
         dtype = torch.bfloat16 if self.cfg.snapshot.dtype == "bfloat16" else torch.float32
         self.publisher.submit(
-            self.trainer.snapshot_state(dtype), version=self.version, step=self.version
+            self.trainer.snapshot_state(dtype), version=self.version, step=self.version, dtype=dtype
         )
         self.published = self.version
         if wait:

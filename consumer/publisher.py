@@ -1,33 +1,123 @@
-"""Writes weight snapshots (layout and manifest: common/snapshot.py) off the training thread.
+"""Publishes weight snapshots (layout and manifest: common/snapshot.py) at memory speed.
 
-`Publisher.submit(state, version, step)` takes a CPU state dict that the trainer already copied
-(so training may continue and change the live weights), and a background thread serializes it to
-safetensors bytes, hashes them (BLAKE3), writes the snapshot directory atomically, prunes old
-snapshots and calls `on_published(SnapshotInfo)` — which announces it. Invariants:
-- Snapshots are published in version order; `submit` blocks while an earlier one is still being
-  written (at most one in flight, so memory holds at most two CPU copies).
+`Publisher.submit(state, version=, step=, dtype=)` is all the training thread pays: one copy of
+the weights into a preallocated host buffer that already holds the safetensors header
+(consumer/weights_buffer.py; on CUDA the copy is only enqueued on a side stream and `submit`
+returns its `Fence`, which the optimizer step must hold before changing the weights). A writer
+thread then waits for the copy, writes the buffer's bytes as `model.safetensors` while hashing
+the same memory (BLAKE3), copies the base model's config and tokenizer files next to it,
+finalizes the directory atomically, prunes old snapshots and calls `on_published(SnapshotInfo)`,
+which announces it.
+
+Never queue behind a slow writer: there are two buffers (`Buffers`, a small state machine). A
+copy goes to a free buffer; while one buffer is being written and the other holds a version
+still waiting for the writer, the next copy replaces that waiting version, which is then
+*superseded*: never written, never announced, counted in `num_superseded`. A buffer is free
+again as soon as its bytes are in the file (before the fsyncs and the rename).
+
+What superseding means for staleness: nothing for the bound. Leases for step s are granted only
+while s - max_staleness <= the newest *published* version (consumer/leases.py), so a skipped
+version only means producers go from v to v+2 directly; if the writer falls behind by more
+than max_staleness steps, lease grants pause until it catches up, and the cost shows as learner
+idle time, never as staler groups. `publish_every` therefore states the most frequent
+publication, not a promise that every such version appears on disk.
+
+Invariants:
+- Snapshots appear and are announced in increasing version order; the newest submitted version
+  is always written (only older waiting ones are superseded); `wait()` returns when it is.
 - The directory is a complete HF model directory: the base model's config and tokenizer files are
   copied next to `model.safetensors`, so `from_pretrained(snapshot_dir)` and vLLM load it as is.
+- The manifest records this host's id (`common.snapshot.host_id`), so a producer on the same host
+  may take the hash instead of reading the whole file again.
 - An exception in the writer thread is re-raised by the next `submit`/`wait` (never swallowed).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save
 
 from common import snapshot as snap
 from common.wire import SnapshotInfo
+from consumer.weights_buffer import Fence, HostCopier, HostWeights, table_for, unique_tensors
 
+log = logging.getLogger("asyncgrpo.consumer")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A version copied (or being copied, until `fence`) into a buffer, waiting to be written."""
+
+    version: int
+    step: int
+    dtype: str  # "bfloat16" | "float32"
+    fence: Fence
+
+
+class Buffers:
+    """Which buffer a copy goes to and which one the writer takes (no threads, no I/O).
+
+    Each buffer is free, being filled, pending (holds a `Job`) or being written. With one writer
+    and at least two buffers, `claim` always finds a free or pending buffer: the copy never waits.
+    """
+
+    def __init__(self, count: int) -> None:
+        assert count >= 2
+        self.free = list(range(count))
+        self.pending: dict[int, Job] = {}
+        self.filling: int | None = None
+        self.writing: int | None = None
+
+    def claim(self) -> tuple[int, Job | None]:
+        """A buffer for the next copy, and the job it supersedes (the oldest pending) if any."""
+        assert self.filling is None, "one copy at a time"
+        if self.free:
+            self.filling = self.free.pop(0)
+            return self.filling, None
+        assert self.pending, "every buffer is being written"
+        index = min(self.pending, key=lambda i: self.pending[i].version)
+        self.filling = index
+        return index, self.pending.pop(index)
+
+    def fill(self, index: int, job: Job) -> None:
+        assert self.filling == index
+        self.filling = None
+        self.pending[index] = job
+
+    def abandon(self, index: int) -> None:
+        """The copy into `index` failed: the buffer is free again."""
+        assert self.filling == index
+        self.filling = None
+        self.free.append(index)
+
+    def ready(self) -> bool:
+        """True when the writer has a buffer to take."""
+        return self.writing is None and bool(self.pending)
+
+    def take(self) -> tuple[int, Job] | None:
+        """The writer's next buffer: the pending one with the lowest version."""
+        if self.writing is not None or not self.pending:
+            return None
+        index = min(self.pending, key=lambda i: self.pending[i].version)
+        self.writing = index
+        return index, self.pending.pop(index)
+
+    def release(self, index: int) -> None:
+        assert self.writing == index
+        self.writing = None
+        self.free.append(index)
+
+    def idle(self) -> bool:
+        return not self.pending and self.filling is None and self.writing is None
 
 
 class Publisher:
@@ -39,6 +129,8 @@ class Publisher:
         keep_last: int,
         on_published: Callable[[SnapshotInfo], None],
         delay_s: float = 0.0,
+        fsync: bool = True,
+        num_buffers: int = 2,
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
@@ -51,65 +143,127 @@ class Publisher:
         ]
         self._keep_last = keep_last
         self._delay_s = delay_s  # stress testing: a slow filesystem or network
+        self._fsync = fsync
         self._on_published = on_published
-        self._jobs: queue.Queue[tuple[dict[str, torch.Tensor], int, int] | None] = queue.Queue(
-            maxsize=1
-        )
+        self._copier = HostCopier()
+        self._hosts: list[HostWeights] = []
+        self._num_buffers = num_buffers
+        self._buffers = Buffers(num_buffers)
+        self._cond = threading.Condition()
+        self._announcing = False  # the writer is past the buffer: fsync, rename, announce
+        self._closing = False
         self._error: BaseException | None = None
-        self._idle = threading.Event()
-        self._idle.set()
-        self.last_write_s = 0.0
+        self.num_superseded = 0
+        self.last_write_s = 0.0  # the writer's time for the last snapshot (copy wait excluded)
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
         self._thread.start()
 
-    def submit(self, state: dict[str, torch.Tensor], *, version: int, step: int) -> None:
+    # -- the training thread -------------------------------------------------------------------
+    def submit(
+        self, state: Mapping[str, torch.Tensor], *, version: int, step: int, dtype: torch.dtype
+    ) -> Fence:
+        """Copy `state` (HF names, on any one device) for publication as `version`; returns at
+        once on CUDA. Hold the returned fence (`Fence.hold_stream`) before changing weights."""
         self._raise()
-        self._idle.wait()
-        self._raise()
-        self._idle.clear()
-        self._jobs.put((state, version, step))
+        tensors = unique_tensors(state)
+        if not self._hosts:
+            table = table_for(tensors, dtype)
+            pin = next(iter(tensors.values())).is_cuda and torch.cuda.is_available()
+            self._hosts = [HostWeights(table, pin=pin) for _ in range(self._num_buffers)]
+        with self._cond:
+            index, superseded = self._buffers.claim()
+        if superseded is not None:
+            self._superseded(superseded, version)
+        try:
+            fence = self._copier.copy(tensors, self._hosts[index])
+        except BaseException:
+            with self._cond:
+                self._buffers.abandon(index)
+            raise
+        job = Job(version, step, str(dtype).removeprefix("torch."), fence)
+        with self._cond:
+            self._buffers.fill(index, job)
+            self._cond.notify_all()
+        return fence
 
     def wait(self) -> None:
-        """Block until every submitted snapshot is published (or raise its error)."""
-        self._idle.wait()
+        """Block until every submitted snapshot is published or superseded (or raise its error)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._error is not None or self._quiet())
         self._raise()
 
     def close(self) -> None:
         self.wait()
-        self._jobs.put(None)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
         self._thread.join()
+
+    def _quiet(self) -> bool:
+        return self._buffers.idle() and not self._announcing
+
+    def _superseded(self, job: Job, by: int) -> None:
+        self.num_superseded += 1
+        if self.num_superseded == 1 or self.num_superseded % 100 == 0:
+            log.warning(
+                "snapshot v%d superseded by v%d before it was written (%d so far): the writer "
+                "is slower than publish_every steps; producers skip to the newer version",
+                job.version,
+                by,
+                self.num_superseded,
+            )
 
     def _raise(self) -> None:
         if self._error is not None:
             raise RuntimeError("snapshot publication failed") from self._error
 
+    # -- the writer thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closing or self._buffers.ready())
+                taken = self._buffers.take()
+                if taken is None:
+                    return  # closing, and nothing left to write
+                self._announcing = True
+            index, job = taken
             try:
-                info = self.write(*job)
+                info = self._write(index, job)
                 if self._delay_s > 0:
                     time.sleep(self._delay_s)
                 self._on_published(info)
             except BaseException as exc:  # handed to the training thread by _raise
                 self._error = exc
             finally:
-                self._idle.set()
+                with self._cond:
+                    if self._buffers.writing == index:
+                        self._buffers.release(index)
+                    self._announcing = False
+                    self._cond.notify_all()
 
-    def write(self, state: dict[str, torch.Tensor], version: int, step: int) -> SnapshotInfo:
-        """Serialize, hash and atomically write one snapshot; prune old ones."""
+    def _write(self, index: int, job: Job) -> SnapshotInfo:
+        """Write one buffer as a snapshot directory (atomically); free the buffer; prune."""
+        job.fence.wait()
         t0 = time.perf_counter()
-        data = save(state, metadata={"format": "pt"})
-        digest = snap.hash_bytes(data)
-        final = snap.snapshot_dir(self.root, version)
+        host = self._hosts[index]
+        final = snap.snapshot_dir(self.root, job.version)
         tmp = self.root / f"{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        (tmp / snap.WEIGHTS_FILE).write_bytes(data)
+        try:
+            digest = snap.write_file(tmp / snap.WEIGHTS_FILE, host.file_bytes(), fsync=self._fsync)
+        finally:
+            with self._cond:  # the bytes are in the file: the next copy may use this buffer
+                self._buffers.release(index)
+                self._cond.notify_all()
         for extra in self._extra:
             shutil.copyfile(extra, tmp / extra.name)
-        dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
-        manifest = snap.Manifest(version, step, digest, len(data), dtype, time.time())
-        snap.finalize(tmp, final, manifest)
-        snap.prune(self.root, self._keep_last, protect=(version,))
+        num_bytes = host.table.num_bytes
+        manifest = snap.Manifest(
+            job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id()
+        )
+        snap.finalize(tmp, final, manifest, fsync=self._fsync)
+        snap.prune(self.root, self._keep_last, protect=(job.version,))
         self.last_write_s = time.perf_counter() - t0
-        return SnapshotInfo(version, len(data), digest, str((final / snap.WEIGHTS_FILE).resolve()))
+        path = str((final / snap.WEIGHTS_FILE).resolve())
+        return SnapshotInfo(job.version, num_bytes, digest, path)

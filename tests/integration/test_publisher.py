@@ -1,0 +1,200 @@
+"""Weight publication on real files: the format loaders expect, a copy taken at submit, a slow
+writer superseded instead of waited for, rotation, errors, the fsync policy."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load, load_file, save
+
+from common import snapshot as snap
+from common.wire import SnapshotInfo
+from consumer.publisher import Publisher
+from consumer.weights_buffer import unique_tensors
+
+
+def model_state(tiny_model_dir: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return dict(model.state_dict())
+
+
+def make(root: Path, base: Path | None = None, **kw) -> tuple[Publisher, list[SnapshotInfo]]:
+    published: list[SnapshotInfo] = []
+    kw.setdefault("keep_last", 3)
+    return Publisher(root, base, on_published=published.append, **kw), published
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_file_holds_exactly_what_safetensors_save_would(tiny_model_dir, tmp_path, dtype):
+    state = model_state(tiny_model_dir)
+    assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
+    publisher, published = make(tmp_path / "snaps", tiny_model_dir)
+    publisher.submit(state, version=1, step=1, dtype=dtype)
+    publisher.close()
+    (info,) = published
+    reference = load(save({k: v.to(dtype) for k, v in unique_tensors(state).items()}))
+    ours = load_file(info.path)
+    assert "lm_head.weight" not in ours  # tied weights once, under the first name
+    assert ours.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert ours[name].dtype == dtype
+        assert torch.equal(ours[name], tensor), name
+    with safe_open(info.path, framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+    directory = Path(info.path).parent
+    manifest = snap.read_manifest(directory)
+    assert (manifest.version, manifest.num_bytes, manifest.hash) == (1, info.num_bytes, info.hash)
+    assert manifest.dtype == str(dtype).removeprefix("torch.")
+    assert snap.written_here(manifest)
+    snap.verify_file(Path(info.path), expected_hash=info.hash, expected_bytes=info.num_bytes)
+    assert (directory / "config.json").exists()
+    assert (directory / "tokenizer.json").exists()
+
+
+def test_transformers_loads_the_snapshot_directory_as_a_model(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    state = model_state(tiny_model_dir)
+    state = {k: v + 0.5 for k, v in state.items()}  # not the base weights (ties broken: dedup
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]  # would not see them), re-tied
+    publisher, published = make(tmp_path / "snaps", tiny_model_dir)
+    publisher.submit(state, version=7, step=7, dtype=torch.float32)
+    publisher.close()
+    model = AutoModelForCausalLM.from_pretrained(Path(published[0].path).parent)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, state[name]), name
+
+
+def test_the_copy_is_taken_at_submit_and_later_changes_do_not_leak_in(tmp_path, monkeypatch):
+    """The optimizer may change the weights as soon as submit returns (on CPU)."""
+    gate = threading.Event()
+    real_write = snap.write_file
+
+    def slow_write(path: Path, data: memoryview, *, fsync: bool = True) -> str:
+        assert gate.wait(60)
+        return real_write(path, data, fsync=fsync)
+
+    monkeypatch.setattr(snap, "write_file", slow_write)
+    weights = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    publisher, published = make(tmp_path / "snaps")
+    publisher.submit(weights, version=1, step=1, dtype=torch.float32)
+    weights["w"].mul_(-1)  # the next optimizer step
+    gate.set()
+    publisher.close()
+    assert torch.equal(load_file(published[0].path)["w"], torch.arange(6.0).reshape(2, 3))
+
+
+def test_a_slow_writer_is_superseded_never_waited_for(tmp_path, monkeypatch):
+    """v1 is being written (the writer is stuck in it); v2, v3, v4 arrive: each submit returns
+    (a submit that waited for the writer would never return here), v2 and v3 are superseded
+    and never exist on disk, v4 is written next."""
+    gate = threading.Event()
+    real_write = snap.write_file
+    started = threading.Event()
+
+    def stuck_write(path: Path, data: memoryview, *, fsync: bool = True) -> str:
+        started.set()
+        assert gate.wait(60)
+        return real_write(path, data, fsync=fsync)
+
+    monkeypatch.setattr(snap, "write_file", stuck_write)
+    publisher, published = make(tmp_path / "snaps", keep_last=10)
+    w = torch.zeros(4)
+    publisher.submit({"w": w}, version=1, step=1, dtype=torch.float32)
+    assert started.wait(60)
+    submitted = threading.Event()
+
+    def train_on() -> None:
+        for v in (2, 3, 4):
+            w.fill_(v)
+            publisher.submit({"w": w}, version=v, step=v, dtype=torch.float32)
+        submitted.set()
+
+    thread = threading.Thread(target=train_on)
+    thread.start()
+    assert submitted.wait(60), "a submit waited for the writer"
+    assert publisher.num_superseded == 2
+    gate.set()
+    publisher.close()
+    thread.join()
+    assert [p.version for p in published] == [1, 4]
+    assert snap.list_versions(tmp_path / "snaps") == [1, 4]
+    assert torch.equal(load_file(published[1].path)["w"], torch.full((4,), 4.0))
+
+
+def test_rotation_keeps_the_last_snapshots(tmp_path):
+    publisher, published = make(tmp_path / "snaps", keep_last=2)
+    for v in range(5):
+        publisher.submit({"w": torch.full((3,), float(v))}, version=v, step=v, dtype=torch.float32)
+        publisher.wait()
+    publisher.close()
+    assert [p.version for p in published] == [0, 1, 2, 3, 4]
+    assert snap.list_versions(tmp_path / "snaps") == [3, 4]
+    assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["v000003", "v000004"]
+
+
+def test_a_writer_error_reaches_the_training_thread(tmp_path, monkeypatch):
+    def broken(path: Path, data: memoryview, *, fsync: bool = True) -> str:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(snap, "write_file", broken)
+    publisher, published = make(tmp_path / "snaps")
+    publisher.submit({"w": torch.zeros(2)}, version=1, step=1, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="publication failed") as info:
+        publisher.wait()
+    assert isinstance(info.value.__cause__, OSError)
+    with pytest.raises(RuntimeError, match="publication failed"):
+        publisher.submit({"w": torch.zeros(2)}, version=2, step=2, dtype=torch.float32)
+    assert published == []
+    assert snap.list_versions(tmp_path / "snaps") == []
+
+
+def test_changed_weights_are_refused_with_a_clear_error(tmp_path):
+    publisher, _ = make(tmp_path / "snaps")
+    publisher.submit({"w": torch.zeros(2)}, version=1, step=1, dtype=torch.float32)
+    with pytest.raises(ValueError, match="no longer match"):
+        publisher.submit({"w": torch.zeros(3)}, version=2, step=2, dtype=torch.float32)
+    with pytest.raises(ValueError, match="no longer match"):
+        publisher.submit({"v": torch.zeros(2)}, version=2, step=2, dtype=torch.float32)
+    publisher.submit({"w": torch.ones(2)}, version=2, step=2, dtype=torch.float32)
+    publisher.close()
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_the_fsync_policy_decides_every_fsync_and_every_descriptor_is_closed(
+    tmp_path, monkeypatch, fsync
+):
+    synced: list[int] = []
+    opened: set[int] = set()
+    real_open, real_close, real_fsync = os.open, os.close, os.fsync
+
+    def counting_open(*args, **kwargs):
+        fd = real_open(*args, **kwargs)
+        opened.add(fd)
+        return fd
+
+    def counting_close(fd: int) -> None:
+        opened.discard(fd)
+        real_close(fd)
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(os, "close", counting_close)
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    publisher, published = make(tmp_path / "snaps", fsync=fsync)
+    publisher.submit({"w": torch.zeros(2)}, version=1, step=1, dtype=torch.float32)
+    publisher.close()
+    assert published
+    assert opened == set()
+    # weights (while written, and again with every file), manifest, the directory, the parent
+    assert len(synced) == (5 if fsync else 0)

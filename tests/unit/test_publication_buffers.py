@@ -1,0 +1,96 @@
+"""The double buffer behind weight publication: a copy never waits, a slow writer is superseded."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumer.publisher import Buffers, Job
+from consumer.weights_buffer import Fence
+
+
+def job(version: int) -> Job:
+    return Job(version, version, "bfloat16", Fence())
+
+
+def publish(b: Buffers, version: int) -> tuple[int, int | None]:
+    index, superseded = b.claim()
+    b.fill(index, job(version))
+    return index, None if superseded is None else superseded.version
+
+
+def test_a_third_version_supersedes_the_one_waiting_while_the_writer_is_busy():
+    b = Buffers(2)
+    assert publish(b, 1) == (0, None)
+    taken = b.take()
+    assert taken is not None
+    assert (taken[0], taken[1].version) == (0, 1)  # the writer works on buffer 0
+    assert publish(b, 2) == (1, None)  # the other buffer is free
+    assert publish(b, 3) == (1, 2)  # v2 never reaches the disk
+    assert publish(b, 4) == (1, 3)
+    assert b.take() is None  # one writer: nothing more until it is done
+    b.release(0)
+    taken = b.take()
+    assert taken is not None
+    assert (taken[0], taken[1].version) == (1, 4)  # the newest is written next
+    assert publish(b, 5) == (0, None)
+    b.release(1)
+    assert not b.idle()
+    taken = b.take()
+    assert taken is not None
+    assert taken[1].version == 5
+    b.release(0)
+    assert b.idle()
+
+
+def test_two_waiting_versions_are_written_oldest_first_and_the_oldest_is_superseded():
+    b = Buffers(2)
+    publish(b, 1)
+    publish(b, 2)  # the writer has not started yet: both buffers wait
+    assert publish(b, 3) == (0, 1)
+    taken = b.take()
+    assert taken is not None
+    assert taken[1].version == 2
+    b.release(taken[0])
+    taken = b.take()
+    assert taken is not None
+    assert taken[1].version == 3
+
+
+def test_a_failed_copy_gives_its_buffer_back():
+    b = Buffers(2)
+    index, _ = b.claim()
+    b.abandon(index)
+    assert b.idle()
+    assert sorted(b.free) == [0, 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["publish", "take", "release"]), max_size=60), st.integers(2, 4))
+def test_any_interleaving_keeps_order_and_always_writes_the_newest(ops, count):
+    b = Buffers(count)
+    version, written, superseded = 0, [], []
+    writing: int | None = None
+    for op in ops:
+        if op == "publish":
+            version += 1
+            _, gone = publish(b, version)  # never waits, whatever the writer does
+            if gone is not None:
+                superseded.append(gone)
+        elif op == "take" and writing is None and (taken := b.take()) is not None:
+            writing = taken[0]
+            written.append(taken[1].version)
+        elif op == "release" and writing is not None:
+            b.release(writing)
+            writing = None
+        held = set(b.free) | set(b.pending) | {b.writing} - {None}
+        assert len(b.free) + len(b.pending) + (b.writing is not None) == count == len(held)
+    if writing is not None:
+        b.release(writing)
+    while (taken := b.take()) is not None:  # drain
+        written.append(taken[1].version)
+        b.release(taken[0])
+    assert b.idle()
+    assert written == sorted(written)  # snapshots appear in version order
+    assert sorted(written + superseded) == list(range(1, version + 1))  # each exactly once
+    assert not version or written[-1] == version  # the newest is never superseded
