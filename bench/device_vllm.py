@@ -25,8 +25,9 @@ CUDA is initialised in that process; results in $OUT/<phase>.json, logs in $OUT/
      (by the per-token versions the engine recorded).
   b) tokens/s through `VLLMEngine.generate` (many concurrent groups, streamed deltas) vs the
      same AsyncLLM driven directly with FINAL_ONLY outputs, same settings and prompts.
-  c) publish + reload: the learner's state dict to CPU bf16, safetensors bytes, BLAKE3, atomic
-     snapshot write (common/snapshot.py), then `load_weights` with requests in flight.
+  c) publish + reload: `consumer.publisher.Publisher` on the learner's CUDA weights (the
+     training thread's submit, the copy into pinned memory, the writer), then `load_weights`
+     with requests in flight.
 - `demo`: a) on the embedded demo model (launch/demo_model.py).
 - `pipeline`: one GPU, two processes: the consumer (learner) and a vLLM producer through the CLI
   (bench/gpu_pipeline.py), on the demo model and on the 0.5B shape; idle fraction, tokens/s and
@@ -344,38 +345,38 @@ async def agreement(
         log(f"{weights} T={temp}: {res[f'{weights}_T{temp}']['fp32']}")
 
 
+_PUBLISHERS: dict[Path, Any] = {}
+
+
 def publish(model: Any, root: Path, version: int, base_dir: Path) -> tuple[Path, dict]:
-    """What consumer/publisher.py does for one snapshot, each step timed."""
+    """What the learner does for one snapshot (consumer/publisher.py), each part timed:
+    `submit_s` the training thread's block (the copy is only enqueued on a side stream),
+    `copy_s` until the copy into the pinned buffer is complete, `writer_s` the writer's write +
+    hash + finalize, `publish_s` submit until the snapshot is announced. One publisher for every
+    round, as in the learner (its host buffers are allocated by the first call)."""
     import torch
-    from safetensors.torch import save
 
     from common import snapshot as snap
+    from consumer.publisher import Publisher
 
+    if root not in _PUBLISHERS:
+        _PUBLISHERS[root] = Publisher(root, base_dir, keep_last=3, on_published=lambda info: None)
+    publisher = _PUBLISHERS[root]
     t0 = time.perf_counter()
-    seen, state = set(), {}
-    for name, t in model.state_dict().items():  # tied weights once, as save_pretrained does
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            state[name] = t.detach().to("cpu", torch.bfloat16)
+    fence = publisher.submit(
+        model.state_dict(), version=version, step=version, dtype=torch.bfloat16
+    )
     t1 = time.perf_counter()
-    blob = save(state)
+    fence.wait()
     t2 = time.perf_counter()
-    digest, hasher = snap.hash_bytes(blob), "blake3"
+    publisher.wait()
     t3 = time.perf_counter()
-    tmp, final = root / f".tmp-v{version}", snap.snapshot_dir(root, version)
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / snap.WEIGHTS_FILE).write_bytes(blob)
-    shutil.copy(base_dir / "config.json", tmp / "config.json")
-    manifest = snap.Manifest(version, version, digest, len(blob), "bfloat16", time.time())
-    snap.finalize(tmp, final, manifest)
-    t4 = time.perf_counter()
-    return final, {
-        "to_cpu_s": t1 - t0,
-        "serialize_s": t2 - t1,
-        "hash_s": t3 - t2,
-        "write_s": t4 - t3,
-        "hasher": hasher,
-        "bytes": len(blob),
+    return snap.snapshot_dir(root, version), {
+        "submit_s": t1 - t0,
+        "copy_s": t2 - t0,
+        "writer_s": publisher.last_write_s,
+        "publish_s": t3 - t0,
+        "num_superseded": publisher.num_superseded,
     }
 
 
@@ -385,6 +386,7 @@ async def inflight_rounds(engine: Any, prompts: list, learners: dict, work: Path
     from producer.engine import SamplingParams
 
     params = SamplingParams(n=G, temperature=1.0, max_new_tokens=256)
+    publish(learners[("A", "float32")].model, work / "snaps", 1, work / "q05_a")  # allocations
     rounds = []
     for k in range(3):
         old, new, version = ("B", "A", 2 + k) if k % 2 == 0 else ("A", "B", 2 + k)
@@ -608,9 +610,9 @@ def table(summary: dict[str, dict]) -> list[tuple[str, str]]:
         rows.append(
             (
                 f"publish+reload #{i}",
-                f"to_cpu {r['to_cpu_s']:.3f} serialize {r['serialize_s']:.3f} "
-                f"hash({r['hasher']}) {r['hash_s']:.3f} write {r['write_s']:.3f} "
-                f"= publish {r['publish_s']:.3f}; {r['mode']} pause {r['pause_s']:.3f} "
+                f"submit {r['submit_s']:.4f} (copy done {r['copy_s']:.3f}) writer "
+                f"{r['writer_s']:.3f} = publish {r['publish_s']:.3f}; {r['mode']} pause "
+                f"{r['pause_s']:.3f} "
                 f"(reload {r['reload_s']:.3f}); total {r['total_s']:.3f} s; "
                 f"{r['in_flight']} groups in flight",
             )

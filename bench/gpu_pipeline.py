@@ -1,14 +1,19 @@
 """One GPU, two processes: the learner (bf16) and a vLLM producer, through the real CLI.
 
     python bench/gpu_pipeline.py --model DIR --out OUT [--steps 30] [--label name] [--set k=v ...]
+    python bench/gpu_pipeline.py --model DIR --out OUT --engine hf --device cpu   # try it on a CPU
 
 Starts `asyncgrpo consumer` (model on cuda, bf16 autocast) and `asyncgrpo producer --engine
 vllm` (vLLM with `vllm.gpu_memory_utilization` of the GPU) as separate processes over loopback
 ZeroMQ, waits for `--steps` optimizer steps and reports, from the run's own files:
 - learner idle fraction (time waiting for groups / wall) and completion tokens/s trained;
 - staleness of trained groups, TIS weight mean, mean |learner - behaviour| log-prob;
-- reload latency: learner step done (metrics `unix_time`) → the producer logged the new
-  version loaded (its `loaded weights vN` line), median and max over the run;
+- publication: the training thread's block per publish (`publish_submit_s`), the writer's time
+  per snapshot (`snapshot_write_s`), versions superseded by a newer one before they were written;
+- wall time per step over the learner's own step time (`wall_over_step`, 1.0 = publication and
+  waiting for groups cost nothing);
+- reload delay: learner step done (metrics `unix_time` less `publish_submit_s`) → the producer
+  logged the new version loaded (its `loaded weights vN` line: generating on it), median and max;
 - the ledger balance.
 Writes OUT/<label>.json and the run directory OUT/<label>-run/ (logs included).
 """
@@ -57,10 +62,12 @@ def run(
     sets: list[str],
     timeout_s: float,
     engine: str,
+    device: str = "cuda",
 ) -> dict[str, Any]:
     run_dir = out / f"{label}-run"
     base = [
-        f"model.path={model}", "model.device=cuda", 'model.dtype="bfloat16"', "net.control_port=0",
+        f"model.path={model}", f'model.device="{device}"', 'model.dtype="bfloat16"',
+        "net.control_port=0",
         'snapshot.dtype="bfloat16"', "staleness.max_staleness=2", "vllm.gpu_memory_utilization=0.3",
     ]  # fmt: skip
     flags = [x for s in base + sets for x in ("--set", s)]
@@ -91,7 +98,14 @@ def run(
     wall = last["time_s"] - first["time_s"]
     later = metrics[1:]
     loaded = loaded_times(plog)
-    delays = [loaded[m["step"]] - m["unix_time"] for m in metrics if m["step"] in loaded]
+    delays = [
+        loaded[m["step"]] - (m["unix_time"] - m.get("publish_submit_s", 0.0))
+        for m in metrics
+        if m["step"] in loaded
+    ]
+    submits = [m.get("publish_submit_s", 0.0) for m in later]
+    writes = [m["snapshot_write_s"] for m in later if m.get("snapshot_write_s")]
+    step_s = statistics.median(m["step_s"] for m in metrics)
     return {
         "label": label,
         "exit_code": code,
@@ -100,7 +114,12 @@ def run(
         "s_per_step": wall / max(len(later), 1),
         "learner_idle_frac": sum(m["wait_s"] for m in later) / wall if wall else None,
         "tokens_per_s": sum(m["num_completion_tokens"] for m in later) / wall if wall else None,
-        "learner_step_s_median": statistics.median(m["step_s"] for m in metrics),
+        "learner_step_s_median": step_s,
+        "wall_over_step": wall / max(len(later), 1) / step_s,
+        "publish_submit_s_median": statistics.median(submits) if submits else None,
+        "publish_submit_s_max": max(submits) if submits else None,
+        "snapshot_write_s_median": statistics.median(writes) if writes else None,
+        "snapshots_superseded": last.get("snapshots_superseded"),
         "staleness_mean": statistics.fmean(m["staleness_mean"] for m in metrics),
         "staleness_max": max(m["staleness_max"] for m in metrics),
         "tis_weight_mean": statistics.fmean(m["tis_weight_mean"] for m in metrics),
@@ -122,6 +141,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=500)
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--engine", default="vllm", help="vllm; fake or hf to try the script on a CPU")
+    ap.add_argument("--device", default="cuda", help="the learner's device (cpu to try it)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     res = run(
@@ -132,6 +152,7 @@ def main() -> None:
         sets=a.sets,
         timeout_s=a.timeout,
         engine=a.engine,
+        device=a.device,
     )
     (a.out / f"{a.label}.json").write_text(json.dumps(res, indent=1))
     for k, v in res.items():
