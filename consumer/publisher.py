@@ -30,6 +30,16 @@ Invariants:
 - The manifest records this host's id (`common.snapshot.host_id`), so a producer on the same host
   may take the hash instead of reading the whole file again.
 - An exception in the writer thread is re-raised by the next `submit`/`wait` (never swallowed).
+
+The fsync policy (`snapshot.fsync`): `before_announce` (default) fsyncs the weights (hashing
+meanwhile), every file, the directory and, after the rename, the parent, then announces: a
+snapshot is durable before anyone hears of it. `after_announce` renames and announces first,
+then fsyncs the same set: producers on this host read it from the page cache while it is made
+durable. `off` never fsyncs. Either way a reader never sees a partial directory (the rename is
+atomic); after a power loss a snapshot that was not yet durable may hold torn bytes, which no
+reader loads: its hash disagrees, and a manifest's hash is only taken without reading the file
+by a reader on the same host *and boot* (common/snapshot.py). A resumed consumer publishes its
+current version anew at start.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from common.wire import SnapshotInfo
 from consumer.weights_buffer import Fence, HostCopier, HostWeights, table_for, unique_tensors
 
 log = logging.getLogger("asyncgrpo.consumer")
+FSYNC_MODES = ("before_announce", "after_announce", "off")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
 
 
@@ -129,7 +140,7 @@ class Publisher:
         keep_last: int,
         on_published: Callable[[SnapshotInfo], None],
         delay_s: float = 0.0,
-        fsync: bool = True,
+        fsync: str = "before_announce",
         num_buffers: int = 2,
     ) -> None:
         self.root = root
@@ -143,6 +154,8 @@ class Publisher:
         ]
         self._keep_last = keep_last
         self._delay_s = delay_s  # stress testing: a slow filesystem or network
+        if fsync not in FSYNC_MODES:
+            raise ValueError(f"snapshot.fsync must be one of {', '.join(FSYNC_MODES)}: {fsync!r}")
         self._fsync = fsync
         self._on_published = on_published
         self._copier = HostCopier()
@@ -232,6 +245,10 @@ class Publisher:
                 if self._delay_s > 0:
                     time.sleep(self._delay_s)
                 self._on_published(info)
+                if self._fsync == "after_announce":
+                    directory = Path(info.path).parent
+                    snap.sync_dir(directory)
+                    snap.fsync_path(directory.parent)
             except BaseException as exc:  # handed to the training thread by _raise
                 self._error = exc
             finally:
@@ -250,8 +267,10 @@ class Publisher:
         tmp = self.root / f"{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
+        durable_first = self._fsync == "before_announce"
+        path = tmp / snap.WEIGHTS_FILE
         try:
-            digest = snap.write_file(tmp / snap.WEIGHTS_FILE, host.file_bytes(), fsync=self._fsync)
+            digest = snap.write_file(path, host.file_bytes(), fsync=durable_first)
         finally:
             with self._cond:  # the bytes are in the file: the next copy may use this buffer
                 self._buffers.release(index)
@@ -262,8 +281,8 @@ class Publisher:
         manifest = snap.Manifest(
             job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id()
         )
-        snap.finalize(tmp, final, manifest, fsync=self._fsync)
+        snap.finalize(tmp, final, manifest, fsync=durable_first)
         snap.prune(self.root, self._keep_last, protect=(job.version,))
         self.last_write_s = time.perf_counter() - t0
-        path = str((final / snap.WEIGHTS_FILE).resolve())
-        return SnapshotInfo(job.version, num_bytes, digest, path)
+        weights = str((final / snap.WEIGHTS_FILE).resolve())
+        return SnapshotInfo(job.version, num_bytes, digest, weights)

@@ -88,14 +88,16 @@ class HostWeights:
 class Fence:
     """The end of one copy into a host buffer (a CUDA event; None = already complete)."""
 
-    def __init__(self, event: torch.cuda.Event | None = None) -> None:
-        self._event = event
+    def __init__(
+        self, event: torch.cuda.Event | None = None, device: torch.device | None = None
+    ) -> None:
+        self._event, self._device = event, device
 
     def hold_stream(self) -> None:
         """Make the current CUDA stream wait for the copy before it runs anything enqueued later
         (e.g. the optimizer step changing the weights). The host does not block."""
         if self._event is not None:
-            torch.cuda.current_stream(self._event.device).wait_event(self._event)
+            torch.cuda.current_stream(self._device).wait_event(self._event)
 
     def wait(self) -> None:
         """Block this thread until the copy is complete."""
@@ -141,7 +143,7 @@ class HostCopier:
                 views[name].copy_(src, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-        return Fence(event)
+        return Fence(event, device)
 
 
 def _copy_on_one_thread(state: Mapping[str, torch.Tensor], views: dict[str, torch.Tensor]) -> None:

@@ -167,7 +167,7 @@ def test_changed_weights_are_refused_with_a_clear_error(tmp_path):
     publisher.close()
 
 
-@pytest.mark.parametrize("fsync", [True, False])
+@pytest.mark.parametrize("fsync", ["before_announce", "after_announce", "off"])
 def test_the_fsync_policy_decides_every_fsync_and_every_descriptor_is_closed(
     tmp_path, monkeypatch, fsync
 ):
@@ -188,13 +188,27 @@ def test_the_fsync_policy_decides_every_fsync_and_every_descriptor_is_closed(
         synced.append(fd)
         real_fsync(fd)
 
+    def announce(info: SnapshotInfo) -> None:
+        published.append((info, len(synced)))
+
     monkeypatch.setattr(os, "open", counting_open)
     monkeypatch.setattr(os, "close", counting_close)
     monkeypatch.setattr(os, "fsync", counting_fsync)
-    publisher, published = make(tmp_path / "snaps", fsync=fsync)
+    published: list[tuple[SnapshotInfo, int]] = []
+    publisher = Publisher(tmp_path / "snaps", None, keep_last=3, on_published=announce, fsync=fsync)
     publisher.submit({"w": torch.zeros(2)}, version=1, step=1, dtype=torch.float32)
     publisher.close()
-    assert published
+    ((_, synced_at_announce),) = published
     assert opened == set()
-    # weights (while written, and again with every file), manifest, the directory, the parent
-    assert len(synced) == (5 if fsync else 0)
+    # before: weights (while hashed), then every file (weights, manifest), the directory and
+    # the parent; after: every file, the directory, the parent, once announced
+    assert (synced_at_announce, len(synced)) == {
+        "before_announce": (5, 5),
+        "after_announce": (0, 4),
+        "off": (0, 0),
+    }[fsync]
+
+
+def test_an_unknown_fsync_policy_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="must be one of"):
+        make(tmp_path, fsync="sometimes")
