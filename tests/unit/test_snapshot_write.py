@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import random
 from pathlib import Path
 
 import pytest
 
 from common import snapshot as snap
+from common.errors import SnapshotError
 
 DATA = bytes(range(256)) * 4099  # 1,049,344 bytes
 
@@ -74,3 +78,99 @@ def test_manifests_without_a_writer_still_read(tmp_path):
         ' "created_unix": 1.0}'
     )
     assert snap.read_manifest(tmp_path).writer == ""
+
+
+def published(tmp_path: Path, *, writer: str) -> tuple[Path, snap.Manifest]:
+    directory = tmp_path / "v000001"
+    directory.mkdir()
+    path = directory / snap.WEIGHTS_FILE
+    path.write_bytes(DATA)
+    manifest = snap.Manifest(1, 1, snap.hash_bytes(DATA), len(DATA), "bfloat16", 0.0, writer)
+    (directory / snap.MANIFEST_FILE).write_text(json.dumps(dataclasses.asdict(manifest)))
+    return path, manifest
+
+
+def test_a_local_file_written_on_this_host_is_taken_on_its_manifest(tmp_path, monkeypatch):
+    path, m = published(tmp_path, writer=snap.host_id())
+    hashed: list[Path] = []
+    monkeypatch.setattr(snap, "hash_file", lambda p: hashed.append(p) or m.hash)
+    expect = {"expected_hash": m.hash, "expected_bytes": m.num_bytes}
+    assert snap.verify_local(path, **expect, trust_writer=True)
+    assert hashed == []
+    assert not snap.verify_local(path, **expect, trust_writer=False)  # the policy says hash
+    assert hashed == [path]
+
+
+@pytest.mark.parametrize(
+    "change", ["another host", "announced hash", "announced size", "file size", "no manifest"]
+)
+def test_a_local_file_is_hashed_unless_everything_matches(tmp_path, change):
+    """Each case changes one thing; the file is also corrupted where only hashing can tell."""
+    path, m = published(tmp_path, writer="elsewhere/1" if change == "another host" else "")
+    if change != "another host":
+        (path.parent / snap.MANIFEST_FILE).write_text(
+            json.dumps(dataclasses.asdict(dataclasses.replace(m, writer=snap.host_id())))
+        )
+    expected_hash, expected_bytes = m.hash, m.num_bytes
+    if change == "announced hash":
+        expected_hash = "0" * 64
+    elif change == "announced size":
+        expected_bytes += 1
+    elif change == "file size":
+        path.write_bytes(DATA[:-1])
+    elif change == "no manifest":
+        (path.parent / snap.MANIFEST_FILE).unlink()
+    if change in ("another host", "no manifest"):
+        corrupt = bytearray(DATA)
+        corrupt[7] ^= 1
+        path.write_bytes(bytes(corrupt))
+    with pytest.raises(SnapshotError):
+        snap.verify_local(
+            path, expected_hash=expected_hash, expected_bytes=expected_bytes, trust_writer=True
+        )
+
+
+@pytest.mark.parametrize("order", ["in order", "shuffled", "reversed"])
+def test_an_incoming_file_is_written_and_verified_as_chunks_arrive(tmp_path, order):
+    chunk = 100_000
+    chunks = [(o, DATA[o : o + chunk]) for o in range(0, len(DATA), chunk)]
+    if order == "shuffled":
+        random.Random(0).shuffle(chunks)
+    elif order == "reversed":
+        chunks.reverse()
+    incoming = snap.IncomingFile(
+        tmp_path / "w", expected_hash=snap.hash_bytes(DATA), expected_bytes=len(DATA)
+    )
+    for offset, data in chunks:
+        incoming.add(offset, data)
+    assert incoming.hashed == len(DATA)
+    assert incoming.finish().read_bytes() == DATA
+
+
+def test_an_incoming_file_that_disagrees_is_refused_and_removed(tmp_path):
+    digest = snap.hash_bytes(DATA)
+    incoming = snap.IncomingFile(tmp_path / "w", expected_hash=digest, expected_bytes=len(DATA))
+    corrupt = bytearray(DATA)
+    corrupt[-1] ^= 1
+    incoming.add(0, bytes(corrupt))
+    with pytest.raises(SnapshotError, match="hash"):
+        incoming.finish()
+    assert not (tmp_path / "w").exists()
+
+    short = snap.IncomingFile(tmp_path / "s", expected_hash=digest, expected_bytes=len(DATA))
+    short.add(0, DATA[:1000])
+    with pytest.raises(SnapshotError, match="1000 bytes"):
+        short.finish()
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(("offset", "size"), [(-1, 10), (len(DATA) - 5, 10), (0, 0)])
+def test_an_incoming_chunk_outside_the_file_is_refused(tmp_path, offset, size):
+    incoming = snap.IncomingFile(
+        tmp_path / "w", expected_hash=snap.hash_bytes(DATA), expected_bytes=len(DATA)
+    )
+    try:
+        with pytest.raises(SnapshotError, match="does not fit"):
+            incoming.add(offset, b"x" * size)
+    finally:
+        incoming.close()
