@@ -173,10 +173,16 @@ class Publisher:
 
     # -- the training thread -------------------------------------------------------------------
     def submit(
-        self, state: Mapping[str, torch.Tensor], *, version: int, step: int, dtype: torch.dtype
+        self,
+        state: Mapping[str, torch.Tensor],
+        *,
+        version: int,
+        step: int,
+        dtype: torch.dtype | None = None,
     ) -> Fence:
-        """Copy `state` (HF names, on any one device) for publication as `version`; returns at
-        once on CUDA. Hold the returned fence (`Fence.hold_stream`) before changing weights."""
+        """Copy `state` (HF names, on any one device; floating-point tensors stored in `dtype`,
+        None = as they are) for publication as `version`; returns at once on CUDA. Hold the
+        returned fence (`Fence.hold_stream`) before changing the weights."""
         self._raise()
         tensors = unique_tensors(state)
         if not self._hosts:
@@ -193,6 +199,8 @@ class Publisher:
             with self._cond:
                 self._buffers.abandon(index)
             raise
+        if dtype is None:
+            dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), None)
         job = Job(version, step, str(dtype).removeprefix("torch."), fence)
         with self._cond:
             self._buffers.fill(index, job)

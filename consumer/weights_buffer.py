@@ -52,12 +52,13 @@ def unique_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
-def stored_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
-    return dtype if tensor.is_floating_point() else tensor.dtype
+def stored_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
 
 
-def table_for(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> TensorTable:
-    """The file layout of `state` (already without tied duplicates) stored in `dtype`."""
+def table_for(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> TensorTable:
+    """The file layout of `state` (already without tied duplicates), floating-point tensors
+    stored in `dtype` (None: each in its own)."""
     specs = [
         TensorSpec(name, DTYPE_CODES[stored_dtype(t, dtype)], tuple(t.shape))
         for name, t in state.items()

@@ -325,6 +325,7 @@ def test_the_publisher_syncs_each_snapshot_and_leaks_no_descriptor(tmp_path, mon
     publisher = Publisher(root, base, keep_last=2, on_published=published.append)
     for v in range(1, 5):
         publisher.submit({"w": state["w"] + v}, version=v, step=v)
+        publisher.wait()  # else a version may be superseded by the next before it is written
     publisher.close()
     assert open_fds() == before
     assert [i.version for i in published] == [0, 1, 2, 3, 4]
