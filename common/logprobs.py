@@ -3,7 +3,7 @@
 Owns one rule: a token's log-prob is `log_softmax(logits / temperature)[token]`, computed in
 float32 at least, the same on both sides, so behaviour and learner log-probs of the same weights
 agree to float32 rounding. Also the entropy of that distribution, and the temperature check.
-Does not own: sampling itself (producer/engine_hf.py), or what the loss does with log-probs
+Does not own: sampling itself (producer/hf_batch.py), or what the loss does with log-probs
 (consumer/loss.py).
 
 Shapes: any leading shape, last axis V (vocabulary); names carry `_BTV` / `_BT` for the learner's

@@ -1,33 +1,46 @@
-"""The `hf` engine: a transformers causal LM sampled by our own loop (CPU or GPU).
+"""The `hf` engine: a transformers causal LM sampled by our own batched loop (CPU or GPU).
 
-Owns: sampling G completions of one prompt with exact sampling log-probs, and in-place weight
-reloads from a snapshot's `model.safetensors`. Does not own: fetching or hash-checking snapshots
-(common/snapshot.py and the producer loop do that before calling `load_weights`).
+Owns: sampling completions with exact sampling log-probs for every request in flight at once,
+and in-place weight reloads from a snapshot's `model.safetensors`. Does not own: fetching or
+hash-checking snapshots (common/snapshot.py and the producer loop do that before calling
+`load_weights`), nor the batch arithmetic itself (producer/hf_batch.py: left-padded prefill,
+per-request Gumbel-max streams, one forward per token for all rows).
 
 Why our own loop rather than `model.generate`: the log-prob reported for a token must be exactly
 that of the sampling distribution, `log_softmax(logits / temperature)` in float32, the rule the
 learner applies too (`common.logprobs.sampled_logprobs`), so behaviour and learner log-probs agree
-to float32 rounding for the same weights. One step, for the n rows of a group:
+to float32 rounding for the same weights; and every request must keep its own random stream, so
+that its seed alone decides its completions whatever else shares the batch.
 
-    p = softmax(logits.float() / T);  token ~ multinomial(p, generator);  logp = sampled_logprobs
-    logp = min(logp, 0)   (a token of probability 1 can round to +1e-8)
+Batching: the producer runs one asyncio task per lease, each awaiting `generate`. Calls made in
+the same event-loop turn reach the torch thread together (one hand-over per turn), and the thread
+runs one `Batch` of all of them: each prompt prefilled once, its cache repeated n times, then one
+forward per token for every row of every request; rows leave as soon as they finish. A request
+that arrives while rows are decoding joins them at a token step (its prompt prefilled in one
+extra forward and merged into the left-padded cache) once the rows waiting are at least as many
+as the rows in flight (`may_join`, `join_at = 1`); until then it waits, at most until the batch
+drains. Measured on the demo model (bench/hf_engine.py, closed loop of 8 leases): joining at
+every step (`join_at = 0`) turned most steps into two forwards, a prefill and a decode, and ran
+at less than half the rate of batch-at-a-time; the rule above keeps batch-at-a-time's rate
+there and continuous batching's gain when completion lengths vary widely. A model whose cache
+cannot be merged (sliding window, linear attention) gets batch-at-a-time.
 
-The prompt is prefilled once and its KV cache repeated n times (no padding: every row shares the
-prompt). A row stops at its first stop token (`params.stop_token_ids` and the model's
-`generation_config` / `config` EOS ids), which it keeps ("stop"), or after `max_new_tokens`
-("length"); finished rows keep being fed until every row is done, their extra tokens dropped.
-Seeds: `params.seed` when given (same seed, same weights, same device => same completions), else
-one derived from the engine seed and a call counter.
+Seeds: `params.seed` when given (same seed, same weights, same device => same completions, alone
+or in any batch), else one derived from the engine seed and a call counter.
 
 Invariants (besides the contract in producer/engine.py):
 - `version` is -1 until the first `load_weights`. The producer always loads a published snapshot,
   version 0 included, before it generates; a generation before any load uses the checkpoint's
   own weights and reports version -1 for its tokens.
-- All torch work runs on ONE dedicated worker thread, in submission order. So a reload never
-  overlaps a generation, even when the coroutine awaiting that generation was cancelled (the
-  thread finishes the job; the next job waits for it), and the event loop stays free for
-  heartbeats. A completion's `versions` is the version of the weights that thread used: the
-  engine's version when the generation job started.
+- All torch work runs on ONE dedicated thread and commands keep their order: a request made
+  before `load_weights` runs on the old weights, one made after it on the new weights. A reload
+  waits until the rows in flight have finished (no new request joins meanwhile), so a reload
+  never overlaps a forward and every token of a completion has the version its request was
+  admitted with. The event loop stays free for heartbeats.
+- A caller that is cancelled (its lease task cancelled) withdraws its request: its rows leave the
+  batch at the next token step, the other rows go on unchanged, nothing of it stays behind.
+- An exception in a forward fails the requests in that batch (raised to their callers); the
+  thread goes on serving the next ones.
 - `load_weights` checks every tensor's name and shape before copying anything: a file that does
   not fit raises `SnapshotError` and leaves weights and version untouched. Tied parameters
   (`lm_head.weight` sharing storage with `model.embed_tokens.weight`) may be absent from the file,
@@ -38,23 +51,23 @@ Invariants (besides the contract in producer/engine.py):
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
 from common.errors import SnapshotError
-from common.logprobs import sampled_logprobs
 from producer.engine import Completion, SamplingParams
+from producer.hf_batch import Batch, Request
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-R = TypeVar("R")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -75,11 +88,36 @@ def eos_ids(model: Any) -> set[int]:
     return out
 
 
+@dataclass(eq=False)
+class _Reload:
+    path: Path
+    version: int
+    waiter: Any
+
+
+@dataclass(eq=False)
+class _Close:
+    pass
+
+
+_Command = Request | _Reload | _Close
+
+
 class HFEngine:
-    """A transformers causal LM behind the `Engine` protocol (producer/engine.py)."""
+    """A transformers causal LM behind the `Engine` protocol (producer/engine.py).
+
+    `join_at`: see `may_join` (1 by default; 0 = join at the next token always, `math.inf` =
+    batch-at-a-time). bench/hf_engine.py measures the three.
+    """
 
     def __init__(
-        self, model_dir: Path, *, device: str = "auto", dtype: str = "float32", seed: int = 0
+        self,
+        model_dir: Path,
+        *,
+        device: str = "auto",
+        dtype: str = "float32",
+        seed: int = 0,
+        join_at: float = 1.0,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -89,13 +127,19 @@ class HFEngine:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
         self.model = model.to(self.device).eval()
         self._eos = eos_ids(self.model)
-        self._keep_last = "logits_to_keep" in inspect.signature(self.model.forward).parameters
-        self._repeat_cache = True  # prefill the prompt once, repeat its KV cache n times
+        pad = getattr(self.model.config, "pad_token_id", None)
+        self.batch = Batch(self.model, self.device, pad_id=int(pad) if pad is not None else 0)
+        self._join_at = join_at
         self._version = -1
         self._seed = seed
         self._calls = itertools.count(1)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="hf-engine")
+        self._stop_tables: dict[tuple[int, ...], np.ndarray] = {}
+        self._outgoing: list[_Command] = []  # made this event-loop turn, handed over together
+        self._inbox: queue.SimpleQueue[list[_Command]] = queue.SimpleQueue()
+        self._failure: BaseException | None = None
         self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
+        self._thread.start()
 
     @property
     def version(self) -> int:
@@ -105,8 +149,15 @@ class HFEngine:
     def vocab_size(self) -> int:
         return int(self.model.get_input_embeddings().num_embeddings)
 
-    async def _on_thread(self, fn: Callable[..., R], *args: Any) -> R:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+    @property
+    def forwards(self) -> tuple[int, int]:
+        """(forwards run, rows summed over them): rows per forward = how well batching works."""
+        return self.batch.num_forwards, self.batch.num_rows_forwarded
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the running batch (0 when idle: nothing of a finished request stays)."""
+        return self.batch.num_rows
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         """`params.n` completions of one prompt (see the module docstring for seeds and stops)."""
@@ -116,68 +167,142 @@ class HFEngine:
         assert params.temperature > 0, "config validation keeps sampling.temperature > 0"
         call = next(self._calls)
         seed = params.seed if params.seed is not None else self._seed * 1_000_003 + call
-        return await self._on_thread(self._generate, prompt_ids, params, seed)
+        stops = self._stop_table(params.stop_token_ids)
+        future: asyncio.Future[list[Completion]] = asyncio.get_running_loop().create_future()
+        request = Request(
+            prompt_ids=list(prompt_ids), n=params.n, temperature=params.temperature,
+            max_new_tokens=params.max_new_tokens, seed=seed, is_stop_V=stops, waiter=future,
+        )  # fmt: skip
+        self._submit(request)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            request.cancelled = True  # the thread drops its rows at the next token step
+            raise
 
-    def _generate(
-        self, prompt_ids: list[int], params: SamplingParams, seed: int
-    ) -> list[Completion]:
-        version = self._version  # read on the torch thread: the weights this job uses
-        ids_nL, logp_nL, lengths_n, stopped_n = self._sample(prompt_ids, params, seed)
-        return [
-            Completion(
-                token_ids=ids_nL[i, :k].astype(np.int32),
-                logprobs=np.minimum(logp_nL[i, :k], 0.0).astype(np.float32),
-                finish_reason="stop" if stopped_n[i] else "length",
-                versions=np.full(k, version, np.int32),
-            )
-            for i, k in enumerate(lengths_n.tolist())
-        ]
+    def _stop_table(self, stop_token_ids: tuple[int, ...]) -> np.ndarray:
+        """A read-only bool per vocabulary id: True for these stop ids and the model's EOS ids."""
+        key = tuple(sorted(set(stop_token_ids)))
+        table = self._stop_tables.get(key)
+        if table is None:
+            table = np.zeros(max(self.vocab_size, *self._eos, *key, 0) + 1, bool)
+            table[list(self._eos | set(key))] = True
+            table.flags.writeable = False
+            self._stop_tables[key] = table
+        return table
 
-    @torch.inference_mode()
-    def _sample(
-        self, prompt_ids: list[int], params: SamplingParams, seed: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(ids [n, L], logp [n, L], lengths [n], stopped [n]) with L = steps taken."""
-        n, dev, temperature = params.n, self.device, params.temperature
-        gen = torch.Generator(device=dev).manual_seed(seed)
-        stop_ids = torch.tensor(sorted(self._eos | set(params.stop_token_ids)), device=dev)
-        logits_nV, cache = self._prefill(torch.tensor([prompt_ids], device=dev), n)
-        tokens, logps = [], []
-        done_n = torch.zeros(n, dtype=torch.bool, device=dev)
-        lengths_n = torch.full((n,), params.max_new_tokens, dtype=torch.long, device=dev)
-        for step in range(params.max_new_tokens):
-            probs_nV = torch.softmax(logits_nV.float() / temperature, dim=-1)
-            tok_n1 = torch.multinomial(probs_nV, 1, generator=gen)
-            logps.append(sampled_logprobs(logits_nV[:, None], tok_n1, temperature=temperature))
-            tokens.append(tok_n1)
-            newly_n = ~done_n & torch.isin(tok_n1[:, 0], stop_ids)
-            lengths_n = torch.where(newly_n, step + 1, lengths_n)
-            done_n |= newly_n
-            if step + 1 == params.max_new_tokens or bool(done_n.all()):
-                break
-            out = self.model(input_ids=tok_n1, past_key_values=cache, use_cache=True)
-            logits_nV, cache = out.logits[:, -1], out.past_key_values
-        return (
-            torch.cat(tokens, dim=1).cpu().numpy(),
-            torch.cat(logps, dim=1).float().cpu().numpy(),
-            lengths_n.cpu().numpy(),
-            done_n.cpu().numpy(),
-        )
+    def _submit(self, command: _Command) -> None:
+        """Queue a command; everything queued in this event-loop turn is handed over at once."""
+        if self._failure is not None:
+            raise RuntimeError(f"the hf engine failed: {self._failure!r}") from self._failure
+        if self._closed and not isinstance(command, _Close):
+            raise RuntimeError("the hf engine is closed")
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._hand_over)
+        self._outgoing.append(command)
 
-    def _prefill(self, prompt_1P: torch.Tensor, n: int) -> tuple[torch.Tensor, Any]:
-        """Last-position logits [n, V] and a KV cache of n rows, computing the prompt once."""
-        keep = {"logits_to_keep": 1} if self._keep_last else {}
-        if self._repeat_cache:
-            out = self.model(input_ids=prompt_1P, use_cache=True, **keep)
-            if hasattr(out.past_key_values, "batch_repeat_interleave"):
-                out.past_key_values.batch_repeat_interleave(n)
-                return out.logits[:, -1].expand(n, -1), out.past_key_values
-            self._repeat_cache = False  # a legacy cache: prefill all n rows from now on
-        out = self.model(input_ids=prompt_1P.expand(n, -1), use_cache=True, **keep)
-        return out.logits[:, -1], out.past_key_values
+    def _hand_over(self) -> None:
+        commands, self._outgoing = self._outgoing, []
+        self._inbox.put(commands)
 
     async def load_weights(self, directory: Path, version: int) -> None:
-        await self._on_thread(self._load, Path(directory) / "model.safetensors", version)
+        """Load `directory/model.safetensors` once the rows in flight have finished."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._submit(_Reload(Path(directory) / "model.safetensors", version, future))
+        await future
+
+    async def close(self) -> None:
+        """Let the requests already made finish, then stop the torch thread. Idempotent."""
+        if self._closed:
+            return
+        self._submit(_Close())
+        self._closed = True
+        await asyncio.to_thread(self._thread.join)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- the torch thread -------------------------------------------------------------------------
+    def _serve(self) -> None:
+        """Run commands in order, stepping the batch between them, until `_Close`."""
+        pending: deque[_Command] = deque()
+        try:
+            while self._serve_once(pending):
+                pass
+        except BaseException as exc:  # a bug here would leave every caller waiting forever
+            self._failure = exc
+            for request in self.batch.clear():
+                _settle(request.waiter, exc)
+            raise
+        finally:
+            while True:  # whatever is still queued will never run: tell its callers
+                for command in pending:
+                    if not isinstance(command, _Close):
+                        _settle(command.waiter, RuntimeError("the hf engine is closed"))
+                try:
+                    pending = deque(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+
+    def _serve_once(self, pending: deque[_Command]) -> bool:
+        """One token step (or one reload); False once closed."""
+        batch = self.batch
+        block = batch.empty and not pending
+        while True:  # take what has been handed over; wait only if there is nothing to do
+            try:
+                pending.extend(self._inbox.get(block=block))
+            except queue.Empty:
+                break
+            block = False
+        withdrawn = [r for r in batch.members if r.cancelled]
+        if withdrawn:
+            batch.withdraw(withdrawn)
+        joining = self._joining(pending)
+        if batch.empty and not joining:
+            if not pending:
+                return True
+            command = pending.popleft()
+            if isinstance(command, _Close):
+                return False
+            if isinstance(command, _Reload):
+                self._reload(command)
+            return True
+        try:
+            if joining:
+                batch.admit(joining, self._version)
+            for request in batch.sample():
+                _settle(request.waiter, request.completions())
+            if not batch.empty:
+                batch.forward()
+        except Exception as exc:  # a failed forward fails its batch; the next one may succeed
+            failed = batch.clear()
+            for request in failed + [r for r in joining if r not in failed]:
+                _settle(request.waiter, exc)
+        return True
+
+    def _joining(self, pending: deque[_Command]) -> list[Request]:
+        """Take the requests queued ahead of any reload or close, if they start now (`may_join`)."""
+        waiting: list[Request] = []
+        for command in pending:
+            if not isinstance(command, Request):
+                break
+            waiting.append(command)
+        live = [r for r in waiting if not r.cancelled]
+        rows = sum(r.n for r in live)
+        if not waiting or not may_join(
+            self.batch.num_rows, rows, self.batch.mergeable, self._join_at
+        ):
+            return []
+        for _ in waiting:
+            pending.popleft()
+        return live
+
+    def _reload(self, command: _Reload) -> None:
+        try:
+            self._load(command.path, command.version)
+        except Exception as exc:  # raised to the caller of load_weights
+            _settle(command.waiter, exc)
+        else:
+            _settle(command.waiter, None)
 
     @torch.no_grad()
     def _load(self, path: Path, version: int) -> None:
@@ -193,14 +318,37 @@ class HFEngine:
             raise SnapshotError(f"cannot read snapshot {path}: {exc}") from None
         self._version = version
 
-    async def close(self) -> None:
-        """Wait for the running job (if any), then stop the torch thread. Idempotent."""
-        if self._closed:
+
+def may_join(running_rows: int, waiting_rows: int, mergeable: bool, join_at: float) -> bool:
+    """Whether requests waiting with `waiting_rows` rows start now (else after a later step).
+
+    Into an empty batch, always. Into rows in flight (a mergeable cache only), once
+    `waiting_rows >= join_at * running_rows`: a join costs one extra forward (the prefill of
+    the new prompts), worth paying when it adds many rows to every later forward. With
+    `join_at = 1` rows that finish at nearby steps are replaced together rather than one
+    prefill per step (with 0, short completions of uneven length turn every step into two
+    forwards); the rows in flight only shrink, so nothing waits longer than the batch's longest
+    row.
+    """
+    if running_rows == 0:
+        return True
+    return mergeable and waiting_rows >= join_at * running_rows
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    """From the torch thread: give `future` its result (or exception), unless nobody waits."""
+
+    def settle() -> None:
+        if future.done():  # the caller was cancelled
             return
-        self._closed = True
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.shutdown, True)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    loop = future.get_loop()
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(settle)
 
 
 def check_fits(

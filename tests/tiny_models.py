@@ -1,4 +1,6 @@
-"""Tiny causal LMs built inside the tests: own character tokenizer, small Llama config.
+"""Tiny causal LMs built inside the tests (own character tokenizer, small Llama config), and what
+engine tests compare them with: an independent full-sequence forward and snapshots written the
+way the publisher writes them.
 
 Llama rather than Qwen2: transformers 5.x swaps in Qwen2's own byte-level tokenizer for any
 `qwen2` model directory, which would not be ours."""
@@ -7,13 +9,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from producer.engine import Completion
+
 CHARS = list("0123456789+-*=?() abcdefghijklmnopqrstuvwxyz")
 SPECIALS = ["<pad>", "<eos>"]
 
 
 def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
     """Write a complete HF model directory (config, weights, tokenizer) into `out`."""
-    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -40,3 +47,41 @@ def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int 
     model = LlamaForCausalLM(config)
     model.save_pretrained(out)
     return out
+
+
+def reference_model(model_dir: Path, snapshot: Path | None = None) -> torch.nn.Module:
+    """The model of `model_dir` (snapshot applied), loaded apart from any engine, float32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if snapshot is not None:  # tied lm_head follows embed_tokens
+        model.load_state_dict(load_file(snapshot / "model.safetensors"), strict=False)
+    return model
+
+
+@torch.no_grad()
+def full_forward_logprobs(
+    model: torch.nn.Module, prompt: list[int], c: Completion, temperature: float
+) -> np.ndarray:
+    """log_softmax(logits / T) of the completion's tokens, from one unpadded forward of it all."""
+    ids = torch.tensor([prompt + c.token_ids.tolist()])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(-1, torch.from_numpy(c.token_ids).long()[:, None])[:, 0].numpy()
+
+
+def write_snapshot(
+    state: dict[str, torch.Tensor], directory: Path, *, noise: float = 0.0, seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Path:  # fmt: skip
+    """A snapshot as the publisher writes it: tied duplicates dropped (first name kept)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    seen, out = set(), {}
+    for name, t in state.items():
+        if t.untyped_storage().data_ptr() in seen:
+            continue
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = (t.detach().float() + noise * torch.randn(t.shape, generator=gen)).to(dtype)
+    save_file(out, directory / "model.safetensors")
+    return directory

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from tiny_models import full_forward_logprobs, reference_model, write_snapshot
 
 from common import config as C
 from common import wire
 from common.errors import SnapshotError
-from producer.engine import Completion, SamplingParams
+from producer.engine import SamplingParams
 from producer.engine_hf import HFEngine
 
 PROMPT = [3, 4, 12, 5, 15]
@@ -33,40 +33,6 @@ async def engine(tiny_model_dir: Path) -> AsyncIterator[HFEngine]:
     await eng.load_weights(tiny_model_dir, 0)
     yield eng
     await eng.close()
-
-
-def reference_model(model_dir: Path, snapshot: Path | None = None) -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    if snapshot is not None:  # tied lm_head follows embed_tokens
-        model.load_state_dict(load_file(snapshot / "model.safetensors"), strict=False)
-    return model
-
-
-@torch.no_grad()
-def full_forward_logprobs(
-    model: torch.nn.Module, prompt: list[int], c: Completion, temperature: float
-) -> np.ndarray:
-    ids = torch.tensor([prompt + c.token_ids.tolist()])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, torch.from_numpy(c.token_ids).long()[:, None])[:, 0].numpy()
-
-
-def write_snapshot(
-    state: dict[str, torch.Tensor], directory: Path, *, noise: float = 0.0, seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-) -> Path:  # fmt: skip
-    """A snapshot as the publisher writes it: tied duplicates dropped (first name kept)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator().manual_seed(seed)
-    seen, out = set(), {}
-    for name, t in state.items():
-        if t.untyped_storage().data_ptr() in seen:
-            continue
-        seen.add(t.untyped_storage().data_ptr())
-        out[name] = (t.detach().float() + noise * torch.randn(t.shape, generator=gen)).to(dtype)
-    save_file(out, directory / "model.safetensors")
-    return directory
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
