@@ -251,6 +251,6 @@ def prune(root: Path, keep_last: int, *, protect: tuple[int, ...] = ()) -> list[
     removed = [v for v in versions[: max(len(versions) - keep_last, 0)] if v not in protect]
     for v in removed:
         shutil.rmtree(snapshot_dir(root, v), ignore_errors=True)
-    for stale in root.glob("*.tmp-*") if root.is_dir() else ():
+    for stale in root.glob("*.tmp-*"):  # nothing when root does not exist
         shutil.rmtree(stale, ignore_errors=True)
     return removed

@@ -70,7 +70,7 @@ def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]
     out: list[list[int]] = []
     current: list[int] = []
     for i in order:
-        longest = max(lengths[i], max((lengths[j] for j in current), default=0))
+        longest = lengths[i]  # ascending order: the row joining is the longest
         if current and (len(current) + 1) * longest > token_budget:
             out.append(current)
             current = []

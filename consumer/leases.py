@@ -267,8 +267,7 @@ class LeaseBook:
     # -- checkpoint ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
-            "incarnation": self.incarnation,
-            "next": self._next,
+            "incarnation": self.incarnation,  # a resumed book counts lease ids from 0 again
             "open": [asdict(r) for r in self.open.values()],
             "counts": dict(self.counts),
             "by_producer": {p: dict(c) for p, c in self.by_producer.items()},

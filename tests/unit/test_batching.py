@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -102,6 +104,21 @@ def test_collate_pads_short_rows_on_the_right_outside_the_mask():
     assert mb.behavior_logp_BT[1].tolist() == pytest.approx([0.0, -0.1, 0.0, 0.0, 0.0])
 
 
+def test_collate_puts_every_tensor_on_the_device_asked_for():
+    meta = torch.device("meta")  # a device that holds no data: every tensor must be moved there
+    mb = collate([make_row([1], [2, 3]), make_row([4, 5], [6])], [0, 1], pad_id=PAD, device=meta)
+    tensors = [mb.input_ids_BL, mb.attention_mask_BL, mb.tokens_BT, mb.mask_BT,
+               mb.behavior_logp_BT, mb.advantages_B]  # fmt: skip
+    assert [t.device.type for t in tensors] == ["meta"] * len(tensors)
+
+
+def test_collate_ids_are_int64_whatever_type_the_pad_id_has():
+    rows = [make_row([1], [2, 3]), make_row([1], [2])]
+    mb = collate(rows, [0, 1], pad_id=np.int32(7), device=CPU)
+    assert mb.input_ids_BL.dtype == torch.int64
+    assert mb.input_ids_BL.tolist() == [[1, 2, 3], [1, 2, 7]]
+
+
 def test_collate_dtypes():
     mb = collate([make_row([1], [2, 3])], [0], pad_id=PAD, device=CPU)
     assert mb.input_ids_BL.dtype == torch.int64
@@ -169,6 +186,14 @@ def test_rows_follow_group_order_with_their_advantages():
     assert rows[2].behavior_logp.tolist() == pytest.approx([-0.1, -0.2, -0.3])
     assert all(r.ids.dtype == np.int32 for r in rows)
     assert all(r.behavior_logp.dtype == np.float32 for r in rows)
+
+
+def test_rows_hold_the_schema_dtypes_whatever_the_groups_arrays_are():
+    g = make_group([1, 2], [[3], [4, 5]])
+    g64 = dataclasses.replace(g, behavior_logp=g.behavior_logp.astype(np.float64))
+    for row in rows_of([g64], np.array([[1.0, -1.0]])):
+        assert row.behavior_logp.dtype == np.float32
+        assert row.ids.dtype == np.int32
 
 
 def test_rows_of_a_decoded_group_collate_back_to_its_tokens():

@@ -101,6 +101,12 @@ def test_grant_respects_max_leases():
     assert len(grant(book, 0)) == 0
 
 
+def test_a_fresh_book_is_incarnation_zero_and_its_first_lease_id_is_zero():
+    book = make_book()
+    assert book.incarnation == 0
+    assert [r.lease_id for r in grant(book, 2)] == [0, 1]
+
+
 def test_lease_ids_carry_the_incarnation_and_are_unique():
     book = make_book(max_staleness=5, incarnation=3)
     ids = [r.lease_id for r in grant(book)]
@@ -278,6 +284,7 @@ def test_expire_ends_only_overdue_or_orphaned_leases_not_yet_delivered():
     expired = book.expire(now=60.0, lease_timeout_s=30.0, gone={"gone"})
     assert {r.lease_id for r in expired} == {r.lease_id for r in old + orphan}
     assert all(r.state == "expired" for r in expired)
+    assert {r.reason for r in expired} == {"timeout"}
     assert set(book.open) == {fresh[0].lease_id, delivered_old[0].lease_id}
 
 
@@ -288,6 +295,7 @@ def test_reconcile_expires_only_that_producers_undelivered_leases_it_no_longer_h
     assert book.receive(received.lease_id, "a") == "accept"
     expired = book.reconcile("a", held={held.lease_id})
     assert [r.lease_id for r in expired] == [lost.lease_id]
+    assert [r.reason for r in expired] == ["not held"]
     assert set(book.open) == {held.lease_id, received.lease_id, other.lease_id}
     assert book.reconcile("a", held={held.lease_id}) == []
 
@@ -297,6 +305,7 @@ def test_expire_all_ends_every_open_lease_and_requeues_its_prompt():
     leases = grant(book)
     assert book.receive(leases[0].lease_id, "a") == "accept"
     book.expire_all("shutdown")
+    assert {r["reason"] for r in book.take_finished()} == {"shutdown"}
     assert book.open == {}
     assert book.balance() == {"issued": len(leases), "trained": 0, "dropped_stale": 0,
                               "dropped_zero_variance": 0, "rejected_invalid": 0,
@@ -498,10 +507,10 @@ def test_resume_never_reuses_a_lease_id_issued_before_the_restart():
     restored.load_state_dict(state, now=0.0)
     for rec in list(restored.open.values()):
         restored.finalize(rec.lease_id, "expired")
-    new = {r.lease_id for r in grant(restored, producer="b")}
+    new = [r.lease_id for r in grant(restored, producer="b")]
     assert new
-    assert new.isdisjoint(before | after_save)
-    assert all(i >> 40 == book.incarnation + 1 for i in new)
+    assert set(new).isdisjoint(before | after_save)
+    assert new == [(book.incarnation + 1) << 40 | n for n in range(len(new))]  # n from 0 again
 
 
 def test_resume_continues_with_the_same_prompts_retries_first():

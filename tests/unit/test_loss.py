@@ -208,8 +208,19 @@ def test_advantages_are_at_least_float32():
 
 @pytest.mark.parametrize("G", [0, 1])
 def test_groups_of_fewer_than_two_completions_are_refused(G):
-    with pytest.raises(ValueError, match="at least 2 completions"):
+    with pytest.raises(ValueError, match="at least 2") as info:
         L.group_advantages(torch.zeros(3, G))
+    assert str(info.value) == (
+        f"G = {G}: GRPO needs at least 2 completions per group "
+        "(an advantage is relative to the other samples of the same prompt)"
+    )
+
+
+def test_an_empty_batch_gets_empty_advantages_without_a_warning_under_batch_scale():
+    # pytest turns warnings into errors: std() of no rewards would warn (and be NaN)
+    for scale in ("batch", "none"):
+        adv = L.group_advantages(torch.zeros(0, 4), scale=scale)  # type: ignore[arg-type]
+        assert adv.shape == (0, 4)
 
 
 def test_rewards_must_be_two_dimensional():
@@ -636,8 +647,15 @@ CALLS = {
 
 @pytest.mark.parametrize("name", CALLS)
 def test_bad_mode_strings_are_refused_with_the_allowed_values(name):
-    with pytest.raises(ValueError, match="must be one of '"):
+    option = {"policy tis": "tis level"}.get(name, name.removeprefix("policy "))
+    with pytest.raises(ValueError, match=f"^{option} must be one of '"):  # names the option
         CALLS[name]()
+
+
+def test_a_refused_mode_lists_every_allowed_value_and_what_it_got():
+    with pytest.raises(ValueError, match="scale") as info:
+        L.group_advantages(torch.zeros(1, 2), scale="std")  # type: ignore[arg-type]
+    assert str(info.value) == "scale must be one of 'group', 'batch', 'none'; got 'std'"
 
 
 @pytest.mark.parametrize(

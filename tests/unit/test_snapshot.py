@@ -121,6 +121,20 @@ def test_a_flipped_byte_fails_verification(tmp_path, position):
         snap.verify_file(path, expected_hash=m.hash, expected_bytes=m.num_bytes)
 
 
+def test_a_hash_mismatch_names_both_hashes_by_their_first_12_digits(tmp_path):
+    m = manifest_for(1)
+    got = snap.hash_bytes(b"other")
+    expected = f"{got[:12]}… != manifest {m.hash[:12]}…"
+    with pytest.raises(SnapshotError) as info:
+        snap.verify_bytes(b"other", expected_hash=m.hash, expected_bytes=5)
+    assert str(info.value) == f"snapshot hash {expected}"
+    path = tmp_path / snap.WEIGHTS_FILE
+    path.write_bytes(b"other")
+    with pytest.raises(SnapshotError) as info:
+        snap.verify_file(path, expected_hash=m.hash, expected_bytes=5)
+    assert str(info.value) == f"{path}: hash {expected}"
+
+
 def test_a_truncated_snapshot_fails_verification(tmp_path):
     m = manifest_for(1)
     with pytest.raises(SnapshotError, match="bytes"):
@@ -144,6 +158,33 @@ def test_hashing_a_file_in_blocks_equals_hashing_its_bytes(tmp_path, monkeypatch
     assert len(snap.hash_bytes(WEIGHTS)) == 64  # BLAKE3, 256-bit hex
 
 
+def test_a_file_is_hashed_in_bounded_blocks_never_read_whole(tmp_path, monkeypatch):
+    """A snapshot of many GB must not be read into memory at once to be verified."""
+    sizes: list[int | None] = []
+
+    class Spy:
+        def __init__(self, f) -> None:
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.f.close()
+
+        def read(self, n=None):
+            sizes.append(n)
+            return self.f.read(n)
+
+    real_open = open
+    monkeypatch.setattr(snap, "open", lambda *a, **k: Spy(real_open(*a, **k)), raising=False)
+    monkeypatch.setattr(snap, "_HASH_BLOCK", 4096)
+    path = tmp_path / "w"
+    path.write_bytes(WEIGHTS)
+    assert snap.hash_file(path) == snap.hash_bytes(WEIGHTS)
+    assert sizes == [4096] * 4  # 10,496 bytes: three blocks, then the empty read that ends it
+
+
 def test_an_unreadable_manifest_is_a_snapshot_error(tmp_path):
     with pytest.raises(SnapshotError, match="unreadable manifest"):
         snap.read_manifest(tmp_path)
@@ -157,6 +198,15 @@ def test_an_unreadable_manifest_is_a_snapshot_error(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # Listing and pruning
+
+
+def test_versions_of_every_width_are_listed_by_their_number(tmp_path):
+    for v in (0, 7, 123456, 1234567):  # six digits, and past them
+        publish(tmp_path, v)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "v000000", "v000007", "v123456", "v1234567",
+    ]  # fmt: skip
+    assert snap.list_versions(tmp_path) == [0, 7, 123456, 1234567]
 
 
 def test_list_versions_sees_only_complete_snapshots(tmp_path):

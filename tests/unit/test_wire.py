@@ -509,7 +509,7 @@ def test_an_error_without_trustworthy_ids_carries_none(data):
 EDGE_RUN = wire.Limits(
     vocab_size=50, group_size=3, temperature=0.7, max_prompt_tokens=6, max_completion_tokens=5
 )
-PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPERTY
@@ -520,6 +520,26 @@ def test_every_legal_group_is_accepted_and_round_trips(g):
     assert_same(decoded, g)
     assert wire.encode(decoded) == data
     assert wire.decode(data, dataclasses_replace(EDGE_RUN, max_message_bytes=len(data))) is not None
+
+
+@PROPERTY
+@given(g=groups(EDGE_RUN), data=st.data())
+def test_a_legal_group_with_one_completion_emptied_is_refused(g, data):
+    """Every completion has at least one token (the engine's stop token counts)."""
+    i = data.draw(st.integers(0, g.group_size - 1))
+    start = int(g.completion_lens[:i].sum())
+    keep = np.r_[0:start, start + int(g.completion_lens[i]) : g.num_tokens]
+    lens = g.completion_lens.copy()
+    lens[i] = 0
+    empty = dataclasses_replace(
+        g, completion_ids=g.completion_ids[keep], behavior_logp=g.behavior_logp[keep],
+        completion_lens=lens, token_versions=g.token_versions[keep] if g.token_versions.size else
+        g.token_versions, behavior_version=int(g.token_versions[keep].min())
+        if g.token_versions.size and keep.size else g.behavior_version,
+    )  # fmt: skip
+    with pytest.raises(WireError) as info:
+        wire.decode(wire.encode(empty), EDGE_RUN)
+    assert info.value.reason == "bad_length"
 
 
 @PROPERTY
