@@ -1,9 +1,12 @@
-"""The producer's end of the sockets: control requests, the group sender, announcements.
+"""The producer's end of the sockets: control requests, snapshot downloads, the group sender,
+announcements.
 
 - `ControlClient` owns the DEALER. Requests carry `req` ids; one reader task matches replies to
   waiting futures, so several coroutines may have requests in flight. A request without a reply
   in `timeout_s` raises `TimeoutError` (the consumer may be restarting; DEALER reconnects by
   itself and the caller retries). A `Reject` reply raises `Rejected(reason)`.
+  `download_snapshot` fetches a snapshot's weights in chunks over the same socket and writes
+  them only once their size and BLAKE3 hash match the announcement (`SnapshotError` otherwise).
 - `Outbox` owns the PUSH socket and every finished group until the consumer acknowledges it:
   at-least-once delivery. A group is re-sent when the consumer restarted (new run id) or when no
   ack came within `resend_after_s`; the consumer's ledger makes duplicates harmless.
@@ -19,12 +22,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
+from common import snapshot as snap
 from common import wire
-from common.errors import WireError
+from common.errors import SnapshotError, WireError
 from common.sockets import Keys, client_socket
 
 log = logging.getLogger("asyncgrpo.producer")
@@ -65,6 +70,32 @@ class ControlClient:
             raise Rejected(reply.reason, reply.detail)
         return reply
 
+    async def download_snapshot(
+        self, info: wire.SnapshotInfo, directory: Path, *, timeout_s: float, chunk_bytes: int
+    ) -> Path:
+        """`directory/model.safetensors` holding `info`'s weights, fetched in chunks of at most
+        `chunk_bytes` (the consumer may send less) and verified before anything is written.
+
+        Raises `SnapshotError` (inconsistent chunks, wrong size or hash), `Rejected` (e.g. the
+        snapshot was rotated away) or `TimeoutError` (a chunk had no reply in `timeout_s`)."""
+        buf = bytearray()
+        while len(buf) < info.num_bytes:
+            msg = wire.ChunkRequest(0, info.version, len(buf), chunk_bytes)
+            reply = await self.request(msg, timeout_s=timeout_s)
+            if (
+                not isinstance(reply, wire.Chunk)
+                or reply.total_bytes != info.num_bytes
+                or not reply.data
+            ):
+                raise SnapshotError(
+                    f"snapshot v{info.version}: inconsistent chunk from the consumer"
+                )
+            buf += reply.data
+        await asyncio.to_thread(
+            snap.verify_bytes, buf, expected_hash=info.hash, expected_bytes=info.num_bytes
+        )
+        return await asyncio.to_thread(_write_weights, directory, buf)
+
     async def read_replies(self) -> None:
         """The reader task: runs until cancelled."""
         while True:
@@ -85,6 +116,13 @@ class ControlClient:
 
     def close(self) -> None:
         self.sock.close(linger=0)
+
+
+def _write_weights(directory: Path, data: bytes | bytearray) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / snap.WEIGHTS_FILE
+    path.write_bytes(data)
+    return path
 
 
 @dataclass

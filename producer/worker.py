@@ -1,12 +1,15 @@
 """The producer process: lease prompts, sample G completions, score, send; reload weights.
 
-`asyncio.run(main(cfg))` runs one `asyncio.TaskGroup` of named tasks; a failing task cancels the
-group and one `finally` closes every socket and the engine:
+`asyncio.run(main(cfg))` registers (`setup`: the run spec), then builds a `Session` (`prepare`:
+engine, tokenizer, rewards, outbox; nothing in it is optional) while heartbeats already run, and
+runs one `asyncio.TaskGroup` of named tasks; a failing task cancels the group and one `finally`
+closes every socket and the engine:
 - `replies`: the control socket's reader (producer/client.py);
 - `heartbeat`: every `heartbeat_s`, reports state and takes acks, the newest snapshot and the
   consumer's run id (a new run id = the consumer restarted: register again, re-send unacked);
 - `announce`: listens for new snapshots; `weights`: fetches (shared filesystem when the file is
-  there and its hash matches, else in chunks over control), verifies and loads the newest one;
+  there and its hash matches, else in chunks over control: `ControlClient.download_snapshot`),
+  verifies and loads the newest one;
 - `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task.
 
 Invariants: a lease starts generating only once the loaded weights are at least its
@@ -29,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import zmq
@@ -39,13 +42,17 @@ from common import snapshot as snap
 from common import wire
 from common.config import Config, RewardSpec
 from common.errors import ConfigError, SnapshotError
-from common.sockets import endpoint_with_port, load_keys
+from common.sockets import client_socket, endpoint_with_port, load_keys
 from producer.client import ControlClient, Outbox, Rejected, announcements
-from producer.engine import Engine, SamplingParams, make_engine
+from producer.engine import Completion, Engine, FakeRewards, SamplingParams, make_engine
 from producer.tokenizer import PromptCodec
+
+if TYPE_CHECKING:
+    from producer.rewards import RewardRunner
 
 log = logging.getLogger("asyncgrpo.producer")
 _REQUEST_TIMEOUT_S = 10.0
+_CHUNK_BYTES = 4 << 20
 
 
 def lease_seed(run_seed: int, lease_id: int) -> int:
@@ -93,7 +100,21 @@ class State:
         self.counters[key] = self.counters.get(key, 0) + n
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Session:
+    """What a producer works with once registered and prepared (`Producer.prepare`)."""
+
+    spec: wire.RunSpec  # the consumer's run: G, sampling, rewards, ports
+    engine: Engine
+    codec: PromptCodec
+    rewards: RewardRunner | FakeRewards  # fake rewards go with the fake engine
+    outbox: Outbox  # every finished group until it is acknowledged
+
+
 class Producer:
+    """One producer process's state and tasks. `session` is None until `prepare` returns (the
+    heartbeat runs meanwhile and reports "starting"); the tasks that need it are given it."""
+
     def __init__(self, cfg: Config, ctx: zmq.asyncio.Context) -> None:
         self.cfg, self.ctx = cfg, ctx
         pid = os.getpid()
@@ -103,11 +124,7 @@ class Producer:
         self.control = ControlClient(
             ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes
         )
-        self.engine: Engine | None = None
-        self.codec: PromptCodec | None = None
-        self.rewards: Any = None
-        self.outbox: Outbox | None = None
-        self.spec: wire.RunSpec | None = None
+        self.session: Session | None = None
         self.cache = Path(tempfile.mkdtemp(prefix="asyncgrpo-snapshots-"))
         self.rng = random.Random(cfg.run.seed ^ pid)
         self.started = time.monotonic()
@@ -117,10 +134,11 @@ class Producer:
 
     # -- setup ---------------------------------------------------------------------------------
     async def register(self) -> wire.Welcome:
-        held = tuple(self.state.in_flight | set(self.outbox.pending if self.outbox else ()))
+        s = self.session
+        held = tuple(self.state.in_flight | set(s.outbox.pending if s else ()))
         msg = wire.Register(
             0, self.state.producer_id, socket.gethostname(), os.getpid(), self.cfg.producer.engine,
-            self.engine.version if self.engine else -1, held,
+            s.engine.version if s else -1, held,
         )  # fmt: skip
         deadline = time.monotonic() + self.cfg.net.handshake_timeout_s
         while True:
@@ -138,18 +156,16 @@ class Producer:
             self._on_status(reply.status)
             return reply
 
-    async def setup(self) -> None:
+    async def setup(self) -> wire.RunSpec:
         """Register; the heartbeat may start right after this (engine loading can take long)."""
         welcome = await self.register()
-        self.spec = welcome.spec
         log.info(
             "registered as %s with consumer run %s", self.state.producer_id, welcome.status.run_id
         )
+        return welcome.spec
 
-    async def prepare(self) -> None:
-        """Tokenizer, engine, rewards and the outbox, from the run spec."""
-        spec = self.spec
-        assert spec is not None
+    async def prepare(self, spec: wire.RunSpec) -> Session:
+        """Tokenizer, engine, rewards and the outbox, from the run spec; kept as `session`."""
         model_dir = (
             Path(self.cfg.producer.model or spec.model)
             if self.cfg.producer.engine != "fake"
@@ -160,27 +176,30 @@ class Producer:
                 f"model directory {str(model_dir)!r} (announced by the consumer) "
                 "does not exist on this host: pass --model with a local copy"
             )
-        self.codec = PromptCodec(model_dir, spec.prompt_format, vocab_size=spec.vocab_size)
-        self.engine = await asyncio.to_thread(
+        codec = PromptCodec(model_dir, spec.prompt_format, vocab_size=spec.vocab_size)
+        engine = await asyncio.to_thread(
             make_engine,
             self.cfg,
             model_dir=model_dir,
             vocab_size=spec.vocab_size,
             seed=self.rng.randrange(1 << 30),
         )
-        if self.cfg.producer.engine != "fake":
+        rewards: RewardRunner | FakeRewards
+        if self.cfg.producer.engine == "fake":
+            rewards = FakeRewards(run_seed=self.cfg.run.seed, p=self.cfg.fake.reward_p)
+        else:
             from producer.rewards import RewardRunner
 
             specs = [RewardSpec(r.fn, r.weight) for r in spec.reward_fns]
-            self.rewards = RewardRunner(
+            rewards = RewardRunner(
                 specs, timeout_s=spec.reward_timeout_s, workers=self.cfg.rewards.workers
             )
         push = self._socket(zmq.PUSH, spec.rollouts_port)
-        self.outbox = Outbox(push, resend_after_s=self.cfg.net.resend_after_s)
+        outbox = Outbox(push, resend_after_s=self.cfg.net.resend_after_s)
+        self.session = Session(spec, engine, codec, rewards, outbox)
+        return self.session
 
     def _socket(self, kind: int, port: int) -> zmq.asyncio.Socket:
-        from common.sockets import client_socket
-
         endpoint = endpoint_with_port(self.cfg.net.connect, port)
         return client_socket(
             self.ctx, kind, endpoint, keys=self.keys, max_message_bytes=self.max_bytes
@@ -191,8 +210,8 @@ class Producer:
         """Apply a status; True when the consumer restarted (new run id)."""
         restarted = bool(self.state.run_id) and status.run_id != self.state.run_id
         self.state.run_id = status.run_id
-        if self.outbox is not None:
-            self.outbox.acknowledge(status.acks)
+        if self.session is not None:
+            self.session.outbox.acknowledge(status.acks)
         if restarted:
             # A resumed consumer may stand at an older version than the weights we hold (it
             # restarts from its last checkpoint): forget the old run's snapshots, even when
@@ -230,25 +249,25 @@ class Producer:
                 "consumer restarted or forgot us: registering again, re-sending unacked groups"
             )
             await self.register()
-            if self.outbox is not None:
-                self.state.count("groups_resent", await self.outbox.resend(everything=True))
+            if self.session is not None:
+                resent = await self.session.outbox.resend(everything=True)
+                self.state.count("groups_resent", resent)
 
     # -- tasks ---------------------------------------------------------------------------------
     async def heartbeat_loop(self) -> None:
         while True:
-            version = self.engine.version if self.engine is not None else -1
+            version = self.session.engine.version if self.session is not None else -1
             msg = wire.Heartbeat(
                 0, self.state.producer_id, version, self._state_name(),
                 len(self.state.in_flight), self._counters(),
             )  # fmt: skip
             await self._request_status(msg)
-            if self.outbox is not None:
-                self.state.count("groups_resent", await self.outbox.resend())
+            if self.session is not None:
+                self.state.count("groups_resent", await self.session.outbox.resend())
             await asyncio.sleep(self.cfg.net.heartbeat_s)
 
-    async def announce_loop(self) -> None:
-        assert self.spec is not None
-        sub = self._socket(zmq.SUB, self.spec.announce_port)
+    async def announce_loop(self, spec: wire.RunSpec) -> None:
+        sub = self._socket(zmq.SUB, spec.announce_port)
         try:
             async for ann in announcements(sub, wire.Limits(max_message_bytes=1 << 20)):
                 if ann.run_id == self.state.run_id and (
@@ -259,20 +278,19 @@ class Producer:
         finally:
             sub.close(linger=0)
 
-    async def weights_loop(self) -> None:
-        assert self.engine is not None
+    async def weights_loop(self, engine: Engine) -> None:
         while True:
             seen = self.state.changed.count
             target, run = self.state.target, self.state.run_id
             if target is None or (
-                target.version == self.engine.version and self.state.weights_run == run
+                target.version == engine.version and self.state.weights_run == run
             ):
                 await self.state.changed.wait(seen, 5.0)
                 continue
             try:
                 directory = await self._fetch(target)
                 t0 = time.perf_counter()
-                await self.engine.load_weights(directory, target.version)
+                await engine.load_weights(directory, target.version)
                 self.state.weights_run = run
                 self.state.count("reloads")
                 self.state.count("reload_s", time.perf_counter() - t0)
@@ -290,15 +308,14 @@ class Producer:
                     "snapshot v%d not loaded (%s); keeping v%d",
                     target.version,
                     exc,
-                    self.engine.version,
+                    engine.version,
                 )
                 # Back off, but take a newer announcement at once.
                 deadline = time.monotonic() + 1.0
                 while self.state.target is target and (left := deadline - time.monotonic()) > 0:
                     await self.state.changed.wait(self.state.changed.count, left)
 
-    async def lease_loop(self, tg: asyncio.TaskGroup) -> None:
-        assert self.engine is not None
+    async def lease_loop(self, tg: asyncio.TaskGroup, session: Session) -> None:
         limit = self.cfg.producer.max_in_flight
         while not self.state.finished:
             seen = self.state.changed.count
@@ -306,13 +323,13 @@ class Producer:
             if free <= 0 or self.state.target is None:
                 await self.state.changed.wait(seen, 1.0)
                 continue
-            msg = wire.LeaseRequest(0, self.state.producer_id, free, self.engine.version)
+            msg = wire.LeaseRequest(0, self.state.producer_id, free, session.engine.version)
             reply = await self._request_status(msg)
             leases = reply.leases if isinstance(reply, wire.LeaseGrant) else ()
             for lease in leases:
                 self.state.in_flight.add(lease.lease_id)
                 self.lease_tasks[lease.lease_id] = tg.create_task(
-                    self.run_lease(lease), name=f"lease-{lease.lease_id}"
+                    self.run_lease(session, lease), name=f"lease-{lease.lease_id}"
                 )
             if not leases:
                 self.state.count("lease_requests_empty")
@@ -321,32 +338,26 @@ class Producer:
         for task in self.lease_tasks.values():  # their groups would never be trained
             task.cancel()
 
-    async def run_lease(self, lease: wire.Lease) -> None:
-        assert self.engine is not None
-        assert self.codec is not None
-        assert self.spec is not None
+    async def run_lease(self, session: Session, lease: wire.Lease) -> None:
+        spec, engine, codec = session.spec, session.engine, session.codec
         busy = False
         try:
             t0 = time.perf_counter()
             # The staleness bound, by construction; and never weights of a consumer incarnation
             # that has been replaced (a resume may have rolled the versions back).
-            while (
-                self.engine.version < lease.min_version
-                or self.state.weights_run != self.state.run_id
-            ):
+            while engine.version < lease.min_version or self.state.weights_run != self.state.run_id:
                 await self.state.changed.wait(self.state.changed.count, 1.0)
             await self._maybe_stall()
             self._busy(+1)
             busy = True
-            spec = self.spec
-            prompt_ids = self.codec.encode(lease.prompt)
+            prompt_ids = codec.encode(lease.prompt)
             params = SamplingParams(
                 n=spec.group_size, temperature=spec.temperature, max_new_tokens=spec.max_new_tokens,
                 seed=lease_seed(self.cfg.run.seed, lease.lease_id),
-                stop_token_ids=self.codec.stop_ids,
+                stop_token_ids=codec.stop_ids,
             )  # fmt: skip
-            completions = await self.engine.generate(prompt_ids, params)
-            rewards, errors = await self._score(completions, lease)
+            completions = await engine.generate(prompt_ids, params)
+            rewards, errors = await self._score(session, completions, lease)
             versions = np.concatenate([c.versions for c in completions]).astype(np.int32)
             behavior = int(versions.min())
             group = wire.Group(
@@ -365,8 +376,7 @@ class Producer:
                 num_reward_errors=errors,
                 gen_s=time.perf_counter() - t0,
             )
-            assert self.outbox is not None
-            await self.outbox.send(group)
+            await session.outbox.send(group)
             self.state.count("groups_sent")
             self.state.count("tokens_generated", group.num_tokens)
             self.state.count("generate_s", group.gen_s)
@@ -385,13 +395,14 @@ class Producer:
         self.busy_since = now
         self.num_active += delta
 
-    async def _score(self, completions: list[Any], lease: wire.Lease) -> tuple[np.ndarray, int]:
-        if self.rewards is None:  # fake engine: a seeded coin per completion
-            rng = np.random.default_rng([self.cfg.run.seed, lease.lease_id])
-            return (rng.random(len(completions)) < self.cfg.fake.reward_p).astype(np.float32), 0
-        assert self.codec is not None
-        texts = [self.codec.decode(c.token_ids) for c in completions]
-        scored = await self.rewards.score(texts, lease.answer)
+    async def _score(
+        self, session: Session, completions: list[Completion], lease: wire.Lease
+    ) -> tuple[np.ndarray, int]:
+        """(float32 [G] rewards, number of reward calls that failed or timed out)."""
+        if isinstance(session.rewards, FakeRewards):
+            return session.rewards.score(lease.lease_id, len(completions)), 0
+        texts = [session.codec.decode(c.token_ids) for c in completions]
+        scored = await session.rewards.score(texts, lease.answer)
         self.state.count("reward_errors", scored.num_errors)
         self.state.count("reward_timeouts", scored.num_timeouts)
         return np.asarray(scored.rewards, np.float32), scored.num_errors + scored.num_timeouts
@@ -418,26 +429,10 @@ class Producer:
                 return local.parent
             except SnapshotError as exc:
                 log.info("shared-filesystem snapshot unusable (%s): fetching over the network", exc)
-        chunk = 4 << 20
-        buf = bytearray()
-        while len(buf) < info.num_bytes:
-            msg = wire.ChunkRequest(0, info.version, len(buf), chunk)
-            reply = await self.control.request(msg, timeout_s=_REQUEST_TIMEOUT_S)
-            if (
-                not isinstance(reply, wire.Chunk)
-                or reply.total_bytes != info.num_bytes
-                or not reply.data
-            ):
-                raise SnapshotError(
-                    f"snapshot v{info.version}: inconsistent chunk from the consumer"
-                )
-            buf += reply.data
-        await asyncio.to_thread(
-            snap.verify_bytes, buf, expected_hash=info.hash, expected_bytes=info.num_bytes
-        )
         directory = self.cache / f"v{info.version:06d}"
-        directory.mkdir(exist_ok=True)
-        (directory / snap.WEIGHTS_FILE).write_bytes(buf)
+        await self.control.download_snapshot(
+            info, directory, timeout_s=_REQUEST_TIMEOUT_S, chunk_bytes=_CHUNK_BYTES
+        )
         self.state.count("snapshots_fetched")
         for old in sorted(self.cache.iterdir())[:-2]:
             shutil.rmtree(old, ignore_errors=True)
@@ -445,11 +440,11 @@ class Producer:
 
     # -- reporting -----------------------------------------------------------------------------
     def _state_name(self) -> str:
-        if self.engine is None:
+        if self.session is None:
             return "starting"
         target = self.state.target
         if self.state.weights_run != self.state.run_id or (
-            target is not None and target.version != self.engine.version
+            target is not None and target.version != self.session.engine.version
         ):
             return "loading"  # or waiting for this consumer's first snapshot
         return "generating" if self.state.in_flight else "idle"
@@ -457,26 +452,25 @@ class Producer:
     def _counters(self) -> dict[str, float]:
         self._busy(0)  # account the interval in progress
         out = dict(self.state.counters)
-        if self.outbox is not None:
-            out["unacked"] = len(self.outbox.pending)
-            out.update({f"acked_{k}": v for k, v in self.outbox.outcomes.items()})
+        if self.session is not None:
+            outbox = self.session.outbox
+            out["unacked"] = len(outbox.pending)
+            out.update({f"acked_{k}": v for k, v in outbox.outcomes.items()})
         out["uptime_s"] = time.monotonic() - self.started
         return out
 
     async def goodbye(self) -> None:
-        if self.outbox is None:
+        if self.session is None:
             return
-        held = tuple(self.outbox.pending)
+        held = tuple(self.session.outbox.pending)
         with contextlib.suppress(TimeoutError, Rejected):
             await self.control.request(wire.Goodbye(0, self.state.producer_id, held), timeout_s=2.0)
 
     async def close(self) -> None:
-        if self.rewards is not None:
-            self.rewards.close()
-        if self.engine is not None:
-            await self.engine.close()
-        if self.outbox is not None:
-            self.outbox.sock.close(linger=0)
+        if self.session is not None:
+            self.session.rewards.close()
+            await self.session.engine.close()
+            self.session.outbox.sock.close(linger=0)
         self.control.close()
         shutil.rmtree(self.cache, ignore_errors=True)
 
@@ -504,16 +498,16 @@ async def main(cfg: Config) -> int:
     loop.add_signal_handler(signal.SIGUSR1, _log_tasks)  # `kill -USR1 PID`: where is it waiting?
     reader = asyncio.create_task(producer.control.read_replies(), name="replies")
     try:
-        await producer.setup()
+        spec = await producer.setup()
         async with asyncio.TaskGroup() as tg:
             heartbeat = tg.create_task(producer.heartbeat_loop(), name="heartbeat")
-            await producer.prepare()
+            session = await producer.prepare(spec)
             background = [
                 heartbeat,
-                tg.create_task(producer.announce_loop(), name="announce"),
-                tg.create_task(producer.weights_loop(), name="weights"),
+                tg.create_task(producer.announce_loop(spec), name="announce"),
+                tg.create_task(producer.weights_loop(session.engine), name="weights"),
             ]
-            await producer.lease_loop(tg)
+            await producer.lease_loop(tg, session)
             for task in background:
                 task.cancel()
     except asyncio.CancelledError:

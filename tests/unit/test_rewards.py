@@ -9,6 +9,7 @@ import pytest
 
 from common.config import RewardSpec
 from common.errors import ConfigError
+from producer.engine import FakeRewards
 from producer.rewards import (
     RewardRunner,
     boxed_format,
@@ -165,3 +166,13 @@ async def test_closing_with_a_group_in_flight_scores_it_zero_and_starts_no_new_p
         scored = await in_flight
     np.testing.assert_array_equal(scored.rewards, [0.0, 0.0])
     assert (scored.num_errors, runner.num_pool_restarts) == (2, 0)
+
+
+def test_fake_rewards_are_a_seeded_coin_per_completion_that_follows_the_lease():
+    rewards = FakeRewards(run_seed=3, p=0.25)
+    first = rewards.score(lease_id=7, n=4000)
+    assert first.dtype == np.float32
+    assert set(np.unique(first)) <= {0.0, 1.0}
+    assert first.mean() == pytest.approx(0.25, abs=0.03)
+    assert np.array_equal(FakeRewards(run_seed=3, p=0.25).score(7, 4000), first)  # any producer
+    assert not np.array_equal(rewards.score(8, 4000), first)

@@ -16,13 +16,17 @@ import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import zmq
 import zmq.asyncio
 
 from common import config as C
 from common import wire
 from common.errors import SnapshotError
-from producer.engine import FakeEngine
-from producer.worker import Producer
+from consumer.server import run_spec
+from producer.client import Outbox
+from producer.engine import FakeEngine, FakeRewards
+from producer.tokenizer import PromptCodec
+from producer.worker import Producer, Session
 
 
 def info(version: int) -> wire.SnapshotInfo:
@@ -47,7 +51,13 @@ class ScriptedProducer(Producer):
 async def scripted_producer() -> AsyncIterator[ScriptedProducer]:
     ctx = zmq.asyncio.Context()
     producer = ScriptedProducer(C.Config(), ctx)
-    producer.engine = FakeEngine(vocab_size=16, eos_token_id=15, seed=0)
+    producer.session = Session(
+        spec=run_spec(producer.cfg, vocab_size=16, model=""),
+        engine=FakeEngine(vocab_size=16, eos_token_id=15, seed=0),
+        codec=PromptCodec(None, "raw", vocab_size=16),
+        rewards=FakeRewards(run_seed=0, p=0.5),
+        outbox=Outbox(ctx.socket(zmq.PUSH), resend_after_s=60.0),
+    )
     try:
         yield producer
     finally:
@@ -56,7 +66,8 @@ async def scripted_producer() -> AsyncIterator[ScriptedProducer]:
 
 
 async def run_weights_loop_until(producer: Producer, done: Callable[[], bool]) -> None:
-    task = asyncio.create_task(producer.weights_loop())
+    assert producer.session is not None
+    task = asyncio.create_task(producer.weights_loop(producer.session.engine))
     try:
         async with asyncio.timeout(30):  # a safety net only: the loop should get there at once
             while not done():
@@ -68,8 +79,8 @@ async def run_weights_loop_until(producer: Producer, done: Callable[[], bool]) -
 
 
 def version(producer: Producer) -> int:
-    assert producer.engine is not None
-    return producer.engine.version
+    assert producer.session is not None
+    return producer.session.engine.version
 
 
 async def test_superseded_snapshot_is_skipped_not_backed_off() -> None:
