@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from common.metrics import read_steps  # noqa: E402 (the repository, not an installed copy)
 
 
 def cli(*args: str, log: Path) -> subprocess.Popen[bytes]:
@@ -92,40 +94,38 @@ def run(
         for p in (consumer, producer):
             if p.poll() is None:
                 p.kill()
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_steps(run_dir / "metrics.jsonl")
     ledger = json.loads((run_dir / "ledger.json").read_text())
     first, last = metrics[0], metrics[-1]
-    wall = last["time_s"] - first["time_s"]
+    wall = last.time_s - first.time_s
     later = metrics[1:]
     loaded = loaded_times(plog)
     delays = [
-        loaded[m["step"]] - (m["unix_time"] - m.get("publish_submit_s", 0.0))
-        for m in metrics
-        if m["step"] in loaded
+        loaded[m.step] - (m.unix_time - m.publish_submit_s) for m in metrics if m.step in loaded
     ]
-    submits = [m.get("publish_submit_s", 0.0) for m in later]
-    writes = [m["snapshot_write_s"] for m in later if m.get("snapshot_write_s")]
-    step_s = statistics.median(m["step_s"] for m in metrics)
+    submits = [m.publish_submit_s for m in later]
+    writes = [m.snapshot_write_s for m in later if m.snapshot_write_s]
+    step_s = statistics.median(m.step_s or 0.0 for m in metrics)
     return {
         "label": label,
         "exit_code": code,
         "steps": len(metrics),
         "wall_s_after_first_step": wall,
         "s_per_step": wall / max(len(later), 1),
-        "learner_idle_frac": sum(m["wait_s"] for m in later) / wall if wall else None,
-        "tokens_per_s": sum(m["num_completion_tokens"] for m in later) / wall if wall else None,
+        "learner_idle_frac": sum(m.wait_s for m in later) / wall if wall else None,
+        "tokens_per_s": sum(m.num_completion_tokens for m in later) / wall if wall else None,
         "learner_step_s_median": step_s,
         "wall_over_step": wall / max(len(later), 1) / step_s,
         "publish_submit_s_median": statistics.median(submits) if submits else None,
         "publish_submit_s_max": max(submits) if submits else None,
         "snapshot_write_s_median": statistics.median(writes) if writes else None,
-        "snapshots_superseded": last.get("snapshots_superseded"),
-        "staleness_mean": statistics.fmean(m["staleness_mean"] for m in metrics),
-        "staleness_max": max(m["staleness_max"] for m in metrics),
-        "tis_weight_mean": statistics.fmean(m["tis_weight_mean"] for m in metrics),
-        "behavior_gap_abs_mean": statistics.fmean(m["behavior_gap_abs_mean"] for m in metrics),
-        "reward_first": first["reward_mean"],
-        "reward_last": last["reward_mean"],
+        "snapshots_superseded": last.snapshots_superseded,
+        "staleness_mean": statistics.fmean(m.staleness_mean for m in metrics),
+        "staleness_max": max(m.staleness_max for m in metrics),
+        "tis_weight_mean": statistics.fmean(m.tis_weight_mean or 0.0 for m in metrics),
+        "behavior_gap_abs_mean": statistics.fmean(m.behavior_gap_abs_mean or 0.0 for m in metrics),
+        "reward_first": first.reward_mean,
+        "reward_last": last.reward_mean,
         "reload_delay_s_median": statistics.median(delays) if delays else None,
         "reload_delay_s_max": max(delays) if delays else None,
         "ledger": ledger["balance"],

@@ -26,6 +26,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import wire
+from common.metrics import read_steps
 
 
 def sample_group(group_size: int, tokens: int, lease_id: int) -> wire.Group:
@@ -101,9 +102,9 @@ def ours(steps: int, per_step: int, group_size: int, tokens: int) -> float:
         consumer.wait()
         for p in producers:
             p.wait(60)
-        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        metrics = read_steps(run / "metrics.jsonl")
     # from the end of the first step (processes started, first snapshot loaded) to the last
-    span = metrics[-1]["time_s"] - metrics[0]["time_s"]
+    span = metrics[-1].time_s - metrics[0].time_s
     return (len(metrics) - 1) * per_step / span
 
 

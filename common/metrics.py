@@ -1,30 +1,104 @@
-"""Metric names both sides log, and the JSONL sink.
+"""The per-step metrics contract (`StepRecord`) and the JSONL sink.
 
-`metrics.jsonl` in the run directory has one JSON object per optimizer step (written by the
-learner). Keys used by reports and plots are named here once; a line may carry more keys.
-Values are numbers, or small dicts of numbers (histograms, per-producer views).
+`metrics.jsonl` in the run directory has one JSON object per optimizer step, written by the
+learner. `StepRecord` is its one typed definition: the learner builds one per step (an unknown
+or missing name is a `TypeError` there, at once, not a silently empty plot later) and every
+reader (the live dashboard, `asyncgrpo report`, the stress sweep, the benchmarks) reads lines
+back with `read_steps` / `StepRecord.from_json` and uses its attributes. Values are numbers, or
+small dicts (histograms, per-producer views); NaN/inf are written as null.
+
+On disk a line is `to_json()`: every field, except the optional ones that are None (what the
+stand-in trainer or a step without evaluation does not measure), keys sorted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-STEP = "step"
-TIME = "time_s"  # seconds since the learner started
-REWARD_MEAN = "reward_mean"
-REWARD_STD = "reward_std"
-FRAC_ZERO_STD = "frac_reward_zero_std"
-STALENESS_MEAN = "staleness_mean"
-STALENESS_MAX = "staleness_max"
-STALENESS_HIST = "staleness_hist"  # {lag: number of trained groups}
-TIS_MEAN = "tis_weight_mean"
-TIS_TRUNCATED = "tis_frac_truncated"
-TOKENS_PER_S = "tokens_per_s"
-IDLE_FRAC = "learner_idle_frac"
-HELDOUT_ACC = "heldout_accuracy"
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """One optimizer step of the learner. Times in seconds; rates per second of wall time."""
+
+    # -- the learner: always present -----------------------------------------------------------
+    step: int  # policy version after this step (= optimizer steps taken)
+    time_s: float  # since the learner started its loop
+    unix_time: float  # wall clock at the end of the step
+    step_wall_s: float  # since the previous step ended
+    reward_mean: float  # over every completion trained this step
+    reward_std: float
+    frac_reward_zero_std: float  # groups seen (kept or dropped) whose rewards were all equal
+    staleness_mean: float  # learner version - behaviour version, over the trained groups
+    staleness_max: int
+    staleness_hist: dict[str, int]  # {lag: trained groups} (keys are strings in JSON)
+    tokens_per_s: float  # completion tokens trained / step_wall_s
+    learner_idle_frac: float  # wait_s / step_wall_s
+    wait_s: float  # waiting for groups
+    publish_submit_s: float  # handing the snapshot to the publisher
+    snapshot_write_s: float  # the publisher's last write (its own thread)
+    num_completion_tokens: int
+    groups_trained: int  # the ledger's counts so far
+    groups_dropped_stale: int
+    groups_dropped_zero_variance: int
+    groups_rejected_invalid: int
+    groups_expired: int
+    leases_open: int
+    rejected_messages: int  # messages the consumer refused (rejected.<reason> in the ledger)
+    producers: dict[str, dict[str, Any]]  # {producer: {"version": loaded, "state": ...}}
+    producer_counters: dict[str, dict[str, float]]  # {producer: its heartbeat counters}
+    # -- the publisher (absent from runs older than the field) ---------------------------------
+    snapshots_superseded: int | None = None  # snapshots skipped for a newer one, so far
+    # -- the trainer (None when the stand-in trainer does not measure it) ----------------------
+    step_s: float | None = None  # the optimizer step itself
+    num_tokens: float | None = None  # valid completion tokens in the loss
+    grad_norm: float | None = None  # before clipping
+    lr: float | None = None
+    entropy: float | None = None  # of the sampling distribution, nats per token
+    clip_frac_low: float | None = None  # consumer/loss.py METRIC_KEYS, same meaning
+    clip_frac_high: float | None = None
+    clip_frac_dual: float | None = None
+    ratio_min: float | None = None
+    ratio_max: float | None = None
+    tis_weight_mean: float | None = None
+    tis_weight_sum: float | None = None
+    tis_weight_sq_sum: float | None = None
+    tis_frac_truncated: float | None = None
+    tis_ess: float | None = None  # effective sample size (Σw)² / (n·Σw²) in (0, 1]
+    behavior_gap_abs_mean: float | None = None
+    behavior_gap_abs_max: float | None = None
+    kl_behavior: float | None = None
+    kl_ref: float | None = None
+    # -- the periodic held-out evaluation (steps with train.eval_every) -------------------------
+    heldout_accuracy: float | None = None
+    eval_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The line's object: optional fields that are None are left out."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: v for k, v in out.items() if v is not None or k in _REQUIRED}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepRecord:
+        """A record from one line's object; keys this version does not know are ignored (a
+        newer writer), a missing required one is a `ValueError` naming it."""
+        absent = _REQUIRED - data.keys()
+        if absent:
+            raise ValueError(f"a metrics line lacks {', '.join(sorted(absent))}")
+        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(StepRecord))
+_REQUIRED = frozenset(
+    f.name
+    for f in dataclasses.fields(StepRecord)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)
 
 
 class JsonlWriter:
@@ -33,8 +107,9 @@ class JsonlWriter:
     def __init__(self, path: Path) -> None:
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
 
-    def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(_finite(record), sort_keys=True) + "\n")
+    def write(self, record: dict[str, Any] | StepRecord) -> None:
+        data = record.to_json() if isinstance(record, StepRecord) else record
+        self._file.write(json.dumps(_finite(data), sort_keys=True) + "\n")
 
     def flush(self) -> None:
         self._file.flush()
@@ -45,13 +120,20 @@ class JsonlWriter:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Records of a JSONL file; a torn last line (crash mid-write) is skipped."""
-    out = []
-    for line in path.read_text().splitlines():
+    return list(_parse(path.read_text().splitlines()))
+
+
+def read_steps(path: Path) -> list[StepRecord]:
+    """The steps of a `metrics.jsonl` (none when the file does not exist yet)."""
+    return [StepRecord.from_json(d) for d in read_jsonl(path)] if path.exists() else []
+
+
+def _parse(lines: Iterable[str]) -> Iterable[dict[str, Any]]:
+    for line in lines:
         try:
-            out.append(json.loads(line))
+            yield json.loads(line)
         except json.JSONDecodeError:
             continue
-    return out
 
 
 def _finite(value: Any) -> Any:

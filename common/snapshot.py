@@ -1,4 +1,5 @@
-"""Snapshot layout, manifest, hashing and verification (no torch here; see consumer/publisher.py).
+"""Snapshot layout, manifest, hashing, verification, and whether a snapshot fits a model (no torch
+here; see consumer/publisher.py).
 
 A snapshot is a directory `<run>/snapshots/v<version:06d>/` that is a complete Hugging Face model
 directory: `model.safetensors` (the policy's full state dict in HF parameter names), the base
@@ -19,6 +20,12 @@ Invariants:
   reader on that host may take it instead of hashing the file again (`written_here`).
 - BLAKE3 (multi-threaded) rather than SHA-256/BLAKE2b: hashing must not dominate a publish.
   `write_file` hashes the memory it wrote on a second thread while the file is fsynced.
+- Nobody loads a snapshot whose tensors do not fit the model (`check_fits`, one rule for the hf
+  and vllm engines and the evaluator): every file tensor names a model tensor of the same shape,
+  and every model tensor is in the file unless it shares storage with one that is (tied
+  embeddings, which `save_pretrained` writes once) or the caller lists it as `optional`.
+  Shapes come from the safetensors headers (`tensor_shapes`, through `safe_open`: no tensor is
+  read).
 """
 
 from __future__ import annotations
@@ -27,11 +34,13 @@ import json
 import os
 import shutil
 import socket
+from collections.abc import Collection, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import blake3
+from safetensors import SafetensorError, safe_open
 
 from common.errors import SnapshotError
 
@@ -254,3 +263,60 @@ def prune(root: Path, keep_last: int, *, protect: tuple[int, ...] = ()) -> list[
     for stale in root.glob("*.tmp-*"):  # nothing when root does not exist
         shutil.rmtree(stale, ignore_errors=True)
     return removed
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape, from the header of a safetensors file, or of every `*.safetensors`
+    in a directory (sharded checkpoints; none, or no directory, gives {}); `SnapshotError` for
+    an unreadable file."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="numpy") as f:
+                shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})  # noqa: SIM118
+        except (OSError, SafetensorError) as exc:
+            raise SnapshotError(f"cannot read safetensors header of {file}: {exc}") from None
+    return shapes
+
+
+def check_fits(
+    file_shapes: Mapping[str, tuple[int, ...]],
+    model_shapes: Mapping[str, tuple[int, ...]],
+    where: Path | str,
+    *,
+    storage: Mapping[str, Hashable] | None = None,
+    optional: Collection[str] = (),
+) -> None:
+    """`SnapshotError` unless the file's tensors fit the model's (the rule: module docstring).
+
+    `storage` maps a model name to its storage (e.g. the data pointer): a name missing from the
+    file is fine when another name with the same storage is there. `optional` names may be
+    absent on either side (vLLM ignores a tied `lm_head.weight`; the base checkpoint may lack it).
+    """
+    storage = storage or {}
+    present = {storage[k] for k in file_shapes if k in storage}
+    missing = [
+        k
+        for k in model_shapes
+        if k not in file_shapes
+        and k not in optional
+        and (k not in storage or storage[k] not in present)
+    ]
+    unexpected = [k for k in file_shapes if k not in model_shapes and k not in optional]
+    wrong = [
+        f"{k} {list(file_shapes[k])} != {list(model_shapes[k])}"
+        for k in file_shapes
+        if k in model_shapes and tuple(file_shapes[k]) != tuple(model_shapes[k])
+    ]
+    found = {"missing": sorted(missing), "unexpected": sorted(unexpected), "wrong shape": wrong}
+    problems = [
+        f"{label}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+        for label, keys in found.items()
+        if keys
+    ]
+    if not file_shapes:
+        problems.insert(0, "no tensors (no *.safetensors file, or an empty one)")
+    if problems:
+        raise SnapshotError(f"snapshot {where} does not fit the model ({'; '.join(problems)})")

@@ -8,26 +8,25 @@ sample; never touches the train split.
 
 - `greedy_accuracy(model_dir, snapshot=...)` loads `model_dir` (config, tokenizer, weights) in
   float32 and, if given, a snapshot `model.safetensors` over the weights: every tensor is cast to
-  the model's dtype; every file key must name a model parameter or buffer (shapes must agree),
-  and every model key must be in the file or share storage with one that is (tied embeddings may
-  be stored once). Anything else is a `SnapshotMismatch` (a `ValueError`).
+  the model's dtype, after `common.snapshot.check_fits` (the engines' rule: names and shapes
+  agree, tied embeddings may be stored once) or a `SnapshotError`.
 - `accuracy_of(model, tokenizer, examples)` decodes with a model already in memory and leaves
   its train/eval mode and the tokenizer's padding side as they were.
+- `evaluate_run(run_dir, model_dir)` evaluates a finished run's newest snapshot (and, with
+  `initial=True`, the model it started from) on the whole held-out split and writes
+  `RUN_DIR/eval.json`: `final_accuracy`, `heldout_size`, `final_version`, `model` (and
+  `initial_accuracy`). The launcher and the stress sweep both use it.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common import snapshot as snap
 from common.tasks import Example, is_correct, make_examples
-
-WEIGHTS_FILE = "model.safetensors"
-
-
-class SnapshotMismatch(ValueError):
-    """A snapshot's tensors do not fit the model they are loaded over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,20 +85,13 @@ def load_snapshot(model: Any, snapshot: Path) -> None:
 
     path = Path(snapshot)
     if path.is_dir():
-        path = path / WEIGHTS_FILE
+        path = path / snap.WEIGHTS_FILE
     own = model.state_dict()
     dtype = next(model.parameters()).dtype
-    state = load_file(path)
-    unexpected = sorted(k for k in state if k not in own)
-    wrong_shape = sorted(k for k in state if k in own and state[k].shape != own[k].shape)
-    present = {own[k].data_ptr() for k in state if k in own}
-    missing = sorted(k for k in own if k not in state and own[k].data_ptr() not in present)
-    if unexpected or wrong_shape or missing:
-        raise SnapshotMismatch(
-            f"{path} does not fit the model: unexpected {unexpected[:3]}, "
-            f"wrong shape {wrong_shape[:3]}, missing {missing[:3]}"
-        )
-    state = {k: v.to(dtype) for k, v in state.items()}
+    model_shapes = {k: tuple(v.shape) for k, v in own.items()}
+    storage = {k: v.data_ptr() for k, v in own.items()}
+    snap.check_fits(snap.tensor_shapes(path), model_shapes, path, storage=storage)
+    state = {k: v.to(dtype) for k, v in load_file(path).items()}
     # Keys left out are tied to loaded ones (checked above): fill them so the load is strict.
     for key in own:
         if key not in state:
@@ -136,3 +128,24 @@ def greedy_accuracy(
     return accuracy_of(
         model, tokenizer, examples, batch_size=batch_size, max_new_tokens=max_new_tokens
     )
+
+
+def evaluate_run(run_dir: Path, model_dir: Path, *, initial: bool = True) -> dict[str, Any] | None:
+    """Evaluate `run_dir`'s newest snapshot (and the starting model) and write `eval.json`;
+    returns what it wrote, or None when the run has no snapshot."""
+    root = run_dir / "snapshots"
+    versions = snap.list_versions(root)
+    if not versions:
+        return None
+    final = greedy_accuracy(model_dir, snapshot=snap.snapshot_dir(root, versions[-1]))
+    result: dict[str, Any] = {}
+    if initial:
+        result["initial_accuracy"] = greedy_accuracy(model_dir).accuracy
+    result |= {
+        "final_accuracy": final.accuracy,
+        "heldout_size": final.total,
+        "final_version": versions[-1],
+        "model": str(model_dir),
+    }
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
+    return result

@@ -119,7 +119,7 @@ class Learner:
                 record = self._train(got, t_start, last)
                 record.update(self._maybe_evaluate())
                 last = time.perf_counter()
-                self.metrics.write(record)
+                self.metrics.write(M.StepRecord(**record))
                 every = self.cfg.train.checkpoint_every
                 if every and self.version % every == 0:
                     self._checkpoint()
@@ -165,6 +165,7 @@ class Learner:
         return out
 
     def _train(self, got: Collected, t_start: float, last: float) -> dict[str, Any]:
+        """One optimizer step; its `StepRecord` fields (evaluation aside)."""
         v = self.version
         metrics = self.trainer.step(got.kept)
         lags = [lag(v, g) for g in got.kept]
@@ -181,21 +182,22 @@ class Learner:
         view = self.server.view()
         balance = self.server.balance()
         return {
-            M.STEP: self.version,
-            M.TIME: now - t_start,
+            "step": self.version,
+            "time_s": now - t_start,
             "unix_time": time.time(),
             "step_wall_s": now - last,
-            M.REWARD_MEAN: float(rewards.mean()),
-            M.REWARD_STD: float(rewards.std()),
-            M.FRAC_ZERO_STD: got.zero_std / max(got.seen, 1),
-            M.STALENESS_MEAN: float(np.mean(lags)),
-            M.STALENESS_MAX: int(max(lags)),
-            M.STALENESS_HIST: dict(Counter(lags)),
-            M.TOKENS_PER_S: tokens / max(now - last, 1e-9),
-            M.IDLE_FRAC: got.wait_s / max(now - last, 1e-9),
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "frac_reward_zero_std": got.zero_std / max(got.seen, 1),
+            "staleness_mean": float(np.mean(lags)),
+            "staleness_max": int(max(lags)),
+            "staleness_hist": {str(k): n for k, n in Counter(lags).items()},
+            "tokens_per_s": tokens / max(now - last, 1e-9),
+            "learner_idle_frac": got.wait_s / max(now - last, 1e-9),
             "wait_s": got.wait_s,
             "publish_submit_s": publish_s,
             "snapshot_write_s": self.publisher.last_write_s,
+            "snapshots_superseded": self.publisher.num_superseded,
             "num_completion_tokens": tokens,
             "groups_trained": balance["trained"],
             "groups_dropped_stale": balance["dropped_stale"],
@@ -235,7 +237,7 @@ class Learner:
         result = accuracy_of(
             self.trainer.model, tokenizer, examples, max_new_tokens=self.cfg.sampling.max_new_tokens
         )
-        return {M.HELDOUT_ACC: result.accuracy, "eval_s": time.perf_counter() - t0}
+        return {"heldout_accuracy": result.accuracy, "eval_s": time.perf_counter() - t0}
 
     def _publish(self, wait: bool = False) -> None:
         import torch

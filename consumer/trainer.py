@@ -31,16 +31,11 @@ import numpy as np
 import torch
 
 from common.config import Config
+from common.device import resolve_device
 from common.logprobs import entropy_from_logits, sampled_logprobs
 from common.wire import Group
 from consumer import loss as L
 from consumer.batching import MicroBatch, Row, collate, plan_micro_batches, rows_of
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def loss_options(cfg: Config) -> L.LossOptions:

@@ -312,30 +312,17 @@ def launch(
 
 
 def _evaluate_run(run_dir: Path, model_dir: Path) -> None:
-    import json
+    from consumer.evaluate import evaluate_run
 
-    from common import snapshot as snap
-    from consumer.evaluate import greedy_accuracy
-
-    versions = snap.list_versions(run_dir / "snapshots")
-    if not versions:
+    r = evaluate_run(run_dir, model_dir)
+    if r is None:
         typer.echo("no snapshot to evaluate", err=True)
         return
-    final_dir = snap.snapshot_dir(run_dir / "snapshots", versions[-1])
-    initial = greedy_accuracy(model_dir)
-    final = greedy_accuracy(model_dir, snapshot=final_dir / snap.WEIGHTS_FILE)
-    result = {
-        "initial_accuracy": initial.accuracy,
-        "final_accuracy": final.accuracy,
-        "heldout_size": initial.total,
-        "final_version": versions[-1],
-        "model": str(model_dir),
-    }
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
+    start, final = r["initial_accuracy"], r["final_accuracy"]
     typer.secho(
-        f"held-out greedy accuracy: start {initial.accuracy:.1%} → final (v{versions[-1]}) "
-        f"{final.accuracy:.1%} on {initial.total} problems",
-        fg=typer.colors.GREEN if final.accuracy > initial.accuracy else typer.colors.YELLOW,
+        f"held-out greedy accuracy: start {start:.1%} → final (v{r['final_version']}) "
+        f"{final:.1%} on {r['heldout_size']} problems",
+        fg=typer.colors.GREEN if final > start else typer.colors.YELLOW,
         err=True,
     )
 

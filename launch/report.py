@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,36 +23,41 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from common.metrics import read_jsonl
+from common.metrics import StepRecord, read_jsonl, read_steps
 
 
-def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+def _series(
+    records: list[StepRecord], value: Callable[[StepRecord], float | None]
+) -> tuple[list[float], list[float]]:
+    """(steps, values) of the records where `value` was measured."""
     xs, ys = [], []
     for r in records:
-        if r.get(key) is not None:
-            xs.append(r["step"])
-            ys.append(r[key])
+        v = value(r)
+        if v is not None:
+            xs.append(r.step)
+            ys.append(v)
     return xs, ys
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: Path) -> Path:
+    """Write `fig` as a PNG (the one style of every plot here and in the sweep) and close it."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def plot_reward(records: list[dict[str, Any]], out: Path) -> Path:
+def plot_reward(records: list[StepRecord], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*_series(records, "reward_mean"), label="batch reward mean", alpha=0.6)
-    xs, ys = _series(records, "heldout_accuracy")
+    ax.plot(*_series(records, lambda r: r.reward_mean), label="batch reward mean", alpha=0.6)
+    xs, ys = _series(records, lambda r: r.heldout_accuracy)
     if xs:
         ax.plot(xs, ys, "o-", label="held-out greedy accuracy")
     ax.set_xlabel("optimizer step")
     ax.set_ylim(-0.02, 1.02)
     ax.legend()
     ax.set_title("reward and accuracy")
-    return _save(fig, out / "reward.png")
+    return save_figure(fig, out / "reward.png")
 
 
 def staleness_counts(leases: list[dict[str, Any]]) -> Counter[int]:
@@ -68,30 +74,31 @@ def plot_staleness(leases: list[dict[str, Any]], out: Path) -> Path:
     ax.set_xlabel("staleness (learner version - behaviour version)")
     ax.set_ylabel("trained groups")
     ax.set_title("staleness of trained groups")
-    return _save(fig, out / "staleness.png")
+    return save_figure(fig, out / "staleness.png")
 
 
-def plot_tis(records: list[dict[str, Any]], out: Path) -> Path:
+def plot_tis(records: list[StepRecord], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*_series(records, "tis_weight_mean"), label="TIS weight mean")
-    ax.plot(*_series(records, "tis_frac_truncated"), label="fraction truncated/masked")
-    ax.plot(*_series(records, "behavior_gap_abs_mean"), label="mean |old - behaviour| log-prob")
+    ax.plot(*_series(records, lambda r: r.tis_weight_mean), label="TIS weight mean")
+    ax.plot(*_series(records, lambda r: r.tis_frac_truncated), label="fraction truncated/masked")
+    gap = _series(records, lambda r: r.behavior_gap_abs_mean)
+    ax.plot(*gap, label="mean |old - behaviour| log-prob")
     ax.set_xlabel("optimizer step")
     ax.legend()
     ax.set_title("truncated importance sampling")
-    return _save(fig, out / "tis.png")
+    return save_figure(fig, out / "tis.png")
 
 
-def plot_throughput(records: list[dict[str, Any]], out: Path) -> Path:
+def plot_throughput(records: list[StepRecord], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
-    t = [r["time_s"] for r in records]
-    ax.plot(t, [r.get("tokens_per_s", 0) for r in records], label="completion tokens/s")
+    t = [r.time_s for r in records]
+    ax.plot(t, [r.tokens_per_s for r in records], label="completion tokens/s")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("tokens/s")
     ax2 = ax.twinx()
     ax2.plot(
         t,
-        [r.get("learner_idle_frac", 0) for r in records],
+        [r.learner_idle_frac for r in records],
         color="tab:red",
         alpha=0.6,
         label="learner idle",
@@ -100,30 +107,26 @@ def plot_throughput(records: list[dict[str, Any]], out: Path) -> Path:
     ax2.set_ylabel("learner idle fraction")
     fig.legend(loc="upper right")
     ax.set_title("throughput")
-    return _save(fig, out / "throughput.png")
+    return save_figure(fig, out / "throughput.png")
 
 
-def plot_lag(records: list[dict[str, Any]], out: Path) -> Path:
+def plot_lag(records: list[StepRecord], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
-    t = [r["time_s"] for r in records]
-    ax.plot(t, [r["step"] for r in records], label="learner version", linewidth=2)
-    names = sorted({p for r in records for p in r.get("producers", {})})
+    t = [r.time_s for r in records]
+    ax.plot(t, [r.step for r in records], label="learner version", linewidth=2)
+    names = sorted({p for r in records for p in r.producers})
     for name in names:
-        pts = [
-            (r["time_s"], r["producers"][name]["version"])
-            for r in records
-            if name in r.get("producers", {})
-        ]
+        pts = [(r.time_s, r.producers[name]["version"]) for r in records if name in r.producers]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{name} weights", alpha=0.7)
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("version")
     ax.legend()
     ax.set_title("learner vs producer weight versions")
-    return _save(fig, out / "lag.png")
+    return save_figure(fig, out / "lag.png")
 
 
 def summarize(run_dir: Path) -> str:
-    records = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    records = read_steps(run_dir / "metrics.jsonl")
     leases = read_jsonl(run_dir / "leases.jsonl") if (run_dir / "leases.jsonl").exists() else []
     ledger = (
         json.loads((run_dir / "ledger.json").read_text())
@@ -136,15 +139,15 @@ def summarize(run_dir: Path) -> str:
         last, first = records[-1], records[0]
         k = min(10, len(records))
         lines += [
-            f"- steps: {last['step']} in {last['time_s']:.0f} s",
-            f"- reward mean: first {k} steps {sum(r['reward_mean'] for r in records[:k]) / k:.3f}, "
-            f"last {k} steps {sum(r['reward_mean'] for r in records[-k:]) / k:.3f}",
+            f"- steps: {last.step} in {last.time_s:.0f} s",
+            f"- reward mean: first {k} steps {sum(r.reward_mean for r in records[:k]) / k:.3f}, "
+            f"last {k} steps {sum(r.reward_mean for r in records[-k:]) / k:.3f}",
             f"- staleness of trained groups: {dict(sorted(staleness_counts(leases).items()))}",
             "- learner idle fraction (mean): "
-            f"{sum(r.get('learner_idle_frac', 0) for r in records) / len(records):.3f}",
+            f"{sum(r.learner_idle_frac for r in records) / len(records):.3f}",
             "- completion tokens/s (mean): "
-            f"{sum(r.get('tokens_per_s', 0) for r in records) / len(records):.0f}",
-            f"- first step at {first['time_s']:.1f} s",
+            f"{sum(r.tokens_per_s for r in records) / len(records):.0f}",
+            f"- first step at {first.time_s:.1f} s",
         ]
     if ev:
         lines += [
@@ -170,7 +173,7 @@ def report(run_dir: Path) -> list[Path]:
     """Write every plot and summary.md; returns the files written."""
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
-    records = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    records = read_steps(run_dir / "metrics.jsonl")
     leases = read_jsonl(run_dir / "leases.jsonl") if (run_dir / "leases.jsonl").exists() else []
     written = []
     if records:

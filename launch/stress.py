@@ -26,12 +26,13 @@ import csv
 import itertools
 import json
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
 from common import config as C
-from common.metrics import read_jsonl
+from common.metrics import read_jsonl, read_steps
 
 COLUMNS = [
     "setting", "max_staleness", "producers", "engine", "is_mode", "steps", "wall_s",
@@ -139,7 +140,9 @@ def run_sweep(
         if code != 0:
             raise RuntimeError(f"setting {name} failed (exit {code}): see {run_dir}")
         if engine == "demo" and cfg.model.path:
-            _evaluate(run_dir, Path(cfg.model.path))
+            from consumer.evaluate import evaluate_run
+
+            evaluate_run(run_dir, Path(cfg.model.path), initial=False)
         rows.append(
             {
                 "setting": name,
@@ -155,40 +158,29 @@ def run_sweep(
     return rows
 
 
-def _evaluate(run_dir: Path, model_dir: Path) -> None:
-    from common import snapshot as snap
-    from consumer.evaluate import greedy_accuracy
-
-    versions = snap.list_versions(run_dir / "snapshots")
-    final = greedy_accuracy(
-        model_dir,
-        snapshot=snap.snapshot_dir(run_dir / "snapshots", versions[-1]) / snap.WEIGHTS_FILE,
-    )
-    (run_dir / "eval.json").write_text(
-        json.dumps({"final_accuracy": final.accuracy, "heldout_size": final.total})
-    )
-
-
 def measure(run_dir: Path) -> dict[str, Any]:
     """One results row from a finished run's files."""
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_steps(run_dir / "metrics.jsonl")
     leases = read_jsonl(run_dir / "leases.jsonl")
     ledger = json.loads((run_dir / "ledger.json").read_text())
     bal = ledger["balance"]
     steps = len(metrics)
-    start = metrics[0]["time_s"] - metrics[0]["step_wall_s"] if metrics else 0.0
-    wall = metrics[-1]["time_s"] - start if metrics else 0.0
+    start = metrics[0].time_s - metrics[0].step_wall_s if metrics else 0.0
+    wall = metrics[-1].time_s - start if metrics else 0.0
     trained = [r for r in leases if r["state"] == "trained"]
     stale = [r for r in leases if r["state"] == "dropped_stale"]
     lags = [r["trained_step"] - r["behavior_version"] for r in trained]
     busy = uptime = 0.0
-    for view in (metrics[-1].get("producer_counters", {}) if metrics else {}).values():
+    for view in (metrics[-1].producer_counters if metrics else {}).values():
         busy += view.get("busy_s", 0.0)
         uptime += view.get("uptime_s", 0.0)
     ev = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
 
     def mean(xs: list[float]) -> float | None:
         return statistics.fmean(xs) if xs else None
+
+    def measured(xs: Iterable[float | None]) -> float | None:
+        return mean([x for x in xs if x is not None])
 
     def by_producer(state: str) -> str:
         return json.dumps({p: c.get(state, 0) for p, c in sorted(ledger["by_producer"].items())})
@@ -198,12 +190,8 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "wall_s": wall,
         "steps_per_hour": 3600 * steps / wall if wall > 0 else None,
         "groups_per_s": bal["trained"] / wall if wall > 0 else None,
-        "tokens_per_s": sum(m.get("num_completion_tokens", 0) for m in metrics) / wall
-        if wall > 0
-        else None,
-        "learner_idle_frac": sum(m.get("wait_s", 0.0) for m in metrics) / wall
-        if wall > 0
-        else None,
+        "tokens_per_s": sum(m.num_completion_tokens for m in metrics) / wall if wall > 0 else None,
+        "learner_idle_frac": sum(m.wait_s for m in metrics) / wall if wall > 0 else None,
         "producer_idle_frac": 1 - busy / uptime if uptime > 0 else None,
         "trained": bal["trained"],
         "dropped_stale": bal["dropped_stale"],
@@ -212,24 +200,20 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "staleness_mean_trained": mean(lags),
         "staleness_max_trained": max(lags) if lags else None,
         "staleness_hist": json.dumps({k: lags.count(k) for k in sorted(set(lags))}),
-        "tis_weight_mean": mean(
-            [m["tis_weight_mean"] for m in metrics if m.get("tis_weight_mean") is not None]
-        ),
-        "tis_frac_truncated": mean(
-            [m["tis_frac_truncated"] for m in metrics if m.get("tis_frac_truncated") is not None]
-        ),
-        "ess": mean([m["tis_ess"] for m in metrics if m.get("tis_ess") is not None]),
+        "tis_weight_mean": measured(m.tis_weight_mean for m in metrics),
+        "tis_frac_truncated": measured(m.tis_frac_truncated for m in metrics),
+        "ess": measured(m.tis_ess for m in metrics),
         "trained_mean_tokens": mean([r["num_tokens"] for r in trained]),
         "dropped_stale_mean_tokens": mean([r["num_tokens"] for r in stale]),
         "expired_by_producer": by_producer("expired"),
         "dropped_stale_by_producer": by_producer("dropped_stale"),
-        "final_reward": mean([m["reward_mean"] for m in metrics[-10:]]),
+        "final_reward": mean([m.reward_mean for m in metrics[-10:]]),
         "final_accuracy": ev.get("final_accuracy"),
         "accuracy_at_equal_time": None,  # filled by add_speedups
         "_accuracy_curve": [
-            (m["time_s"] - start, m["heldout_accuracy"])
+            (m.time_s - start, m.heldout_accuracy)
             for m in metrics
-            if m.get("heldout_accuracy") is not None
+            if m.heldout_accuracy is not None
         ],
     }
 

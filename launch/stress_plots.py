@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from launch.report import save_figure
+
 
 def _lines(ax: Any, rows: list[dict[str, Any]], key: str, label: str) -> None:
     """One line per (producers, is_mode) series, max_staleness on x."""
@@ -31,13 +33,6 @@ def _lines(ax: Any, rows: list[dict[str, Any]], key: str, label: str) -> None:
     ax.set_xlabel("max_staleness")
 
 
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def plot_all(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
@@ -47,7 +42,7 @@ def plot_all(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     ax.set_ylabel("steps per hour")
     ax.legend(fontsize=7)
     ax.set_title("throughput vs staleness")
-    written.append(_save(fig, plots / "throughput_vs_staleness.png"))
+    written.append(save_figure(fig, plots / "throughput_vs_staleness.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     _lines(ax, rows, "learner_idle_frac", "learner idle")
@@ -56,7 +51,7 @@ def plot_all(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     ax.set_ylabel("idle fraction")
     ax.legend(fontsize=7)
     ax.set_title("who waits: learner vs producers")
-    written.append(_save(fig, plots / "idle_fractions.png"))
+    written.append(save_figure(fig, plots / "idle_fractions.png"))
 
     if any(r.get("final_accuracy") is not None for r in rows):
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -65,7 +60,7 @@ def plot_all(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
         ax.set_ylabel("greedy held-out accuracy")
         ax.legend(fontsize=7)
         ax.set_title("accuracy vs staleness")
-        written.append(_save(fig, plots / "accuracy_vs_staleness.png"))
+        written.append(save_figure(fig, plots / "accuracy_vs_staleness.png"))
 
     fig, axes = plt.subplots(1, len(rows), figsize=(3 * len(rows), 3), squeeze=False)
     for ax, r in zip(axes[0], rows, strict=True):
@@ -74,5 +69,5 @@ def plot_all(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
         ax.set_title(r["setting"], fontsize=8)
         ax.set_xlabel("staleness")
     axes[0][0].set_ylabel("trained groups")
-    written.append(_save(fig, plots / "staleness_histograms.png"))
+    written.append(save_figure(fig, plots / "staleness_histograms.png"))
     return written

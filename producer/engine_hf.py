@@ -63,18 +63,13 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
+from common import snapshot as snap
+from common.device import resolve_device
 from common.errors import SnapshotError
 from producer.engine import Completion, SamplingParams
 from producer.hf_batch import Batch, Request
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' = cuda if available, else cpu; anything else is passed to torch."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def eos_ids(model: Any) -> set[int]:
@@ -354,27 +349,11 @@ def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
 def check_fits(
     shapes: dict[str, tuple[int, ...]], own: dict[str, torch.Tensor], path: Path
 ) -> None:
-    """Raise SnapshotError unless `shapes` (file) covers `own` (model state) exactly.
-
-    A model key may be absent from the file only when it shares storage with a key that is
-    present (tied weights); every file key must exist in the model with the same shape.
-    """
-    unexpected = sorted(set(shapes) - set(own))
-    wrong = [
-        f"{k} {list(shapes[k])} != {list(own[k].shape)}"
-        for k in shapes
-        if k in own and shapes[k] != tuple(own[k].shape)
-    ]
-    written = {_storage(own[k]) for k in shapes if k in own}
-    missing = [k for k in own if k not in shapes and _storage(own[k]) not in written]
-    found = {"missing": missing, "unexpected": unexpected, "wrong shape": wrong}
-    problems = [
-        f"{label}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
-        for label, keys in found.items()
-        if keys
-    ]
-    if problems:
-        raise SnapshotError(f"snapshot {path} does not fit the model ({'; '.join(problems)})")
+    """Raise SnapshotError unless `shapes` (file) fits `own` (model state): the rule of
+    `common.snapshot.check_fits`, tied weights told apart by their storage."""
+    model_shapes = {k: tuple(t.shape) for k, t in own.items()}
+    storage = {k: _storage(t) for k, t in own.items()}
+    snap.check_fits(shapes, model_shapes, path, storage=storage)
 
 
 def check_tied_agree(f: Any, own: dict[str, torch.Tensor], path: Path) -> list[str]:

@@ -48,10 +48,11 @@ the new version from their first token (which may be newer than `version` when t
 Invariants (besides the contract in producer/engine.py):
 - `version` is -1 until the first `load_weights`; it changes only at a recorded boundary.
 - A snapshot is checked against the checkpoint the engine started from (tensor names and
-  shapes, from the safetensors headers) before anything is loaded: vLLM itself would only log a
-  warning for a missing tensor and keep the old one. A failed reload raises `SnapshotError`;
-  the version stays, generation is resumed, the gate reopens (vLLM copies tensor by tensor, so
-  a file that fails halfway may have replaced some weights; the pre-check makes that rare).
+  shapes, from the safetensors headers: `common.snapshot.check_fits`) before anything is
+  loaded: vLLM itself would only log a warning for a missing tensor and keep the old one. A
+  failed reload raises `SnapshotError`; the version stays, generation is resumed, the gate
+  reopens (vLLM copies tensor by tensor, so a file that fails halfway may have replaced some
+  weights; the pre-check makes that rare).
 - vLLM is imported only when an engine is built, so this module imports without it.
 """
 
@@ -62,7 +63,6 @@ import itertools
 import json
 import logging
 import os
-import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -70,6 +70,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from common import snapshot as snap
 from common.config import VllmConfig
 from common.errors import ConfigError, SnapshotError
 from producer.engine import Completion, SamplingParams
@@ -184,50 +185,6 @@ def reload_mode(num_in_flight: int, inflight_updates: bool) -> ReloadMode:
     return "inflight" if inflight_updates else "drain"
 
 
-def safetensors_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape over every `*.safetensors` in `directory`, from the headers only."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for path in sorted(Path(directory).glob("*.safetensors")):
-        try:
-            with open(path, "rb") as f:
-                (size,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(size))
-        except (OSError, ValueError, struct.error) as exc:
-            raise SnapshotError(f"cannot read safetensors header of {path}: {exc}") from None
-        shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
-    return shapes
-
-
-def check_snapshot_fits(
-    snapshot: dict[str, tuple[int, ...]],
-    base: dict[str, tuple[int, ...]],
-    where: Path,
-    *,
-    optional: Sequence[str] = (),
-) -> None:
-    """SnapshotError unless the snapshot holds the base checkpoint's tensors with their shapes.
-
-    `optional` names may be absent on either side (a tied `lm_head.weight`).
-    """
-    missing = sorted(set(base) - set(snapshot) - set(optional))
-    unexpected = sorted(set(snapshot) - set(base) - set(optional))
-    wrong = [
-        f"{k} {list(snapshot[k])} != {list(base[k])}"
-        for k in snapshot
-        if k in base and snapshot[k] != base[k]
-    ]
-    found = {"missing": missing, "unexpected": unexpected, "wrong shape": wrong}
-    problems = [
-        f"{label}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
-        for label, keys in found.items()
-        if keys
-    ]
-    if not snapshot:
-        problems.insert(0, "no *.safetensors file")
-    if problems:
-        raise SnapshotError(f"snapshot {where} does not fit the model ({'; '.join(problems)})")
-
-
 class RequestTrack:
     """The samples of one group as their outputs arrive, and the group's version boundaries.
 
@@ -337,7 +294,7 @@ class VLLMEngine:
     ) -> None:
         self._vcfg = vcfg
         self._make_sampling = make_sampling
-        self._base_shapes = safetensors_shapes(Path(model_dir))
+        self._base_shapes = snap.tensor_shapes(Path(model_dir))
         config = json.loads((Path(model_dir) / "config.json").read_text())
         self._optional = TIED_OPTIONAL if config.get("tie_word_embeddings") else ()
         self._llm = llm if llm is not None else start_async_llm(Path(model_dir), vcfg, seed=seed)
@@ -426,8 +383,8 @@ class VLLMEngine:
     async def load_weights(self, directory: Path, version: int) -> None:
         """Switch to `directory`'s weights in place; mode and metrics as in the module doc."""
         directory = Path(directory)
-        shapes = safetensors_shapes(directory)
-        check_snapshot_fits(shapes, self._base_shapes, directory, optional=self._optional)
+        shapes = snap.tensor_shapes(directory)
+        snap.check_fits(shapes, self._base_shapes, directory, optional=self._optional)
         async with self._switch_lock:
             self._open.clear()
             try:

@@ -13,8 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.errors import SnapshotError
 from common.tasks import make_examples
-from consumer.evaluate import SnapshotMismatch, accuracy_of, greedy_accuracy, load_model
+from consumer.evaluate import accuracy_of, greedy_accuracy, load_model
 from launch import demo_model
 from launch.demo_model import DEFAULT_RECIPE, Recipe, build_demo_model, ensure_demo_model
 
@@ -105,7 +106,7 @@ def test_a_snapshot_that_does_not_fit_is_refused(tiny_dir: Path, tmp_path: Path)
         ("shape", {**state, "model.norm.weight": torch.zeros(3)}),
     ]:
         save_file(broken, tmp_path / f"{name}.safetensors")
-        with pytest.raises(SnapshotMismatch):
+        with pytest.raises(SnapshotError, match="does not fit"):
             load_model(tiny_dir, snapshot=tmp_path / f"{name}.safetensors")
 
 

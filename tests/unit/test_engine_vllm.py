@@ -26,16 +26,15 @@ from safetensors.numpy import save_file
 
 from common.config import Config, ProducerConfig, VllmConfig
 from common.errors import ConfigError, SnapshotError
+from common.snapshot import check_fits, tensor_shapes
 from producer.engine import SamplingParams, make_engine
 from producer.engine_vllm import (
     RequestTrack,
     VLLMEngine,
-    check_snapshot_fits,
     client_token_counter,
     engine_kwargs,
     finish_reason,
     reload_mode,
-    safetensors_shapes,
     sampled_token_logprobs,
     sampling_kwargs,
     token_versions,
@@ -349,19 +348,19 @@ def test_reload_mode(in_flight: int, inflight_updates: bool, mode: str):
 
 
 def test_a_snapshot_must_hold_the_checkpoints_tensors(tmp_path: Path, base_dir: Path):
-    base = safetensors_shapes(base_dir)
+    base = tensor_shapes(base_dir)
     assert base == TENSORS
     tied = ("lm_head.weight",)
-    check_snapshot_fits(dict(base, **{"lm_head.weight": (50, 8)}), base, tmp_path, optional=tied)
-    check_snapshot_fits(base, dict(base, **{"lm_head.weight": (50, 8)}), tmp_path, optional=tied)
+    check_fits(dict(base, **{"lm_head.weight": (50, 8)}), base, tmp_path, optional=tied)
+    check_fits(base, dict(base, **{"lm_head.weight": (50, 8)}), tmp_path, optional=tied)
     with pytest.raises(SnapshotError, match=r"unexpected: lm_head\.weight"):
-        check_snapshot_fits(dict(base, **{"lm_head.weight": (50, 8)}), base, tmp_path)
+        check_fits(dict(base, **{"lm_head.weight": (50, 8)}), base, tmp_path)
     with pytest.raises(SnapshotError, match=r"missing: model\.norm\.weight"):
-        check_snapshot_fits({"model.embed_tokens.weight": (50, 8)}, base, tmp_path)
+        check_fits({"model.embed_tokens.weight": (50, 8)}, base, tmp_path)
     with pytest.raises(SnapshotError, match="wrong shape"):
-        check_snapshot_fits(dict(base, **{"model.norm.weight": (9,)}), base, tmp_path)
+        check_fits(dict(base, **{"model.norm.weight": (9,)}), base, tmp_path)
     with pytest.raises(SnapshotError, match=r"no \*\.safetensors"):
-        check_snapshot_fits(safetensors_shapes(tmp_path / "empty"), base, tmp_path)
+        check_fits(tensor_shapes(tmp_path / "empty"), base, tmp_path)
 
 
 def test_a_missing_vllm_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, base_dir: Path):
