@@ -44,7 +44,7 @@ def consumer_args(run_dir: Path, model: Path, prompts: Path, *extra: str) -> lis
 def run_pipeline(
     tmp_path: Path, model: Path, *consumer_extra: str, producer_extra: tuple[str, ...] = ()
 ):
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / 'run "quoted" it\'s'  # flags reach the config typed, as written
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     consumer = cli(
         *consumer_args(run_dir, model, prompts, *consumer_extra), log=tmp_path / "consumer.log"

@@ -51,6 +51,13 @@ def steps_done(run_dir: Path) -> int:
     return len(read_jsonl(path)) if path.exists() else 0
 
 
+def _issued(run_dir: Path, producer_id: str) -> int:
+    path = run_dir / "ledger.json"
+    if not path.exists():
+        return 0
+    return json.loads(path.read_text())["by_producer"].get(producer_id, {}).get("issued", 0)
+
+
 def check_ledger(run_dir: Path, steps: int) -> dict:
     leases = read_jsonl(run_dir / "leases.jsonl")
     ids = [r["lease_id"] for r in leases]
@@ -102,6 +109,10 @@ def test_a_killed_producer_is_replaced_and_its_leases_are_reissued(tmp_path):
         victim = producer(tmp_path, ep, "p1", latency_s=30.0)
         procs += [victim, producer(tmp_path, ep, "p2")]
         wait_for(lambda: steps_done(run_dir) >= 5, timeout_s=120, what="5 steps", procs=procs)
+        # On a loaded machine the victim may start after p2 has taken every lease: wait until
+        # it holds one (the ledger counts leases issued per producer), however long that takes.
+        wait_for(lambda: _issued(run_dir, "p1") > 0, timeout_s=120, what="a lease for p1",
+                 procs=procs)  # fmt: skip
         victim.send_signal(signal.SIGKILL)
         victim.wait(30)
         procs.append(producer(tmp_path, ep, "p1", log="p1-again.log"))  # as the launcher does
