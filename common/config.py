@@ -51,6 +51,7 @@ AggMode = Literal[
 ]
 KLKind = Literal["k1", "k2", "k3"]
 SnapshotDtype = Literal["bfloat16", "float32"]
+SnapshotFsync = Literal["before_announce", "after_announce", "off"]
 EngineName = Literal["hf", "vllm", "fake"]
 
 
@@ -201,6 +202,11 @@ class SnapshotConfig:
     chunk_mib: float = _f(4.0, "Chunk size when producers fetch snapshots over the control socket.")
     delay_s: float = _f(
         0.0, "Stress testing: hold each snapshot back this long before announcing it."
+    )
+    fsync: SnapshotFsync = _f(
+        "before_announce",
+        "fsync of snapshot files, directory and parent: before announcing, after (producers "
+        "load from the page cache meanwhile), or off; a torn file is refused by its hash.",
     )
 
 

@@ -90,6 +90,7 @@ class Learner:
             self.model_dir,
             keep_last=cfg.snapshot.keep_last,
             delay_s=cfg.snapshot.delay_s,
+            fsync=cfg.snapshot.fsync,
             on_published=self.server.announce_snapshot,
         )
         self.metrics = M.JsonlWriter(run_dir / "metrics.jsonl")
@@ -243,9 +244,10 @@ class Learner:
         import torch
 
         dtype = torch.bfloat16 if self.cfg.snapshot.dtype == "bfloat16" else torch.float32
-        self.publisher.submit(
-            self.trainer.snapshot_state(dtype), version=self.version, step=self.version, dtype=dtype
+        fence = self.publisher.submit(
+            self.trainer.weights(), version=self.version, step=self.version, dtype=dtype
         )
+        self.trainer.hold_weights(fence)
         self.published = self.version
         if wait:
             self.publisher.wait()

@@ -56,11 +56,11 @@ from pathlib import Path
 import torch
 
 from common import snapshot as snap
+from common.config import SnapshotFsync, choices
 from common.wire import SnapshotInfo
 from consumer.weights_buffer import Fence, HostCopier, HostWeights, table_for, unique_tensors
 
 log = logging.getLogger("asyncgrpo.consumer")
-FSYNC_MODES = ("before_announce", "after_announce", "off")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
 
 
@@ -140,7 +140,7 @@ class Publisher:
         keep_last: int,
         on_published: Callable[[SnapshotInfo], None],
         delay_s: float = 0.0,
-        fsync: str = "before_announce",
+        fsync: SnapshotFsync = "before_announce",
         num_buffers: int = 2,
     ) -> None:
         self.root = root
@@ -154,8 +154,9 @@ class Publisher:
         ]
         self._keep_last = keep_last
         self._delay_s = delay_s  # stress testing: a slow filesystem or network
-        if fsync not in FSYNC_MODES:
-            raise ValueError(f"snapshot.fsync must be one of {', '.join(FSYNC_MODES)}: {fsync!r}")
+        if fsync not in choices(SnapshotFsync):
+            modes = ", ".join(choices(SnapshotFsync))
+            raise ValueError(f"snapshot.fsync must be one of {modes}: {fsync!r}")
         self._fsync = fsync
         self._on_published = on_published
         self._copier = HostCopier()

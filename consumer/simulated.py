@@ -15,6 +15,7 @@ import torch
 
 from common.config import Config
 from common.wire import Group
+from consumer.weights_buffer import Fence
 
 VOCAB_SIZE = 32_000
 
@@ -38,5 +39,8 @@ class SimulatedTrainer:
             "tis_weight_mean": 1.0,
         }
 
-    def snapshot_state(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        return {"version": torch.tensor(np.array([self.version], np.float32)).to(dtype)}
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {"version": torch.tensor(np.array([self.version], np.float32))}
+
+    def hold_weights(self, fence: Fence) -> None:
+        """Nothing to hold: `weights()` is a new tensor each time."""

@@ -4,6 +4,10 @@ What it owns: the policy (fp32 master weights), AdamW with linear warm-up, gradi
 micro-batching by a token budget, an optional frozen reference model (beta > 0). What it does not
 do: sockets, staleness decisions, snapshots on disk (consumer/publisher.py), checkpoints.
 
+Publication: `weights()` are the live tensors the publisher copies; on a GPU that copy is only
+enqueued, and `hold_weights(fence)` makes the next optimizer step (the first thing that changes
+a weight) wait for it on the GPU — the training thread itself never waits.
+
 Conventions:
 - Log-probs are of the sampling distribution: `common.logprobs.sampled_logprobs` divides logits
   by `sampling.temperature`, exactly as the producers' engines do.
@@ -36,6 +40,7 @@ from common.logprobs import entropy_from_logits, sampled_logprobs
 from common.wire import Group
 from consumer import loss as L
 from consumer.batching import MicroBatch, Row, collate, plan_micro_batches, rows_of
+from consumer.weights_buffer import Fence
 
 
 def loss_options(cfg: Config) -> L.LossOptions:
@@ -88,6 +93,7 @@ class Trainer:
             self.ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
             self.ref_model.to(self.device).eval().requires_grad_(False)
         self._autocast = cfg.model.dtype == "bfloat16" and self.device.type == "cuda"
+        self._weights_fence: Fence | None = None  # a copy of the weights still in flight
 
     # ------------------------------------------------------------------------------------------
     def step(self, groups: list[Group]) -> dict[str, float]:
@@ -136,6 +142,9 @@ class Trainer:
             metrics.append((m, mb.num_tokens))
         clip = c.train.grad_clip if c.train.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if self._weights_fence is not None:  # the weights change below: the copy goes first
+            self._weights_fence.hold_stream()
+            self._weights_fence = None
         self.optimizer.step()
         self.scheduler.step()
         return metrics, grad_norm
@@ -203,17 +212,13 @@ class Trainer:
             for i, r in enumerate(rows)
         ]
 
-    def snapshot_state(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """The policy's state dict on CPU in `dtype`, tied duplicates removed (HF names)."""
-        seen: set[int] = set()
-        out = {}
-        for name, tensor in self.model.state_dict().items():
-            ptr = tensor.data_ptr()
-            if ptr in seen:
-                continue
-            seen.add(ptr)
-            out[name] = tensor.detach().to("cpu", dtype=dtype).contiguous()
-        return out
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The policy's live weights by HF name (tied names share a tensor), for publication."""
+        return dict(self.model.state_dict())
+
+    def hold_weights(self, fence: Fence) -> None:
+        """Keep the weights as they are until `fence` (a copy of them) completes."""
+        self._weights_fence = fence
 
 
 def _stack_old(old: dict[int, torch.Tensor], ids: list[int], mb: MicroBatch) -> torch.Tensor:

@@ -21,6 +21,7 @@ from tiny_models import full_forward_logprobs, reference_model, write_snapshot
 from common import config as C
 from common import wire
 from common.errors import SnapshotError
+from consumer.publisher import Publisher
 from producer.engine import SamplingParams
 from producer.engine_hf import HFEngine
 
@@ -58,9 +59,11 @@ async def test_behaviour_logprobs_equal_the_learners_recomputed_logprobs(tiny_mo
         sampling=dataclasses.replace(cfg.sampling, temperature=0.7),
     )
     trainer = Trainer(cfg, tiny_model_dir)
-    snapshot = tmp_path / "v3"
-    snapshot.mkdir()
-    save_file(trainer.snapshot_state(torch.float32), snapshot / "model.safetensors")
+    published: list[wire.SnapshotInfo] = []  # the learner's own publication path
+    publisher = Publisher(tmp_path, tiny_model_dir, keep_last=1, on_published=published.append)
+    publisher.submit(trainer.weights(), version=3, step=3, dtype=torch.float32)
+    publisher.close()
+    snapshot = Path(published[0].path).parent
     engine = HFEngine(tiny_model_dir, device="cpu", seed=0)
     await engine.load_weights(snapshot, 3)
     params = SamplingParams(n=8, temperature=0.7, max_new_tokens=12, seed=5)

@@ -7,15 +7,18 @@ import os
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load, load_file, save
 
+from common import config as C
 from common import snapshot as snap
+from common import wire
 from common.wire import SnapshotInfo
 from consumer.publisher import Publisher
-from consumer.weights_buffer import unique_tensors
+from consumer.weights_buffer import Fence, unique_tensors
 
 
 def model_state(tiny_model_dir: Path) -> dict[str, torch.Tensor]:
@@ -212,3 +215,37 @@ def test_the_fsync_policy_decides_every_fsync_and_every_descriptor_is_closed(
 def test_an_unknown_fsync_policy_is_refused(tmp_path):
     with pytest.raises(ValueError, match="must be one of"):
         make(tmp_path, fsync="sometimes")
+
+
+class RecordingFence(Fence):
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def hold_stream(self) -> None:
+        self.events.append("hold")
+
+
+def test_the_trainer_holds_a_pending_copy_before_its_optimizer_changes_the_weights(
+    tiny_model_dir,
+):
+    from consumer.trainer import Trainer
+
+    cfg = C.override(C.Config(), {"model.device": "cpu", "sampling.group_size": 4})
+    trainer = Trainer(cfg, tiny_model_dir)
+    events: list[str] = []
+    trainer.optimizer.register_step_pre_hook(lambda *_: events.append("step"))
+    rng = np.random.default_rng(0)
+    group = wire.Group(
+        lease_id=0, producer_id="t", prompt_index=0, behavior_version=0,
+        prompt_ids=np.array([5, 6, 7], np.int32),
+        completion_ids=rng.integers(2, trainer.vocab_size, 4 * 5).astype(np.int32),
+        completion_lens=np.full(4, 5, np.int32), behavior_logp=np.full(20, -2.0, np.float32),
+        token_versions=np.zeros(0, np.int32), rewards=np.array([0, 1, 0, 1], np.float32),
+        finish_reasons=("length",) * 4, temperature=1.0,
+    )  # fmt: skip
+    trainer.hold_weights(RecordingFence(events))
+    trainer.step([group])
+    trainer.step([group])  # nothing pending any more: nothing to hold
+    assert events == ["hold", "step", "step"]
+    assert set(trainer.weights()) == set(trainer.model.state_dict())
