@@ -243,6 +243,11 @@ class ProducerConfig:
     max_in_flight: int = _f(4, "Prompts (leases) a producer holds at once.")
     device: str = _f("auto", "hf engine device: auto, cpu, cuda, cuda:N.")
     torch_threads: int = _f(1, "torch intra-op threads in an hf producer (0 = torch default).")
+    trust_local_hash: bool = _f(
+        True,
+        "Load a snapshot written on this very host (same boot) without hashing it again: its "
+        "writer hashed the bytes it wrote. false = always hash.",
+    )
     slow_factor: float = _f(1.0, "Stress testing: multiply generation latency (fake engine).")
     stall_after_s: float = _f(
         0.0, "Stress testing: stall once after this many seconds (0 = never)."

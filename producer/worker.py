@@ -9,7 +9,10 @@ closes every socket and the engine:
   consumer's run id (a new run id = the consumer restarted: register again, re-send unacked);
 - `announce`: listens for new snapshots; `weights`: fetches (shared filesystem when the file is
   there and its hash matches, else in chunks over control: `ControlClient.download_snapshot`),
-  verifies and loads the newest one;
+  verifies and loads the newest one. A file the consumer wrote on this very host is taken on its
+  manifest's hash (`producer.trust_local_hash`): the writer hashed the memory it wrote, and one
+  page cache serves both processes, so reading and hashing it again would only add latency;
+  the engine then reads it straight away;
 - `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task.
 
 Invariants: a lease starts generating only once the loaded weights are at least its
@@ -418,14 +421,22 @@ class Producer:
 
     # -- snapshots -----------------------------------------------------------------------------
     async def _fetch(self, info: wire.SnapshotInfo) -> Path:
-        """A local directory holding the verified `model.safetensors` of `info`."""
+        """A local directory holding the verified `model.safetensors` of `info`: the consumer's
+        own file when this host sees it (taken on its manifest when written here, see
+        `producer.trust_local_hash`; else hashed), else downloaded over control."""
+        t0 = time.perf_counter()
         local = Path(info.path)
         if await asyncio.to_thread(local.is_file):  # may be a slow shared filesystem
             try:
-                await asyncio.to_thread(
-                    snap.verify_file, local, expected_hash=info.hash, expected_bytes=info.num_bytes
+                trusted = await asyncio.to_thread(
+                    snap.verify_local,
+                    local,
+                    expected_hash=info.hash,
+                    expected_bytes=info.num_bytes,
+                    trust_writer=self.cfg.producer.trust_local_hash,
                 )
-                self.state.count("snapshots_local")
+                self.state.count("snapshots_local_trusted" if trusted else "snapshots_local")
+                self.state.count("fetch_s", time.perf_counter() - t0)
                 return local.parent
             except SnapshotError as exc:
                 log.info("shared-filesystem snapshot unusable (%s): fetching over the network", exc)
@@ -434,6 +445,7 @@ class Producer:
             info, directory, timeout_s=_REQUEST_TIMEOUT_S, chunk_bytes=_CHUNK_BYTES
         )
         self.state.count("snapshots_fetched")
+        self.state.count("fetch_s", time.perf_counter() - t0)
         for old in sorted(self.cache.iterdir())[:-2]:
             shutil.rmtree(old, ignore_errors=True)
         return directory

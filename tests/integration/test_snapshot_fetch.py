@@ -1,0 +1,133 @@
+"""How a producer gets a published snapshot: the consumer's own file on this host (taken on the
+writer's hash, or hashed), or a pipelined chunked download over control (real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import torch
+import zmq
+import zmq.asyncio
+
+from common import config as C
+from common import snapshot as snap
+from common import wire
+from common.errors import SnapshotError
+from consumer.prompts import make_source
+from consumer.publisher import Publisher
+from consumer.server import Server, run_spec
+from producer.worker import Producer
+
+
+def publish(root: Path, version: int = 1) -> wire.SnapshotInfo:
+    published: list[wire.SnapshotInfo] = []
+    publisher = Publisher(root, None, keep_last=3, on_published=published.append)
+    weights = {"w": torch.arange(300_000, dtype=torch.float32)}  # 600 kB in bf16
+    publisher.submit(weights, version=version, step=version, dtype=torch.bfloat16)
+    publisher.close()
+    return published[0]
+
+
+@pytest_asyncio.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[Server, wire.SnapshotInfo]]:
+    """A consumer's network thread serving one published snapshot; chunks of at most 64 KiB."""
+    cfg = C.override(C.Config(), {"net.control_port": 0, "snapshot.chunk_mib": 1 / 16})
+    ctx = zmq.Context()
+    spec = run_spec(cfg, vocab_size=32, model="")
+    server = Server(
+        cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=spec, run_dir=tmp_path, keys=None
+    )
+    server.start()
+    info = publish(tmp_path / "snapshots")
+    try:
+        yield server, info
+    finally:
+        server.stop()
+        ctx.destroy(linger=0)
+
+
+@contextlib.asynccontextmanager
+async def producer_of(server: Server | None, *, trust: bool = True) -> AsyncIterator[Producer]:
+    """A producer whose control socket talks to `server` (its reply reader running)."""
+    port = server.ports["control"] if server is not None else 1
+    cfg = C.override(
+        C.Config(),
+        {"net.connect": f"tcp://127.0.0.1:{port}", "producer.trust_local_hash": trust},
+    )
+    ctx = zmq.asyncio.Context()
+    producer = Producer(cfg, ctx)
+    reader = asyncio.create_task(producer.control.read_replies())
+    try:
+        async with asyncio.timeout(30):
+            yield producer
+    finally:
+        reader.cancel()
+        await producer.close()
+        ctx.destroy(linger=0)
+
+
+def disown_and_corrupt(info: wire.SnapshotInfo) -> None:
+    """The manifest now names another writer, and the file's last byte is flipped."""
+    path = Path(info.path)
+    manifest = dataclasses.replace(snap.read_manifest(path.parent), writer="another-host/boot")
+    (path.parent / snap.MANIFEST_FILE).write_text(json.dumps(dataclasses.asdict(manifest)))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def leftovers(directory: Path) -> list[Path]:
+    return [*directory.rglob(snap.WEIGHTS_FILE), *directory.rglob("*.part")]
+
+
+def same_bytes(a: Path, b: Path) -> bool:
+    return a.read_bytes() == b.read_bytes()
+
+
+async def test_a_snapshot_written_on_this_host_is_taken_on_its_manifest(tmp_path, monkeypatch):
+    info = publish(tmp_path / "snapshots")
+    monkeypatch.setattr(snap, "hash_file", lambda path: pytest.fail("hashed again"))
+    async with producer_of(None) as producer:
+        assert await producer._fetch(info) == Path(info.path).parent
+        assert producer.state.counters["snapshots_local_trusted"] == 1
+
+
+async def test_without_trust_the_local_file_is_hashed(served):
+    server, info = served
+    async with producer_of(server, trust=False) as producer:
+        assert await producer._fetch(info) == Path(info.path).parent
+        assert producer.state.counters["snapshots_local"] == 1
+        assert "snapshots_local_trusted" not in producer.state.counters
+
+
+async def test_a_corrupt_local_file_is_never_taken(served):
+    """Written elsewhere (the manifest names another host): the file is hashed, found corrupt,
+    and the download over control serves the same corrupt bytes: refused, nothing kept."""
+    server, info = served
+    disown_and_corrupt(info)
+    async with producer_of(server) as producer:
+        with pytest.raises(SnapshotError, match="hash"):
+            await producer._fetch(info)
+        assert leftovers(producer.cache) == []
+
+
+@pytest.mark.parametrize("window", [1, 4])
+async def test_a_download_asks_for_more_than_the_consumer_sends_and_still_completes(
+    tmp_path, served, window
+):
+    """The consumer answers at most 64 KiB per chunk; the producer asks for 100 KiB at a time
+    with `window` requests in flight, and asks again for what each reply left out."""
+    server, info = served
+    async with producer_of(server) as producer:
+        path = await producer.control.download_snapshot(
+            info, tmp_path / "got", timeout_s=10, chunk_bytes=100 << 10, window=window
+        )
+    assert same_bytes(path, Path(info.path))
+    assert server.view()["counters"]["chunk_bytes_served"] == info.num_bytes
