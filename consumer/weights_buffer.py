@@ -142,7 +142,7 @@ class HostCopier:
             for name, src in state.items():
                 src.record_stream(stream)  # a temporary source stays alive until copied
                 views[name].copy_(src, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)  # a waiting writer sleeps, not spins
             event.record(stream)
         return Fence(event, device)
 
