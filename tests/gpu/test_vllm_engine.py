@@ -165,3 +165,27 @@ async def test_inflight_update_versions_name_the_weights_that_sampled_each_token
     assert post_d.size > 0
     assert np.abs(pre_d).mean() < TOL
     assert np.abs(post_d).mean() < TOL
+
+
+async def test_a_snapshot_the_publisher_wrote_from_cuda_weights_loads_in_vllm(
+    engine: Any, model_dirs: tuple[Path, Path], learners: dict[str, Learner], tmp_path: Path
+):
+    """The learner's publication path end to end: B's CUDA weights copied on a side stream into
+    pinned memory, written as bf16 safetensors with the header from the tensor table, loaded by
+    vLLM's `reload_weights`, sampling what the learner computes."""
+    import torch
+
+    from common.wire import SnapshotInfo
+    from consumer.publisher import Publisher
+
+    published: list[SnapshotInfo] = []
+    publisher = Publisher(tmp_path, model_dirs[1], keep_last=2, on_published=published.append)
+    publisher.submit(learners["B"].model.state_dict(), version=7, step=7, dtype=torch.bfloat16)
+    publisher.close()
+    await engine.load_weights(model_dirs[0], 6)
+    await engine.load_weights(Path(published[0].path).parent, 7)
+    prompt = [6, 7, 8, 9]
+    out = await engine.generate(prompt, SamplingParams(n=16, temperature=1.0, max_new_tokens=48))
+    assert all((c.versions == 7).all() for c in out)
+    assert mean_abs_delta(learners["B"], prompt, out, 1.0) < TOL
+    assert mean_abs_delta(learners["A"], prompt, out, 1.0) > 5 * TOL
