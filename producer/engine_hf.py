@@ -19,14 +19,16 @@ forward per token for every row of every request; rows leave as soon as they fin
 that arrives while rows are decoding joins them at a token step (its prompt prefilled in one
 extra forward and merged into the left-padded cache) once the rows waiting are at least as many
 as the rows in flight (`may_join`, `join_at = 1`); until then it waits, at most until the batch
-drains. Measured on the demo model (bench/hf_engine.py, closed loop of 8 leases): joining at
-every step (`join_at = 0`) turned most steps into two forwards, a prefill and a decode, and ran
-at less than half the rate of batch-at-a-time; the rule above keeps batch-at-a-time's rate
-there and continuous batching's gain when completion lengths vary widely. A model whose cache
+drains. Measured with bench/hf_engine.py (closed loop of 8 leases of G = 8, one CPU thread):
+joining at every step (`join_at = 0`) cost 13% of the throughput on the demo model (short
+completions of uneven length: a prefill forward at nearly every step) and gained nothing on a
+model with long-tailed lengths (a group of 8 ends with its longest row, so leases stay nearly in
+step); `join_at = 1` matched the better of it and batch-at-a-time on both. A model whose cache
 cannot be merged (sliding window, linear attention) gets batch-at-a-time.
 
-Seeds: `params.seed` when given (same seed, same weights, same device => same completions, alone
-or in any batch), else one derived from the engine seed and a call counter.
+Seeds: `params.seed` when given (same seed, same weights, same device => same tokens, alone or
+in any batch; the log-probs agree to float rounding, as a forward's shape changes its rounding),
+else one derived from the engine seed and a call counter.
 
 Invariants (besides the contract in producer/engine.py):
 - `version` is -1 until the first `load_weights`. The producer always loads a published snapshot,
@@ -320,10 +322,9 @@ def may_join(running_rows: int, waiting_rows: int, mergeable: bool, join_at: flo
     Into an empty batch, always. Into rows in flight (a mergeable cache only), once
     `waiting_rows >= join_at * running_rows`: a join costs one extra forward (the prefill of
     the new prompts), worth paying when it adds many rows to every later forward. With
-    `join_at = 1` rows that finish at nearby steps are replaced together rather than one
-    prefill per step (with 0, short completions of uneven length turn every step into two
-    forwards); the rows in flight only shrink, so nothing waits longer than the batch's longest
-    row.
+    `join_at = 1` leases that finish at nearby steps are replaced together rather than with one
+    prefill per step (what `join_at = 0` does to short completions of uneven length); the rows
+    in flight only shrink, so nothing waits longer than the batch's longest row.
     """
     if running_rows == 0:
         return True
