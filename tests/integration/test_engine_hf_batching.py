@@ -59,11 +59,19 @@ async def alone(engine: HFEngine, cases: list[tuple[list[int], SamplingParams]])
     return [await engine.generate(prompt, params) for prompt, params in cases]
 
 
-@pytest.mark.parametrize("join_at", [1.0, 0.0, math.inf])
+@pytest.mark.parametrize(
+    ("device", "join_at"),
+    [
+        ("cpu", 1.0),
+        ("cpu", 0.0),
+        ("cpu", math.inf),
+        pytest.param("cuda", 1.0, marks=pytest.mark.gpu),
+    ],
+)
 async def test_batched_completions_equal_one_at_a_time_for_the_same_seeds(
-    tiny_model_dir: Path, join_at: float
+    tiny_model_dir: Path, device: str, join_at: float
 ):
-    engine = HFEngine(tiny_model_dir, device="cpu", seed=0, join_at=join_at)
+    engine = HFEngine(tiny_model_dir, device=device, seed=0, join_at=join_at)
     await engine.load_weights(tiny_model_dir, 0)
     async with asyncio.timeout(60):
         want = await alone(engine, CASES)
