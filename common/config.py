@@ -37,6 +37,7 @@ from common.errors import ConfigError
 
 # The modes: each declared once, used by the config fields below and by the code they select.
 ModelDtype = Literal["float32", "bfloat16"]
+LearnerAttention = Literal["auto", "flash", "flex", "sdpa_packed", "padded"]
 TaskSource = Literal["synthetic", "jsonl"]
 PromptFormat = Literal["raw", "chat"]
 AdvScale = Literal["group", "batch", "none"]
@@ -94,6 +95,16 @@ class ModelConfig:
     dtype: ModelDtype = _f("float32", "Learner parameter dtype.")
     device: str = _f("auto", "Learner device: auto (cuda if available), cpu, cuda, cuda:N.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    attention: LearnerAttention = _f(
+        "auto",
+        "Learner attention: rows packed without padding (flash = flash-attn varlen, flex = "
+        "torch flex_attention with a document mask, sdpa_packed = a dense block mask: exact but "
+        "O(S^2), for small batches and tests) or padded (SDPA, no mask for equal-length rows). "
+        "auto: flash if installed, else flex, on CUDA; padded on a CPU.",
+    )
+    compile: bool = _f(
+        False, "torch.compile each decoder layer of the learner (in place; off until measured)."
+    )
     torch_threads: int = _f(0, "torch intra-op threads for the learner (0 = torch default).")
 
 
@@ -151,7 +162,14 @@ class TrainConfig:
     warmup_steps: int = _f(0, "Linear learning-rate warm-up steps.")
     grad_clip: float = _f(1.0, "Global gradient-norm clip (0 = off).")
     micro_batch_tokens: int = _f(
-        16384, "Token budget (padded rows x length) of one forward/backward micro-batch."
+        16384,
+        "Token budget of one forward/backward micro-batch: real tokens when rows are packed, "
+        "rows x longest row when padded.",
+    )
+    logprob_chunk_mib: float = _f(
+        256.0,
+        "The LM head runs on as many completion positions at a time as have float32 logits of "
+        "this size (MiB); the log-prob/entropy part peaks at a few times this.",
     )
     updates_per_batch: int = _f(
         1, "Optimizer steps per batch (1 = old_logp is logp.detach(), no extra forward)."
@@ -516,6 +534,10 @@ def problems(cfg: Config) -> list[str]:
     need(t.prompts_per_step >= 1, "train.prompts_per_step must be >= 1")
     need(t.lr > 0, "train.lr must be > 0")
     need(t.micro_batch_tokens >= 1, "train.micro_batch_tokens must be >= 1")
+    need(
+        math.isfinite(t.logprob_chunk_mib) and t.logprob_chunk_mib > 0,
+        "train.logprob_chunk_mib must be > 0",
+    )
     need(t.updates_per_batch >= 1, "train.updates_per_batch must be >= 1")
     need(
         len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas),

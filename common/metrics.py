@@ -70,6 +70,9 @@ class StepRecord:
     tis_weight_sq_sum: float | None = None
     tis_frac_truncated: float | None = None
     tis_ess: float | None = None  # effective sample size (Σw)² / (n·Σw²) in (0, 1]
+    attention: str | None = None  # the learner's attention path (consumer/attention.py)
+    padding_frac: float | None = None  # model input positions that were padding (0 when packed)
+    micro_batches: int | None = None  # forward/backward passes in the step
     behavior_gap_abs_mean: float | None = None
     behavior_gap_abs_max: float | None = None
     kl_behavior: float | None = None

@@ -1,15 +1,30 @@
-"""From admitted groups to padded micro-batches (pure data processing; torch only to collate).
+"""From admitted groups to micro-batches, padded or packed (pure data processing; torch only to
+collate).
 
-Layout of one row: `ids = prompt_ids ++ completion_ids` (length L_b). The model's logits at
-position j predict token j + 1, so the learner works in the shifted space of T = L - 1 positions:
-`tokens_BT = ids[:, 1:]`, and `mask_BT[b, j] = 1` iff token j + 1 is a completion token of row b.
-`behavior_logp_BT` holds each completion token's behaviour log-prob at that position (0 elsewhere).
+Layout of one row: `ids = prompt_ids ++ completion_ids` (length L_b). The model's output at
+position j predicts token j + 1, so the loss works in the shifted frame of T = max L_b - 1
+positions, the same in both layouts: `tokens_BT[b, j] = ids_b[j + 1]`, and `mask_BT[b, j] = 1`
+iff token j + 1 is a completion token of row b. `behavior_logp_BT` holds each completion token's
+behaviour log-prob at that position (0 elsewhere). The N completion tokens in row-major order of
+`mask_BT` are `tokens_N`; `hidden_index_N[n]` is the flat index, into the model's output positions
+(`input_ids_BL.numel()` of them), of the position that predicts token n. The learner applies the
+LM head only there (consumer/chunked_head.py) and scatters the N log-probs back into the frame.
 
-Micro-batches: rows are sorted by length and packed greedily so that
+Model inputs, two layouts:
+- padded: rows right-padded to [B, L]; positions 0..L_b - 1 for real tokens. `attention_mask_BL`
+  hides the padding, and is None when every row has the same length (causal attention alone is
+  exact then, and SDPA keeps its flash kernel).
+- packed (padding-free): the rows concatenated into one sequence [1, S], S = Σ L_b, with
+  `position_ids_BL` restarting at 0 for each row and `cu_seqlens` (int32 [B + 1]) marking the row
+  boundaries, so that varlen / document-masked attention keeps each row to itself.
+
+Micro-batches: padded, rows sorted by length and filled greedily so that
 `rows_in_micro_batch * longest_row <= token_budget` (padded tokens, which is what memory scales
-with); a row longer than the budget gets a micro-batch of its own. Sorting by length keeps padding
-small; the loss is exact regardless of the split because it uses global normalisers
-(consumer/loss.py `aggregate(..., global_tokens=, global_seqs=)`).
+with); packed, by real tokens, `Σ L_b <= token_budget`, first-fit over rows in decreasing length.
+A row longer than the budget gets a micro-batch of its own. The loss is exact regardless of the
+split because it uses global normalisers (`loss_normalisers`, consumer/loss.py
+`aggregate(..., global_tokens=, global_seqs=)`): a data-parallel learner passes the counts of
+the whole batch to every rank.
 """
 
 from __future__ import annotations
@@ -33,17 +48,30 @@ class Row:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class MicroBatch:
-    input_ids_BL: torch.Tensor  # int64, right-padded with pad_id
-    attention_mask_BL: torch.Tensor  # int64 (1 = real token)
-    tokens_BT: torch.Tensor  # int64, T = L - 1
+    # -- model inputs (see the module docstring for the two layouts) ---------------------------
+    input_ids_BL: torch.Tensor  # int64: padded [B, L] (right-padded with pad_id) | packed [1, S]
+    attention_mask_BL: torch.Tensor | None  # int64 [B, L], 1 = real token; padded, unequal rows
+    position_ids_BL: torch.Tensor | None  # int64 [1, S], 0.. per row; packed only
+    cu_seqlens: torch.Tensor | None  # int32 [B + 1], row starts in the packed sequence, then S
+    max_seqlen: int  # longest row
+    hidden_index_N: torch.Tensor  # int64 [N], flat output position predicting each token
+    tokens_N: torch.Tensor  # int64 [N], the completion tokens in row-major mask order
+    # -- the loss frame [B, T], T = max L - 1 (identical in both layouts) ----------------------
+    tokens_BT: torch.Tensor  # int64
     mask_BT: torch.Tensor  # bool, completion positions
     behavior_logp_BT: torch.Tensor  # float32, 0 off the mask
     advantages_B: torch.Tensor  # float32
     rows: tuple[int, ...]  # indices into the batch's row list
+    num_tokens: int  # N: completion tokens
 
     @property
-    def num_tokens(self) -> int:
-        return int(self.mask_BT.sum())
+    def packed(self) -> bool:
+        return self.position_ids_BL is not None
+
+    @property
+    def num_positions(self) -> int:
+        """Positions the model runs over, padding included."""
+        return self.input_ids_BL.numel()
 
 
 def rows_of(groups: list[Group], advantages_NG: np.ndarray) -> list[Row]:
@@ -64,8 +92,18 @@ def rows_of(groups: list[Group], advantages_NG: np.ndarray) -> list[Row]:
     return rows
 
 
-def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Partition row indices into micro-batches with rows * max_len <= token_budget."""
+def loss_normalisers(rows: list[Row]) -> tuple[int, int]:
+    """(global_tokens, global_seqs) of the loss over these rows: completion tokens and rows."""
+    return sum(len(r.behavior_logp) for r in rows), len(rows)
+
+
+def plan_micro_batches(
+    lengths: list[int], token_budget: int, *, packed: bool = False
+) -> list[list[int]]:
+    """Partition row indices into micro-batches: padded, rows * max_len <= token_budget; packed,
+    sum of lengths <= token_budget (a longer row alone either way)."""
+    if packed:
+        return _plan_packed(lengths, token_budget)
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     out: list[list[int]] = []
     current: list[int] = []
@@ -80,32 +118,77 @@ def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]
     return out
 
 
+def _plan_packed(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """First-fit decreasing by real tokens: few micro-batches, each within the budget."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    used: list[int] = []
+    for i in order:
+        for k, total in enumerate(used):
+            if total + lengths[i] <= token_budget:
+                out[k].append(i)
+                used[k] += lengths[i]
+                break
+        else:
+            out.append([i])
+            used.append(lengths[i])
+    return out
+
+
 def collate(
-    rows: list[Row], indices: list[int], *, pad_id: int, device: torch.device
+    rows: list[Row],
+    indices: list[int],
+    *,
+    pad_id: int,
+    device: torch.device,
+    packed: bool = False,
 ) -> MicroBatch:
+    """The rows `indices` as one micro-batch in the padded or the packed layout."""
     picked = [rows[i] for i in indices]
-    L = max(len(r.ids) for r in picked)
+    lengths = np.array([len(r.ids) for r in picked], np.int64)
+    L = int(lengths.max())
     B = len(picked)
-    ids = np.full((B, L), pad_id, np.int64)
-    attn = np.zeros((B, L), np.int64)
+    tokens = np.full((B, L - 1), pad_id, np.int64)
     mask = np.zeros((B, L - 1), bool)
     behavior = np.zeros((B, L - 1), np.float32)
     for b, r in enumerate(picked):
         n = len(r.ids)
-        ids[b, :n] = r.ids
-        attn[b, :n] = 1
+        tokens[b, : n - 1] = r.ids[1:]
         start = r.prompt_len - 1  # shifted position of the first completion token
         mask[b, start : n - 1] = True
         behavior[b, start : n - 1] = r.behavior_logp
-    input_ids = torch.from_numpy(ids).to(device)
+    row_N, pos_N = np.nonzero(mask)  # row-major: the order of tokens_BT[mask_BT]
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    position_ids = attention_mask = cu_seqlens = None
+    if packed:
+        ids = np.concatenate([r.ids for r in picked]).astype(np.int64)[None]
+        positions = np.concatenate([np.arange(n) for n in lengths])[None]
+        position_ids = torch.from_numpy(positions).to(device)
+        cu_seqlens = torch.from_numpy(starts.astype(np.int32)).to(device)
+        hidden_index = starts[row_N] + pos_N
+    else:
+        ids = np.full((B, L), pad_id, np.int64)
+        for b, r in enumerate(picked):
+            ids[b, : len(r.ids)] = r.ids
+        if (lengths != L).any():
+            attention_mask = torch.from_numpy(
+                (np.arange(L)[None] < lengths[:, None]).astype(np.int64)
+            ).to(device)
+        hidden_index = row_N * L + pos_N
     return MicroBatch(
-        input_ids_BL=input_ids,
-        attention_mask_BL=torch.from_numpy(attn).to(device),
-        tokens_BT=input_ids[:, 1:],
+        input_ids_BL=torch.from_numpy(ids).to(device),
+        attention_mask_BL=attention_mask,
+        position_ids_BL=position_ids,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=L,
+        hidden_index_N=torch.from_numpy(hidden_index.astype(np.int64)).to(device),
+        tokens_N=torch.from_numpy(tokens[mask]).to(device),
+        tokens_BT=torch.from_numpy(tokens).to(device),
         mask_BT=torch.from_numpy(mask).to(device),
         behavior_logp_BT=torch.from_numpy(behavior).to(device),
         advantages_B=torch.tensor(
             [r.advantage for r in picked], dtype=torch.float32, device=device
         ),
         rows=tuple(indices),
+        num_tokens=int(mask.sum()),
     )

@@ -9,23 +9,29 @@ enqueued, and `hold_weights(fence)` makes the next optimizer step (the first thi
 a weight) wait for it on the GPU — the training thread itself never waits.
 
 Conventions:
-- Log-probs are of the sampling distribution: `common.logprobs.sampled_logprobs` divides logits
-  by `sampling.temperature`, exactly as the producers' engines do.
+- Log-probs are of the sampling distribution, the rule of `common.logprobs.sampled_logprobs`
+  (logits divided by `sampling.temperature`, exactly as the producers' engines do), computed from
+  hidden states by consumer/chunked_head.py.
 - `model.dtype = "bfloat16"` runs forward/backward under CUDA autocast in bf16 with fp32 master
   weights and optimizer state (CPU runs stay fp32).
 - `updates_per_batch = 1` (default): one optimizer step consumes the batch, `old_logp` is
   `logp.detach()` and no extra forward is paid (`loss.needs_old_logp_pass`). With k > 1 updates
   the rows are split into k mini-batches and `old_logp` is computed once, before the first one.
-- Micro-batch losses use global normalisers, so accumulating their gradients equals the gradient
-  of the full-batch loss.
-- Padding: rows are right-padded (positions stay 0..n-1 for real tokens); the attention mask
-  hides padding, and the loss mask excludes it. (Padding-free packing needs varlen attention
-  kernels; sorting rows by length keeps padding small instead.)
+- Micro-batch losses use global normalisers (`batching.loss_normalisers` of the whole update),
+  so accumulating their gradients equals the gradient of the full-batch loss.
+- The forward (consumer/completion_forward.py) runs the decoder, then the LM head only at the
+  positions that predict completion tokens, chunk by chunk (`train.logprob_chunk_mib`): no
+  full-vocabulary logits of the whole micro-batch ever exist.
+- Layout: rows packed without padding (flash-attn varlen or flex_attention) or right-padded
+  (SDPA; no mask when a micro-batch's rows have equal length), per consumer/attention.py; the
+  choice is logged once and reported in every step's metrics (`attention`, `padding_frac`).
+  Micro-batches are planned by real tokens when packed, by padded size when padded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from pathlib import Path
@@ -36,11 +42,21 @@ import torch
 
 from common.config import Config
 from common.device import resolve_device
-from common.logprobs import entropy_from_logits, sampled_logprobs
 from common.wire import Group
+from consumer import attention as A
 from consumer import loss as L
-from consumer.batching import MicroBatch, Row, collate, plan_micro_batches, rows_of
+from consumer.batching import (
+    MicroBatch,
+    Row,
+    collate,
+    loss_normalisers,
+    plan_micro_batches,
+    rows_of,
+)
+from consumer.completion_forward import CompletionForward, check_plain_head, compile_layers
 from consumer.weights_buffer import Fence
+
+log = logging.getLogger("asyncgrpo.consumer")
 
 
 def loss_options(cfg: Config) -> L.LossOptions:
@@ -71,6 +87,16 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.to(self.device)
+        self._autocast = cfg.model.dtype == "bfloat16" and self.device.type == "cuda"
+        self.attention = A.choose_attention(
+            cfg.model.attention,
+            device_type=self.device.type,
+            half_precision=self._autocast,
+            flash_impl=A.installed_flash(),
+            flex_ok=A.flex_available(),
+        )
+        log.info("learner attention: %s", self.attention.describe())
+        self.policy = self._forward_module(self.model)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.config.use_cache = False
@@ -83,20 +109,34 @@ class Trainer:
             lr=t.lr,
             betas=(t.betas[0], t.betas[1]),
             weight_decay=t.weight_decay,
+            fused=self.device.type == "cuda",
         )
         warm = max(t.warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
         )
         self.ref_model = None
+        self.ref_policy: CompletionForward | None = None
         if cfg.loss.beta > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
             self.ref_model.to(self.device).eval().requires_grad_(False)
-        self._autocast = cfg.model.dtype == "bfloat16" and self.device.type == "cuda"
+            self.ref_policy = self._forward_module(self.ref_model)
         self._weights_fence: Fence | None = None  # a copy of the weights still in flight
 
+    def _forward_module(self, model: Any) -> CompletionForward:
+        A.use(model, self.attention)
+        check_plain_head(model)
+        if self.cfg.model.compile:
+            compile_layers(model)
+        return CompletionForward(
+            model,
+            self.attention,
+            temperature=self.cfg.sampling.temperature,
+            chunk_mib=self.cfg.train.logprob_chunk_mib,
+        )
+
     # ------------------------------------------------------------------------------------------
-    def step(self, groups: list[Group]) -> dict[str, float]:
+    def step(self, groups: list[Group]) -> dict[str, Any]:
         """One optimizer step (or `updates_per_batch` steps) on these groups; returns metrics."""
         t0 = time.perf_counter()
         c = self.cfg
@@ -112,7 +152,13 @@ class Trainer:
             part_metrics, grad_norm = self._update([rows[i] for i in part], old, part)
             metrics.extend(part_metrics)
             grad_norms.append(grad_norm)
-        out = _combine(metrics)
+        out: dict[str, Any] = _combine(metrics)
+        positions, real = out.pop("forward_positions_sum"), out.pop("forward_tokens_sum")
+        out.update(
+            attention=self.attention.path,
+            padding_frac=1.0 - real / max(positions, 1.0),
+            micro_batches=len(metrics),
+        )
         if out.get("tis_weight_sq_sum"):  # effective sample size of the TIS weights, in (0, 1]
             out["tis_ess"] = out["tis_weight_sum"] ** 2 / (
                 out["num_tokens"] * out["tis_weight_sq_sum"]
@@ -128,17 +174,18 @@ class Trainer:
         self, rows: list[Row], old: dict[int, torch.Tensor] | None, row_ids: list[int]
     ) -> tuple[list[tuple[dict[str, float], int]], float]:
         c = self.cfg
-        global_tokens = sum(len(r.behavior_logp) for r in rows)
-        plans = plan_micro_batches([len(r.ids) for r in rows], c.train.micro_batch_tokens)
+        global_tokens, global_seqs = loss_normalisers(rows)
         self.optimizer.zero_grad(set_to_none=True)
         metrics = []
-        for plan in plans:
-            mb = collate(rows, plan, pad_id=self.pad_id, device=self.device)
+        for plan in self._plan(rows):
+            mb = self._collate(rows, plan)
             old_BT = None if old is None else _stack_old(old, [row_ids[i] for i in plan], mb)
             loss, m = self._micro_loss(
-                mb, old_BT, global_tokens=global_tokens, global_seqs=len(rows)
+                mb, old_BT, global_tokens=global_tokens, global_seqs=global_seqs
             )
             loss.backward()
+            m["forward_positions_sum"] = float(mb.num_positions)
+            m["forward_tokens_sum"] = float(sum(len(rows[i].ids) for i in plan))
             metrics.append((m, mb.num_tokens))
         clip = c.train.grad_clip if c.train.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
@@ -149,28 +196,38 @@ class Trainer:
         self.scheduler.step()
         return metrics, grad_norm
 
-    def _forward_logp(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _plan(self, rows: list[Row]) -> list[list[int]]:
+        lengths = [len(r.ids) for r in rows]
+        budget = self.cfg.train.micro_batch_tokens
+        return plan_micro_batches(lengths, budget, packed=self.attention.packed)
+
+    def _collate(self, rows: list[Row], plan: list[int]) -> MicroBatch:
+        return collate(
+            rows, plan, pad_id=self.pad_id, device=self.device, packed=self.attention.packed
+        )
+
+    def _forward_logp(
+        self, policy: CompletionForward, mb: MicroBatch, *, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logp_BT in the loss frame, 0 off the mask; entropy_N at the completion tokens)."""
         ctx = (
             torch.autocast("cuda", dtype=torch.bfloat16)
             if self._autocast
             else contextlib.nullcontext()
         )
         with ctx:
-            logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL).logits
-        logits_BTV = logits[:, :-1].float()
-        logp_BT = sampled_logprobs(
-            logits_BTV, mb.tokens_BT, temperature=self.cfg.sampling.temperature
-        )
-        return logp_BT, logits_BTV
+            logp_N, entropy_N = policy(mb, with_entropy=with_entropy)
+        logp_BT = logp_N.new_zeros(mb.mask_BT.shape).masked_scatter(mb.mask_BT, logp_N)
+        return logp_BT, entropy_N
 
     def _micro_loss(
         self, mb: MicroBatch, old_BT: torch.Tensor | None, *, global_tokens: int, global_seqs: int
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        logp_BT, logits_BTV = self._forward_logp(self.model, mb)
+        logp_BT, entropy_N = self._forward_logp(self.policy, mb, with_entropy=True)
         ref_BT = None
-        if self.ref_model is not None:
+        if self.ref_policy is not None:
             with torch.no_grad():
-                ref_BT, _ = self._forward_logp(self.ref_model, mb)
+                ref_BT, _ = self._forward_logp(self.ref_policy, mb)
         loss, metrics = L.policy_loss(
             logp_BT,
             logp_BT.detach() if old_BT is None else old_BT,
@@ -182,21 +239,17 @@ class Trainer:
             global_tokens=global_tokens,
             global_seqs=global_seqs,
         )
-        with torch.no_grad():
-            ent = entropy_from_logits(logits_BTV, temperature=self.cfg.sampling.temperature)
-            n = max(mb.num_tokens, 1)
-            metrics["entropy"] = float(torch.where(mb.mask_BT, ent, 0.0).sum()) / n
+        assert entropy_N is not None
+        metrics["entropy"] = float(entropy_N.sum()) / max(mb.num_tokens, 1)
         return loss, metrics
 
     @torch.no_grad()
     def _old_logp(self, rows: list[Row]) -> dict[int, torch.Tensor]:
         """Learner log-probs before any update of this batch, per row (completion positions)."""
         out: dict[int, torch.Tensor] = {}
-        for plan in plan_micro_batches(
-            [len(r.ids) for r in rows], self.cfg.train.micro_batch_tokens
-        ):
-            mb = collate(rows, plan, pad_id=self.pad_id, device=self.device)
-            logp_BT, _ = self._forward_logp(self.model, mb)
+        for plan in self._plan(rows):
+            mb = self._collate(rows, plan)
+            logp_BT, _ = self._forward_logp(self.policy, mb)
             for b, i in enumerate(plan):
                 out[i] = logp_BT[b]
         return out

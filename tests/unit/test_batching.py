@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common import wire
-from consumer.batching import Row, collate, plan_micro_batches, rows_of
+from consumer.batching import Row, collate, loss_normalisers, plan_micro_batches, rows_of
 
 CPU = torch.device("cpu")
 PAD = 0
@@ -59,6 +59,45 @@ def test_micro_batches_partition_the_rows_within_the_token_budget(lengths, budge
         assert len(mb) * max(lengths[i] for i in mb) <= budget or len(mb) == 1
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(1, 300), max_size=40), budget=st.integers(1, 2000))
+def test_packed_micro_batches_hold_at_most_the_budget_in_real_tokens(lengths, budget):
+    plan = plan_micro_batches(lengths, budget, packed=True)
+    assert sorted(i for mb in plan for i in mb) == list(range(len(lengths)))
+    for mb in plan:
+        assert sum(lengths[i] for i in mb) <= budget or len(mb) == 1
+    # first fit: no row could have joined an earlier micro-batch
+    totals = [sum(lengths[i] for i in mb) for mb in plan]
+    for k, mb in enumerate(plan):
+        for i in mb:
+            assert all(totals[j] + lengths[i] > budget for j in range(k) if i not in plan[j])
+
+
+@pytest.mark.parametrize(
+    ("lengths", "budget", "expected"),
+    [
+        ([], 100, []),
+        ([10, 60, 30, 50], 100, [[1, 2, 0], [3]]),  # padded: 2 x 60 > 100
+        ([50, 10, 30, 10], 60, [[0, 1], [2, 3]]),
+        ([500, 5], 100, [[0], [1]]),  # a row longer than the budget gets its own micro-batch
+        ([7, 7, 7], 1, [[0], [1], [2]]),
+    ],
+)
+def test_packed_micro_batch_plans(lengths, budget, expected):
+    assert plan_micro_batches(lengths, budget, packed=True) == expected
+
+
+def test_packing_needs_fewer_micro_batches_than_padding_on_mixed_lengths():
+    lengths = [500] * 4 + [50] * 4
+    assert len(plan_micro_batches(lengths, 2200)) == 2  # padded: 4 x 50, then 4 x 500
+    assert len(plan_micro_batches(lengths, 2200, packed=True)) == 1
+
+
+def test_loss_normalisers_count_completion_tokens_and_rows():
+    rows = [make_row([1, 2], [3]), make_row([4], [5, 6, 7])]
+    assert loss_normalisers(rows) == (4, 2)
+
+
 @pytest.mark.parametrize(
     ("lengths", "budget", "expected"),
     [
@@ -83,7 +122,10 @@ def test_collate_lays_out_shifted_positions():
     rows = [make_row([10, 11, 12], [20, 21], advantage=0.5), make_row([13], [30, 31, 32, 33])]
     mb = collate(rows, [0, 1], pad_id=PAD, device=CPU)
     assert mb.input_ids_BL.tolist() == [[10, 11, 12, 20, 21], [13, 30, 31, 32, 33]]
-    assert mb.attention_mask_BL.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 1]]
+    assert mb.attention_mask_BL is None  # equal lengths: causal attention alone is exact
+    assert mb.position_ids_BL is None
+    assert mb.cu_seqlens is None
+    assert not mb.packed
     assert mb.tokens_BT.tolist() == [[11, 12, 20, 21], [30, 31, 32, 33]]
     # position j predicts token j + 1: the completion tokens of row 0 sit at j = 2, 3
     assert mb.mask_BT.tolist() == [[False, False, True, True], [True, True, True, True]]
@@ -92,6 +134,37 @@ def test_collate_lays_out_shifted_positions():
     assert mb.advantages_B.tolist() == [0.5, 0.0]
     assert mb.rows == (0, 1)
     assert mb.num_tokens == 6
+    # the outputs at flat positions b * 5 + j predict the completion tokens
+    assert mb.hidden_index_N.tolist() == [2, 3, 5, 6, 7, 8]
+    assert mb.tokens_N.tolist() == [20, 21, 30, 31, 32, 33]
+    assert mb.max_seqlen == 5
+    assert mb.num_positions == 10
+
+
+def test_packed_rows_are_one_sequence_with_positions_restarting_per_row():
+    rows = [make_row([10, 11, 12], [20, 21], advantage=0.5), make_row([13], [30, 31, 32])]
+    mb = collate(rows, [1, 0], pad_id=PAD, device=CPU, packed=True)
+    assert mb.packed
+    assert mb.attention_mask_BL is None
+    assert mb.input_ids_BL.tolist() == [[13, 30, 31, 32, 10, 11, 12, 20, 21]]
+    assert mb.position_ids_BL.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4]]
+    assert mb.cu_seqlens.tolist() == [0, 4, 9]
+    assert mb.cu_seqlens.dtype == torch.int32
+    assert mb.max_seqlen == 5
+    assert mb.num_positions == 9
+    # row 1 (first here) predicts from its positions 0..2, row 0 from its positions 2..3
+    assert mb.hidden_index_N.tolist() == [0, 1, 2, 6, 7]
+    assert mb.tokens_N.tolist() == [30, 31, 32, 20, 21]
+    assert mb.input_ids_BL[0, mb.hidden_index_N + 1].tolist() == mb.tokens_N.tolist()
+
+
+def test_the_loss_frame_is_the_same_packed_or_padded():
+    rows = [make_row([1, 2, 3], [4, 5], advantage=1.0), make_row([6], [7, 8, 9, 10])]
+    padded = collate(rows, [0, 1], pad_id=PAD, device=CPU)
+    packed = collate(rows, [0, 1], pad_id=PAD, device=CPU, packed=True)
+    for name in ("tokens_BT", "mask_BT", "behavior_logp_BT", "advantages_B", "tokens_N"):
+        assert torch.equal(getattr(padded, name), getattr(packed, name)), name
+    assert padded.num_tokens == packed.num_tokens == 6
 
 
 def test_collate_pads_short_rows_on_the_right_outside_the_mask():
@@ -100,16 +173,19 @@ def test_collate_pads_short_rows_on_the_right_outside_the_mask():
     assert mb.rows == (1, 0)
     assert mb.input_ids_BL.tolist() == [[4, 5, 6, 7, 8, 9], [1, 2, 3, 99, 99, 99]]
     assert mb.attention_mask_BL.tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0]]
+    assert mb.attention_mask_BL.dtype == torch.int64
     assert mb.mask_BT.tolist()[1] == [False, True, False, False, False]
     assert mb.behavior_logp_BT[1].tolist() == pytest.approx([0.0, -0.1, 0.0, 0.0, 0.0])
 
 
 def test_collate_puts_every_tensor_on_the_device_asked_for():
     meta = torch.device("meta")  # a device that holds no data: every tensor must be moved there
-    mb = collate([make_row([1], [2, 3]), make_row([4, 5], [6])], [0, 1], pad_id=PAD, device=meta)
-    tensors = [mb.input_ids_BL, mb.attention_mask_BL, mb.tokens_BT, mb.mask_BT,
-               mb.behavior_logp_BT, mb.advantages_B]  # fmt: skip
-    assert [t.device.type for t in tensors] == ["meta"] * len(tensors)
+    rows = [make_row([1], [2, 3]), make_row([4, 5], [6, 7])]
+    for packed in (False, True):
+        mb = collate(rows, [0, 1], pad_id=PAD, device=meta, packed=packed)
+        tensors = [getattr(mb, f) for f in mb.__slots__ if isinstance(getattr(mb, f), torch.Tensor)]
+        assert len(tensors) == (9 if packed else 8)
+        assert [t.device.type for t in tensors] == ["meta"] * len(tensors)
 
 
 def test_collate_ids_are_int64_whatever_type_the_pad_id_has():
@@ -119,10 +195,12 @@ def test_collate_ids_are_int64_whatever_type_the_pad_id_has():
     assert mb.input_ids_BL.tolist() == [[1, 2, 3], [1, 2, 7]]
 
 
-def test_collate_dtypes():
-    mb = collate([make_row([1], [2, 3])], [0], pad_id=PAD, device=CPU)
+@pytest.mark.parametrize("packed", [False, True])
+def test_collate_dtypes(packed):
+    mb = collate([make_row([1], [2, 3])], [0], pad_id=PAD, device=CPU, packed=packed)
     assert mb.input_ids_BL.dtype == torch.int64
-    assert mb.attention_mask_BL.dtype == torch.int64
+    assert mb.hidden_index_N.dtype == torch.int64
+    assert mb.tokens_N.dtype == torch.int64
     assert mb.tokens_BT.dtype == torch.int64
     assert mb.mask_BT.dtype == torch.bool
     assert mb.behavior_logp_BT.dtype == torch.float32
@@ -140,10 +218,10 @@ ROWS = st.lists(
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=ROWS)
-def test_the_mask_marks_exactly_the_completion_tokens(spec):
+@given(spec=ROWS, packed=st.booleans())
+def test_the_mask_marks_exactly_the_completion_tokens(spec, packed):
     rows = [make_row(p, c, advantage=float(i)) for i, (p, c) in enumerate(spec)]
-    mb = collate(rows, list(range(len(rows))), pad_id=PAD, device=CPU)
+    mb = collate(rows, list(range(len(rows))), pad_id=PAD, device=CPU, packed=packed)
     B, T = mb.tokens_BT.shape
     assert max(len(p) + len(c) for p, c in spec) - 1 == T
     for b, (prompt, completion) in enumerate(spec):
@@ -156,9 +234,16 @@ def test_the_mask_marks_exactly_the_completion_tokens(spec):
         assert mb.tokens_BT[b][mask].tolist() == completion
         assert mb.behavior_logp_BT[b][mask].tolist() == rows[b].behavior_logp.tolist()
         assert not mb.behavior_logp_BT[b][~mask].any()
-        assert mb.attention_mask_BL[b].sum() == len(ids)
+        if mb.attention_mask_BL is not None:
+            assert mb.attention_mask_BL[b].sum() == len(ids)
     assert mb.num_tokens == sum(len(c) for _, c in spec)
     assert mb.advantages_B.tolist() == [float(i) for i in range(B)]
+    # the position each completion token is predicted from holds the token before it
+    flat_ids = mb.input_ids_BL.flatten()
+    assert flat_ids[mb.hidden_index_N + 1].tolist() == mb.tokens_N.tolist()
+    assert mb.tokens_N.tolist() == mb.tokens_BT[mb.mask_BT].tolist()
+    equal = len({len(p) + len(c) for p, c in spec}) == 1
+    assert (mb.attention_mask_BL is None) == (packed or equal)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -230,6 +230,7 @@ PROBLEMS = [
     (["train.lr=0"], "lr must be > 0", "train.lr"),
     (["train.micro_batch_tokens=0"], "micro_batch_tokens must be", "train.micro_batch_tokens"),
     (["train.updates_per_batch=0"], "updates_per_batch must be", "train.updates_per_batch"),
+    (["train.logprob_chunk_mib=0"], "logprob_chunk_mib must be > 0", "train.logprob_chunk_mib"),
     (["train.betas=[0.9, 1.0]"], "betas must be two numbers", "train.betas"),
     (["run.steps=-1"], "steps must be >= 0", "run.steps"),
     (["loss.clip_low=1.0"], "clip_low must be in [0, 1)", "loss.clip_low"),

@@ -1,0 +1,183 @@
+"""Log-probs and entropy of the sampling distribution from hidden states, LM head chunk by chunk.
+
+Owns one computation: given the final hidden states of the positions that predict completion
+tokens (`hidden_NH`, N positions, H hidden), the LM head (`weight_VH`, optional `bias_V`), the
+sampled tokens and the sampling temperature T, return per position
+
+    logp_N    = log_softmax(z / T)[token]          z = hidden @ weight.T + bias  (the logits)
+    entropy_N = -Σ_v p_v log p_v,  p = softmax(z / T)   (nats; no gradient: a metric)
+
+exactly as `common.logprobs.sampled_logprobs` and `entropy_from_logits` define them on full
+logits (same operation order: the head's matmul in `compute_dtype`, then float32 at least, then
+/ T), but without ever holding the logits of more than `chunk_rows` positions: memory for this
+part is O(chunk_rows · V), not O(N · V). The gradient is exact, from a custom autograd function
+whose backward recomputes each chunk's logits (one matmul) and uses
+
+    ∂logp_n / ∂z_n = (onehot(token_n) - p_n) / T
+
+so with upstream gradient g: ∂/∂hidden = G @ weight, ∂/∂weight = Gᵀ @ hidden, ∂/∂bias = Σ_n G_n
+where G = g ⊙ (onehot - p) / T, chunk by chunk (∂/∂weight accumulated in float32 at least).
+
+Does not own: which positions are completions (consumer/batching.py), the decoder forward
+(consumer/completion_forward.py), or the loss (consumer/loss.py). Autocast is switched off inside;
+the caller states the matmul dtype (`compute_dtype`, e.g. bfloat16 where the decoder runs under
+bf16 autocast), which keeps forward and backward on the same numerics.
+
+Shapes: N positions, H hidden size, V vocabulary, C = chunk_rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from common.logprobs import check_temperature
+
+
+def chunk_rows_for(vocab_size: int, chunk_mib: float) -> int:
+    """Positions per chunk such that one chunk's float32 logits take at most `chunk_mib` MiB
+    (at least 1). The part's peak is a small multiple of that: the logits, their probabilities
+    and the matmul's output in `compute_dtype`."""
+    if not chunk_mib > 0:
+        raise ValueError(f"chunk size must be > 0 MiB, got {chunk_mib}")
+    return max(1, int(chunk_mib * 2**20) // (4 * max(vocab_size, 1)))
+
+
+def chunked_logprobs(
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    bias_V: torch.Tensor | None,
+    tokens_N: torch.Tensor,
+    *,
+    temperature: float,
+    chunk_rows: int,
+    compute_dtype: torch.dtype | None = None,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logp_N, entropy_N) of the sampling distribution; see the module docstring.
+
+    `compute_dtype` is the head matmul's dtype (default: the weight's). Results are float32, or
+    float64 when the matmul runs in float64. `logp_N` carries the gradient to `hidden_NH`,
+    `weight_VH` and `bias_V`; `entropy_N` (None unless `with_entropy`) carries none.
+    """
+    check_temperature(temperature)
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    if hidden_NH.dim() != 2 or tokens_N.shape != hidden_NH.shape[:1]:
+        raise ValueError(
+            f"expected hidden [N, H] and tokens [N], got {tuple(hidden_NH.shape)} and "
+            f"{tuple(tokens_N.shape)}"
+        )
+    cd = compute_dtype or weight_VH.dtype
+    logp, entropy = _ChunkedLogprobs.apply(  # type: ignore[no-untyped-call]
+        hidden_NH, weight_VH, bias_V, tokens_N.long(), temperature, chunk_rows, cd, with_entropy
+    )
+    return logp, (entropy if with_entropy else None)
+
+
+def _logits(
+    h_CH: torch.Tensor,
+    w_VH: torch.Tensor,
+    b_V: torch.Tensor | None,
+    acc: torch.dtype,
+    temperature: float,
+) -> torch.Tensor:
+    """z / T of one chunk, in `acc` (a fresh tensor the caller may overwrite)."""
+    z = h_CH @ w_VH.T
+    if b_V is not None:
+        z = z + b_V
+    z = z.to(acc) if z.dtype != acc else z
+    if temperature != 1.0:
+        z = z / temperature
+    return z  # always a fresh tensor (the matmul's output or a copy): callers write into it
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden_NH: torch.Tensor,
+        weight_VH: torch.Tensor,
+        bias_V: torch.Tensor | None,
+        tokens_N: torch.Tensor,
+        temperature: float,
+        chunk_rows: int,
+        cd: torch.dtype,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        acc = torch.promote_types(cd, torch.float32)
+        n = hidden_NH.shape[0]
+        logp_N = hidden_NH.new_empty(n, dtype=acc)
+        lse_N = hidden_NH.new_empty(n, dtype=acc)
+        entropy_N = hidden_NH.new_zeros(n if with_entropy else 0, dtype=acc)
+        with torch.autocast(hidden_NH.device.type, enabled=False):
+            w = weight_VH.to(cd)
+            b = None if bias_V is None else bias_V.to(cd)
+            for s in range(0, n, chunk_rows):
+                e = min(s + chunk_rows, n)
+                z = _logits(hidden_NH[s:e].to(cd), w, b, acc, temperature)
+                lse = torch.logsumexp(z, dim=-1)
+                logp_N[s:e] = z.gather(1, tokens_N[s:e, None]).squeeze(1) - lse
+                lse_N[s:e] = lse
+                if with_entropy:
+                    logp_CV = z.sub_(lse[:, None])  # in place: z is ours
+                    p_CV = logp_CV.exp()
+                    # -Σ p·log p as a batched dot product: no third [C, V] temporary
+                    entropy_N[s:e] = -(p_CV.unsqueeze(1) @ logp_CV.unsqueeze(2)).view(-1)
+                    del p_CV
+                del z
+        ctx.save_for_backward(hidden_NH, weight_VH, bias_V, tokens_N, lse_N)
+        ctx.temperature, ctx.chunk_rows, ctx.cd = temperature, chunk_rows, cd
+        ctx.mark_non_differentiable(entropy_N)
+        return logp_N, entropy_N
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_logp_N: torch.Tensor, _grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        hidden_NH, weight_VH, bias_V, tokens_N, lse_N = ctx.saved_tensors
+        temperature, chunk_rows, cd = ctx.temperature, ctx.chunk_rows, ctx.cd
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        acc = lse_N.dtype
+        n = hidden_NH.shape[0]
+        grad_h = torch.empty_like(hidden_NH) if need_h else None
+        grad_w = (
+            torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if need_w else None
+        )
+        grad_b = (
+            torch.zeros(bias_V.shape, dtype=acc, device=bias_V.device)
+            if need_b and bias_V is not None
+            else None
+        )
+        with torch.autocast(hidden_NH.device.type, enabled=False):
+            w = weight_VH.to(cd)
+            b = None if bias_V is None else bias_V.to(cd)
+            for s in range(0, n, chunk_rows):
+                e = min(s + chunk_rows, n)
+                h = hidden_NH[s:e].to(cd)
+                g = grad_logp_N[s:e].to(acc)
+                # G = g·(onehot - p) / T, built in place in the chunk's logits
+                dz = _logits(h, w, b, acc, temperature).sub_(lse_N[s:e, None]).exp_()
+                dz.mul_(-g[:, None]).scatter_add_(1, tokens_N[s:e, None], g[:, None])
+                if temperature != 1.0:
+                    dz.div_(temperature)
+                if grad_b is not None:
+                    grad_b += dz.sum(0)
+                dz_cd = dz.to(cd) if dz.dtype != cd else dz
+                del dz
+                if grad_h is not None:
+                    grad_h[s:e] = (dz_cd @ w).to(hidden_NH.dtype)
+                if grad_w is not None:
+                    grad_w += (dz_cd.T @ h).to(acc)
+                del dz_cd
+        return (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight_VH.dtype),
+            None if grad_b is None else grad_b.to(bias_V.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )

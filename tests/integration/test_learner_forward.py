@@ -1,0 +1,286 @@
+"""The learner's forward on a real tiny model: chunked head, padded and packed layouts, against the
+full-logits path it replaced (per-row unpadded forwards, `common.logprobs` on full logits).
+
+float64 where the path runs in float64 on a CPU (padded and dense-mask packed SDPA, with
+gradients); flex_attention runs forward only and in float32 on a CPU (no CPU backward, no
+float64 kernel); flash-attn varlen needs a GPU (tests/gpu/test_learner_gpu.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common import config as C
+from common import wire
+from common.logprobs import entropy_from_logits, sampled_logprobs
+from consumer import attention as A
+from consumer import loss as L
+from consumer.batching import Row, collate, rows_of
+from consumer.completion_forward import CompletionForward, check_plain_head, compile_layers
+from consumer.trainer import Trainer, loss_options
+
+CPU = torch.device("cpu")
+PADDED = A.choose_attention("padded", device_type="cpu", half_precision=False, flash_impl=None,
+                            flex_ok=True)  # fmt: skip
+PACKED = A.choose_attention("sdpa_packed", device_type="cpu", half_precision=False,
+                            flash_impl=None, flex_ok=True)  # fmt: skip
+FLEX = A.Attention("flex", A.FLEX_IMPL, True, "forward-only check on a CPU")
+
+
+def _model(model_dir: Path, dtype: torch.dtype, attention: A.Attention):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    A.use(model, attention)
+    return model.eval()
+
+
+def _rows(lengths: list[tuple[int, int]], seed: int = 0) -> list[Row]:
+    rng = np.random.default_rng(seed)
+    return [
+        Row(
+            ids=rng.integers(2, 40, p + c).astype(np.int32),
+            prompt_len=p,
+            behavior_logp=-rng.random(c).astype(np.float32),
+            advantage=float(rng.normal()),
+            group=0,
+        )
+        for p, c in lengths
+    ]
+
+
+def _reference(model, rows: list[Row], temperature: float):
+    """Per row, one unpadded full-logits forward: completion log-probs and entropies."""
+    logp, ent = [], []
+    for r in rows:
+        ids = torch.from_numpy(r.ids.astype(np.int64))[None]
+        logits = model(input_ids=ids, use_cache=False).logits[0, r.prompt_len - 1 : -1]
+        tokens = ids[0, r.prompt_len :]
+        logp.append(sampled_logprobs(logits, tokens, temperature=temperature))
+        ent.append(entropy_from_logits(logits.detach(), temperature=temperature))
+    return torch.cat(logp), torch.cat(ent)
+
+
+MIXED = [(3, 4), (5, 2), (2, 7), (4, 1)]
+EQUAL = [(3, 4), (5, 2), (2, 5), (6, 1)]  # every row 7 tokens
+
+
+@pytest.mark.parametrize(
+    ("attention", "lengths"),
+    [(PADDED, MIXED), (PADDED, EQUAL), (PACKED, MIXED), (PACKED, EQUAL)],
+    ids=["padded-mixed", "padded-equal", "packed-mixed", "packed-equal"],
+)
+def test_log_probs_entropy_and_gradients_equal_the_full_logits_path(
+    tiny_model_dir, attention, lengths
+):
+    model = _model(tiny_model_dir, torch.float64, attention)
+    rows = _rows(lengths)
+    mb = collate(rows, [2, 0, 3, 1], pad_id=0, device=CPU, packed=attention.packed)
+    vocab = model.config.vocab_size
+    forward = CompletionForward(model, attention, temperature=0.7, chunk_mib=3 * vocab * 4 / 2**20)
+    assert forward.chunk_rows == 3  # several chunks of the 14 completion positions
+    logp, ent = forward(mb)
+    ref_logp, ref_ent = _reference(model, [rows[i] for i in mb.rows], 0.7)
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-10, atol=1e-10)
+
+    upstream = torch.linspace(-1, 1, len(logp), dtype=torch.float64)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad((logp * upstream).sum(), params)
+    ref_logp, _ = _reference(model, [rows[i] for i in mb.rows], 0.7)
+    want = torch.autograd.grad((ref_logp * upstream).sum(), params)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10)
+
+
+def test_flex_attention_on_packed_rows_equals_the_padded_path(tiny_model_dir):
+    """Forward only, float32: what flex_attention can do on a CPU (compiled by transformers)."""
+    rows = _rows(MIXED, seed=1)
+    with torch.no_grad():
+        padded = CompletionForward(
+            _model(tiny_model_dir, torch.float32, PADDED), PADDED, temperature=1.0, chunk_mib=1
+        )(collate(rows, [0, 1, 2, 3], pad_id=0, device=CPU))
+        flex = CompletionForward(
+            _model(tiny_model_dir, torch.float32, FLEX), FLEX, temperature=1.0, chunk_mib=1
+        )(collate(rows, [0, 1, 2, 3], pad_id=0, device=CPU, packed=True))
+    torch.testing.assert_close(flex[0], padded[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(flex[1], padded[1], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer.step
+
+
+def _config(**model: object) -> C.Config:
+    cfg = C.Config()
+    return C.override(
+        cfg,
+        {
+            "model.device": "cpu",
+            "sampling.temperature": 0.8,
+            "train.micro_batch_tokens": 40,  # several micro-batches
+            "train.lr": 1e-3,
+            **{f"model.{k}": v for k, v in model.items()},
+        },
+    )
+
+
+def _groups(seed: int = 0, n: int = 3, G: int = 4) -> list[wire.Group]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        lens = rng.integers(1, 9, G).astype(np.int32)
+        out.append(
+            wire.Group(
+                lease_id=i, producer_id="p", prompt_index=i, behavior_version=0,
+                prompt_ids=rng.integers(2, 40, int(rng.integers(2, 6))).astype(np.int32),
+                completion_ids=rng.integers(2, 40, int(lens.sum())).astype(np.int32),
+                completion_lens=lens,
+                behavior_logp=-rng.random(int(lens.sum())).astype(np.float32) * 3,
+                token_versions=np.zeros(0, np.int32),
+                rewards=rng.random(G).astype(np.float32), finish_reasons=("stop",) * G,
+                temperature=0.8,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _gradients_at_step(trainer: Trainer, groups: list[wire.Group]) -> dict[str, torch.Tensor]:
+    """Trainer.step on the groups; the gradients the optimizer stepped with."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def grab(*_: object) -> None:
+        for name, p in trainer.model.named_parameters():
+            seen[name] = p.grad.clone()
+
+    handle = trainer.optimizer.register_step_pre_hook(grab)
+    try:
+        trainer.metrics = trainer.step(groups)
+    finally:
+        handle.remove()
+    return seen
+
+
+def _full_logits_gradients(model_dir: Path, cfg: C.Config, groups: list[wire.Group]):
+    """The step's gradient the way the learner computed it before chunking and packing: one padded
+    forward of all rows, full-vocabulary logits, the loss on them (clipping applied after)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    rewards = torch.from_numpy(np.stack([g.rewards for g in groups]).astype(np.float64))
+    adv = L.group_advantages(rewards, scale=cfg.loss.adv_scale, eps=cfg.loss.adv_eps)
+    rows = rows_of(groups, adv.numpy())
+    mb = collate(rows, list(range(len(rows))), pad_id=0, device=CPU)
+    lengths = torch.tensor([len(r.ids) for r in rows])
+    mask = (torch.arange(mb.input_ids_BL.shape[1])[None] < lengths[:, None]).long()
+    logits = model(input_ids=mb.input_ids_BL, attention_mask=mask, use_cache=False).logits
+    logp = sampled_logprobs(logits[:, :-1].float(), mb.tokens_BT, temperature=0.8)
+    loss, _ = L.policy_loss(
+        logp, logp.detach(), mb.behavior_logp_BT, mb.advantages_B, mb.mask_BT,
+        loss_options(cfg), ref_logp=None,
+        global_tokens=mb.num_tokens, global_seqs=len(rows),
+    )  # fmt: skip
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("attention", ["padded", "sdpa_packed"])
+def test_a_step_has_the_gradient_of_the_full_logits_path(tiny_model_dir, attention):
+    cfg = _config(attention=attention)
+    groups = _groups()
+    trainer = Trainer(cfg, tiny_model_dir)
+    got = _gradients_at_step(trainer, groups)
+    want = _full_logits_gradients(tiny_model_dir, cfg, groups)
+    assert got.keys() == want.keys()
+    for name in got:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=name)
+    m = trainer.metrics
+    assert m["attention"] == attention
+    assert m["micro_batches"] > 1
+    assert (m["padding_frac"] == 0.0) == (attention == "sdpa_packed")
+
+
+def test_packed_and_padded_steps_agree_and_packing_needs_fewer_passes(tiny_model_dir):
+    groups = _groups(seed=2)
+    out = {}
+    for attention in ("padded", "sdpa_packed"):
+        trainer = Trainer(_config(attention=attention), tiny_model_dir)
+        metrics = [trainer.step(groups) for _ in range(2)]  # the second after an update
+        out[attention] = (metrics, dict(trainer.model.named_parameters()))
+    (padded, w_padded), (packed, w_packed) = out["padded"], out["sdpa_packed"]
+    for a, b in zip(padded, packed, strict=True):
+        for key in ("entropy", "ratio_max", "behavior_gap_abs_mean", "num_tokens", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4), key
+        assert b["micro_batches"] <= a["micro_batches"]
+        assert b["padding_frac"] == 0.0 < a["padding_frac"]
+    for name, p in w_padded.items():
+        torch.testing.assert_close(p, w_packed[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_several_updates_per_batch_use_the_packed_old_log_probs(tiny_model_dir):
+    cfg = C.override(_config(attention="sdpa_packed"), {"train.updates_per_batch": 2})
+    trainer = Trainer(cfg, tiny_model_dir)
+    m = trainer.step(_groups(seed=3))
+    assert np.isfinite(m["grad_norm"])
+    assert m["ratio_min"] <= 1.0 + 1e-6 <= m["ratio_max"] + 2e-6
+    # the old log-probs are the model's before the update, so the first mini-batch's ratio is 1
+    assert m["behavior_gap_abs_mean"] > 0
+
+
+def test_equal_length_rows_reach_the_decoder_without_a_mask(tiny_model_dir):
+    trainer = Trainer(_config(attention="padded"), tiny_model_dir)
+    masks: list[object] = []
+    trainer.model.get_decoder().register_forward_pre_hook(
+        lambda _m, _a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True
+    )
+    equal = [g for g in _groups(seed=4, n=1, G=4)]
+    g = equal[0]
+    same = wire.Group(**{**{f: getattr(g, f) for f in g.__slots__},
+                         "completion_lens": np.full(4, 3, np.int32),
+                         "completion_ids": g.completion_ids[:12],
+                         "behavior_logp": g.behavior_logp[:12]})  # fmt: skip
+    trainer.step([same])
+    assert masks == [None]
+    trainer.step(_groups(seed=5, n=1))
+    assert masks[-1] is not None  # mixed lengths do need one
+
+
+def test_the_learner_log_probs_are_the_same_in_every_layout(tiny_model_dir):
+    groups = _groups(seed=6)
+    got = [Trainer(_config(attention=a), tiny_model_dir).logprobs(groups) for a in
+           ("padded", "sdpa_packed")]  # fmt: skip
+    for a, b in zip(*got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_that_post_processes_its_logits_is_refused(tiny_model_dir):
+    model = _model(tiny_model_dir, torch.float32, PADDED)
+    check_plain_head(model)
+
+    def soft_cap(_module, _inputs, output):
+        output.logits = 30 * torch.tanh(output.logits / 30)
+        return output
+
+    model.register_forward_hook(soft_cap)
+    with pytest.raises(ValueError, match="post-processes its logits"):
+        check_plain_head(model)
+
+
+def test_compiled_layers_give_the_same_log_probs_and_keep_their_names(tiny_model_dir):
+    """`model.compile` wiring, with dynamo's eager backend (the inductor build is a GPU-run
+    measurement, not a CPU unit test)."""
+    model = _model(tiny_model_dir, torch.float32, PADDED)
+    names = [n for n, _ in model.named_parameters()]
+    rows = _rows(MIXED, seed=7)
+    mb = collate(rows, [0, 1, 2, 3], pad_id=0, device=CPU)
+    forward = CompletionForward(model, PADDED, temperature=1.0, chunk_mib=1)
+    with torch.no_grad():
+        before = forward(mb)[0]
+        compile_layers(model, backend="eager")
+        after = forward(mb)[0]
+    torch.testing.assert_close(after, before)
+    assert [n for n, _ in model.named_parameters()] == names
