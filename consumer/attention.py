@@ -129,22 +129,25 @@ def forward_kwargs(
 
 def _register_flex() -> None:
     from transformers import AttentionInterface
-    from transformers.integrations.flex_attention import flex_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, flex_attention_mask
 
-    def flex_autocast(
-        module: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: Any,
-        **kwargs: Any,
-    ) -> Any:
-        kind = query.device.type
-        if torch.is_autocast_enabled(kind):
-            dtype = torch.get_autocast_dtype(kind)
-            query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-        return flex_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-    AttentionInterface.register(FLEX_IMPL, flex_autocast)
+    AttentionInterface.register(FLEX_IMPL, _flex_autocast)
     AttentionMaskInterface.register(FLEX_IMPL, flex_attention_mask)
+
+
+def _flex_autocast(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    **kwargs: Any,
+) -> Any:
+    """transformers' flex attention with query, key and value in the autocast dtype."""
+    from transformers.integrations import flex_attention as hf_flex
+
+    kind = query.device.type
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    return hf_flex.flex_attention_forward(module, query, key, value, attention_mask, **kwargs)
