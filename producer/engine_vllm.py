@@ -256,6 +256,22 @@ def client_token_counter(llm: Any) -> Callable[[str], int] | None:
 
 
 # ------------------------------------------------------------------------------ the engine
+def close_client_context(llm: Any) -> None:
+    """Terminate the ZeroMQ context of vLLM's engine-core client after `shutdown()`.
+
+    vLLM's client (`llm.engine_core.resources.ctx`, 0.11 to 0.24) closes its sockets on shutdown
+    but leaves the context to the garbage collector, whose `zmq.Context.__del__` then warns
+    (ResourceWarning "unclosed context"): an error in a test session that treats warnings as
+    errors, at whatever point the collector runs. A client without that attribute is left as is.
+    """
+    import zmq
+
+    resources = getattr(getattr(llm, "engine_core", None), "resources", None)
+    ctx = getattr(resources, "ctx", None)
+    if isinstance(ctx, zmq.Context) and not ctx.closed:
+        ctx.destroy(linger=0)
+
+
 def start_async_llm(model_dir: Path, vcfg: VllmConfig, *, seed: int) -> Any:
     """Start vLLM's AsyncLLM on `model_dir` (forks the engine process unless CUDA is up here)."""
     import_vllm()
@@ -447,8 +463,9 @@ class VLLMEngine:
         self._version = version
 
     async def close(self) -> None:
-        """Shut the engine (and its process) down. Idempotent."""
+        """Shut the engine (and its process) down, its client's ZeroMQ context too. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._llm.shutdown()
+        close_client_context(self._llm)
