@@ -22,13 +22,16 @@ CUDA is initialised in that process; results in $OUT/<phase>.json, logs in $OUT/
      weights, `common.logprobs.sampled_logprobs` at the sampling temperature, before and after an
      idle reload to B, at each temperature; and three in-flight reloads during which tokens
      sampled before the switch are compared with the old weights, after it with the new ones
-     (by the per-token versions the engine recorded).
+     (by the per-token versions the engine recorded). The `bf16 floor` row compares the float32
+     and bf16 learners with each other on the same sampled tokens: what bf16 weights alone
+     change in this model's log-probs, the floor under any vLLM (bf16) vs learner gap.
   b) tokens/s through `VLLMEngine.generate` (many concurrent groups, streamed deltas) vs the
      same AsyncLLM driven directly with FINAL_ONLY outputs, same settings and prompts.
   c) publish + reload: `consumer.publisher.Publisher` on the learner's CUDA weights (the
      training thread's submit, the copy into pinned memory, the writer), then `load_weights`
      with requests in flight.
-- `demo`: a) on the embedded demo model (launch/demo_model.py).
+- `demo`: a) on the embedded demo model (launch/demo_model.py), built (with its perturbed copy)
+  in a child process (`demo_build`), so that this one starts vLLM before anything touches CUDA.
 - `pipeline`: one GPU, two processes: the consumer (learner) and a vLLM producer through the CLI
   (bench/gpu_pipeline.py), on the demo model and on the 0.5B shape; idle fraction, tokens/s and
   step-to-reload latency.
@@ -54,6 +57,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 for _k, _v in {
     "VLLM_USE_FLASHINFER_SAMPLER": "0",  # no flashinfer in the device bundle
     "PYTORCH_NVML_BASED_CUDA_CHECK": "1",  # is_available() must not initialise CUDA before fork
@@ -63,19 +67,8 @@ for _k, _v in {
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ.setdefault(_k, _v)
+from shapes import QWEN05_SHAPE  # noqa: E402
 
-QWEN05_SHAPE = {
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "max_position_embeddings": 32768,
-    "rope_theta": 1_000_000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-}
 EMB_SCALE = 5.0  # embedding std 0.1: logits std ~3, next-token entropy well below log(vocab)
 NOISE_REL = 0.3  # snapshot B = A + noise of this size relative to each tensor's std
 TEMPERATURES = (1.0, 0.7)
@@ -205,6 +198,17 @@ def compare(groups: list, learner: Learner, temperature: float) -> dict[str, flo
     for prompt, comps in groups:
         for lp, c in zip(learner.logprobs(prompt, comps, temperature), comps, strict=True):
             d.append(lp - c.logprobs.astype(np.float64))
+    return delta_stats(np.concatenate(d))
+
+
+def compare_learners(groups: list, a: Learner, b: Learner, temperature: float) -> dict:
+    """delta_stats of a - b (two learners' log-probs) on the same sampled tokens."""
+    import numpy as np
+
+    d = []
+    for prompt, comps in groups:
+        lp_a, lp_b = a.logprobs(prompt, comps, temperature), b.logprobs(prompt, comps, temperature)
+        d.extend(x - y for x, y in zip(lp_a, lp_b, strict=True))
     return delta_stats(np.concatenate(d))
 
 
@@ -340,6 +344,9 @@ async def agreement(
         res[f"{weights}_T{temp}"] = {
             "fp32": compare(groups, learners[(weights, "float32")], temp),
             "bf16": compare(groups, learners[(weights, "bfloat16")], temp),
+            "bf16_floor": compare_learners(
+                groups, learners[(weights, "float32")], learners[(weights, "bfloat16")], temp
+            ),
             f"fp32_{other}": compare(groups, learners[(other, "float32")], temp),
         }
         log(f"{weights} T={temp}: {res[f'{weights}_T{temp}']['fp32']}")
@@ -472,12 +479,11 @@ async def throughput(engine: Any, *, vocab: int, reps: int = 2) -> dict[str, Any
 
 
 # ------------------------------------------------------------------------------ demo
-def phase_demo(work: Path) -> dict[str, Any]:
-    try:
-        from launch.demo_model import ensure_demo_model
-    except ImportError as exc:
-        return {"skipped": f"launch/demo_model.py not importable: {exc}"}
+def phase_demo_build(work: Path) -> dict[str, Any]:
+    """The demo model (work/demo_a) and a perturbed copy (work/demo_b), on the CPU."""
     from transformers import AutoModelForCausalLM
+
+    from launch.demo_model import ensure_demo_model
 
     t0 = time.perf_counter()
     a_dir = ensure_demo_model(work / "demo_a")
@@ -488,7 +494,19 @@ def phase_demo(work: Path) -> dict[str, Any]:
     for f in a_dir.iterdir():  # tokenizer files
         if f.is_file() and not (b_dir / f.name).exists():
             shutil.copy(f, b_dir / f.name)
-    res = {"build_s": time.perf_counter() - t0}
+    return {"build_s": time.perf_counter() - t0}
+
+
+def phase_demo(work: Path) -> dict[str, Any]:
+    """Like `qwen05`: the models come from another process, so vLLM forks its engine from this
+    one before CUDA is initialised here (building them here did initialise it)."""
+    a_dir, b_dir = work / "demo_a", work / "demo_b"
+    res: dict[str, Any] = {}
+    if not (b_dir / "config.json").exists():
+        cmd = [sys.executable, str(Path(__file__).resolve()), "demo_build", "--work", str(work)]
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            return {"error": "demo_build failed (see this phase's log)"}
+        res.update(json.loads((work / "demo_build.json").read_text()))
     return asyncio.run(_demo(a_dir, b_dir, res))
 
 
@@ -558,6 +576,7 @@ def phase_pipeline(work: Path) -> dict[str, Any]:
 PHASES = {
     "build": phase_build,
     "qwen05": phase_qwen05,
+    "demo_build": phase_demo_build,
     "demo": phase_demo,
     "pipeline": phase_pipeline,
 }
@@ -600,6 +619,7 @@ def table(summary: dict[str, dict]) -> list[tuple[str, str]]:
                 r = res.get(f"{w}_T{temp}", {})
                 rows.append((f"{name} {w} T={temp} fp32", fmt(r.get("fp32"))))
                 rows.append((f"{name} {w} T={temp} bf16", fmt(r.get("bf16"))))
+                rows.append(("  bf16 floor (fp32-bf16)", fmt(r.get("bf16_floor"))))
                 other = "B" if w == "A" else "A"
                 rows.append((f"  (vs {other}: check)", fmt(r.get(f"fp32_{other}"))))
         if "reload_idle_B" in res:
@@ -660,7 +680,7 @@ def main() -> int:
     ap.add_argument("--phases", default="build,qwen05,demo,pipeline", help="for 'all'")
     ap.add_argument("--work", default="/tmp/bench_vllm")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/bench_vllm/out"))
-    ap.add_argument("--timeout", default="build=120,qwen05=300,demo=120,pipeline=540")
+    ap.add_argument("--timeout", default="build=120,qwen05=300,demo=240,pipeline=540")
     a = ap.parse_args()
     work, out = Path(a.work), Path(a.out)
     work.mkdir(parents=True, exist_ok=True)
