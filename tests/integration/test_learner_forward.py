@@ -189,10 +189,14 @@ def _full_logits_gradients(model_dir: Path, cfg: C.Config, groups: list[wire.Gro
 
 
 @pytest.mark.parametrize("attention", ["padded", "sdpa_packed"])
-def test_a_step_has_the_gradient_of_the_full_logits_path(tiny_model_dir, attention):
+def test_a_step_has_the_gradient_of_the_full_logits_path(tiny_model_dir, attention, caplog):
     cfg = _config(attention=attention)
     groups = _groups()
-    trainer = Trainer(cfg, tiny_model_dir)
+    with caplog.at_level("INFO", logger="asyncgrpo.consumer"):
+        trainer = Trainer(cfg, tiny_model_dir)
+    said = [r.getMessage() for r in caplog.records if "learner attention" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].startswith(f"learner attention: {attention} (")
     got = _gradients_at_step(trainer, groups)
     want = _full_logits_gradients(tiny_model_dir, cfg, groups)
     assert got.keys() == want.keys()
