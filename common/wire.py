@@ -448,9 +448,11 @@ def check_group(g: Group, limits: Limits) -> None:
     if not 0 < len(g.prompt_ids) <= limits.max_prompt_tokens:
         raise WireError("bad_length", f"prompt has {len(g.prompt_ids)} tokens")
     vocab = limits.vocab_size  # None: any non-negative int32 (the largest one included)
-    for ids in (g.prompt_ids, g.completion_ids):
-        if len(ids) and (int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab)):
-            raise WireError("token_out_of_range", f"token id outside [0, {vocab})")
+    for ids in (g.prompt_ids, g.completion_ids):  # neither is empty (checked above)
+        if int(ids.min()) < 0:
+            raise WireError("token_out_of_range", f"negative token id {int(ids.min())}")
+        if vocab is not None and int(ids.max()) >= vocab:
+            raise WireError("token_out_of_range", f"token id {int(ids.max())} >= vocab {vocab}")
     logp = g.behavior_logp
     if not np.isfinite(logp).all() or (logp > 0).any():
         raise WireError("bad_logprob", "behaviour log-probs must be finite and <= 0")

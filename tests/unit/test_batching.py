@@ -195,6 +195,17 @@ def test_collate_ids_are_int64_whatever_type_the_pad_id_has():
     assert mb.input_ids_BL.tolist() == [[1, 2, 3], [1, 2, 7]]
 
 
+def test_collate_dtypes_do_not_follow_torchs_default_dtype():
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        mb = collate([make_row([1], [2, 3], advantage=0.5)], [0], pad_id=PAD, device=CPU)
+    finally:
+        torch.set_default_dtype(default)
+    assert mb.advantages_B.dtype == torch.float32
+    assert mb.behavior_logp_BT.dtype == torch.float32
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_collate_dtypes(packed):
     mb = collate([make_row([1], [2, 3])], [0], pad_id=PAD, device=CPU, packed=packed)

@@ -288,6 +288,15 @@ def test_expire_ends_only_overdue_or_orphaned_leases_not_yet_delivered():
     assert set(book.open) == {fresh[0].lease_id, delivered_old[0].lease_id}
 
 
+def test_a_lease_exactly_as_old_as_the_timeout_is_not_yet_expired():
+    book = make_book()
+    (rec,) = grant(book, 1, now=10.0)
+    assert book.expire(now=40.0, lease_timeout_s=30.0, gone=set()) == []
+    assert [r.lease_id for r in book.expire(now=40.5, lease_timeout_s=30.0, gone=set())] == [
+        rec.lease_id
+    ]
+
+
 def test_reconcile_expires_only_that_producers_undelivered_leases_it_no_longer_holds():
     book = make_book(max_staleness=3)
     lost, held, received = grant(book, 3, producer="a")

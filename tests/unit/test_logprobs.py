@@ -14,7 +14,7 @@ import torch
 from common.logprobs import entropy_from_logits, sampled_logprobs
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3, 2.0])
 def test_sampled_logprobs_are_log_softmax_of_tempered_logits(temperature):
     rng = np.random.default_rng(10)
     logits = torch.from_numpy(rng.normal(0, 3, (2, 3, 11))).requires_grad_(True)
@@ -75,3 +75,12 @@ def test_entropy_of_the_sampling_distribution():
     p = torch.softmax(logits[0, 3] / 0.5, -1)
     expected = [math.log(5.0), math.log(2.0), 0.0, -(p * p.log()).sum().item()]
     assert ent[0].tolist() == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_entropy_is_computed_in_float32_at_least(dtype):
+    logits = torch.tensor([[[0.0, 1.0, 2.0, 3.0]]])
+    got = entropy_from_logits(logits.to(dtype), temperature=0.7)
+    assert got.dtype == torch.float32
+    exact = entropy_from_logits(logits.to(dtype).double(), temperature=0.7)
+    assert got.item() == pytest.approx(exact.item(), rel=1e-6)  # no half-precision rounding

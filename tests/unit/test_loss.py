@@ -301,6 +301,11 @@ def test_importance_weights_are_detached():
     assert not w.requires_grad
 
 
+def test_cap_min_may_equal_cap_or_zero():
+    assert L.TISConfig(cap=2.0, cap_min=2.0).cap_min == 2.0  # keeps only rho == cap (mask)
+    assert L.TISConfig(cap=2.0, cap_min=0.0).cap_min == 0.0
+
+
 @pytest.mark.parametrize("kwargs", [{"cap": 0.0}, {"cap": 2.0, "cap_min": 3.0}, {"cap_min": -0.1}])
 def test_bad_tis_caps_are_refused(kwargs):
     with pytest.raises(ValueError, match="cap"):

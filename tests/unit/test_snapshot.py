@@ -219,6 +219,8 @@ def test_list_versions_sees_only_complete_snapshots(tmp_path):
     (root / "notes").mkdir()
     (root / "v000013").write_text("a file, not a snapshot")
     (root / "vlatest").mkdir()
+    (root / "vx00014").mkdir()  # a name that is not v + digits, even with a manifest
+    (root / "vx00014" / snap.MANIFEST_FILE).write_text("{}")
     assert snap.list_versions(root) == [2, 7, 10]
 
 

@@ -174,3 +174,103 @@ def test_an_incoming_chunk_outside_the_file_is_refused(tmp_path, offset, size):
             incoming.add(offset, b"x" * size)
     finally:
         incoming.close()
+
+
+def test_write_file_fsyncs_by_default(tmp_path, monkeypatch):
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    snap.write_file(tmp_path / "w", memoryview(DATA))
+    assert len(synced) == 1
+
+
+def test_the_hash_runs_on_its_own_thread_while_the_writer_syncs(tmp_path, monkeypatch):
+    import threading
+
+    real_hash, threads = snap.hash_bytes, []
+
+    def recording_hash(data: bytes | memoryview) -> str:
+        threads.append(threading.current_thread().name)
+        return real_hash(data)
+
+    monkeypatch.setattr(snap, "hash_bytes", recording_hash)
+    assert snap.write_file(tmp_path / "w", memoryview(DATA)) == real_hash(DATA)
+    assert len(threads) == 1
+    assert threads[0].startswith("blake3")  # a named thread, not the caller's
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_snapshot_files_are_rw_r_r_whoever_writes_them(tmp_path):
+    snap.write_file(tmp_path / "w", memoryview(DATA))
+    incoming = snap.IncomingFile(
+        tmp_path / "f", expected_hash=snap.hash_bytes(DATA), expected_bytes=len(DATA)
+    )
+    incoming.add(0, DATA)
+    incoming.finish()
+    assert [(tmp_path / n).stat().st_mode & 0o777 for n in ("w", "f")] == [0o644, 0o644]
+
+
+def test_a_chunk_that_does_not_fit_says_where_it_is_and_what_fits(tmp_path):
+    incoming = snap.IncomingFile(tmp_path / "w", expected_hash="00", expected_bytes=100)
+    try:
+        incoming.add(0, b"x" * 10)
+        with pytest.raises(SnapshotError) as info:
+            incoming.add(95, b"x" * 10)
+        assert (
+            str(info.value) == "chunk [95, 105) does not fit a snapshot of 100 bytes (10 received)"
+        )
+    finally:
+        incoming.close()
+
+
+def test_a_refused_incoming_file_says_both_sizes_and_hashes(tmp_path):
+    digest = snap.hash_bytes(DATA)
+    incoming = snap.IncomingFile(tmp_path / "w", expected_hash=digest, expected_bytes=len(DATA))
+    incoming.add(0, DATA[:1000])
+    got = snap.hash_bytes(DATA[:1000])
+    with pytest.raises(SnapshotError) as info:
+        incoming.finish()
+    assert str(info.value) == (
+        f"received snapshot: 1000 bytes, hash {got[:12]}… != announced {len(DATA)} bytes, "
+        f"{digest[:12]}…"
+    )
+
+
+def test_a_refused_incoming_file_that_someone_removed_is_still_refused_cleanly(tmp_path):
+    incoming = snap.IncomingFile(tmp_path / "w", expected_hash="00", expected_bytes=len(DATA))
+    incoming.add(0, DATA[:10])
+    (tmp_path / "w").unlink()  # an operator's cleanup, a full restart of the producer's cache
+    with pytest.raises(SnapshotError, match="received snapshot"):
+        incoming.finish()
+
+
+def test_closing_an_incoming_file_twice_closes_only_its_own_descriptor(tmp_path):
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    incoming = snap.IncomingFile(tmp_path / "w", expected_hash="00", expected_bytes=1)
+    assert open_fds() == before + 1
+    incoming.close()
+    incoming.close()  # a finish after an error, a cleanup path: never another file's descriptor
+    assert open_fds() == before
+    with pytest.raises(SnapshotError):
+        incoming.finish()
+    assert open_fds() == before
+
+
+@pytest.mark.parametrize("content", ["", "\n"])
+def test_without_a_boot_id_this_host_has_no_id_and_no_hash_is_trusted(
+    tmp_path, monkeypatch, content
+):
+    boot = tmp_path / "boot_id"
+    boot.write_text(content)
+    monkeypatch.setattr(snap, "_BOOT_ID", boot)
+    assert snap.host_id() == ""
+    assert not snap.written_here(snap.Manifest(1, 1, "ab", 2, "bfloat16", 0.0, ""))

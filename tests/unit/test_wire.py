@@ -418,15 +418,99 @@ REJECTIONS = [
 ]  # fmt: skip
 
 
+# What each refusal tells the sender (and the log), besides its reason. not_msgpack names the
+# unpacker's exception, which depends on the msgpack release: only its presence is checked.
+DETAILS = {
+    "too_large-over_the_limit": "305 bytes > 64",
+    "not_a_map-list": "list",
+    "not_a_map-int": "int",
+    "not_a_map-str": "str",
+    "schema_version-two": "got 2, this build speaks 1",
+    "schema_version-missing": "got None, this build speaks 1",
+    "schema_version-bool": "got True, this build speaks 1",
+    "schema_version-float": "got 1.0, this build speaks 1",
+    "schema_version-str": "got '1', this build speaks 1",
+    "unknown_kind-name": "",
+    "unknown_kind-missing": "",
+    "unknown_kind-bytes": "",
+    "unknown_kind-list": "",
+    "unknown_kind-map": "",
+    "unknown_field-top": "Register: ['extra']",
+    "unknown_field-nested": "Welcome.status.snapshot: ['x']",
+    "unknown_field-group": "Group: ['logits']",
+    "missing_field-top": "Register.producer_id",
+    "missing_field-nested": "Welcome.spec.vocab_size",
+    "missing_field-group_array": "Group.rewards",
+    "bad_type-bool_for_int": "Register.req: expected int",
+    "bad_type-float_for_int": "Register.pid: expected int",
+    "bad_type-str_for_int": "ChunkRequest.offset: expected int",
+    "bad_type-bool_in_list": "Goodbye.held_leases[]: expected int",
+    "bad_type-int_for_list": "Goodbye.held_leases is not a list",
+    "bad_type-str_for_bytes": "Chunk.data: expected bytes",
+    "bad_type-list_for_bytes": "Group.completion_ids: expected raw bytes",
+    "bad_type-bool_for_group_int": "Group.lease_id: expected int",
+    "bad_type-str_for_float": "Group.temperature: expected float",
+    "bad_type-nested_wrong": "Welcome.status.snapshot.version: expected int",
+    "bad_type-nested_not_a_map": "StatusReply.status is not a map",
+    "bad_type-list_item_not_a_map": "LeaseGrant.leases[] is not a map",
+    "bad_type-counter_is_str": "Heartbeat.counters is not a map of str to numbers",
+    "bad_type-counter_bool": "Heartbeat.counters is not a map of str to numbers",
+    "bad_type-counter_bytes_key": "Heartbeat.counters is not a map of str to numbers",
+    "bad_array-ids_not_whole_int32": "Group.completion_ids: 7 bytes is not a multiple of int32",
+    "bad_array-rewards_not_whole_f32": "Group.rewards: 6 bytes is not a multiple of float32",
+    "group_size-three_for_two": "3 completions, the run samples G=2",
+    "length_mismatch-lens_sum_vs_ids": "sum(completion_lens) != len(ids) or len(logprobs)",
+    "length_mismatch-logprobs_vs_ids": "sum(completion_lens) != len(ids) or len(logprobs)",
+    "length_mismatch-token_versions": "token_versions must be empty or one per token",
+    "length_mismatch-rewards_vs_g": "completion_lens, rewards and finish_reasons differ",
+    "length_mismatch-finish_reasons": "completion_lens, rewards and finish_reasons differ",
+    "length_mismatch-no_completions": "completion_lens, rewards and finish_reasons differ",
+    "bad_length-empty_completion": "a completion is empty or longer than max_new_tokens",
+    "bad_length-negative_length": "a completion is empty or longer than max_new_tokens",
+    "bad_length-completion_too_long": "a completion is empty or longer than max_new_tokens",
+    "bad_length-empty_prompt": "prompt has 0 tokens",
+    "bad_length-prompt_too_long": "prompt has 9 tokens",
+    "token_out_of_range-negative": "negative token id -1",
+    "token_out_of_range-equal_to_vocab": "token id 16 >= vocab 16",
+    "token_out_of_range-prompt": "token id 99 >= vocab 16",
+    "token_out_of_range-negative_no_vocab": "negative token id -5",
+    "bad_logprob-nan": "behaviour log-probs must be finite and <= 0",
+    "bad_logprob-plus_inf": "behaviour log-probs must be finite and <= 0",
+    "bad_logprob-minus_inf": "behaviour log-probs must be finite and <= 0",
+    "bad_logprob-positive": "behaviour log-probs must be finite and <= 0",
+    "bad_reward-nan": "rewards must be finite",
+    "bad_reward-inf": "rewards must be finite",
+    "bad_value-finish_reason": "finish_reasons must be in ('stop', 'length', 'abort')",
+    "bad_value-behavior_version_not_min": "behavior_version must equal min(token_versions)",
+    "bad_value-behavior_version_below_min": "behavior_version must equal min(token_versions)",
+    "bad_value-negative_version": "negative version, lease id or counter",
+    "bad_value-negative_lease_id": "negative version, lease id or counter",
+    "bad_value-negative_counter": "negative version, lease id or counter",
+    "bad_value-zero_temperature": "temperature must be finite and > 0",
+    "bad_value-nan_temperature": "temperature must be finite and > 0",
+    "sampling_mismatch-temperature": "temperature 1.0 != 0.75",
+}
+
+
 @pytest.mark.parametrize(
     ("reason", "data", "limits"),
     [pytest.param(r, data, limits, id=f"{r}-{name}") for r, name, data, limits in REJECTIONS],
 )
-def test_bad_message_is_rejected_with_its_reason(reason, data, limits):
+def test_bad_message_is_rejected_with_its_reason(reason, data, limits, request):
     with pytest.raises(WireError) as info:
         wire.decode(data, limits)
     assert info.value.reason == reason
-    assert str(info.value).startswith(reason)
+    case = request.node.callspec.id
+    if reason == "not_msgpack":
+        assert info.value.detail
+    else:
+        assert info.value.detail == DETAILS[case]
+    assert str(info.value) == (f"{reason}: {info.value.detail}" if info.value.detail else reason)
+
+
+def test_every_rejection_case_has_its_detail_written_down():
+    cases = {f"{r}-{name}" for r, name, *_ in REJECTIONS if r != "not_msgpack"}
+    assert cases == set(DETAILS)
 
 
 def test_every_reason_that_decode_can_raise_has_a_rejection_case():
