@@ -274,3 +274,18 @@ def test_without_a_boot_id_this_host_has_no_id_and_no_hash_is_trusted(
     monkeypatch.setattr(snap, "_BOOT_ID", boot)
     assert snap.host_id() == ""
     assert not snap.written_here(snap.Manifest(1, 1, "ab", 2, "bfloat16", 0.0, ""))
+
+
+def test_an_incoming_file_opened_as_descriptor_zero_is_closed_too(tmp_path):
+    """A process started with stdin closed gets descriptor 0 for the first file it opens."""
+    saved = os.dup(0)
+    os.close(0)
+    try:
+        incoming = snap.IncomingFile(tmp_path / "w", expected_hash="00", expected_bytes=1)
+        assert os.readlink("/proc/self/fd/0") == str(tmp_path / "w")
+        incoming.close()
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            os.fstat(0)  # closed
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
