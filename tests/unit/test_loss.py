@@ -680,6 +680,64 @@ def test_bad_policy_options_are_refused(kwargs, match):
         run_loss(make_batch(0), **kwargs)
 
 
+@pytest.mark.parametrize("name", ["logp", "old", "behavior", "mask", "ref"])
+def test_every_per_token_input_must_have_the_batch_shape(name):
+    batch = {**make_batch(0), "ref": make_batch(0)["old"]}
+    batch[name] = batch[name][:, :-1]
+    with pytest.raises(ValueError) as info:  # noqa: PT011 (the whole message is checked)
+        run_loss(batch, ref_logp=batch.pop("ref"))
+    shapes = [(5, 7)] * 5
+    shapes[["logp", "old", "behavior", "mask", "ref"].index(name)] = (5, 6)
+    assert str(info.value) == (
+        "logp, old_logp, behavior_logp, mask (and ref_logp) must share one [B, T] shape; "
+        f"got {shapes}"
+    )
+
+
+def test_advantages_of_the_wrong_length_are_refused_with_both_shapes():
+    batch = make_batch(0)
+    with pytest.raises(ValueError) as info:  # noqa: PT011 (the whole message is checked)
+        run_loss({**batch, "adv": batch["adv"][:-1]})
+    assert str(info.value) == "advantages must be one value per row, [B] = (5,); got (4,)"
+
+
+def test_beta_without_a_reference_is_refused_with_the_reason():
+    with pytest.raises(ValueError) as info:  # noqa: PT011 (the whole message is checked)
+        run_loss(make_batch(0), beta=0.1)
+    assert str(info.value) == "beta > 0 needs ref_logp"
+
+
+@pytest.mark.parametrize("adv", [1.0, -1.0])
+def test_the_policy_ratio_is_clamped_to_exp_20_before_it_multiplies(adv):
+    logp = torch.tensor([[50.0, -50.0]], dtype=torch.float64)
+    old = torch.zeros_like(logp)
+    loss, m = policy_loss(
+        logp, old, old, torch.tensor([adv], dtype=torch.float64), torch.ones_like(logp).bool(),
+        tis=None, agg="token-sum",
+    )  # fmt: skip
+    assert (m["ratio_min"], m["ratio_max"]) == (math.exp(-20), math.exp(20))
+    # A > 0: max(-r, -clip(r)) per token; A < 0: max(r, clip(r))
+    r = [math.exp(20), math.exp(-20)]
+    expected = (-1.2 - r[1]) if adv > 0 else (r[0] + 0.8)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_loss_has_the_dtype_of_the_log_probs_whatever_the_advantages_are():
+    batch = {k: v.float() if k != "mask" else v for k, v in make_batch(1).items()}
+    loss, _ = run_loss({**batch, "adv": batch["adv"].double()})
+    assert loss.dtype == torch.float32
+
+
+def test_k3_keeps_a_finite_gradient_at_any_log_ratio():
+    logp = torch.tensor([-1000.0, -30.0, 0.0, 30.0, 1000.0], dtype=torch.float64)
+    logp.requires_grad_(True)
+    k3 = L.kl_penalty(logp, torch.zeros_like(logp), "k3")
+    k3.sum().backward()
+    assert torch.isfinite(k3).all()
+    assert torch.isfinite(logp.grad).all()
+    assert k3.tolist() == [10.0, 10.0, 0.0, 10.0, 10.0]  # the clamp at 10 acts on both sides
+
+
 def test_mismatched_shapes_are_refused():
     batch = make_batch(0)
     with pytest.raises(ValueError, match="share one"):
