@@ -778,6 +778,15 @@ def test_a_prompt_and_completions_of_exactly_the_maximal_length_are_accepted():
     assert wire.decode(wire.encode(one), RUN).completion_lens.tolist() == [1, 1]
 
 
+def test_without_a_run_a_group_of_any_size_from_one_is_legal():
+    """The run decides G (the consumer always sets it); the wire alone only needs one."""
+    one = group(completion_ids=[4], completion_lens=[1], behavior_logp=[-1.0], rewards=[1.0],
+                finish_reasons=("stop",))  # fmt: skip
+    assert wire.decode(wire.encode(one), wire.Limits()).group_size == 1
+    with pytest.raises(WireError, match="group_size"):
+        wire.decode(wire.encode(one), RUN)
+
+
 def test_behavior_version_zero_and_equal_to_the_oldest_token_are_legal():
     g = wire.decode(wire.encode(group(behavior_version=0, token_versions=[0, 0, 1])), RUN)
     assert (g.behavior_version, g.token_versions.tolist()) == (0, [0, 0, 1])
