@@ -418,7 +418,7 @@ def _value(tp: Any, value: Any, where: str) -> Any:
         return float(value)
     if tp in (int, float, str, bytes, bool) and type(value) is tp:
         return value
-    raise WireError("bad_type", f"{where}: expected {getattr(tp, '__name__', tp)}")
+    raise WireError("bad_type", f"{where}: expected {tp.__name__}")  # leaves are builtins
 
 
 def _array(value: Any, dtype: np.dtype[Any], where: str) -> np.ndarray:

@@ -778,6 +778,41 @@ def test_a_prompt_and_completions_of_exactly_the_maximal_length_are_accepted():
     assert wire.decode(wire.encode(one), RUN).completion_lens.tolist() == [1, 1]
 
 
+def test_an_integer_where_a_float_is_declared_is_taken_as_that_float():
+    """Other msgpack packers write 1.0 as 1; a float field takes any int (never a bool)."""
+    data = edited(MESSAGES["welcome"], "spec", "heartbeat_s", value=2)
+    spec = wire.decode(data).spec
+    assert (spec.heartbeat_s, type(spec.heartbeat_s)) == (2.0, float)
+    g = wire.decode(edited(group(), "gen_s", value=3), RUN)
+    assert (g.gen_s, type(g.gen_s)) == (3.0, float)
+    with pytest.raises(WireError, match="expected float"):
+        wire.decode(edited(group(), "gen_s", value=True), RUN)
+
+
+def test_unknown_fields_are_named_three_at_most():
+    body = body_of(MESSAGES["register"])
+    body.update({"w": 1, "x": 2, "y": 3, "z": 4})
+    with pytest.raises(WireError) as info:
+        wire.decode(pack(body))
+    assert info.value.detail == "Register: ['w', 'x', 'y']"
+
+
+def test_decoding_derives_the_type_hints_of_a_kind_once(monkeypatch):
+    """Hints are read once per message class, not per message (decode is the hot path)."""
+    import typing as typing_module
+
+    for kind, msg in MESSAGES.items():  # every class seen once
+        wire.decode(wire.encode(msg), RUN if kind == "group" else wire.Limits())
+    calls = []
+    real = typing_module.get_type_hints
+    monkeypatch.setattr(
+        typing_module, "get_type_hints", lambda *a, **k: calls.append(a) or real(*a, **k)
+    )
+    for kind, msg in MESSAGES.items():
+        wire.decode(wire.encode(msg), RUN if kind == "group" else wire.Limits())
+    assert calls == []
+
+
 def test_without_a_run_a_group_of_any_size_from_one_is_legal():
     """The run decides G (the consumer always sets it); the wire alone only needs one."""
     one = group(completion_ids=[4], completion_lens=[1], behavior_logp=[-1.0], rewards=[1.0],
