@@ -581,6 +581,21 @@ def test_final_states_take_one_byte_per_lease_in_a_checkpoint():
     assert FinalStates.from_state_dict(json.loads(saved)) == states
 
 
+def test_final_states_take_under_two_bytes_per_lease_in_memory():
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        states = FinalStates()
+        for n in range(100_000):  # in order, as a book ends them: growth is amortised
+            states[(1 << 40) | n] = "trained"
+        size, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert size < 200_000
+    assert len(states) == 100_000
+
+
 def test_final_states_read_checkpoints_written_as_a_dict():
     old = {str((1 << 40) | 7): "trained", str(3): "expired"}
     states = FinalStates.from_state_dict(old)

@@ -746,6 +746,25 @@ def test_mismatched_shapes_are_refused():
         run_loss({**batch, "adv": batch["adv"][:-1]})
 
 
+@pytest.mark.parametrize("norm_const", [None, 0.0, -1.0])
+def test_dr_grpo_aggregation_without_a_positive_constant_is_refused_at_once(norm_const):
+    with pytest.raises(ValueError) as info:  # noqa: PT011 (the whole message is checked)
+        L.LossOptions(agg="seq-mean-token-sum-norm", norm_const=norm_const)  # no loss computed
+    assert str(info.value) == "agg 'seq-mean-token-sum-norm' needs norm_const > 0"
+    with pytest.raises(ValueError) as info:  # noqa: PT011
+        L.aggregate(ONE, ONE > -1, "seq-mean-token-sum-norm", norm_const=norm_const)
+    assert str(info.value) == (
+        "agg 'seq-mean-token-sum-norm' needs norm_const > 0 (e.g. max_new_tokens)"
+    )
+
+
+def test_any_positive_norm_const_is_accepted_even_below_one():
+    assert L.LossOptions(agg="seq-mean-token-sum-norm", norm_const=0.5).norm_const == 0.5
+    values = torch.tensor([[1.0, 2.0]])
+    got = L.aggregate(values, values > 0, "seq-mean-token-sum-norm", norm_const=0.5)
+    assert got.item() == 6.0  # (1 + 2) / (1 row * 0.5)
+
+
 def test_every_mode_the_config_accepts_builds_loss_options():
     for agg in C.choices(C.AggMode):
         for kl in C.choices(C.KLKind):
