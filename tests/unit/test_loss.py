@@ -728,6 +728,18 @@ def test_the_loss_has_the_dtype_of_the_log_probs_whatever_the_advantages_are():
     assert loss.dtype == torch.float32
 
 
+def test_with_beta_zero_the_measured_kl_never_touches_the_loss_or_its_gradient():
+    batch = make_batch(2)
+    ref = torch.where(batch["mask"], torch.tensor(-1e300, dtype=torch.float64), math.nan)
+    logp = batch["logp"].clone().requires_grad_(True)
+    loss, m = run_loss({**batch, "logp": logp}, ref_logp=ref, kl="k2")  # k2 = inf here
+    loss.backward()
+    assert m["kl_ref"] == math.inf
+    reference, _ = run_loss(batch)
+    assert loss.item() == reference.item()
+    assert torch.isfinite(logp.grad).all()
+
+
 def test_k3_keeps_a_finite_gradient_at_any_log_ratio():
     logp = torch.tensor([-1000.0, -30.0, 0.0, 30.0, 1000.0], dtype=torch.float64)
     logp.requires_grad_(True)
