@@ -33,8 +33,10 @@ CUDA is initialised in that process; results in $OUT/<phase>.json, logs in $OUT/
 - `demo`: a) on the embedded demo model (launch/demo_model.py), built (with its perturbed copy)
   in a child process (`demo_build`), so that this one starts vLLM before anything touches CUDA.
 - `pipeline`: one GPU, two processes: the consumer (learner) and a vLLM producer through the CLI
-  (bench/gpu_pipeline.py), on the demo model and on the 0.5B shape; idle fraction, tokens/s and
-  step-to-reload latency.
+  (bench/gpu_pipeline.py), on the demo model and on the 0.5B shape; idle fraction, tokens/s,
+  publication (`publish_submit_s`: the training thread's block per publish; `snapshot_write_s`:
+  the writer; versions superseded), wall per step over the learner's step, and step-to-reload
+  latency; `q05_targets` sets them beside the publication targets.
 
 Definitions: for a sampled token, d = logp_learner - logp_vllm; TIS weight w = min(exp(d), 2);
 "truncated" = exp(d) > 2. Pause = seconds in which the engine generated nothing for the switch.
@@ -570,6 +572,13 @@ def phase_pipeline(work: Path) -> dict[str, Any]:
         )
     except Exception as exc:  # the demo result above still counts
         res["q05"] = {"error": repr(exc)[:500]}
+    q = res["q05"]
+    if "error" not in q:  # the publication targets, 0.5B shape, a snapshot every step
+        res["q05_targets"] = {
+            "blocked_s_per_publish_max <= 0.05": q["publish_submit_s_max"],
+            "step_done_to_generating_s_median <= 1.0": q["reload_delay_s_median"],
+            "wall_over_learner_step <= 1.15": q["wall_over_step"],
+        }
     return res
 
 

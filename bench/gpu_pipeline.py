@@ -14,6 +14,9 @@ ZeroMQ, waits for `--steps` optimizer steps and reports, from the run's own file
   waiting for groups cost nothing);
 - reload delay: learner step done (metrics `unix_time` less `publish_submit_s`) → the producer
   logged the new version loaded (its `loaded weights vN` line: generating on it), median and max;
+  and from the producer's counters how it got the snapshots (`snapshots_local_trusted`: the
+  writer's hash taken on this host; `snapshots_local`: hashed; `snapshots_fetched`: over
+  control) with the seconds spent fetching and reloading;
 - the ledger balance.
 Writes OUT/<label>.json and the run directory OUT/<label>-run/ (logs included).
 """
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+_RELOAD_KEYS = ("reloads", "reload_s", "fetch_s")
 sys.path.insert(0, str(ROOT))
 from common.metrics import read_steps  # noqa: E402 (the repository, not an installed copy)
 
@@ -128,6 +132,10 @@ def run(
         "reward_last": last.reward_mean,
         "reload_delay_s_median": statistics.median(delays) if delays else None,
         "reload_delay_s_max": max(delays) if delays else None,
+        "producer_reloads": {  # how the producers got each snapshot, and the time it took
+            p: {k: v for k, v in c.items() if k.startswith("snapshot") or k in _RELOAD_KEYS}
+            for p, c in last.producer_counters.items()
+        },
         "ledger": ledger["balance"],
     }
 
