@@ -8,10 +8,12 @@ published as bf16 snapshots through `consumer.publisher.Publisher`, as the learn
   bare copy of the same bytes: one `copy_` of one flat fp32 tensor holding as many elements into
   a preallocated bf16 tensor (same bytes read, same bytes written, same conversion, no per-tensor
   or bookkeeping cost). Target <= 1.2.
-- `writer_over_write`: the writer's time per snapshot (`Publisher.last_write_s`: write and
-  BLAKE3 hash of the file, config files, manifest, fsyncs, rename, prune) over a raw `os.write`
-  of the same number of bytes to a new file with `fsync`, then `close`. Target <= 1.5. The same
-  with `snapshot.fsync = false` against a raw write without fsync: `writer_over_write_nofsync`.
+- `writer_over_write`: the writer's time per snapshot until it can be announced
+  (`Publisher.last_write_s`: write and BLAKE3 hash of the file, config files, manifest, fsyncs,
+  rename) over a raw `os.write` of the same number of bytes to a new file with `fsync`, then
+  `close`. Target <= 1.5. The same with `snapshot.fsync = "off"` against a raw write without
+  fsync: `writer_over_write_nofsync`. `prune_s`: deleting the snapshot that rotation drops,
+  after the announcement (reported apart: it is not on the way to producers).
 - `block_busy_s_max`: the longest submit while the writer is busy (back-to-back publishes;
   the waiting versions are superseded, `num_superseded`), which must stay a copy.
 - for reference, the publication this replaced: per-tensor copies to CPU (`old_to_cpu_s`),
@@ -124,6 +126,7 @@ def measure(a: argparse.Namespace, work: Path) -> dict[str, Any]:
             write_s = raw_write(work / "raw", raw, fsync=fsync)
             if rep:
                 add(f"writer_s{suffix}", publisher.last_write_s)
+                add(f"prune_s{suffix}", publisher.last_prune_s)
                 add(f"write_s{suffix}", write_s)
                 add("block_s", block_s)
                 add("copy_s", copy_s)
@@ -177,6 +180,7 @@ def main() -> None:
           f"  -> writer_over_write {res['writer_over_write']:.2f} (target <= 1.5)")  # fmt: skip
     print(f"writer (no fsync) {res['writer_s_nofsync']:.3f} s vs raw write "
           f"{res['write_s_nofsync']:.3f} s -> {res['writer_over_write_nofsync']:.2f}")  # fmt: skip
+    print(f"rotation after the announcement: {res['prune_s']:.3f} s")
     print(f"before: to CPU {res['old_to_cpu_s']:.3f} s, serialize+hash+write "
           f"{res['old_writer_s']:.3f} s")  # fmt: skip
     print(f"load average {res['load_avg_1m']:.2f}")

@@ -6,8 +6,8 @@ the weights into a preallocated host buffer that already holds the safetensors h
 returns its `Fence`, which the optimizer step must hold before changing the weights). A writer
 thread then waits for the copy, writes the buffer's bytes as `model.safetensors` while hashing
 the same memory (BLAKE3), copies the base model's config and tokenizer files next to it,
-finalizes the directory atomically, prunes old snapshots and calls `on_published(SnapshotInfo)`,
-which announces it.
+finalizes the directory atomically, calls `on_published(SnapshotInfo)`, which announces it, and
+only then prunes old snapshots (deleting a large file takes a while and nobody waits for it).
 
 Never queue behind a slow writer: there are two buffers (`Buffers`, a small state machine). A
 copy goes to a free buffer; while one buffer is being written and the other holds a version
@@ -168,7 +168,8 @@ class Publisher:
         self._closing = False
         self._error: BaseException | None = None
         self.num_superseded = 0
-        self.last_write_s = 0.0  # the writer's time for the last snapshot (copy wait excluded)
+        self.last_write_s = 0.0  # the last snapshot: copy done -> ready to announce
+        self.last_prune_s = 0.0  # the last rotation (after the announcement)
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
         self._thread.start()
 
@@ -258,6 +259,9 @@ class Publisher:
                     directory = Path(info.path).parent
                     snap.sync_dir(directory)
                     snap.fsync_path(directory.parent)
+                t0 = time.perf_counter()
+                snap.prune(self.root, self._keep_last, protect=(job.version,))
+                self.last_prune_s = time.perf_counter() - t0
             except BaseException as exc:  # handed to the training thread by _raise
                 self._error = exc
             finally:
@@ -268,7 +272,7 @@ class Publisher:
                     self._cond.notify_all()
 
     def _write(self, index: int, job: Job) -> SnapshotInfo:
-        """Write one buffer as a snapshot directory (atomically); free the buffer; prune."""
+        """Write one buffer as a snapshot directory (atomically); free the buffer."""
         job.fence.wait()
         t0 = time.perf_counter()
         host = self._hosts[index]
@@ -291,7 +295,6 @@ class Publisher:
             job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id()
         )
         snap.finalize(tmp, final, manifest, fsync=durable_first)
-        snap.prune(self.root, self._keep_last, protect=(job.version,))
         self.last_write_s = time.perf_counter() - t0
         weights = str((final / snap.WEIGHTS_FILE).resolve())
         return SnapshotInfo(job.version, num_bytes, digest, weights)

@@ -132,15 +132,22 @@ def test_a_slow_writer_is_superseded_never_waited_for(tmp_path, monkeypatch):
     assert torch.equal(load_file(published[1].path)["w"], torch.full((4,), 4.0))
 
 
-def test_rotation_keeps_the_last_snapshots(tmp_path):
-    publisher, published = make(tmp_path / "snaps", keep_last=2)
+def test_rotation_keeps_the_last_snapshots_and_prunes_after_the_announcement(tmp_path):
+    root = tmp_path / "snaps"
+    on_disk_at_announce: list[list[int]] = []
+
+    def announce(info: SnapshotInfo) -> None:
+        on_disk_at_announce.append(snap.list_versions(root))
+
+    publisher = Publisher(root, None, keep_last=2, on_published=announce)
     for v in range(5):
         publisher.submit({"w": torch.full((3,), float(v))}, version=v, step=v, dtype=torch.float32)
         publisher.wait()
+        assert snap.list_versions(root) == list(range(max(0, v - 1), v + 1))
     publisher.close()
-    assert [p.version for p in published] == [0, 1, 2, 3, 4]
-    assert snap.list_versions(tmp_path / "snaps") == [3, 4]
-    assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["v000003", "v000004"]
+    # the oldest goes only once the newest is announced (nobody waits for the deletion)
+    assert on_disk_at_announce == [[0], [0, 1], [0, 1, 2], [1, 2, 3], [2, 3, 4]]
+    assert sorted(p.name for p in root.iterdir()) == ["v000003", "v000004"]
 
 
 def test_a_writer_error_reaches_the_training_thread(tmp_path, monkeypatch):
