@@ -10,7 +10,10 @@ starts when the command is started, so imports, model loading and start-up count
 - sync:  `asyncgrpo launch --max-staleness 0`;
 - trl:   bench/trl_grpo.py, TRL's GRPOTrainer with the same settings, if `trl` is importable.
 All four read launch/configs/demo.toml (`--steps` overrides run.steps) and evaluate the same
-held-out problems every `train.eval_every` steps, as the learner does.
+held-out problems every `train.eval_every` steps, as the learner does. The loop and TRL run with
+`--loop-threads` torch threads (default 1: on the 2-core machine torch's default of 2 threads
+took 2.9 s per loop step instead of 0.15 s whenever other processes shared the CPU; 0 = torch's
+default).
 
 Per run, from its per-step records (the learner's metrics.jsonl; the loop's and TRL's JSON
 lines), times in seconds:
@@ -147,7 +150,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="0", help="comma-separated run seeds")
     ap.add_argument("--steps", type=int, default=0, help="run.steps (0 = the demo's)")
     ap.add_argument("--threshold", type=float, default=0.55, help="held-out accuracy to reach")
-    ap.add_argument("--loop-threads", type=int, default=0, help="torch threads of loop and TRL")
+    ap.add_argument(
+        "--loop-threads", type=int, default=1, help="torch threads of loop and TRL (0 = default)"
+    )
     ap.add_argument("--no-trl", action="store_true", help="skip TRL even if it is installed")
     ap.add_argument("--keep", type=Path, help="keep run directories and logs here")
     ap.add_argument("--json", type=Path, help="write the results here")
