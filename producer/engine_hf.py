@@ -21,10 +21,11 @@ extra forward and merged into the left-padded cache) once the rows waiting are a
 as the rows in flight (`may_join`, `join_at = 1`); until then it waits, at most until the batch
 drains. Measured with bench/hf_engine.py (closed loop of 8 leases of G = 8, one CPU thread):
 joining at every step (`join_at = 0`) cost 13% of the throughput on the demo model (short
-completions of uneven length: a prefill forward at nearly every step) and gained nothing on a
-model with long-tailed lengths (a group of 8 ends with its longest row, so leases stay nearly in
-step); `join_at = 1` matched the better of it and batch-at-a-time on both. A model whose cache
-cannot be merged (sliding window, linear attention) gets batch-at-a-time.
+completions of uneven length: a prefill forward at nearly every step), and `join_at = 1` kept
+batch-at-a-time's rate there; on a model with long-tailed lengths the three were within the
+noise of a shared CPU (±10%: a group of 8 ends with its longest row, so leases stay nearly in
+step). A model whose cache cannot be merged (sliding window, linear attention) gets
+batch-at-a-time.
 
 Seeds: `params.seed` when given (same seed, same weights, same device => same tokens, alone or
 in any batch; the log-probs agree to float rounding, as a forward's shape changes its rounding),
