@@ -24,8 +24,8 @@ joining at every step (`join_at = 0`) cost 13% of the throughput on the demo mod
 completions of uneven length: a prefill forward at nearly every step), and `join_at = 1` kept
 batch-at-a-time's rate there; on a model with long-tailed lengths the three were within the
 noise of a shared CPU (±10%: a group of 8 ends with its longest row, so leases stay nearly in
-step). A model whose cache cannot be merged (sliding window, linear attention) gets
-batch-at-a-time.
+step). A model whose cache is not plain full attention (sliding window, linear attention) gets
+batch-at-a-time (its cache layers keep state this engine does not merge).
 
 Seeds: `params.seed` when given (same seed, same weights, same device => same tokens, alone or
 in any batch; the log-probs agree to float rounding, as a forward's shape changes its rounding),

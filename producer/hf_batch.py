@@ -32,8 +32,9 @@ batch. When rows leave, leading positions no row attends to any more are cut off
 Invariants: a row is sampled exactly once per forward; a request's rows are contiguous and in
 row order; rows stop at their first stop token (kept, "stop") or after `max_new_tokens`
 ("length"); a finished or withdrawn row is never fed again. Merging needs plain `DynamicLayer`
-caches (full attention); for other cache types (`mergeable` is False) the engine admits new
-requests only into an empty batch.
+caches (full attention); for other cache types (`mergeable` is False) the engine admits requests
+only into an empty batch. Left padding itself is exact with a sliding window too: the padding
+sits left of every real token, so the last W positions hold the same real tokens as without it.
 """
 
 from __future__ import annotations
@@ -127,6 +128,11 @@ class Batch:
         self._keep_last = (
             {"logits_to_keep": 1} if "logits_to_keep" in signature(model.forward).parameters else {}
         )
+        with torch.inference_mode():  # which cache this model builds: one token tells
+            one = torch.zeros((1, 1), dtype=torch.long, device=device)
+            layers = getattr(model(input_ids=one, use_cache=True).past_key_values, "layers", None)
+        # Caches merge only for plain full-attention layers (other layers keep more state).
+        self.mergeable = layers is not None and all(type(x) is DynamicLayer for x in layers)
 
     @property
     def empty(self) -> bool:
@@ -135,12 +141,6 @@ class Batch:
     @property
     def num_rows(self) -> int:
         return int(self.pos_B.shape[0])
-
-    @property
-    def mergeable(self) -> bool:
-        """Whether new requests can join rows already decoding (plain full-attention caches)."""
-        layers = getattr(self.cache, "layers", None)
-        return layers is not None and all(type(layer) is DynamicLayer for layer in layers)
 
     # -- admission --------------------------------------------------------------------------
     @torch.inference_mode()

@@ -318,3 +318,49 @@ async def test_a_failed_forward_fails_its_requests_and_the_engine_goes_on(engine
         assert engine.num_rows == 0
         out = await engine.generate([3, 4], params)
     assert len(out) == 4
+
+
+@pytest.fixture(scope="module")
+def sliding_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Mistral with a 4-token sliding window (its cache is not plain)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, sliding_window=4,
+        max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=EOS, pad_token_id=0,
+        bos_token_id=None,
+    )  # fmt: skip
+    out = tmp_path_factory.mktemp("sliding-model")
+    MistralForCausalLM(config).save_pretrained(out)
+    return out
+
+
+async def test_a_sliding_window_model_batches_prompts_of_any_length_exactly(sliding_model_dir):
+    """Left padding keeps a window's real tokens; the cache is not merged (batch-at-a-time)."""
+    cases = [
+        (prompt, SamplingParams(n=3, temperature=1.0, max_new_tokens=10, seed=i))
+        for i, prompt in enumerate([[3, 4], [5, 6, 7, 8, 9], [10, 11, 12, 13, 14], [7] * 7])
+    ]
+    engine = HFEngine(sliding_model_dir, device="cpu", seed=0)
+    async with asyncio.timeout(60):
+        want = await alone(engine, cases)
+        sizes: list[int] = []
+        forward = engine.batch.forward
+
+        def counted_forward() -> None:
+            sizes.append(len(engine.batch.members))
+            forward()
+
+        engine.batch.forward = counted_forward  # type: ignore[method-assign]
+        got = await asyncio.gather(*(engine.generate(p, params) for p, params in cases))
+    await engine.close()
+    assert not engine.batch.mergeable
+    assert sizes[0] == 4  # all four prompts, of three lengths, in one batch
+    model = reference_model(sliding_model_dir)
+    for (prompt, params), g, w in zip(cases, got, want, strict=True):
+        assert_same(g, w)
+        for c in g:  # beyond the window too: the log-probs of one unpadded forward
+            ref = full_forward_logprobs(model, prompt, c, params.temperature)
+            assert np.abs(c.logprobs - ref).max() < 1e-4
