@@ -23,10 +23,12 @@ lines), times in seconds:
 - t55_s: command start -> end of the first step whose periodic held-out evaluation reached
   `--threshold` (0.55); null if none did;
 - final_acc: the last periodic evaluation; command_s: command start -> exit (`launch` also
-  evaluates the start and final models on the whole held-out split and draws plots).
+  evaluates the start and final models on the whole held-out split and draws plots);
+- cpu_s: CPU seconds (user + system) the command and every process it started used, start-up
+  and evaluations included: the work, whatever else shares the machine.
 
 JSON keys (stable): for R in loop, async, sync, trl: R_s_per_step, R_first_step_s, R_t55_s,
-R_final_acc, R_command_s (medians over seeds; a t55 that some seeds never reached counts as
+R_final_acc, R_command_s, R_cpu_s (medians over seeds; a t55 that some seeds never reached counts as
 infinite, and an infinite median is null); ratios async_over_loop_step, sync_over_loop_step,
 trl_over_loop_step, async_over_loop_t55, sync_over_loop_t55, trl_over_loop_t55 (< 1 = faster
 than the loop; null when a side is missing); seeds, steps, threshold, cpus, trl_version (null
@@ -41,6 +43,7 @@ import importlib.util
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,7 +54,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("loop", "async", "sync", "trl")
-FIGURES = ("s_per_step", "first_step_s", "t55_s", "final_acc", "command_s")
+FIGURES = ("s_per_step", "first_step_s", "t55_s", "final_acc", "command_s", "cpu_s")
 
 
 def command(kind: str, seed: int, steps: int, work: Path, loop_threads: int) -> list[str]:
@@ -94,16 +97,24 @@ def run_one(kind: str, seed: int, a: argparse.Namespace, root: Path) -> dict[str
     work.mkdir(parents=True)
     cmd = command(kind, seed, a.steps, work, a.loop_threads)
     load = os.getloadavg()[0]
+    cpu0 = _children_cpu_s()
     t0 = time.time()
     with (root / f"{kind}-seed{seed}.log").open("w") as log:
         code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     t_end = time.time()
+    cpu_s = _children_cpu_s() - cpu0
     if code != 0:
         tail = (root / f"{kind}-seed{seed}.log").read_text()[-2000:]
         raise RuntimeError(f"{kind} (seed {seed}) exited {code}: {' '.join(cmd)}\n{tail}")
     lines = records_path(kind, work).read_text().splitlines()
     out = figures([json.loads(x) for x in lines if x.strip()], t0, t_end, a.threshold)
-    return out | {"kind": kind, "seed": seed, "load_avg_1min": load}
+    return out | {"kind": kind, "seed": seed, "load_avg_1min": load, "cpu_s": cpu_s}
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of every finished child process, grandchildren included."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def median(values: list[float | None]) -> float | None:
@@ -117,7 +128,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for kind in RUNS:
         mine = [r for r in runs if r["kind"] == kind]
         for fig in FIGURES:
-            res[f"{kind}_{fig}"] = median([r[fig] for r in mine]) if mine else None
+            res[f"{kind}_{fig}"] = median([r.get(fig) for r in mine]) if mine else None
     for kind in ("async", "sync", "trl"):
         for fig, key in (("s_per_step", "step"), ("t55_s", "t55")):
             ours, base = res[f"{kind}_{fig}"], res[f"loop_{fig}"]
@@ -129,7 +140,7 @@ def table(res: dict[str, Any]) -> str:
     def cell(v: Any, fmt: str, unit: str = "") -> str:
         return "-".rjust(len(format(0.0, fmt)) + len(unit)) if v is None else format(v, fmt) + unit
 
-    lines = ["run    s/step  vs loop  first step  to 55%  vs loop  final acc  command"]
+    lines = ["run    s/step  vs loop  first step  to 55%  vs loop  final acc  command  CPU"]
     for kind in RUNS:
         if res.get(f"{kind}_s_per_step") is None and kind != "loop":
             continue
@@ -141,6 +152,7 @@ def table(res: dict[str, Any]) -> str:
             f" {cell(res[f'{kind}_t55_s'], '6.1f', 's')}  {cell(t55_ratio, '6.2f', 'x')}"
             f"  {cell(res[f'{kind}_final_acc'], '9.3f')}"
             f"  {cell(res[f'{kind}_command_s'], '6.1f', 's')}"
+            f"  {cell(res[f'{kind}_cpu_s'], '6.1f', 's')}"
         )
     return "\n".join(lines)
 

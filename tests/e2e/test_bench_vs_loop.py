@@ -71,6 +71,7 @@ def test_a_short_run_of_every_side_writes_the_stable_keys(tmp_path: Path):
         assert res[f"{kind}_first_step_s"] > 0
         assert 0 < res[f"{kind}_t55_s"] <= res[f"{kind}_command_s"]  # threshold 0: first eval
         assert 0 <= res[f"{kind}_final_acc"] <= 1
+        assert res[f"{kind}_cpu_s"] > 1  # the command's processes, its children included
     for key in ("async_over_loop_step", "sync_over_loop_step", "async_over_loop_t55"):
         assert res[key] > 0
     assert (res["trl_s_per_step"] is not None) == has_trl
