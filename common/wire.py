@@ -23,11 +23,21 @@ Everyone else sees the frozen dataclasses below; nobody builds message dicts by 
 Conventions and invariants:
 - Arrays travel as raw little-endian bytes whose dtype the schema fixes (`_ARRAY_DTYPES`: token ids
   int32, log-probs and rewards float32), never as lists of numbers: ~8 bytes per sampled token.
-  Decoding returns read-only `numpy.frombuffer` views (no copy).
-- `decode(data, limits)` never raises anything but `WireError(reason)`, and never allocates more
-  than `limits.max_message_bytes` (checked before unpacking; msgpack's own length limits are set
-  to the same bound). No ext types, no pickle. Unknown fields, wrong types (bool is not int) and
-  extra trailing bytes are rejected.
+  Decoding returns read-only `numpy.frombuffer` views (one bytes object per array, no other copy).
+- `decode(data, limits)` never raises anything but `WireError(reason)`, whatever the bytes: it
+  reads them with common/msgpack_reader.py, led by the schema, so only values the schema expects
+  are ever built and a value of the wrong type is refused at its first byte. Limits: the message
+  size (checked first; ZMQ_MAXMSGSIZE drops larger frames earlier), entries per list or map
+  (`max_items`), values per message (`max_objects`), nesting (32), and memory: decoding builds
+  at most `ALLOC_FACTOR` (4) bytes of Python objects per message byte plus `ALLOC_BASE_BYTES`
+  (16 KiB), else `over_budget` (an empty list is 1 byte on the wire and ~60 in Python: without
+  this, a message of nested empty lists costs ~64x its size). No ext types, no pickle. Unknown
+  fields, wrong types (bool is not int), invalid UTF-8 and trailing bytes are refused. Error
+  details never format untrusted values beyond short scalars (`Reader.show`).
+- Map keys: the encoder writes `schema`, `kind`, then the fields in declaration order (so equal
+  messages are equal bytes). The decoder accepts a map's entries in any order but refuses a key
+  that appears twice (`duplicate_key`): with "last one wins", two readers of one message could
+  disagree about what it says.
 - A `Group` is checked against the run (`Limits`): G completions, lengths that agree
   (sum(completion_lens) == len(completion_ids) == len(behavior_logp)), token ids in [0, vocab),
   log-probs finite and <= 0, rewards finite, the run's sampling temperature.
@@ -39,7 +49,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
@@ -47,6 +56,7 @@ from typing import Any, ClassVar, Union
 import msgpack
 import numpy as np
 
+from common import msgpack_reader as mp
 from common.errors import WireError
 
 SCHEMA_VERSION = 1
@@ -73,7 +83,8 @@ class Limits:
     """What a receiver accepts. `None` skips the run-specific checks (control replies)."""
 
     max_message_bytes: int = 64 << 20
-    max_items: int = 1 << 20  # list/map entries and array elements
+    max_items: int = 1 << 20  # entries of one msgpack list or map
+    max_objects: int = 1 << 16  # msgpack values in one message (bounds the decoding work)
     vocab_size: int | None = None
     group_size: int | None = None
     temperature: float | None = None
@@ -240,6 +251,7 @@ class Group:
     """G completions of one leased prompt, scored. Arrays are flat; see `completion(i)`."""
 
     KIND: ClassVar[str] = "group"
+    ARRAYS: ClassVar[dict[str, np.dtype[Any]]] = _ARRAY_DTYPES  # raw array fields, their dtypes
     lease_id: int
     producer_id: str
     prompt_index: int
@@ -328,105 +340,68 @@ def _to_wire(obj: Any) -> Any:
 
 
 def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
-    """Parse and check one message. Raises only `WireError`."""
+    """Parse and check one message. Raises only `WireError`; builds at most
+    `ALLOC_FACTOR * len(data) + ALLOC_BASE_BYTES` bytes of objects (see the module doc)."""
     if len(data) > limits.max_message_bytes:
         raise WireError("too_large", f"{len(data)} bytes > {limits.max_message_bytes}")
-    cap = min(limits.max_message_bytes, max(len(data), 1))
-    try:
-        body = msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_str_len=cap,
-            max_bin_len=cap,
-            max_array_len=min(cap, limits.max_items),
-            max_map_len=min(cap, limits.max_items),
-            max_ext_len=0,
+    view = memoryview(data)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    r = mp.Reader(
+        view,
+        budget=ALLOC_FACTOR * len(view) + ALLOC_BASE_BYTES,
+        max_items=limits.max_items,
+        max_objects=limits.max_objects,
+    )
+    tag, n, pos = r.head(0)
+    if tag == mp.MAP:  # reading its entries walks (and checks) every value once
+        entries, end = mp.read_entries(r, r.entries(tag, n, pos), pos)
+    else:
+        end = r.skip(0)
+    if end != len(view):
+        raise mp.not_msgpack("trailing data after the message")
+    if tag != mp.MAP:
+        raise WireError("not_a_map", mp.TYPE_NAMES[tag])
+    r.max_objects = 1 << 62  # counted once above; the typed reads below revisit few values
+    missing: tuple[int, Any, int] = (mp.NIL, None, 0)
+    at = entries.pop("schema", None)
+    schema = r.head(at) if at is not None else missing
+    if schema[0] != mp.INT or schema[1] != SCHEMA_VERSION:  # bool, float and str are not int
+        raise WireError(
+            "schema_version", f"got {r.show(*schema)}, this build speaks {SCHEMA_VERSION}"
         )
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise WireError("not_msgpack", type(exc).__name__) from None
-    if not isinstance(body, dict):
-        raise WireError("not_a_map", type(body).__name__)
-    schema = body.pop("schema", None)
-    if type(schema) is not int or schema != SCHEMA_VERSION:  # True == 1.0 == 1 in Python
-        raise WireError("schema_version", f"got {schema!r}, this build speaks {SCHEMA_VERSION}")
-    kind = body.pop("kind", None)
-    cls = _KINDS.get(kind) if type(kind) is str else None  # a list or map is unhashable
+    at = entries.pop("kind", None)
+    tag, length, start = r.head(at) if at is not None else missing
+    cls = _KINDS.get(r.read_str(start, length)) if tag == mp.STR else None
     if cls is None:
         raise WireError("unknown_kind")
     try:
-        msg = _build(cls, body, cls.__name__)
+        msg = mp.build(r, cls, entries, cls.__name__)
         if isinstance(msg, Group):
             check_group(msg, limits)
     except WireError as exc:
-        lease_id, producer_id = body.get("lease_id"), body.get("producer_id")
-        if cls is Group and type(lease_id) is int and type(producer_id) is str:
-            exc.lease_id, exc.producer_id = lease_id, producer_id
+        if cls is Group:
+            exc.lease_id, exc.producer_id = _group_ids(r, entries)
         raise
     return msg  # type: ignore[no-any-return]
 
 
-_HINTS: dict[type[Any], dict[str, Any]] = {}
+# The decoder's memory bound: what it builds is charged to a budget of ALLOC_FACTOR bytes per
+# message byte plus a constant for the fixed costs of any message (its map of fields, the
+# message object). Peaks measured with tracemalloc: tests/unit/test_wire_fuzz.py.
+ALLOC_FACTOR = 4
+ALLOC_BASE_BYTES = 16 << 10
 
 
-def _build(cls: type[Any], body: Any, where: str) -> Any:
-    if not isinstance(body, dict):
-        raise WireError("bad_type", f"{where} is not a map")
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(body) - set(fields)
-    if unknown:
-        raise WireError("unknown_field", f"{where}: {sorted(map(str, unknown))[:3]}")
-    kwargs = {}
-    for name, f in fields.items():
-        if name not in body:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise WireError("missing_field", f"{where}.{name}")
-            continue
-        if cls is Group and name in _ARRAY_DTYPES:
-            kwargs[name] = _array(body[name], _ARRAY_DTYPES[name], f"{where}.{name}")
-        else:
-            kwargs[name] = _value(hints[name], body[name], f"{where}.{name}")
-    return cls(**kwargs)
-
-
-def _value(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _value(inner, value, where)
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise WireError("bad_type", f"{where} is not a list")
-        inner = typing.get_args(tp)[0]
-        return tuple(_value(inner, v, f"{where}[]") for v in value)
-    if origin is dict:
-        if not isinstance(value, dict) or not all(
-            type(k) is str and isinstance(v, int | float) and not isinstance(v, bool)
-            for k, v in value.items()
-        ):
-            raise WireError("bad_type", f"{where} is not a map of str to numbers")
-        return {k: float(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where)  # type: ignore[arg-type]
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float, str, bytes, bool) and type(value) is tp:
-        return value
-    raise WireError("bad_type", f"{where}: expected {tp.__name__}")  # leaves are builtins
-
-
-def _array(value: Any, dtype: np.dtype[Any], where: str) -> np.ndarray:
-    if not isinstance(value, bytes):
-        raise WireError("bad_type", f"{where}: expected raw bytes")
-    if len(value) % dtype.itemsize:
-        raise WireError("bad_array", f"{where}: {len(value)} bytes is not a multiple of {dtype}")
-    return np.frombuffer(value, dtype=dtype)
+def _group_ids(r: mp.Reader, entries: dict[str, int]) -> tuple[int | None, str | None]:
+    """A refused group's lease id and producer id, when both parsed as such (whom to tell)."""
+    lease, producer = entries.get("lease_id"), entries.get("producer_id")
+    if lease is None or producer is None:
+        return None, None
+    try:
+        return mp.read_of(int)(r, lease, "")[0], mp.read_of(str)(r, producer, "")[0]
+    except WireError:
+        return None, None
 
 
 def check_group(g: Group, limits: Limits) -> None:

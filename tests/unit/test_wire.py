@@ -417,6 +417,17 @@ REJECTIONS = [
     ("bad_value", "zero_temperature", wire.encode(group(temperature=0.0)), wire.Limits()),
     ("bad_value", "nan_temperature", wire.encode(group(temperature=math.nan)), wire.Limits()),
     ("sampling_mismatch", "temperature", wire.encode(group(temperature=1.0)), RUN),
+    # Nesting sidesteps max_items; 1,009 bytes once reached a RecursionError through repr().
+    ("not_msgpack", "deep_schema_value", b"\x81\xa6schema" + b"\x91" * 1000 + b"\xc0", RUN),
+    ("not_msgpack", "too_many_values", pack([[0] * 8] * 8), wire.Limits(max_objects=60)),
+    ("duplicate_key", "top", b"\x83\xa6schema\x01\xa4kind\xa5group\xa6schema\x01", RUN),
+    ("duplicate_key", "nested", bytes.fromhex(GOLDEN_HEX["announce"][:-2]).replace(
+        b"\x84\xa7version", b"\x85\xa7version\x03\xa7version") + b"m", RUN),
+    ("duplicate_key", "counter", edited(MESSAGES["heartbeat"], "counters", value={"a": 1})
+     .replace(b"\x81\xa1a\x01", b"\x82\xa1a\x01\xa1a\x02"), RUN),
+    # 5 bytes on the wire, ~170 in Python per entry: refused before the budget is spent.
+    ("over_budget", "tiny_counters", edited(MESSAGES["heartbeat"], "counters",
+                                            value={f"{i:03}": i for i in range(500)}), RUN),
 ]  # fmt: skip
 
 
@@ -523,8 +534,11 @@ def test_every_reason_that_decode_can_raise_has_a_rejection_case():
     if "MUTANT_UNDER_TEST" in os.environ:  # set by mutmut, also for its clean run
         pytest.skip("reads wire.py's source text, which a mutation run rewrites")
 
-    raised = set(re.findall(r'WireError\(\s*"(\w+)"', inspect.getsource(wire)))
-    assert raised <= {reason for reason, *_ in REJECTIONS}
+    from common import msgpack_reader
+
+    source = inspect.getsource(wire) + inspect.getsource(msgpack_reader)
+    raised = set(re.findall(r'WireError\(\s*"(\w+)"', source))
+    assert raised | {"not_msgpack"} <= {reason for reason, *_ in REJECTIONS}
 
 
 def test_the_samples_pass_the_checks_the_rejection_cases_break():
