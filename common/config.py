@@ -251,6 +251,10 @@ class NetConfig:
     )
     resend_after_s: float = _f(60.0, "Producer re-sends a group not acknowledged in this time.")
     handshake_timeout_s: float = _f(60.0, "How long a producer waits for the consumer's welcome.")
+    consumer_timeout_s: float = _f(
+        300.0,
+        "A producer that hears nothing from the consumer this long exits (0 = waits for ever).",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -569,6 +573,10 @@ def problems(cfg: Config) -> list[str]:
         "net.producer_timeout_s must exceed two heartbeats (net.heartbeat_s)",
     )
     need(net.max_message_mib > 0, "net.max_message_mib must be > 0")
+    need(
+        net.consumer_timeout_s == 0 or net.consumer_timeout_s > 2 * net.heartbeat_s,
+        "net.consumer_timeout_s must be 0 (wait for ever) or exceed two heartbeats",
+    )
     secure = bool(net.keys_dir) or net.insecure
     need(
         secure or is_loopback(net.bind_host),

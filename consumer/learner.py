@@ -11,7 +11,10 @@ this (main) thread runs the training loop and never touches a socket. One step:
 
 Shutdown (steps reached, SIGINT or SIGTERM): stop granting, publish a final snapshot, save a
 checkpoint, end every open lease as expired (its prompt is re-queued in the checkpoint), write
-the ledger, check that it balances, exit 0.
+the ledger, check that it balances, then keep answering for a few heartbeats until every producer
+has heard that the run is finished (however the shutdown began; a second signal ends that wait
+at once), exit 0. A producer that never hears it gives up on its own after
+`net.consumer_timeout_s` (producer/worker.py). So no producer outlives the run for long.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Learner:
     def __init__(self, cfg: Config, run_dir: Path) -> None:
         self.cfg, self.run_dir = cfg, run_dir
         self.stop_event = threading.Event()
+        self.hurry = threading.Event()  # a second signal: skip waiting for producers at the end
         self.model_dir = local_model_dir(cfg.model.path) if not cfg.train.simulate_step_s else None
         if self.model_dir is None:
             from consumer.simulated import SimulatedTrainer
@@ -261,9 +265,10 @@ class Learner:
         checkpoint.save(self.run_dir, trainer=self.trainer, version=self.version, book_state=state)
 
     def _let_producers_hear_the_end(self) -> None:
-        """Keep answering for a few heartbeats so producers learn the run is over and exit."""
+        """Keep answering for a few heartbeats so producers learn the run is over and exit,
+        whether the run ended by itself or by a signal (unless a second signal says hurry)."""
         deadline = time.monotonic() + 3 * self.cfg.net.heartbeat_s + 1.0
-        while time.monotonic() < deadline and not self.stop_event.is_set():
+        while time.monotonic() < deadline and not self.hurry.is_set():
             if self.server.all_told_finished():
                 return
             time.sleep(0.05)
@@ -320,8 +325,15 @@ def local_model_dir(path: str) -> Path:
     return p.resolve()
 
 
-def install_signal_handlers(stop: threading.Event) -> None:
+def install_signal_handlers(stop: threading.Event, hurry: threading.Event) -> None:
+    """The first SIGINT/SIGTERM sets `stop` (finish the step, shut down cleanly); a second one
+    sets `hurry` (do not wait for producers to hear the end)."""
+
     def handler(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            log.info("signal %d again: not waiting for producers to hear the end", signum)
+            hurry.set()
+            return
         log.info("signal %d: finishing the current step, then shutting down", signum)
         stop.set()
 
@@ -331,6 +343,6 @@ def install_signal_handlers(stop: threading.Event) -> None:
 
 def main(cfg: Config, run_dir: Path) -> int:
     learner = Learner(cfg, run_dir)
-    install_signal_handlers(learner.stop_event)
+    install_signal_handlers(learner.stop_event, learner.hurry)
     log.info("host %s", socket.gethostname())
     return learner.run()

@@ -14,9 +14,12 @@ Invariants:
   `policy_version + open // prompts_per_step`, where `open` counts leases not yet final, so at
   most `(max_staleness + 1) * prompts_per_step` leases are open at any time.
 - Every lease ends in exactly one final state (`OUTCOMES`); `balance()` checks
-  issued == sum(final) + open, in total and per producer. A lease belongs to the producer that
-  delivers its group: one delivered by another producer than it was issued to moves to it
-  (`handed_over` / `taken_over` in the per-producer counts), so per producer
+  issued == sum(final) + open, in total and per producer. A lease belongs to the producer it was
+  issued to: a group for an open lease from any other producer is refused (`wrong_producer`)
+  and the lease stays with its holder, which may still deliver it (lease ids are sequential:
+  guessing one must not earn a producer another's credit, or get a forged group trained).
+  Checkpoints written when a lease could move to the producer that delivered it may carry
+  `handed_over` / `taken_over` counts; the per-producer balance still counts them:
   issued + taken_over - handed_over == sum(final) + open.
   A group id is its lease id: a second delivery of the same lease is
   a duplicate and never reaches the trainer; a group for an expired lease is late and is dropped.
@@ -24,13 +27,16 @@ Invariants:
   restarted consumer never mistakes an old group for a lease it issued anew.
 - Prompts of expired and stale-dropped leases go back to the retry queue (nothing silently lost);
   rejected_invalid prompts are not retried (the same prompt may produce the same bad output).
-- Acks (lease id + outcome) queue per producer and leave with that producer's next reply.
+- Acks (lease id + outcome) queue per producer and leave with that producer's next reply. A
+  queue holds at most `MAX_ACKS` (the oldest go first, counted in `acks_dropped`): a lost ack
+  only means the producer re-sends that group and is told its outcome again. `forget_acks`
+  drops the queue of a producer that will not come back.
 """
 
 from __future__ import annotations
 
 import base64
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -40,6 +46,8 @@ from consumer.prompts import PromptOrder
 
 OPEN_STATES = ("issued", "received")
 RETRY_OUTCOMES = ("expired", "dropped_stale")
+MAX_ACKS = 1 << 14  # per producer: ~1.6 MB of acks at most
+ACKS_PER_REPLY = 1 << 10  # ~5 msgpack values each: far below wire.Limits.max_objects
 _ID_BITS = 40
 
 
@@ -142,7 +150,8 @@ class LeaseBook:
         self.counts: Counter[str] = Counter()  # final states, plus "issued"
         self.by_producer: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self.final_states = FinalStates()  # lease id -> outcome (for duplicates and acks)
-        self.acks: defaultdict[str, list[Ack]] = defaultdict(list)
+        self.acks: defaultdict[str, deque[Ack]] = defaultdict(lambda: deque(maxlen=MAX_ACKS))
+        self.acks_dropped = 0
         self.finished: list[LeaseRecord] = []  # final records not yet written to leases.jsonl
 
     # -- granting ------------------------------------------------------------------------------
@@ -179,26 +188,32 @@ class LeaseBook:
 
     # -- delivery ------------------------------------------------------------------------------
     def receive(self, lease_id: int, producer_id: str) -> str:
-        """Classify an arriving group: 'accept', 'duplicate', 'late' or 'unknown'.
+        """Classify an arriving group: 'accept', 'duplicate', 'late', 'unknown' or
+        'wrong_producer' (an open lease held by another producer: nothing changes).
 
-        'late' queues an ack with the lease's final state so the producer forgets the group.
+        'late', 'duplicate' and 'unknown' queue an ack with the lease's final state (expired
+        when unknown) so the producer forgets the group.
         """
         rec = self.open.get(lease_id)
         if rec is not None:
+            if rec.producer_id != producer_id:
+                return "wrong_producer"
             if rec.state == "received":
                 return "duplicate"
             rec.state = "received"
-            if rec.producer_id != producer_id:  # the lease moves to the producer that has it
-                self.by_producer[rec.producer_id]["handed_over"] += 1
-                self.by_producer[producer_id]["taken_over"] += 1
-                rec.producer_id = producer_id
             return "accept"
         final = self.final_states.get(lease_id)
         if final is None:
-            self.acks[producer_id].append(Ack(lease_id, "expired"))
+            self._ack(producer_id, Ack(lease_id, "expired"))
             return "unknown"
-        self.acks[producer_id].append(Ack(lease_id, final))
+        self._ack(producer_id, Ack(lease_id, final))
         return "late" if final == "expired" else "duplicate"
+
+    def _ack(self, producer_id: str, ack: Ack) -> None:
+        queue = self.acks[producer_id]
+        if len(queue) == MAX_ACKS:
+            self.acks_dropped += 1
+        queue.append(ack)
 
     def finalize(self, lease_id: int, outcome: str, **info: Any) -> LeaseRecord:
         """Move an open lease to its final `outcome`; queue the producer's ack."""
@@ -213,14 +228,31 @@ class LeaseBook:
         self.by_producer[rec.producer_id][outcome] += 1
         self.final_states[lease_id] = outcome
         if delivered:
-            self.acks[rec.producer_id].append(Ack(lease_id, outcome))
+            self._ack(rec.producer_id, Ack(lease_id, outcome))
         if outcome in RETRY_OUTCOMES:
             self.order.requeue(rec.prompt_index)
         self.finished.append(rec)
         return rec
 
-    def take_acks(self, producer_id: str) -> tuple[Ack, ...]:
-        return tuple(self.acks.pop(producer_id, ()))
+    def take_acks(self, producer_id: str, limit: int = ACKS_PER_REPLY) -> tuple[Ack, ...]:
+        """The oldest `limit` acks queued for `producer_id` (the rest wait for the next reply:
+        one reply stays well within the decoder's limits)."""
+        queue = self.acks.get(producer_id)
+        if not queue:
+            self.acks.pop(producer_id, None)
+            return ()
+        out = tuple(queue.popleft() for _ in range(min(limit, len(queue))))
+        if not queue:
+            del self.acks[producer_id]
+        return out
+
+    def forget_acks(self, producer_id: str) -> None:
+        """Drop the acks queued for a producer that will not come back."""
+        self.acks.pop(producer_id, None)
+
+    def holds(self, producer_id: str) -> bool:
+        """True while `producer_id` holds an open lease."""
+        return any(r.producer_id == producer_id for r in self.open.values())
 
     # -- expiry --------------------------------------------------------------------------------
     def expire(self, *, now: float, lease_timeout_s: float, gone: set[str]) -> list[LeaseRecord]:

@@ -9,9 +9,20 @@ Invariants:
   threads use the typed methods under "API for other threads" (each runs its work here, between
   socket events, through a queue of callables answered by futures) and receive admitted groups
   through `next_group` (a queue bounded by construction: one group per open lease).
-- A bad message is counted under `rejected.<reason>` and never raises out of the loop; a group
-  that parsed but failed validation ends its lease as `rejected_invalid` and the producer is
-  told (ack with that outcome). Replies are sent without blocking; a lost reply only delays acks.
+- A bad message is counted under `rejected.<reason>` (`control_rejected.<reason>` on control)
+  and never raises out of the loop: whatever handling a message raises, even a bug of ours, is
+  counted as `rejected.internal_error` (and `internal_error.<exception type>`), logged with its
+  traceback the first time, and the loop goes on. Log lines about bad messages are rate-limited
+  per reason (common/log_limit.py): a flood of garbage is counted, not written out line by line.
+  A group that parsed but failed validation ends its lease as `rejected_invalid` and the
+  producer is told (ack with that outcome). Replies are sent without blocking; a lost reply only
+  delays acks.
+- Identity (consumer/identity.py): a registration binds its producer id to the CurveZMQ key of
+  its connection; heartbeats, lease requests, goodbyes and groups for that id are accepted only
+  with that key (`wrong_key`), and only from a registered id (`not_registered`). A group for an
+  open lease of another producer is refused (`rejected.wrong_producer`): it is neither trained
+  nor credited, and the lease stays with its holder. Records of producers that left or went
+  silent, holding no lease, are forgotten after `_FORGET_AFTER_S` (with their acks).
 - Every reply carries the newest policy and snapshot version (a missed announcement costs
   latency, never correctness) and the acks queued for that producer.
 """
@@ -38,12 +49,23 @@ from common import snapshot as snap
 from common import wire
 from common.config import Config
 from common.errors import WireError
+from common.log_limit import LogLimiter
 from common.sockets import Keys, server_socket
+from consumer.identity import Identities
 from consumer.leases import LeaseBook
 from consumer.prompts import PromptOrder, PromptSource
 
 log = logging.getLogger("asyncgrpo.consumer")
 T = TypeVar("T")
+_FORGET_AFTER_S = 600.0  # a producer record that left or went silent, holding no lease
+
+
+def peer_key(frame: zmq.Frame) -> str:
+    """The CurveZMQ public key (z85) of the connection `frame` came over; "" without CurveZMQ."""
+    try:
+        return str(frame.get("User-Id") or "")
+    except zmq.ZMQError:  # no security mechanism: the property does not exist
+        return ""
 
 
 @dataclass(slots=True)
@@ -56,6 +78,7 @@ class ProducerView:
     last_seen: float = 0.0
     num_in_flight: int = 0
     counters: dict[str, float] = field(default_factory=dict)
+    ended_at: float = 0.0  # monotonic time it left or went silent (state "left" or "gone")
 
 
 def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
@@ -109,8 +132,13 @@ class Server:
             prompts_per_step=cfg.train.prompts_per_step,
             max_staleness=cfg.staleness.max_staleness,
         )
+        self._identities = Identities()
         if book_state is not None:
             self._book.load_state_dict(book_state, now=time.monotonic())
+            self._identities.load_state_dict(book_state.get("identities", {}))
+        # producers of the previous incarnation: they re-register by themselves, and should hear
+        # the end of the run too if it comes before they have
+        self._expected = set(self._identities.keys)
         self.incarnation = self._book.incarnation
         self.run_id = f"{uuid.uuid4().hex[:8]}-{self.incarnation}"
         net = cfg.net
@@ -143,6 +171,7 @@ class Server:
         self.accepting = True  # False once the learner needs no more groups
         self.told_finished: set[str] = set()  # producers whose last reply said finished
         self.counters: Counter[str] = Counter()
+        self._log = LogLimiter(log)
         self.producers: dict[str, ProducerView] = {}
         self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._lock = threading.Lock()  # guards counters/producers copies for other threads
@@ -240,18 +269,20 @@ class Server:
         def state() -> dict[str, Any]:
             self._flush_ledger()
             out = self._book.state_dict()
+            out["identities"] = self._identities.state_dict()
             out["logs"] = {name: _size(self.run_dir / name) for name in logs}
             return out
 
         return self._call(state).result()
 
     def all_told_finished(self) -> bool:
-        """Every live producer has heard that the run is finished."""
+        """Every live producer (and every producer of the previous incarnation that has not
+        re-registered yet) has heard that the run is finished."""
         return self._call(self._all_told_finished).result()
 
     def _all_told_finished(self) -> bool:
         live = {p for p, v in self.producers.items() if v.state not in ("gone", "left")}
-        return live <= self.told_finished
+        return live | (self._expected - set(self.producers)) <= self.told_finished
 
     def _fail_on_error(self, fut: Future[Any]) -> None:
         """A call nobody waits for failed: the lease book can no longer be trusted, so the
@@ -306,14 +337,33 @@ class Server:
                 sock.close(linger=0)
 
     def _drain(
-        self, sock: zmq.Socket, handler: Callable[[list[bytes]], None], limit: int = 256
+        self, sock: zmq.Socket, handler: Callable[[list[zmq.Frame]], None], limit: int = 256
     ) -> None:
         for _ in range(limit):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            handler(frames)
+            try:
+                handler(frames)
+            except Exception as exc:  # one message must never end this thread
+                self._internal_error(exc)
+
+    def _internal_error(self, exc: Exception) -> None:
+        """Handling one message raised: count it, log it (with its traceback the first time
+        for its type) and go on; the message is dropped."""
+        name = type(exc).__name__
+        with self._lock:
+            self.counters["rejected.internal_error"] += 1
+            self.counters[f"internal_error.{name}"] += 1
+            self.counters["rejected"] += 1
+        self._log.log(
+            f"internal_error.{name}",
+            logging.ERROR,
+            "a message raised %s while it was handled: dropped, the consumer goes on",
+            name,
+            exc_info=True,
+        )
 
     def _run_calls(self) -> None:
         while True:
@@ -333,6 +383,13 @@ class Server:
         net = self.cfg.net
         gone = {p for p, v in self.producers.items() if now - v.last_seen > net.producer_timeout_s}
         expired = self._book.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=gone)
+        forget = [
+            p
+            for p, v in self.producers.items()
+            if v.state in ("gone", "left")
+            and now - v.ended_at > max(_FORGET_AFTER_S, 10 * net.producer_timeout_s)
+            and not self._book.holds(p)
+        ]
         with self._lock:
             for p in gone:
                 log.warning(
@@ -342,40 +399,62 @@ class Server:
                 )
                 self.producers[p].state = "gone"
                 self.producers[p].last_seen = float("inf")  # report once
+                self.producers[p].ended_at = now
+            for p in forget:
+                del self.producers[p]
             self.counters["expired"] += len(expired)
+        for p in forget:
+            self._book.forget_acks(p)
+            self._identities.forget(p)
+            self.told_finished.discard(p)
         if expired or self._ledger_dirty:
             self._flush_ledger()
 
     # -- rollouts ------------------------------------------------------------------------------
-    def _on_group_frames(self, frames: list[bytes]) -> None:
+    def _on_group_frames(self, frames: list[zmq.Frame]) -> None:
         with self._lock:
             self.counters["messages"] += 1
+        key = peer_key(frames[0])
         if len(frames) != 1:
-            return self._reject_group(WireError("multipart", f"{len(frames)} frames"))
+            return self._reject_group(WireError("multipart", f"{len(frames)} frames"), key)
         try:
-            msg = wire.decode(frames[0], self.group_limits)
+            msg = wire.decode(frames[0].buffer, self.group_limits)
         except WireError as exc:
-            return self._reject_group(exc)
+            return self._reject_group(exc, key)
         if not isinstance(msg, wire.Group):
-            return self._reject_group(WireError("unexpected_kind", type(msg).__name__))
+            return self._reject_group(WireError("unexpected_kind", type(msg).__name__), key)
+        if msg.producer_id not in self.producers:
+            return self._reject_group(WireError("not_registered", "register first"), key)
+        if not self._identities.allows(msg.producer_id, key):
+            return self._reject_group(WireError("wrong_key", "not this producer's key"), key)
         verdict = self._book.receive(msg.lease_id, msg.producer_id)
+        if verdict == "wrong_producer":
+            return self._reject_group(WireError("wrong_producer", "another producer's lease"), key)
         with self._lock:
             self.counters[f"groups_{verdict}"] += 1
         if verdict == "accept":
             self._groups.put(msg)
 
-    def _reject_group(self, exc: WireError) -> None:
+    def _reject_group(self, exc: WireError, key: str) -> None:
+        """Count a refused group message; one that parsed but failed a check ends its lease
+        as rejected_invalid, if it came from the lease's holder (id and key)."""
         with self._lock:
             self.counters[f"rejected.{exc.reason}"] += 1
             self.counters["rejected"] += 1
-        log.warning("rejected a group message: %s", exc)
+        self._log.log(f"group.{exc.reason}", logging.WARNING, "rejected a group message: %s", exc)
         rec = self._book.open.get(exc.lease_id) if exc.lease_id is not None else None
-        if rec is not None and rec.state == "issued" and rec.producer_id == exc.producer_id:
+        if (
+            rec is not None
+            and rec.state == "issued"
+            and rec.producer_id == exc.producer_id
+            and self._identities.allows(rec.producer_id, key)
+            and exc.reason not in ("not_registered", "wrong_key", "wrong_producer")
+        ):
             self._book.finalize(rec.lease_id, "rejected_invalid", reason=exc.reason)
             self._ledger_dirty = True
 
     # -- control -------------------------------------------------------------------------------
-    def _on_control_frames(self, frames: list[bytes]) -> None:
+    def _on_control_frames(self, frames: list[zmq.Frame]) -> None:
         if len(frames) != 2:
             with self._lock:
                 self.counters["control_rejected.multipart"] += 1
@@ -383,15 +462,21 @@ class Server:
         identity, payload = frames
         req = 0  # unknown until the request parses
         try:
-            msg = wire.decode(payload, self.control_limits)
+            msg = wire.decode(payload.buffer, self.control_limits)
             req = getattr(msg, "req", 0)
-            reply = self._handle(msg)
+            reply = self._handle(msg, peer_key(payload))
         except WireError as exc:
             with self._lock:
                 self.counters[f"control_rejected.{exc.reason}"] += 1
+            self._log.log(
+                f"control.{exc.reason}", logging.WARNING, "rejected a control request: %s", exc
+            )
             reply = wire.Reject(req=req, reason=exc.reason, detail=exc.detail)
+        except Exception as exc:  # a bug of ours: counted and logged; the peer is told
+            self._internal_error(exc)
+            reply = wire.Reject(req=req, reason="internal_error", detail=type(exc).__name__)
         try:
-            self.control.send_multipart([identity, wire.encode(reply)], zmq.NOBLOCK)
+            self.control.send_multipart([identity.bytes, wire.encode(reply)], zmq.NOBLOCK)
         except zmq.ZMQError:  # peer gone (ROUTER_MANDATORY) or its pipe full: it will retry
             with self._lock:
                 self.counters["control_reply_undeliverable"] += 1
@@ -404,9 +489,16 @@ class Server:
             self.run_id, self.policy_version, self.snapshot, acks, not self.accepting
         )
 
-    def _handle(self, msg: wire.Message) -> wire.Message:
+    def _handle(self, msg: wire.Message, key: str) -> wire.Message:
+        """The reply to one control request that came with the CurveZMQ key `key`."""
         now = time.monotonic()
         if isinstance(msg, wire.Register):
+            view = self.producers.get(msg.producer_id)
+            free = view is None or (
+                view.state in ("gone", "left") and not self._book.holds(msg.producer_id)
+            )
+            if not self._identities.bind(msg.producer_id, key, free=free):
+                raise WireError("wrong_key", "this producer id is registered with another key")
             with self._lock:
                 self.producers[msg.producer_id] = ProducerView(
                     msg.host, msg.pid, msg.engine, msg.loaded_version, last_seen=now
@@ -427,6 +519,8 @@ class Server:
         view = self.producers.get(msg.producer_id)
         if view is None or view.state == "gone":
             raise WireError("not_registered", "register first (the consumer may have restarted)")
+        if not self._identities.allows(msg.producer_id, key):
+            raise WireError("wrong_key", "this producer id is registered with another key")
         with self._lock:
             view.last_seen = now
             if isinstance(msg, wire.Heartbeat):
@@ -435,7 +529,7 @@ class Server:
         if isinstance(msg, wire.Goodbye):
             self._book.reconcile(msg.producer_id, set(msg.held_leases))
             with self._lock:
-                view.state, view.last_seen = "left", float("inf")
+                view.state, view.last_seen, view.ended_at = "left", float("inf"), now
             return wire.StatusReply(msg.req, self._status(msg.producer_id))
         if isinstance(msg, wire.LeaseRequest):
             with self._lock:

@@ -31,6 +31,7 @@ import zmq.asyncio
 from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError, WireError
+from common.log_limit import LogLimiter
 from common.sockets import Keys, client_socket
 
 log = logging.getLogger("asyncgrpo.producer")
@@ -53,6 +54,8 @@ class ControlClient:
         self._next = 1
         self._waiting: dict[int, asyncio.Future[wire.Message]] = {}
         self.num_bad_replies = 0
+        self.last_reply_s = time.monotonic()  # when the consumer last answered anything
+        self._log = LogLimiter(log)
 
     async def request(self, msg: wire.Message, *, timeout_s: float) -> wire.Message:
         """Send `msg` (its `req` field is replaced) and await the matching reply."""
@@ -141,8 +144,9 @@ class ControlClient:
                 reply = wire.decode(data, self.limits)
             except WireError as exc:
                 self.num_bad_replies += 1
-                log.warning("bad reply from the consumer: %s", exc)
+                self._log.log(exc.reason, logging.WARNING, "bad reply from the consumer: %s", exc)
                 continue
+            self.last_reply_s = time.monotonic()
             req = getattr(reply, "req", 0)
             fut = self._waiting.get(req)
             if fut is not None and not fut.done():

@@ -15,6 +15,12 @@ closes every socket and the engine:
   the engine then reads it straight away;
 - `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task.
 
+Ending: the consumer says `finished` in its replies (the run is over: exit 0), or a signal
+arrives (goodbye, exit 0), or the consumer has not answered for `net.consumer_timeout_s`: then
+`ConsumerLost` ends the producer with one clear line and exit code 3, whatever it was doing, so
+no producer outlives its consumer for long (a consumer that restarts with `--resume` within that
+time is rejoined).
+
 Invariants: a lease starts generating only once the loaded weights are at least its
 `min_version` (the staleness bound by construction); every finished group stays in the outbox
 until acknowledged; a reward that raises or hangs scores 0 and is counted (producer/rewards.py);
@@ -54,6 +60,7 @@ if TYPE_CHECKING:
     from producer.rewards import RewardRunner
 
 log = logging.getLogger("asyncgrpo.producer")
+EXIT_CONSUMER_LOST = 3
 _REQUEST_TIMEOUT_S = 10.0
 _CHUNK_BYTES = 4 << 20
 
@@ -63,6 +70,10 @@ def lease_seed(run_seed: int, lease_id: int) -> int:
     samples the same completions from the same weights (what makes a synchronous run, and the
     prompts and seeds of an asynchronous one, repeatable)."""
     return int(np.random.SeedSequence([run_seed, lease_id]).generate_state(1)[0]) & ((1 << 30) - 1)
+
+
+class ConsumerLost(Exception):
+    """The consumer has not answered for `net.consumer_timeout_s`."""
 
 
 class Changes:
@@ -155,6 +166,14 @@ class Producer:
                         "(is it running, and are the address and keys right?)"
                     ) from None
                 continue
+            except Rejected as exc:
+                if exc.reason != "wrong_key":
+                    raise
+                raise ConfigError(
+                    f"the consumer refused producer id {self.state.producer_id!r}: another "
+                    "producer (another CurveZMQ key) holds it; choose another --id "
+                    "(producer.id), or wait until that producer is gone"
+                ) from None
             assert isinstance(reply, wire.Welcome), reply
             self._on_status(reply.status)
             return reply
@@ -257,8 +276,21 @@ class Producer:
                 self.state.count("groups_resent", resent)
 
     # -- tasks ---------------------------------------------------------------------------------
+    def check_consumer(self) -> None:
+        """Raise `ConsumerLost` once the consumer has been silent for net.consumer_timeout_s."""
+        timeout = self.cfg.net.consumer_timeout_s
+        silent = time.monotonic() - self.control.last_reply_s
+        if timeout and silent > timeout:
+            unacked = len(self.session.outbox.pending) if self.session is not None else 0
+            raise ConsumerLost(
+                f"no answer from the consumer at {self.cfg.net.connect} for {silent:.0f} s "
+                f"(net.consumer_timeout_s = {timeout:g}): it has stopped or cannot be reached; "
+                f"exiting ({unacked} finished groups were never acknowledged)"
+            )
+
     async def heartbeat_loop(self) -> None:
         while True:
+            self.check_consumer()
             version = self.session.engine.version if self.session is not None else -1
             msg = wire.Heartbeat(
                 0, self.state.producer_id, version, self._state_name(),
@@ -509,6 +541,7 @@ async def main(cfg: Config) -> int:
         loop.add_signal_handler(sig, current.cancel)
     loop.add_signal_handler(signal.SIGUSR1, _log_tasks)  # `kill -USR1 PID`: where is it waiting?
     reader = asyncio.create_task(producer.control.read_replies(), name="replies")
+    code = 0
     try:
         spec = await producer.setup()
         async with asyncio.TaskGroup() as tg:
@@ -525,9 +558,15 @@ async def main(cfg: Config) -> int:
     except asyncio.CancelledError:
         current.uncancel()
         log.info("stopping: telling the consumer which groups we still hold")
+    except BaseExceptionGroup as group:  # a task of the group failed
+        lost, other = group.split(ConsumerLost)
+        if other is not None or lost is None:
+            raise
+        log.error("%s", lost.exceptions[0])
+        code = EXIT_CONSUMER_LOST
     finally:
         await producer.goodbye()
         reader.cancel()
         await producer.close()
         ctx.term()
-    return 0
+    return code

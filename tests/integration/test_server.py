@@ -160,3 +160,56 @@ async def test_a_snapshot_downloads_in_chunks_and_is_verified_before_it_is_writt
         reader.cancel()
         client.close()
         ctx.destroy(linger=0)
+
+
+def _wait(predicate, what: str, timeout_s: float = 30.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+    return value
+
+
+def test_a_message_whose_handling_raises_is_counted_and_the_network_thread_goes_on(
+    server, tmp_path, monkeypatch
+):
+    srv, ctx = server
+    control = ctx.socket(zmq.DEALER)
+    control.connect(f"tcp://127.0.0.1:{srv.ports['control']}")
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{srv.ports['rollouts']}")
+    assert isinstance(_request(control, wire.Register(1, "p", "h", 1, "fake", -1)), wire.Welcome)
+    srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))
+    (lease,) = _request(control, wire.LeaseRequest(2, "p", 1, 0)).leases
+
+    handle, receive = srv._handle, srv._book.receive
+    failed: list[int] = []
+
+    def handle_or_fail(msg, key):  # a bug of ours on the control path
+        if isinstance(msg, wire.Heartbeat) and msg.num_in_flight == 7:
+            raise RecursionError("as deep nesting once did through repr()")
+        return handle(msg, key)
+
+    def receive_or_fail(lease_id, producer_id):  # ... and on the rollouts path
+        if producer_id == "p" and lease_id == lease.lease_id and not failed:
+            failed.append(lease_id)
+            raise MemoryError
+        return receive(lease_id, producer_id)
+
+    monkeypatch.setattr(srv, "_handle", handle_or_fail)
+    monkeypatch.setattr(srv._book, "receive", receive_or_fail)
+    reply = _request(control, wire.Heartbeat(3, "p", 0, "idle", 7))
+    assert (reply.reason, reply.detail) == ("internal_error", "RecursionError")
+    push.send(wire.encode(_group(lease, [1.0, 0.0])))
+    _wait(lambda: srv.view()["counters"].get("internal_error.MemoryError"), "the MemoryError")
+    push.send(wire.encode(_group(lease, [1.0, 0.0])))  # the producer re-sends: accepted now
+    assert srv.next_group(timeout_s=10).lease_id == lease.lease_id
+    assert isinstance(_request(control, wire.Heartbeat(4, "p", 0, "idle", 0)), wire.StatusReply)
+    counters = srv.view()["counters"]
+    assert counters["rejected.internal_error"] == 2
+    assert counters["internal_error.RecursionError"] == 1
+    srv.check()  # the network thread never failed
+    control.close(linger=0)
+    push.close(linger=0)

@@ -243,6 +243,7 @@ PROBLEMS = [
     (["snapshot.keep_last=0"], "keep_last must be >= 1", "snapshot.keep_last"),
     (["net.heartbeat_s=20"], "must exceed two heartbeats", "net.producer_timeout_s"),
     (["net.max_message_mib=0"], "max_message_mib must be > 0", "net.max_message_mib"),
+    (["net.consumer_timeout_s=1"], "or exceed two heartbeats", "net.consumer_timeout_s"),
     (["net.bind_host=0.0.0.0"], "is not a loopback address", "net.bind_host"),
     (["net.connect=tcp://10.0.0.2:5555"], "leaves this machine", "net.connect"),
     (["producer.max_in_flight=0"], "max_in_flight must be >= 1", "producer.max_in_flight"),

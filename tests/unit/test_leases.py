@@ -164,20 +164,38 @@ def test_acks_queue_per_producer():
     assert book.take_acks("a") == (Ack(a.lease_id, "trained"),)
 
 
-def test_a_group_delivered_by_another_producer_is_credited_to_it():
+def test_a_group_for_another_producers_open_lease_is_refused_and_the_lease_stays_its_holders():
     book = make_book()
     (rec,) = grant(book, 1, producer="a")
-    assert book.receive(rec.lease_id, "b") == "accept"
-    assert {p: dict(c) for p, c in book.by_producer.items()} == {
-        "a": {"issued": 1, "handed_over": 1},
-        "b": {"taken_over": 1},
-    }
-    assert_book_balanced(book)
+    assert book.receive(rec.lease_id, "b") == "wrong_producer"
+    assert book.open[rec.lease_id].state == "issued"
+    assert book.take_acks("b") == ()  # the forger learns nothing and is credited nothing
+    assert book.receive(rec.lease_id, "a") == "accept"  # the holder still delivers
+    assert book.receive(rec.lease_id, "b") == "wrong_producer"  # also once it is received
     book.finalize(rec.lease_id, "trained")
-    assert book.take_acks("b") == (Ack(rec.lease_id, "trained"),)
-    assert book.by_producer["b"]["trained"] == 1
-    assert book.by_producer["a"]["trained"] == 0
+    assert {p: dict(c) for p, c in book.by_producer.items()} == {"a": {"issued": 1, "trained": 1}}
+    assert book.take_acks("a") == (Ack(rec.lease_id, "trained"),)
     assert_book_balanced(book)
+
+
+def test_acks_are_bounded_per_producer_and_leave_in_replies_of_bounded_size():
+    from consumer.leases import ACKS_PER_REPLY, MAX_ACKS
+
+    book = make_book()
+    for lease_id in range(MAX_ACKS + 5):  # unknown leases: each is acked as expired
+        assert book.receive(1_000_000 + lease_id, "x") == "unknown"
+    assert book.acks_dropped == 5
+    first = book.take_acks("x")
+    assert len(first) == ACKS_PER_REPLY
+    assert first[0].lease_id == 1_000_005  # the oldest went first
+    taken = len(first)
+    while chunk := book.take_acks("x"):
+        taken += len(chunk)
+    assert taken == MAX_ACKS
+    assert "x" not in book.acks
+    book.receive(7_000_000, "y")
+    book.forget_acks("y")
+    assert book.take_acks("y") == ()
 
 
 def test_a_group_delivered_by_its_own_producer_moves_nothing():
@@ -404,7 +422,10 @@ def test_random_operations_keep_the_balance_and_never_finalize_twice(ops, k, pps
             rec = book.open.get(lease_id)
             state = rec.state if rec is not None else None
             verdict = book.receive(lease_id, producer)
-            if state == "issued":
+            if state is not None and rec.producer_id != producer:
+                assert verdict == "wrong_producer"
+                assert rec.state == state  # untouched: its holder may still deliver it
+            elif state == "issued":
                 assert verdict == "accept"
             elif state == "received":
                 assert verdict == "duplicate"
@@ -489,12 +510,27 @@ def test_a_resumed_book_keeps_balancing_as_it_goes_on():
     restored = make_book(max_staleness=2)
     restored.load_state_dict(state, now=0.0)
     for rec in list(restored.open.values())[:4]:
-        assert restored.receive(rec.lease_id, "b") == "accept"  # re-sent by another producer
+        assert restored.receive(rec.lease_id, "b") == "wrong_producer"  # not b's lease
+        assert restored.receive(rec.lease_id, "a") == "accept"  # re-sent by its holder
         restored.finalize(rec.lease_id, "trained")
     restored.expire(now=1.0, lease_timeout_s=0.5, gone=set())
     grant(restored, 3, producer="c")
     assert restored.by_producer["c"]["issued"] == 3
-    assert restored.by_producer["b"] == Counter({"taken_over": 4, "trained": 4})
+    assert restored.by_producer["a"]["trained"] == 1 + 4
+    assert "b" not in restored.by_producer
+    assert_book_balanced(restored)
+
+
+def test_a_checkpoint_whose_leases_moved_between_producers_still_balances():
+    """Leases once moved to the producer that delivered them (handed_over / taken_over)."""
+    book, _ = busy_book()
+    state = json.loads(json.dumps(book.state_dict()))
+    state["by_producer"]["a"]["handed_over"] = 1
+    state["by_producer"]["a"]["trained"] -= 1
+    state["by_producer"]["b"] = {"taken_over": 1, "trained": 1}
+    restored = make_book(max_staleness=2)
+    restored.load_state_dict(state, now=0.0)
+    assert restored.balance()["ok"] == 1
     assert_book_balanced(restored)
 
 
