@@ -247,6 +247,13 @@ def _plan(cls: type[Any]) -> dict[str, _Field]:
     return plan
 
 
+def prepare(*classes: type[Any]) -> None:
+    """Build the reads of `classes` (and the classes they contain) now, so that decoding a
+    message never builds a cache (what decoding allocates is then what the message costs)."""
+    for cls in classes:
+        _plan(cls)
+
+
 def read_entries(r: Reader, n: int, pos: int) -> tuple[dict[str, int], int]:
     """A map's entries as {key: position of its value} and the position after the map; every
     value is walked (`Reader.skip`). A bin key is kept under a name no field has."""
@@ -306,6 +313,7 @@ def _make_read(tp: Any) -> Read:
         return optional
     if dataclasses.is_dataclass(tp):
         cls: type[Any] = tp  # type: ignore[assignment]
+        _plan(cls)  # nested classes are prepared with their container
 
         def struct(r: Reader, pos: int, where: str) -> tuple[Any, int]:
             tag, n, start = r.head(pos)

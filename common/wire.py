@@ -305,6 +305,7 @@ Message = Union[  # noqa: UP007 (a runtime alias, used by isinstance-free dispat
     Announce,
 ]
 _KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(Message)}
+mp.prepare(*_KINDS.values())
 
 
 # ---------------------------------------------------------------------------------------------
