@@ -20,6 +20,13 @@ Invariants:
   reader on that host may take it instead of hashing the file again (`written_here`).
 - BLAKE3 (multi-threaded) rather than SHA-256/BLAKE2b: hashing must not dominate a publish.
   `write_file` hashes the memory it wrote on a second thread while the file is fsynced.
+- Versions belong to one timeline. A consumer resumed from its checkpoint at version v goes on
+  from v, so the snapshots above v that the interrupted run had published were never trained
+  on by the new timeline: `remove_newer` deletes them at resume (else they would shadow its
+  own later versions of the same numbers, and pruning by number would delete the live ones).
+  `<run>/final.json` (`write_final` / `final_version`) names the version a run ended with; a
+  resumed run removes it until it ends again. Readers take the run's result from there, not
+  from the highest number on disk.
 - Nobody loads a snapshot whose tensors do not fit the model (`check_fits`, one rule for the hf
   and vllm engines and the evaluator): every file tensor names a model tensor of the same shape,
   and every model tensor is in the file unless it shares storage with one that is (tied
@@ -263,6 +270,40 @@ def prune(root: Path, keep_last: int, *, protect: tuple[int, ...] = ()) -> list[
     for stale in root.glob("*.tmp-*"):  # nothing when root does not exist
         shutil.rmtree(stale, ignore_errors=True)
     return removed
+
+
+def remove_newer(root: Path, version: int) -> list[int]:
+    """Delete the snapshots above `version` (and leftover temporaries); returns the removed."""
+    removed = [v for v in list_versions(root) if v > version]
+    for v in removed:
+        shutil.rmtree(snapshot_dir(root, v), ignore_errors=True)
+    for stale in root.glob("*.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return removed
+
+
+FINAL_FILE = "final.json"
+
+
+def write_final(run_dir: Path, version: int) -> None:
+    """Record, durably, that the run ended with snapshot `version`."""
+    path = run_dir / FINAL_FILE
+    tmp = path.with_name(FINAL_FILE + ".tmp")
+    record = {"version": version, "snapshot": str(snapshot_dir(Path("snapshots"), version))}
+    with open(tmp, "w") as f:
+        f.write(json.dumps(record))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(run_dir)
+
+
+def final_version(run_dir: Path) -> int | None:
+    """The version a run ended with (`write_final`), or None if it has not ended cleanly."""
+    try:
+        return int(json.loads((run_dir / FINAL_FILE).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:

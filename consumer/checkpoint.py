@@ -1,13 +1,23 @@
 """Checkpoint and resume: model, optimizer, scheduler, RNG, policy version, lease book.
 
-Layout: `<run>/checkpoint/` = `model.safetensors` (fp32), `trainer.pt` (optimizer, scheduler and
-RNG states, via torch.save of plain tensors and dicts), `state.json` (version, lease book with
-prompt cursor, ledger counts, and the sizes of `leases.jsonl` and `metrics.jsonl` at the save: a
-resumed run truncates them there, so every lease and step appears once). Written under a
-temporary name and renamed, so a crash during a save leaves the previous checkpoint intact.
+Layout: `<run>/checkpoints/<name>/` = `model.safetensors` (fp32), `trainer.pt` (optimizer,
+scheduler and RNG states, via torch.save of plain tensors and dicts), `state.json` (version,
+lease book with prompt cursor, ledger counts, producer identities, and the sizes of
+`leases.jsonl` and `metrics.jsonl` at the save: a resumed run truncates them there, so every
+lease and step appears once); `<run>/checkpoints/LATEST` names the current one.
+
+Crash safety (a kill or power cut at any instant leaves a checkpoint to resume from): a save
+writes a new directory under a temporary name, fsyncs every file and the directory, renames it
+to its unique final name, fsyncs the parent, and only then replaces `LATEST` (written to a
+temporary file, fsynced, `os.replace`d, parent fsynced). Until that replace, `LATEST` names the
+previous complete checkpoint; after it, the new one. Nothing a reader needs is ever renamed
+away first (the former scheme renamed the old checkpoint aside before moving the new one in: a
+kill between the two renames left none). Directories that `LATEST` does not name are leftovers
+of an interrupted save or superseded checkpoints, removed by the next save.
+
 `--resume` (run.resume) restores all of it: the learner continues with the same weights,
 optimizer moments and RNG streams; producers notice the new incarnation and re-register by
-themselves.
+themselves. A run directory of the earlier layout (`<run>/checkpoint/`) still resumes.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import json
 import os
 import random
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +35,19 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.errors import ConfigError
+from common.snapshot import fsync_path, sync_dir
 
-DIR = "checkpoint"
+ROOT = "checkpoints"
+POINTER = "LATEST"
+LEGACY_DIR = "checkpoint"  # the layout before LATEST: one directory, replaced by two renames
 
 
 def save(run_dir: Path, *, trainer: Any, version: int, book_state: dict[str, Any]) -> Path:
-    final = run_dir / DIR
-    tmp = run_dir / f"{DIR}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    """Write a checkpoint and make it the current one (crash-safe; see the module doc)."""
+    root = run_dir / ROOT
+    root.mkdir(exist_ok=True)
+    name = f"v{version:06d}-{uuid.uuid4().hex[:8]}"
+    tmp = root / f".tmp-{name}"
     tmp.mkdir()
     if trainer.model is not None:
         state = {k: v.detach().cpu().contiguous() for k, v in trainer.model.state_dict().items()}
@@ -48,23 +64,51 @@ def save(run_dir: Path, *, trainer: Any, version: int, book_state: dict[str, Any
             tmp / "trainer.pt",
         )
     (tmp / "state.json").write_text(json.dumps({"version": version, "book": book_state}))
-    for child in tmp.iterdir():
-        with open(child, "rb") as f:
-            os.fsync(f.fileno())
-    old = run_dir / f"{DIR}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    sync_dir(tmp)
+    final = root / name
+    os.rename(tmp, final)
+    fsync_path(root)
+    _write_atomically(root / POINTER, name + "\n")
+    for child in root.iterdir():  # earlier checkpoints and leftovers of interrupted saves
+        if child.name not in (name, POINTER):
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+    shutil.rmtree(run_dir / LEGACY_DIR, ignore_errors=True)
     return final
+
+
+def current(run_dir: Path) -> Path | None:
+    """The directory of the run's current checkpoint, or None if it has none."""
+    pointer = run_dir / ROOT / POINTER
+    if pointer.exists():
+        path = run_dir / ROOT / pointer.read_text().strip()
+        if not (path / "state.json").exists():
+            raise ConfigError(f"run.resume: {pointer} names {path.name}, which is incomplete")
+        return path
+    legacy = run_dir / LEGACY_DIR
+    return legacy if (legacy / "state.json").exists() else None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace `path` by a file holding `text`: readers see the old or the new, never a part."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
 
 
 def load(run_dir: Path, *, trainer: Any) -> tuple[int, dict[str, Any]]:
     """Restore the trainer in place; returns (policy version, lease-book state)."""
-    path = run_dir / DIR
-    if not (path / "state.json").exists():
-        raise ConfigError(f"run.resume: no checkpoint in {path} (run.dir must name an earlier run)")
+    path = current(run_dir)
+    if path is None:
+        raise ConfigError(
+            f"run.resume: no checkpoint in {run_dir / ROOT} (run.dir must name an earlier run)"
+        )
     state = json.loads((path / "state.json").read_text())
     for name, size in state["book"].pop("logs", {}).items():  # drop what happened after the save
         log = run_dir / name
@@ -99,9 +143,9 @@ def _dedup(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def record_incarnation(run_dir: Path, incarnation: int) -> None:
     """Persist a resumed run's incarnation at once: resuming twice from the same checkpoint must
     not hand out the lease ids of the first resume again."""
-    path = run_dir / DIR / "state.json"
+    directory = current(run_dir)
+    assert directory is not None, "record_incarnation after a resume"
+    path = directory / "state.json"
     state = json.loads(path.read_text())
     state["book"]["incarnation"] = max(int(state["book"]["incarnation"]), incarnation)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
+    _write_atomically(path, json.dumps(state))

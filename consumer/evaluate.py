@@ -12,7 +12,7 @@ sample; never touches the train split.
   agree, tied embeddings may be stored once) or a `SnapshotError`.
 - `accuracy_of(model, tokenizer, examples)` decodes with a model already in memory and leaves
   its train/eval mode and the tokenizer's padding side as they were.
-- `evaluate_run(run_dir, model_dir)` evaluates a finished run's newest snapshot (and, with
+- `evaluate_run(run_dir, model_dir)` evaluates the snapshot a finished run ended with (and, with
   `initial=True`, the model it started from) on the whole held-out split and writes
   `RUN_DIR/eval.json`: `final_accuracy`, `heldout_size`, `final_version`, `model` (and
   `initial_accuracy`). The launcher and the stress sweep both use it.
@@ -21,12 +21,15 @@ sample; never touches the train split.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common import snapshot as snap
 from common.tasks import Example, is_correct, make_examples
+
+log = logging.getLogger("asyncgrpo.consumer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,20 +134,25 @@ def greedy_accuracy(
 
 
 def evaluate_run(run_dir: Path, model_dir: Path, *, initial: bool = True) -> dict[str, Any] | None:
-    """Evaluate `run_dir`'s newest snapshot (and the starting model) and write `eval.json`;
-    returns what it wrote, or None when the run has no snapshot."""
+    """Evaluate the snapshot `run_dir` ended with (its `final.json`; the newest on disk if it
+    never ended cleanly) and the starting model; write `eval.json` and return it, or None when
+    the run has no snapshot."""
     root = run_dir / "snapshots"
     versions = snap.list_versions(root)
-    if not versions:
-        return None
-    final = greedy_accuracy(model_dir, snapshot=snap.snapshot_dir(root, versions[-1]))
+    version = snap.final_version(run_dir)
+    if version is None or version not in versions:
+        if not versions:
+            return None
+        log.warning("%s has no final.json: evaluating its newest snapshot", run_dir)
+        version = versions[-1]
+    final = greedy_accuracy(model_dir, snapshot=snap.snapshot_dir(root, version))
     result: dict[str, Any] = {}
     if initial:
         result["initial_accuracy"] = greedy_accuracy(model_dir).accuracy
     result |= {
         "final_accuracy": final.accuracy,
         "heldout_size": final.total,
-        "final_version": versions[-1],
+        "final_version": version,
         "model": str(model_dir),
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=1))

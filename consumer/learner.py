@@ -35,6 +35,7 @@ import zmq
 
 from common import config as config_mod
 from common import metrics as M
+from common import snapshot as snap
 from common import wire
 from common.config import Config
 from common.sockets import load_keys, start_authenticator
@@ -61,6 +62,7 @@ class Learner:
         self.cfg, self.run_dir = cfg, run_dir
         self.stop_event = threading.Event()
         self.hurry = threading.Event()  # a second signal: skip waiting for producers at the end
+        self.started = time.monotonic()
         self.model_dir = local_model_dir(cfg.model.path) if not cfg.train.simulate_step_s else None
         if self.model_dir is None:
             from consumer.simulated import SimulatedTrainer
@@ -75,6 +77,12 @@ class Learner:
         if cfg.run.resume:
             self.version, book_state = checkpoint.load(run_dir, trainer=self.trainer)
             cfg = self.cfg = _reuse_ports(cfg, run_dir)
+            # the interrupted timeline's snapshots above the checkpoint were never trained on
+            # by this one, and the run has not ended (again) yet
+            gone = snap.remove_newer(run_dir / "snapshots", self.version)
+            if gone:
+                log.info("resume: removed snapshots %s of the interrupted run", gone)
+            (run_dir / snap.FINAL_FILE).unlink(missing_ok=True)
         self.ctx = zmq.Context()
         keys = load_keys(cfg.net.keys_dir, "server") if cfg.net.keys_dir else None
         self.auth = start_authenticator(self.ctx, keys) if keys else None
@@ -265,16 +273,26 @@ class Learner:
         checkpoint.save(self.run_dir, trainer=self.trainer, version=self.version, book_state=state)
 
     def _let_producers_hear_the_end(self) -> None:
-        """Keep answering for a few heartbeats so producers learn the run is over and exit,
-        whether the run ended by itself or by a signal (unless a second signal says hurry)."""
-        deadline = time.monotonic() + 3 * self.cfg.net.heartbeat_s + 1.0
-        while time.monotonic() < deadline and not self.hurry.is_set():
+        """Keep answering so producers learn the run is over and exit, whether the run ended by
+        itself or by a signal (unless a second signal says hurry): a few heartbeats for the
+        registered ones; after a resume, up to net.producer_timeout_s from the start for those
+        of the previous incarnation that have not registered again yet."""
+        net = self.cfg.net
+        deadline = time.monotonic() + 3 * net.heartbeat_s + 1.0
+        restored_deadline = self.started + max(net.producer_timeout_s, 3 * net.heartbeat_s + 1.0)
+        while not self.hurry.is_set():
             if self.server.all_told_finished():
+                return
+            restored = self.server.awaiting_restored()
+            if time.monotonic() >= (max(deadline, restored_deadline) if restored else deadline):
+                log.warning("some producers did not hear that the run is over: they stop by "
+                            "themselves after net.consumer_timeout_s")  # fmt: skip
                 return
             time.sleep(0.05)
 
     def shutdown(self) -> None:
-        """Stop granting, final snapshot, expire open leases, checkpoint, balanced ledger."""
+        """Stop granting, final snapshot, expire open leases, checkpoint, `final.json` (the
+        version the run ended with), balanced ledger, producers told."""
         self.server.stop_granting()
         try:
             if self.published != self.version:
@@ -282,6 +300,7 @@ class Learner:
             self.publisher.close()
             self.server.expire_open("shutdown")
             self._checkpoint()
+            snap.write_final(self.run_dir, self.published)
         finally:
             self.server.expire_open("shutdown")
             self.server.flush_ledger()

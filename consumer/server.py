@@ -284,6 +284,11 @@ class Server:
         live = {p for p, v in self.producers.items() if v.state not in ("gone", "left")}
         return live | (self._expected - set(self.producers)) <= self.told_finished
 
+    def awaiting_restored(self) -> bool:
+        """True while a producer of the previous incarnation has not registered with this one
+        (after a resume it may still be waiting out a request to the old consumer)."""
+        return self._call(lambda: bool(self._expected - set(self.producers))).result()
+
     def _fail_on_error(self, fut: Future[Any]) -> None:
         """A call nobody waits for failed: the lease book can no longer be trusted, so the
         network thread stops as if it had failed itself (`check` re-raises it)."""

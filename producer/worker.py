@@ -247,9 +247,11 @@ class Producer:
         self.state.changed.bump()
         return restarted
 
-    async def _request_status(self, msg: wire.Message) -> wire.Message | None:
+    async def _request_status(
+        self, msg: wire.Message, timeout_s: float = _REQUEST_TIMEOUT_S
+    ) -> wire.Message | None:
         try:
-            reply = await self.control.request(msg, timeout_s=_REQUEST_TIMEOUT_S)
+            reply = await self.control.request(msg, timeout_s=timeout_s)
         except TimeoutError:
             self.state.count("control_timeouts")
             return None
@@ -289,6 +291,7 @@ class Producer:
             )
 
     async def heartbeat_loop(self) -> None:
+        beat = self.cfg.net.heartbeat_s
         while True:
             self.check_consumer()
             version = self.session.engine.version if self.session is not None else -1
@@ -296,10 +299,12 @@ class Producer:
                 0, self.state.producer_id, version, self._state_name(),
                 len(self.state.in_flight), self._counters(),
             )  # fmt: skip
-            await self._request_status(msg)
+            # a short timeout: after a consumer restart, the request the old one never answered
+            # must not delay registering with the new one (which may be about to stop)
+            await self._request_status(msg, timeout_s=min(max(5 * beat, 2.0), _REQUEST_TIMEOUT_S))
             if self.session is not None:
                 self.state.count("groups_resent", await self.session.outbox.resend())
-            await asyncio.sleep(self.cfg.net.heartbeat_s)
+            await asyncio.sleep(beat)
 
     async def announce_loop(self, spec: wire.RunSpec) -> None:
         sub = self._socket(zmq.SUB, spec.announce_port)

@@ -105,7 +105,7 @@ def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snap
     )
     model, _ = load_model(final)  # a complete HF model directory
     assert model.num_parameters() > 0
-    assert (run_dir / "checkpoint" / "state.json").exists()
+    assert (run_dir / "checkpoints" / "LATEST").exists()
 
 
 @pytest.mark.timeout(300)

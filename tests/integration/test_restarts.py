@@ -128,3 +128,97 @@ def test_a_killed_producer_is_replaced_and_its_leases_are_reissued(tmp_path):
     reissued = {r["prompt_index"] for r in leases if r["state"] == "trained"}
     assert {r["prompt_index"] for r in lost} <= reissued
     assert ledger["by_producer"]["p1"]["trained"] > 0
+
+
+def _snapshot_versions(run_dir: Path) -> list[int]:
+    from common import snapshot as snap
+
+    return snap.list_versions(run_dir / "snapshots")
+
+
+@pytest.mark.timeout(300)
+def test_a_resumed_run_drops_the_interrupted_timeline_and_records_where_it_ended(tmp_path):
+    """Killed at step 12 after a checkpoint at 10, resumed to end at 11: the old v11 and v12
+    are gone, final.json says 11 (the highest number on disk is the run's result again), and
+    the producers hear the end and exit 0 (they had to re-register first)."""
+    from common import snapshot as snap
+
+    run_dir = tmp_path / "run"
+    first = consumer(tmp_path, run_dir, 30)
+    procs = [first]
+    try:
+        ep = endpoint(run_dir, procs)
+        producers = [producer(tmp_path, ep, "p1"), producer(tmp_path, ep, "p2")]
+        procs += producers
+        wait_for(lambda: max(_snapshot_versions(run_dir), default=0) >= 12, timeout_s=120,
+                 what="snapshot v12", procs=procs)  # fmt: skip
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        assert snap.final_version(run_dir) is None  # killed: it never ended
+        second = consumer(tmp_path, run_dir, 11, "--resume", log="consumer2.log")
+        procs.append(second)
+        assert second.wait(120) == 0, (tmp_path / "consumer2.log").read_text()[-3000:]
+        for p in producers:  # bounded: told "finished" after re-registering
+            assert p.wait(60) == 0
+    finally:
+        stop(*procs)
+    assert "resumed at version 10" in (tmp_path / "consumer2.log").read_text()
+    assert snap.final_version(run_dir) == 11
+    assert max(_snapshot_versions(run_dir)) == 11
+    check_ledger(run_dir, 11)
+
+
+@pytest.mark.timeout(300)
+def test_producers_exit_when_the_consumer_is_stopped_right_after_a_resume(tmp_path):
+    """SIGTERM while the producers are still waiting out their requests to the killed first
+    consumer: the resumed one waits for them (they are known from its checkpoint) and tells
+    them the run is over; they exit 0, none needs its consumer timeout."""
+    run_dir = tmp_path / "run"
+    first = consumer(tmp_path, run_dir, 30)
+    procs = [first]
+    try:
+        ep = endpoint(run_dir, procs)
+        producers = [producer(tmp_path, ep, "p1"), producer(tmp_path, ep, "p2")]
+        procs += producers
+        wait_for(lambda: steps_done(run_dir) >= 6, timeout_s=120, what="6 steps", procs=procs)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        second = consumer(tmp_path, run_dir, 30, "--resume", log="consumer2.log")
+        procs.append(second)
+        log = tmp_path / "consumer2.log"
+        wait_for(lambda: "listening on" in log.read_text(), timeout_s=120,
+                 what="the resumed consumer to listen", procs=[second])  # fmt: skip
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(120) == 0, log.read_text()[-3000:]
+        for p in producers:
+            assert p.wait(60) == 0
+    finally:
+        stop(*procs)
+    assert_run_balanced(run_dir)
+    for name in ("p1", "p2"):
+        text = (tmp_path / f"{name}.log").read_text()
+        assert "needs no more groups" in text
+
+
+@pytest.mark.timeout(120)
+def test_a_producer_whose_consumer_vanished_exits_after_the_consumer_timeout(tmp_path):
+    run_dir = tmp_path / "run"
+    cons = consumer(tmp_path, run_dir, 1000)
+    procs = [cons]
+    try:
+        ep = endpoint(run_dir, procs)
+        lonely = cli(
+            "producer", "--connect", ep, "--engine", "fake", "--id", "p1",
+            "--set", "net.heartbeat_s=0.2", "--set", "net.consumer_timeout_s=3",
+            log=tmp_path / "p1.log",
+        )  # fmt: skip
+        procs.append(lonely)
+        wait_for(lambda: steps_done(run_dir) >= 2, timeout_s=60, what="2 steps", procs=procs)
+        cons.send_signal(signal.SIGKILL)  # gone without a word
+        cons.wait(30)
+        assert lonely.wait(60) == 3
+    finally:
+        stop(*procs)
+    text = (tmp_path / "p1.log").read_text()
+    assert "no answer from the consumer" in text
+    assert "net.consumer_timeout_s = 3" in text

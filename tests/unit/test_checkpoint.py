@@ -1,0 +1,114 @@
+"""A checkpoint survives a kill at any instant of its save; resume cleans up what a kill left.
+
+The kill is real and deterministic: a forked child saves a checkpoint and SIGKILLs itself just
+before its k-th filesystem step (an fsync, rename, replace or removal), for k = 0, 1, ... until
+the save completes; after each kill the parent loads the run directory and must find a complete
+checkpoint, the old one or the new one, never neither (the earlier scheme left none when killed
+between its two renames).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from consumer import checkpoint
+
+
+def make_trainer(seed: int) -> SimpleNamespace:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()  # moments to save
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, device="cpu")
+
+
+def save(run_dir: Path, version: int, seed: int) -> None:
+    book = {"incarnation": 0, "logs": {}, "version_was": version}
+    checkpoint.save(run_dir, trainer=make_trainer(seed), version=version, book_state=book)
+
+
+def load(run_dir: Path) -> tuple[int, torch.Tensor]:
+    trainer = make_trainer(99)
+    version, _ = checkpoint.load(run_dir, trainer=trainer)
+    return version, trainer.model.weight.detach().clone()
+
+
+def save_killed_at(run_dir: Path, step: int) -> bool:
+    """Save version 2 in a forked child that is SIGKILLed before its `step`-th filesystem
+    step; True if it was killed (False: the save has fewer steps and completed)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            calls = [0]
+
+            def deadly(fn):
+                def wrapped(*args, **kwargs):
+                    if calls[0] == step:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    calls[0] += 1
+                    return fn(*args, **kwargs)
+
+                return wrapped
+
+            for mod, name in [(os, "fsync"), (os, "rename"), (os, "replace"), (shutil, "rmtree")]:
+                setattr(mod, name, deadly(getattr(mod, name)))
+            save(run_dir, 2, seed=2)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status)
+
+
+def test_a_kill_at_every_step_of_a_save_leaves_the_old_or_the_new_checkpoint(tmp_path):
+    old_weights = make_trainer(1).model.weight.detach().clone()
+    new_weights = make_trainer(2).model.weight.detach().clone()
+    seen, step = [], 0
+    while True:
+        run_dir = tmp_path / f"kill-{step}"
+        run_dir.mkdir()
+        save(run_dir, 1, seed=1)
+        killed = save_killed_at(run_dir, step)
+        version, weights = load(run_dir)
+        assert torch.equal(weights, old_weights if version == 1 else new_weights), step
+        seen.append(version)
+        if not killed:
+            break
+        save(run_dir, 3, seed=3)  # the next save clears what the kill left behind
+        names = sorted(p.name for p in (run_dir / checkpoint.ROOT).iterdir())
+        assert names[0] == "LATEST"  # and one checkpoint: nothing left behind
+        assert len(names) == 2
+        assert names[1].startswith("v000003-")
+        step += 1
+    assert step >= 5  # the save has that many fsyncs and renames to be killed at
+    assert seen[0] == 1  # killed before anything: the old one
+    assert seen[-1] == 2  # completed: the new one
+    assert seen == sorted(seen)  # the switch happens once, at one instant
+
+
+def test_resume_finds_no_checkpoint_with_a_clear_error(tmp_path):
+    from common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        load(tmp_path)
+
+
+def test_a_run_directory_of_the_former_layout_still_resumes(tmp_path):
+    save(tmp_path, 4, seed=4)
+    latest = checkpoint.current(tmp_path)
+    assert latest is not None
+    latest.rename(tmp_path / checkpoint.LEGACY_DIR)
+    shutil.rmtree(tmp_path / checkpoint.ROOT)
+    assert load(tmp_path)[0] == 4
+    checkpoint.record_incarnation(tmp_path, 7)
+    state = json.loads((tmp_path / checkpoint.LEGACY_DIR / "state.json").read_text())
+    assert state["book"]["incarnation"] == 7
