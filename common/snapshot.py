@@ -15,6 +15,12 @@ Invariants:
   (`fsync=False` skips the fsyncs, not the rename: the publisher's `snapshot.fsync` policy.)
 - Nobody loads weights whose BLAKE3 hash or size disagrees with the manifest (`verify_file`,
   `verify_bytes` raise `SnapshotError`); a producer that fails to verify keeps its weights.
+- What is loaded is what was verified. A producer never loads the consumer's file by its path
+  after checking it (a resumed run rewrites `v<version>` with other bytes; pruning removes it):
+  `pin_local` opens the file once, verifies it through that descriptor, and puts that very file
+  (a hard link to the open inode) or, across filesystems, a copy hashed as it is written, into
+  the producer's private directory, from which the engine loads. Publication never writes a
+  file in place (new files, renamed directories), so the pinned inode keeps its bytes.
   The one shortcut: the hash in a manifest whose `writer` is this very host (same hostname and
   kernel boot: one page cache) describes the bytes that process wrote from its own memory, so a
   reader on that host may take it instead of hashing the file again (`written_here`).
@@ -142,29 +148,96 @@ def verify_file(path: Path, *, expected_hash: str, expected_bytes: int) -> None:
         raise SnapshotError(f"{path}: hash {got[:12]}… != manifest {expected_hash[:12]}…")
 
 
-def verify_local(
-    path: Path, *, expected_hash: str, expected_bytes: int, trust_writer: bool
-) -> bool:
-    """Check the snapshot file `path` against an announcement; SnapshotError if it disagrees.
+def pin_local(
+    path: Path, into: Path, *, expected_hash: str, expected_bytes: int, trust_writer: bool
+) -> tuple[Path, bool]:
+    """`into/model.safetensors` holding the verified bytes of the snapshot file `path` (see the
+    module doc), and whether the writer's manifest was trusted instead of hashing (with
+    `trust_writer`: a manifest, read from the file's own directory descriptor, that was
+    `written_here` with the announced hash and size). `SnapshotError` if the file disagrees
+    with the announcement (nothing is left in `into`)."""
+    target = into / WEIGHTS_FILE
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise SnapshotError(f"cannot read snapshot {path}: {exc}") from None
+    try:
+        fd = os.open(path.name, os.O_RDONLY, dir_fd=dir_fd)
+    except OSError as exc:
+        os.close(dir_fd)
+        raise SnapshotError(f"cannot read snapshot {path}: {exc}") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size != expected_bytes:
+            raise SnapshotError(f"{path} has {size} bytes, manifest says {expected_bytes}")
+        trusted = trust_writer and _vouched(dir_fd, expected_hash, expected_bytes)
+        into.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        if _link_same_file(fd, path, target):  # the open inode, under a name of ours
+            got = expected_hash if trusted else _hash_fd(fd)
+        else:  # another filesystem: a copy, hashed as it is written
+            got = _copy_hashing(fd, target)
+        if got != expected_hash:
+            raise SnapshotError(f"{path}: hash {got[:12]}… != manifest {expected_hash[:12]}…")
+        return target, trusted
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+        os.close(dir_fd)
 
-    With `trust_writer`, a file whose manifest (next to it) was written on this host since its
-    last boot, with the announced hash and size, is taken without reading it: True. Otherwise
-    the file is hashed (`verify_file`): False."""
-    if trust_writer:
-        try:
-            manifest = read_manifest(path.parent)
-            size = path.stat().st_size
-        except (SnapshotError, OSError):
-            pass  # verify_file below says what is wrong
-        else:
-            if (
-                written_here(manifest)
-                and manifest.hash == expected_hash
-                and manifest.num_bytes == expected_bytes == size
-            ):
-                return True
-    verify_file(path, expected_hash=expected_hash, expected_bytes=expected_bytes)
+
+def _link_same_file(fd: int, path: Path, target: Path) -> bool:
+    """Hard-link `path` as `target` if it is still the file open at `fd` (same device and
+    inode: not replaced since it was opened); False if it cannot be linked (another
+    filesystem) or was replaced meanwhile (then nothing is linked)."""
+    try:
+        os.link(path, target)
+    except OSError:
+        return False
+    opened, linked = os.fstat(fd), os.stat(target)
+    if (opened.st_dev, opened.st_ino) == (linked.st_dev, linked.st_ino):
+        return True
+    target.unlink()
     return False
+
+
+def _vouched(dir_fd: int, expected_hash: str, expected_bytes: int) -> bool:
+    """The manifest next to the file (same directory descriptor) was written on this host and
+    boot and names the announced hash and size."""
+    try:
+        fd = os.open(MANIFEST_FILE, os.O_RDONLY, dir_fd=dir_fd)
+        with open(fd, "rb") as f:
+            manifest = Manifest(**json.loads(f.read(1 << 16)))
+    except (OSError, ValueError, TypeError):
+        return False
+    return (
+        written_here(manifest)
+        and manifest.hash == expected_hash
+        and manifest.num_bytes == expected_bytes
+    )
+
+
+def _hash_fd(fd: int) -> str:
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    offset = 0
+    while block := os.pread(fd, _HASH_BLOCK, offset):
+        hasher.update(block)
+        offset += len(block)
+    return hasher.hexdigest()
+
+
+def _copy_hashing(fd: int, target: Path) -> str:
+    """Copy the file open at `fd` to `target`, hashing exactly the bytes written."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    offset = 0
+    with open(target, "xb") as out:
+        while block := os.pread(fd, _HASH_BLOCK, offset):
+            out.write(block)
+            hasher.update(block)
+            offset += len(block)
+    return hasher.hexdigest()
 
 
 class IncomingFile:

@@ -12,7 +12,8 @@ closes every socket and the engine:
   verifies and loads the newest one. A file the consumer wrote on this very host is taken on its
   manifest's hash (`producer.trust_local_hash`): the writer hashed the memory it wrote, and one
   page cache serves both processes, so reading and hashing it again would only add latency;
-  the engine then reads it straight away;
+  the engine then reads it straight away, from the producer's own pinned link to the very file
+  that was checked (`common.snapshot.pin_local`), never the consumer's path again;
 - `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task.
 
 Ending: the consumer says `finished` in its replies (the run is over: exit 0), or a signal
@@ -458,23 +459,28 @@ class Producer:
 
     # -- snapshots -----------------------------------------------------------------------------
     async def _fetch(self, info: wire.SnapshotInfo) -> Path:
-        """A local directory holding the verified `model.safetensors` of `info`: the consumer's
-        own file when this host sees it (taken on its manifest when written here, see
-        `producer.trust_local_hash`; else hashed), else downloaded over control."""
+        """A private directory holding the verified `model.safetensors` of `info`, which the
+        engine then loads: the consumer's own file when this host sees it, pinned so that the
+        bytes loaded are the bytes verified (`common.snapshot.pin_local`; taken on its
+        manifest when written here, see `producer.trust_local_hash`; else hashed), else
+        downloaded over control."""
         t0 = time.perf_counter()
         local = Path(info.path)
+        directory = self.cache / f"v{info.version:06d}"
         if await asyncio.to_thread(local.is_file):  # may be a slow shared filesystem
             try:
-                trusted = await asyncio.to_thread(
-                    snap.verify_local,
+                _, trusted = await asyncio.to_thread(
+                    snap.pin_local,
                     local,
+                    directory,
                     expected_hash=info.hash,
                     expected_bytes=info.num_bytes,
                     trust_writer=self.cfg.producer.trust_local_hash,
                 )
                 self.state.count("snapshots_local_trusted" if trusted else "snapshots_local")
                 self.state.count("fetch_s", time.perf_counter() - t0)
-                return local.parent
+                self._prune_cache()
+                return directory
             except SnapshotError as exc:
                 log.info("shared-filesystem snapshot unusable (%s): fetching over the network", exc)
         directory = self.cache / f"v{info.version:06d}"
@@ -483,9 +489,13 @@ class Producer:
         )
         self.state.count("snapshots_fetched")
         self.state.count("fetch_s", time.perf_counter() - t0)
+        self._prune_cache()
+        return directory
+
+    def _prune_cache(self) -> None:
+        """Keep the two newest private snapshot directories (the engine's, and the next)."""
         for old in sorted(self.cache.iterdir())[:-2]:
             shutil.rmtree(old, ignore_errors=True)
-        return directory
 
     # -- reporting -----------------------------------------------------------------------------
     def _state_name(self) -> str:

@@ -87,22 +87,29 @@ def leftovers(directory: Path) -> list[Path]:
     return [*directory.rglob(snap.WEIGHTS_FILE), *directory.rglob("*.part")]
 
 
+def same_inode(a: Path, b: Path) -> bool:
+    return a.stat().st_ino == b.stat().st_ino
+
+
 def same_bytes(a: Path, b: Path) -> bool:
     return a.read_bytes() == b.read_bytes()
 
 
 async def test_a_snapshot_written_on_this_host_is_taken_on_its_manifest(tmp_path, monkeypatch):
     info = publish(tmp_path / "snapshots")
-    monkeypatch.setattr(snap, "hash_file", lambda path: pytest.fail("hashed again"))
+    monkeypatch.setattr(snap, "_hash_fd", lambda fd: pytest.fail("hashed again"))
     async with producer_of(None) as producer:
-        assert await producer._fetch(info) == Path(info.path).parent
+        directory = await producer._fetch(info)
+        assert directory.parent == producer.cache  # pinned: the engine loads the file it took
+        assert same_inode(directory / snap.WEIGHTS_FILE, Path(info.path))
         assert producer.state.counters["snapshots_local_trusted"] == 1
 
 
 async def test_without_trust_the_local_file_is_hashed(served):
     server, info = served
     async with producer_of(server, trust=False) as producer:
-        assert await producer._fetch(info) == Path(info.path).parent
+        directory = await producer._fetch(info)
+        assert same_inode(directory / snap.WEIGHTS_FILE, Path(info.path))
         assert producer.state.counters["snapshots_local"] == 1
         assert "snapshots_local_trusted" not in producer.state.counters
 

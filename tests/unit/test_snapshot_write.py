@@ -92,13 +92,16 @@ def published(tmp_path: Path, *, writer: str) -> tuple[Path, snap.Manifest]:
 
 def test_a_local_file_written_on_this_host_is_taken_on_its_manifest(tmp_path, monkeypatch):
     path, m = published(tmp_path, writer=snap.host_id())
-    hashed: list[Path] = []
-    monkeypatch.setattr(snap, "hash_file", lambda p: hashed.append(p) or m.hash)
+    hashed: list[int] = []
+    monkeypatch.setattr(snap, "_hash_fd", lambda fd: hashed.append(fd) or m.hash)
     expect = {"expected_hash": m.hash, "expected_bytes": m.num_bytes}
-    assert snap.verify_local(path, **expect, trust_writer=True)
+    pinned, trusted = snap.pin_local(path, tmp_path / "pin", **expect, trust_writer=True)
+    assert trusted
     assert hashed == []
-    assert not snap.verify_local(path, **expect, trust_writer=False)  # the policy says hash
-    assert hashed == [path]
+    assert pinned.read_bytes() == DATA
+    _, trusted = snap.pin_local(path, tmp_path / "pin", **expect, trust_writer=False)
+    assert not trusted  # the policy says hash
+    assert len(hashed) == 1
 
 
 @pytest.mark.parametrize(
@@ -125,9 +128,11 @@ def test_a_local_file_is_hashed_unless_everything_matches(tmp_path, change):
         corrupt[7] ^= 1
         path.write_bytes(bytes(corrupt))
     with pytest.raises(SnapshotError):
-        snap.verify_local(
-            path, expected_hash=expected_hash, expected_bytes=expected_bytes, trust_writer=True
-        )
+        snap.pin_local(
+            path, tmp_path / "pin", expected_hash=expected_hash, expected_bytes=expected_bytes,
+            trust_writer=True,
+        )  # fmt: skip
+    assert not (tmp_path / "pin" / snap.WEIGHTS_FILE).exists()
 
 
 @pytest.mark.parametrize("order", ["in order", "shuffled", "reversed"])
