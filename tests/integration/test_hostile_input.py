@@ -1,22 +1,33 @@
-"""Garbage on the consumer's sockets never stops it; every bad message is counted.
+"""Hostile peers never stop the consumer, never get anything trained, and are counted exactly.
 
-The consumer runs as a real process (simulated learner step, so it is quick); raw ZeroMQ
-sockets throw malformed bytes at it; then a fake producer must still complete the run.
+The consumer runs as a real process (simulated learner step, so it is quick) with CurveZMQ; its
+keys directory holds the honest producers' key and an intruder's (both may connect). While the
+honest fake producers work, the intruder throws every kind of bad frame at both sockets: garbage,
+a 1,009-byte message of nested lists (once a RecursionError that ended the network thread), a
+983 KB message of empty lists (once ~64 MB of Python objects), duplicate keys, frames that would
+cost more than the decoding budget, wrong kinds, and forgeries: groups and requests in the name
+of an honest producer, and groups for an honest producer's open leases under its own name. The
+run completes its steps with a balanced ledger, and every counter is what the frames predict.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 
+import msgpack
 import numpy as np
 import pytest
 import zmq
+import zmq.auth
 from procs import cli, endpoint, stop, wait_for
 
 from common import wire
 
 STEPS = 5
+P = 2  # prompts per step
+HONEST_LEASES = 4  # what p1 holds while it stalls: max_in_flight = (max_staleness + 1) * P
 
 
 def prompts_file(tmp_path):
@@ -39,79 +50,165 @@ def _group(**changes: object) -> wire.Group:
     return wire.Group(**fields)  # type: ignore[arg-type]
 
 
+DEEP = b"\x81\xa6schema" + b"\x91" * 1000 + b"\xc0"  # 1,009 bytes
+WIDE = b"\x81\xa6schema\xdd" + struct.pack(">I", 983_000) + b"\x90" * 983_000
+DUPLICATE = b"\x83\xa6schema\x01\xa4kind\xa5group\xa6schema\x01"
+COSTLY = msgpack.packb(  # a heartbeat of 500 tiny counters: 5 bytes each, ~170 in Python
+    {"schema": 1, "kind": "heartbeat", "req": 1, "producer_id": "x", "loaded_version": 0,
+     "state": "idle", "num_in_flight": 0, "counters": {f"{i:03}": i for i in range(500)}}
+)  # fmt: skip
+# Frames for the rollouts socket that fail before anyone's identity matters, by reason.
 GARBAGE = {
-    "not_msgpack": [os.urandom(64), wire.encode(_group())[:40], b"\xc1"],
-    "too_large": [],  # filled below: over net.max_message_mib never reaches the application
+    "not_msgpack": [os.urandom(64), wire.encode(_group())[:40], b"\xc1", DEEP, WIDE,
+                    b"\x81\xa6schema\xdb\xff\xff\xff\xff"],  # a 4 GiB string, claimed
     "not_a_map": [b"\x93\x01\x02\x03"],
     "schema_version": [b"\x82\xa6schema\x02\xa4kind\xa5group"],
-    # a str32 header declaring 4 GiB in a 12-byte message: refused without allocating
-    "huge_length": [b"\x81\xa6schema\xdb\xff\xff\xff\xff"],
+    "duplicate_key": [DUPLICATE],
+    "over_budget": [COSTLY],
+    "unexpected_kind": [wire.encode(wire.Heartbeat(1, "intruder", 0, "idle", 0))],
     "bad_logprob": [wire.encode(_group(behavior_logp=np.array([-1.0, np.nan, -1.0, -1.0])))],
     "token_out_of_range": [wire.encode(_group(completion_ids=np.array([4, 5, 6, 10**9])))],
     "group_size": [wire.encode(_group(completion_lens=np.array([2, 2]), rewards=np.array([1, 0]),
                                       finish_reasons=("stop",) * 2))],
+    "not_registered": [wire.encode(_group(producer_id="ghost"))],
 }  # fmt: skip
 
 
-@pytest.mark.timeout(240)
-def test_garbage_on_every_socket_is_counted_and_the_run_still_completes(tmp_path):
+def make_keys(tmp_path):
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("server", "client", "intruder"):
+        zmq.auth.create_certificates(keys, name)
+    public, secret = zmq.auth.load_certificate(keys / "intruder.key_secret")
+    server, _ = zmq.auth.load_certificate(keys / "server.key")
+    return keys, (public, secret, server)
+
+
+def intruder_socket(ctx, kind, address, key):
+    public, secret, server = key
+    sock = ctx.socket(kind)
+    sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(address)
+    return sock
+
+
+def ledger_of(run_dir):
+    path = run_dir / "ledger.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+@pytest.mark.timeout(300)
+def test_hostile_frames_on_both_sockets_are_counted_and_the_run_completes_with_honest_producers(
+    tmp_path,
+):
+    keys, key = make_keys(tmp_path)
     run_dir = tmp_path / "run"
     sets = [
-        "train.simulate_step_s=0.01", "sampling.group_size=4", "train.prompts_per_step=2",
-        "net.control_port=0", "net.max_message_mib=1", "task.source=jsonl",
-        f"task.path={prompts_file(tmp_path)}",
+        "train.simulate_step_s=0.01", "sampling.group_size=4", f"train.prompts_per_step={P}",
+        "staleness.max_staleness=1", "net.control_port=0", "net.max_message_mib=1",
+        "task.source=jsonl", f"task.path={prompts_file(tmp_path)}",
     ]  # fmt: skip
-    args = ["consumer", "--run-dir", str(run_dir), "--steps", str(STEPS)]
+    args = ["consumer", "--run-dir", str(run_dir), "--steps", str(STEPS), "--keys", str(keys)]
     for s in sets:
         args += ["--set", s]
     consumer = cli(*args, log=tmp_path / "consumer.log")
     procs = [consumer]
+    ctx = zmq.Context()
     try:
         ep = endpoint(run_dir, procs)
         ports = json.loads((run_dir / "endpoints.json").read_text())
-        ctx = zmq.Context()
-        push = ctx.socket(zmq.PUSH)
-        push.connect(ports["rollouts"])
-        sent = 0
+        # p1 takes the first leases and sits on them (a stall) while the intruder works
+        procs.append(cli(
+            "producer", "--connect", ep, "--engine", "fake", "--id", "p1", "--keys", str(keys),
+            "--set", f"producer.max_in_flight={HONEST_LEASES}", "--set", "net.heartbeat_s=0.2",
+            "--set", "producer.stall_after_s=0.01", "--set", "producer.stall_s=12",
+            log=tmp_path / "p1.log",
+        ))  # fmt: skip
+        wait_for(
+            lambda: ledger_of(run_dir).get("by_producer", {}).get("p1", {}).get("issued", 0)
+            == HONEST_LEASES, timeout_s=60, what="p1 to hold its leases", procs=procs,
+        )  # fmt: skip
+        control = intruder_socket(ctx, zmq.DEALER, ep, key)
+
+        def ask(payload: bytes) -> wire.Message:
+            control.send(payload)
+            assert control.poll(20_000), "the consumer must answer on control"
+            return wire.decode(control.recv())
+
+        control_expect = {
+            "not_msgpack": [os.urandom(32), DEEP],
+            "duplicate_key": [DUPLICATE],
+            "over_budget": [COSTLY],
+            "unexpected_kind": [wire.encode(_group())],
+            "not_registered": [wire.encode(wire.Heartbeat(1, "ghost", 0, "idle", 0))],
+            "wrong_key": [wire.encode(m) for m in (  # p1 is bound to the honest key
+                wire.Register(1, "p1", "h", 1, "fake", -1), wire.Heartbeat(2, "p1", 0, "idle", 0),
+                wire.LeaseRequest(3, "p1", 8, 0), wire.Goodbye(4, "p1", ()),
+            )],
+            "snapshot_gone": [wire.encode(wire.ChunkRequest(5, 999, 0, 1024))],
+        }  # fmt: skip
+        for reason, payloads in control_expect.items():
+            for payload in payloads:
+                reply = ask(payload)
+                assert (type(reply), reply.reason) == (wire.Reject, reason)
+        control.send_multipart([b"three", b"frames", b"here"])  # no reply to a multipart
+        welcome = ask(wire.encode(wire.Register(6, "intruder", "h", 1, "fake", -1)))
+        assert isinstance(welcome, wire.Welcome)
+
+        push = intruder_socket(ctx, zmq.PUSH, ports["rollouts"], key)
         for payloads in GARBAGE.values():
             for data in payloads:
                 push.send(data)
-                sent += 1
         push.send_multipart([b"two", b"frames"])
-        push.send(b"\x00" * (2 << 20))  # over ZMQ_MAXMSGSIZE: libzmq drops it and the peer
-        dealer = ctx.socket(zmq.DEALER)
-        dealer.connect(ep)
-        dealer.send(os.urandom(32))
-        assert dealer.poll(10_000), "the consumer must answer garbage on control with a Reject"
-        reply = wire.decode(dealer.recv())
-        assert isinstance(reply, wire.Reject)
-        assert reply.reason == "not_msgpack"
-        for s in (push, dealer):
-            s.close(linger=1000)
-        ctx.term()
-
-        producer = cli(
-            "producer", "--connect", ep, "--engine", "fake", "--id", "good", log=tmp_path / "p.log"
+        base = 0  # incarnation 0: p1's leases are the first ones issued, 0 .. HONEST_LEASES-1
+        for lease_id in range(base, base + HONEST_LEASES):  # forged: another's open lease
+            push.send(wire.encode(_group(lease_id=lease_id)))
+        push.send(wire.encode(_group(lease_id=base, producer_id="p1")))  # p1's name, wrong key
+        push.send(
+            wire.encode(
+                _group(
+                    lease_id=base + 1,
+                    producer_id="p1",  # p1's lease, garbage
+                    behavior_logp=np.array([-1.0, 1.0, -1.0, -1.0]),
+                )
+            )
         )
-        procs.append(producer)
+        for i in range(100):  # leases nobody issued: acked to the intruder as expired
+            push.send(wire.encode(_group(lease_id=10**6 + i)))
+        big = intruder_socket(ctx, zmq.PUSH, ports["rollouts"], key)
+        big.send(b"\x00" * (2 << 20))  # over ZMQ_MAXMSGSIZE: libzmq drops it and the peer
+        procs.append(cli(
+            "producer", "--connect", ep, "--engine", "fake", "--id", "p2", "--keys", str(keys),
+            log=tmp_path / "p2.log",
+        ))  # fmt: skip
         assert consumer.wait(180) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
+        for s in (control, push, big):
+            s.close(linger=0)
     finally:
         stop(*procs)
-    ledger = json.loads((run_dir / "ledger.json").read_text())
+        ctx.term()
+    ledger = ledger_of(run_dir)
     counters = ledger["counters"]
-    assert counters["rejected.not_msgpack"] >= len(GARBAGE["not_msgpack"]) + 1  # + huge_length
-    for reason in (
-        "not_a_map",
-        "schema_version",
-        "bad_logprob",
-        "token_out_of_range",
-        "group_size",
-        "multipart",
-    ):
-        assert counters[f"rejected.{reason}"] >= 1, reason
-    assert counters["rejected"] >= sent + 1
-    assert ledger["balance"]["ok"] == 1
-    assert ledger["balance"]["trained"] == STEPS * 2
+    expected = {f"rejected.{r}": len(v) for r, v in GARBAGE.items()}
+    expected["rejected.multipart"] = 1
+    expected["rejected.wrong_producer"] = HONEST_LEASES
+    expected["rejected.wrong_key"] = 1
+    expected["rejected.bad_logprob"] += 1
+    expected["rejected"] = sum(expected.values())
+    expected |= {f"control_rejected.{r}": len(v) for r, v in control_expect.items()}
+    expected["control_rejected.multipart"] = 1
+    expected["groups_unknown"] = 100
+    assert {k: counters.get(k, 0) for k in expected} == expected
+    assert not any(k.startswith("internal_error") for k in counters), counters
+    balance = ledger["balance"]
+    assert balance["ok"] == 1
+    assert balance["trained"] == STEPS * P
+    assert balance["rejected_invalid"] == 0  # the garbage in p1's name did not end its lease
+    assert set(ledger["by_producer"]) <= {"p1", "p2"}  # the intruder was credited nothing
+    assert ledger["by_producer"]["p1"]["trained"] >= 1
+    log_text = (tmp_path / "consumer.log").read_text()
+    assert log_text.count("rejected a group message: not_msgpack") == 1  # rate-limited
 
 
 def test_a_non_loopback_bind_without_keys_is_refused_with_advice(tmp_path):

@@ -137,10 +137,12 @@ def _snapshot_versions(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.timeout(300)
-def test_a_resumed_run_drops_the_interrupted_timeline_and_records_where_it_ended(tmp_path):
-    """Killed at step 12 after a checkpoint at 10, resumed to end at 11: the old v11 and v12
-    are gone, final.json says 11 (the highest number on disk is the run's result again), and
-    the producers hear the end and exit 0 (they had to re-register first)."""
+def test_a_resume_stopped_at_once_drops_the_old_timeline_and_its_producers_hear_the_end(tmp_path):
+    """Killed after publishing v12 with a checkpoint at 10; resumed and stopped (SIGTERM) right
+    away, while the producers are still waiting out their requests to the killed consumer. The
+    snapshots above 10 (the interrupted timeline) are gone, final.json names the version the
+    resumed run ended with (the highest on disk again), and the resumed consumer waits for the
+    producers it knows from its checkpoint: they re-register, hear the end and exit 0."""
     from common import snapshot as snap
 
     run_dir = tmp_path / "run"
@@ -155,34 +157,6 @@ def test_a_resumed_run_drops_the_interrupted_timeline_and_records_where_it_ended
         first.send_signal(signal.SIGKILL)
         first.wait(30)
         assert snap.final_version(run_dir) is None  # killed: it never ended
-        second = consumer(tmp_path, run_dir, 11, "--resume", log="consumer2.log")
-        procs.append(second)
-        assert second.wait(120) == 0, (tmp_path / "consumer2.log").read_text()[-3000:]
-        for p in producers:  # bounded: told "finished" after re-registering
-            assert p.wait(60) == 0
-    finally:
-        stop(*procs)
-    assert "resumed at version 10" in (tmp_path / "consumer2.log").read_text()
-    assert snap.final_version(run_dir) == 11
-    assert max(_snapshot_versions(run_dir)) == 11
-    check_ledger(run_dir, 11)
-
-
-@pytest.mark.timeout(300)
-def test_producers_exit_when_the_consumer_is_stopped_right_after_a_resume(tmp_path):
-    """SIGTERM while the producers are still waiting out their requests to the killed first
-    consumer: the resumed one waits for them (they are known from its checkpoint) and tells
-    them the run is over; they exit 0, none needs its consumer timeout."""
-    run_dir = tmp_path / "run"
-    first = consumer(tmp_path, run_dir, 30)
-    procs = [first]
-    try:
-        ep = endpoint(run_dir, procs)
-        producers = [producer(tmp_path, ep, "p1"), producer(tmp_path, ep, "p2")]
-        procs += producers
-        wait_for(lambda: steps_done(run_dir) >= 6, timeout_s=120, what="6 steps", procs=procs)
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
         second = consumer(tmp_path, run_dir, 30, "--resume", log="consumer2.log")
         procs.append(second)
         log = tmp_path / "consumer2.log"
@@ -190,14 +164,20 @@ def test_producers_exit_when_the_consumer_is_stopped_right_after_a_resume(tmp_pa
                  what="the resumed consumer to listen", procs=[second])  # fmt: skip
         second.send_signal(signal.SIGTERM)
         assert second.wait(120) == 0, log.read_text()[-3000:]
-        for p in producers:
+        for p in producers:  # bounded: told "finished" after re-registering
             assert p.wait(60) == 0
     finally:
         stop(*procs)
+    assert "resumed at version 10" in log.read_text()
+    final = snap.final_version(run_dir)
+    assert final is not None
+    assert 10 <= final < 12
+    assert max(_snapshot_versions(run_dir)) == final
+    steps = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in steps] == list(range(1, final + 1))
     assert_run_balanced(run_dir)
     for name in ("p1", "p2"):
-        text = (tmp_path / f"{name}.log").read_text()
-        assert "needs no more groups" in text
+        assert "needs no more groups" in (tmp_path / f"{name}.log").read_text()
 
 
 @pytest.mark.timeout(120)
