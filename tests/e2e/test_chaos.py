@@ -1,0 +1,208 @@
+"""Chaos: SIGKILL the consumer or a producer at random moments, restart it, again and again.
+
+A consumer (a real tiny model, so checkpoints and snapshots take real writes) and 3 fake
+producers run through the CLI. `chaos()` kills a random one at a random moment, many times:
+some kills are aimed at the consumer while a snapshot or a checkpoint is being written (a
+temporary directory of either is on disk). A killed consumer restarts with `--resume`, a killed
+producer under the same id. At the end the consumer gets one SIGTERM, and then:
+
+- every lease has exactly one outcome and the ledger balances against leases.jsonl (nothing
+  lost), no lease is trained twice and every step trained exactly P of them;
+- every trained group was within the staleness bound (`trained_step - behavior_version`);
+- the snapshot final.json names exists, verifies against its manifest and fits the model;
+- every process ever started has exited by itself (the producers heard the end, or gave up).
+
+`python tests/e2e/test_chaos.py RUN_DIR [KILLS] [SEED]` runs it by hand and prints the counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # procs, tiny_models, ...
+from ledger_invariant import assert_run_balanced
+from procs import cli, read_jsonl, wait_for
+
+P = 2  # prompts per step
+MAX_STALENESS = 2
+
+
+def _consumer(tmp: Path, run_dir: Path, model: Path, *, resume: bool, n: int):
+    sets = [
+        "sampling.group_size=4", f"train.prompts_per_step={P}", "net.control_port=0",
+        f"staleness.max_staleness={MAX_STALENESS}", "train.checkpoint_every=2",
+        "net.heartbeat_s=0.2", "net.producer_timeout_s=4", "net.resend_after_s=3",
+        "task.source=jsonl", f"task.path={tmp / 'prompts.jsonl'}", "model.device=cpu",
+        "sampling.max_new_tokens=8", "train.eval_every=0",
+    ]  # fmt: skip
+    args = ["consumer", "--run-dir", str(run_dir), "--steps", "1000000", "--model", str(model)]
+    for s in sets:
+        args += ["--set", s]
+    if resume:
+        args.append("--resume")
+    return cli(*args, log=tmp / f"consumer-{n}.log")
+
+
+def _producer(tmp: Path, ep: str, name: str, n: int):
+    return cli(
+        "producer", "--connect", ep, "--engine", "fake", "--id", name,
+        "--set", "net.heartbeat_s=0.2", "--set", "fake.latency_s=0.05",
+        "--set", "net.consumer_timeout_s=60", log=tmp / f"{name}-{n}.log",
+    )  # fmt: skip
+
+
+def _writing(run_dir: Path) -> str | None:
+    """'checkpoint' or 'snapshot' while a temporary directory of one is on disk."""
+    for where in ("checkpoints", "snapshots"):
+        try:
+            names = os.listdir(run_dir / where)
+        except FileNotFoundError:
+            continue
+        if any(".tmp-" in name for name in names):
+            return where[:-1]
+    return None
+
+
+def _listening(log: Path) -> bool:
+    return log.exists() and "listening on" in log.read_text()
+
+
+def chaos(tmp: Path, *, kills: int, seed: int) -> dict[str, int]:
+    """Run the chaos and check everything the module doc lists; returns the counts."""
+    from tiny_models import build_tiny_model
+
+    rng = random.Random(seed)
+    model = build_tiny_model(tmp / "model", hidden=256, layers=4)  # ~3M parameters
+    (tmp / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n"
+                for i in range(200))
+    )  # fmt: skip
+    run_dir = tmp / "run"
+    started: list[subprocess.Popen[bytes]] = []
+    counts: Counter[str] = Counter()
+    n = 0
+    cons = _consumer(tmp, run_dir, model, resume=False, n=n)
+    started.append(cons)
+    wait_for(lambda: _listening(tmp / "consumer-0.log"), timeout_s=300, what="the consumer")
+    ep = json.loads((run_dir / "endpoints.json").read_text())["control"]
+    producers = {name: _producer(tmp, ep, name, 0) for name in ("p1", "p2", "p3")}
+    started += producers.values()
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "LATEST").exists(), timeout_s=300,
+                 what="a first checkpoint", procs=[cons])  # fmt: skip
+        for k in range(kills):
+            n += 1
+            aim = rng.random()
+            if aim < 0.5:  # the consumer, at a random moment or while it writes
+                deadline = time.monotonic() + rng.uniform(0.0, 3.0)
+                want = "any" if aim < 0.2 else "write"
+                while time.monotonic() < deadline or want == "write":
+                    what = _writing(run_dir)
+                    if what is not None and want == "write":
+                        counts[f"kills_during_{what}"] += 1
+                        break
+                    if want == "write" and time.monotonic() > deadline + 20:
+                        break  # no write came: kill anyway
+                    time.sleep(0.001)
+                assert cons.poll() is None, f"the consumer died by itself (kill {k})"
+                cons.send_signal(signal.SIGKILL)
+                cons.wait(30)
+                counts["consumer_kills"] += 1
+                cons = _consumer(tmp, run_dir, model, resume=True, n=n)
+                started.append(cons)
+                log = tmp / f"consumer-{n}.log"
+                wait_for(lambda log=log: _listening(log), timeout_s=300,
+                         what=f"consumer {n} to resume", procs=[cons])  # fmt: skip
+            else:
+                time.sleep(rng.uniform(0.0, 2.0))
+                name = rng.choice(sorted(producers))
+                victim = producers[name]
+                assert victim.poll() is None, f"producer {name} died by itself (kill {k})"
+                victim.send_signal(signal.SIGKILL)
+                victim.wait(30)
+                counts["producer_kills"] += 1
+                producers[name] = _producer(tmp, ep, name, n)
+                started.append(producers[name])
+        # let it train a little more, then the one clean stop
+        target = len(read_jsonl(run_dir / "metrics.jsonl")) + 3
+        wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= target, timeout_s=300,
+                 what="3 more steps", procs=[cons])  # fmt: skip
+        cons.send_signal(signal.SIGTERM)
+        assert cons.wait(300) == 0, (tmp / f"consumer-{n}.log").read_text()[-3000:]
+        for name, p in producers.items():  # they stop by themselves: told, or timed out
+            code = p.wait(120)
+            counts[f"producer_exit_{code}"] += 1
+            assert code == 0, (name, (tmp / f"{name}-{n}.log").read_text()[-2000:])
+    finally:
+        for p in started:
+            if p.poll() is None:
+                counts["left_running"] += 1
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    counts |= check_run(run_dir, model)
+    counts["processes_started"] = len(started)
+    return dict(counts)
+
+
+def check_run(run_dir: Path, model: Path) -> Counter[str]:
+    from common import snapshot as snap
+
+    out: Counter[str] = Counter()
+    ledger = assert_run_balanced(run_dir)  # every lease final, ledger == leases.jsonl
+    leases = read_jsonl(run_dir / "leases.jsonl")
+    ids = [r["lease_id"] for r in leases]
+    assert len(ids) == len(set(ids)), "a lease ended twice"
+    trained = [r for r in leases if r["state"] == "trained"]
+    steps = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in steps] == list(range(1, len(steps) + 1))
+    per_step = Counter(r["trained_step"] for r in trained)
+    assert per_step == Counter({s: P for s in range(len(steps))}), "a step trained twice"
+    lags = [r["trained_step"] - r["behavior_version"] for r in trained]
+    assert min(lags) >= 0
+    assert max(lags) <= MAX_STALENESS
+    final = snap.final_version(run_dir)
+    assert final == len(steps)
+    directory = snap.snapshot_dir(run_dir / "snapshots", final)
+    manifest = snap.read_manifest(directory)
+    snap.verify_file(directory / snap.WEIGHTS_FILE, expected_hash=manifest.hash,
+                     expected_bytes=manifest.num_bytes)  # fmt: skip
+    shapes = snap.tensor_shapes(model)
+    snap.check_fits(snap.tensor_shapes(directory), shapes, directory,
+                    optional=("lm_head.weight",))  # fmt: skip
+    assert max(snap.list_versions(run_dir / "snapshots")) == final
+    out["steps"] = len(steps)
+    out["leases"] = len(leases)
+    out["trained"] = len(trained)
+    out["expired"] = ledger["balance"]["expired"]
+    out["trained_twice"] = len(trained) - len({r["lease_id"] for r in trained})
+    out["lost"] = ledger["balance"]["open"]
+    out["max_lag"] = max(lags)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_fifty_random_kills_lose_nothing_and_train_nothing_twice(tmp_path):
+    counts = chaos(tmp_path, kills=50, seed=0)
+    print(f"\nchaos: {counts}")
+    assert counts["consumer_kills"] + counts["producer_kills"] == 50
+    assert counts["kills_during_checkpoint"] + counts["kills_during_snapshot"] >= 3
+    assert counts.get("left_running", 0) == 0
+    assert (counts["lost"], counts["trained_twice"]) == (0, 0)
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    result = chaos(Path(sys.argv[1]), kills=int(sys.argv[2]) if len(sys.argv) > 2 else 100,
+                   seed=int(sys.argv[3]) if len(sys.argv) > 3 else 0)  # fmt: skip
+    print(json.dumps({**result, "wall_s": round(time.perf_counter() - t0)}))
