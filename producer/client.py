@@ -212,12 +212,13 @@ class Outbox:
 async def announcements(
     sock: zmq.asyncio.Socket, limits: wire.Limits
 ) -> AsyncIterator[wire.Announce]:
+    limited = LogLimiter(log)
     while True:
         data = await sock.recv()
         try:
             msg = wire.decode(data, limits)
         except WireError as exc:
-            log.warning("bad announcement: %s", exc)
+            limited.log(exc.reason, logging.WARNING, "bad announcement: %s", exc)
             continue
         if isinstance(msg, wire.Announce):
             yield msg
