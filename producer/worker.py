@@ -575,8 +575,12 @@ async def main(cfg: Config) -> int:
         log.info("stopping: telling the consumer which groups we still hold")
     except BaseExceptionGroup as group:  # a task of the group failed
         lost, other = group.split(ConsumerLost)
-        if other is not None or lost is None:
+        if other is not None:
+            refused, rest = other.split(ConfigError)  # e.g. our id taken at re-registration
+            if refused is not None and rest is None:
+                raise refused.exceptions[0] from None
             raise
+        assert lost is not None
         log.error("%s", lost.exceptions[0])
         code = EXIT_CONSUMER_LOST
     finally:
