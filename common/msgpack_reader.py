@@ -336,10 +336,9 @@ def _make_read(tp: Any) -> Read:
                 raise WireError("bad_type", f"{where} is not a list")
             n = r.entries(tag, n, at)
             r.charge(TUPLE_BASE + 2 * SLOT_BYTES * n)  # a list of the items, then the tuple
-            items = []
-            for _ in range(n):
-                value, at = item(r, at, f"{where}[]")
-                items.append(value)
+            items: list[Any] = [None] * n  # sized once: a growing list would peak higher
+            for i in range(n):
+                items[i], at = item(r, at, f"{where}[]")
             return tuple(items), at
 
         return tuple_
