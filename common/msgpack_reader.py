@@ -158,7 +158,7 @@ class Reader:
                 raise not_msgpack(f"more than {self.max_objects} values")
             tag, value, pos = self.head(pos)
             if is_key and tag not in (STR, BIN):
-                raise not_msgpack(f"a map key is a {TYPE_NAMES[tag]}")
+                raise not_msgpack(f"a map key of type {TYPE_NAMES[tag]}")
             if tag in (STR, BIN):
                 pos = self._need(pos, int(value))
             elif tag in (ARRAY, MAP):
@@ -254,7 +254,7 @@ def prepare(*classes: type[Any]) -> None:
         _plan(cls)
 
 
-def read_entries(r: Reader, n: int, pos: int) -> tuple[dict[str, int], int]:
+def read_entries(r: Reader, n: int, pos: int, where: str) -> tuple[dict[str, int], int]:
     """A map's entries as {key: position of its value} and the position after the map; every
     value is walked (`Reader.skip`). A bin key is kept under a name no field has."""
     r.charge(DICT_BASE + n * (DICT_ENTRY + 32))
@@ -266,9 +266,9 @@ def read_entries(r: Reader, n: int, pos: int) -> tuple[dict[str, int], int]:
         elif tag == BIN:
             key = f"<bytes #{len(out)}>"
         else:
-            raise not_msgpack(f"a map key is a {TYPE_NAMES[tag]}")
+            raise not_msgpack(f"a map key of type {TYPE_NAMES[tag]}")
         if key in out:
-            raise WireError("duplicate_key", repr(key[:SHOW_CHARS]))
+            raise WireError("duplicate_key", f"{where}: {key[:SHOW_CHARS]!r}")
         out[key] = value_at = r.end_of(start, length)
         pos = r.skip(value_at)
     return out, pos
@@ -320,7 +320,7 @@ def _make_read(tp: Any) -> Read:
             if tag != MAP:
                 raise WireError("bad_type", f"{where} is not a map")
             before = r.budget
-            entries, end = read_entries(r, r.entries(tag, n, start), start)
+            entries, end = read_entries(r, r.entries(tag, n, start), start, where)
             transient = before - r.budget  # the entries map and its keys go once it is built
             msg = build(r, cls, entries, where)
             r.budget += transient

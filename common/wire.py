@@ -356,7 +356,7 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
     )
     tag, n, pos = r.head(0)
     if tag == mp.MAP:  # reading its entries walks (and checks) every value once
-        entries, end = mp.read_entries(r, r.entries(tag, n, pos), pos)
+        entries, end = mp.read_entries(r, r.entries(tag, n, pos), pos, "message")
     else:
         end = r.skip(0)
     if end != len(view):
