@@ -54,3 +54,25 @@ def test_optional_names_may_be_absent_on_either_side():
     base = {"embed": (10, 4), "norm": (4,)}
     check_fits({**base, "head": (10, 4)}, base, "s", optional=("head",))
     check_fits(base, {**base, "head": (10, 4)}, "s", optional=("head",))
+
+
+def test_the_refusal_lists_three_names_per_problem_then_an_ellipsis():
+    model = {f"w{i}": (2,) for i in range(7)}
+    with pytest.raises(SnapshotError) as info:
+        check_fits({"w0": (3,), "x": (1,)}, model, "s")  # 6 missing, 1 unexpected, 1 wrong
+    assert str(info.value) == (
+        "snapshot s does not fit the model (missing: w1, w2, w3 ...; unexpected: x; "
+        "wrong shape: w0 [3] != [2])"
+    )
+    with pytest.raises(SnapshotError) as info:
+        check_fits({"w0": (2,), "w1": (2,), "w2": (2,), "w3": (2,)}, model, "s")  # 3 missing
+    assert str(info.value) == "snapshot s does not fit the model (missing: w4, w5, w6)"
+
+
+def test_an_empty_snapshot_says_so_first():
+    with pytest.raises(SnapshotError) as info:
+        check_fits({}, {"w": (2,)}, "s")
+    assert str(info.value) == (
+        "snapshot s does not fit the model (no tensors (no *.safetensors file, or an empty one); "
+        "missing: w)"
+    )
