@@ -67,6 +67,9 @@ def test_the_refusal_lists_three_names_per_problem_then_an_ellipsis():
     with pytest.raises(SnapshotError) as info:
         check_fits({"w0": (2,), "w1": (2,), "w2": (2,), "w3": (2,)}, model, "s")  # 3 missing
     assert str(info.value) == "snapshot s does not fit the model (missing: w4, w5, w6)"
+    with pytest.raises(SnapshotError) as info:
+        check_fits({"w0": (2,), "w1": (2,), "w2": (2,)}, model, "s")  # 4 missing
+    assert str(info.value) == "snapshot s does not fit the model (missing: w3, w4, w5 ...)"
 
 
 def test_an_empty_snapshot_says_so_first():
