@@ -192,7 +192,9 @@ def test_collate_ids_are_int64_whatever_type_the_pad_id_has():
     rows = [make_row([1], [2, 3]), make_row([1], [2])]
     mb = collate(rows, [0, 1], pad_id=np.int32(7), device=CPU)
     assert mb.input_ids_BL.dtype == torch.int64
+    assert mb.tokens_BT.dtype == torch.int64
     assert mb.input_ids_BL.tolist() == [[1, 2, 3], [1, 2, 7]]
+    assert mb.tokens_BT.tolist() == [[2, 3], [2, 7]]
 
 
 def test_collate_dtypes_do_not_follow_torchs_default_dtype():
