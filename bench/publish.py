@@ -18,7 +18,8 @@ published as bf16 snapshots through `consumer.publisher.Publisher`, as the learn
   the waiting versions are superseded, `num_superseded`), which must stay a copy.
 - for reference, the publication this replaced: per-tensor copies to CPU (`old_to_cpu_s`),
   `safetensors.torch.save` to bytes, hash, write (`old_writer_s`).
-Baselines and ours alternate in every repeat (the machine may be shared); medians are reported.
+Baselines and ours alternate in every round, in a shuffled order (the machine may be shared, and
+whatever runs first after another copy pays for it); medians are reported.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -111,25 +113,41 @@ def measure(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         for fsync in (True, False)
     }
     version = 0
+    order = random.Random(0)  # each round runs its three parts in a new order: no order bias
+
+    def publish(publisher: Publisher) -> float:
+        nonlocal version
+        version += 1
+        t0 = time.perf_counter()
+        publisher.submit(state, version=version, step=version, dtype=torch.bfloat16)
+        block_s = time.perf_counter() - t0
+        publisher.wait()
+        return block_s
+
+    def copy() -> float:
+        t0 = time.perf_counter()
+        flat_dst.copy_(flat_src)
+        return time.perf_counter() - t0
+
     # One fsync policy at a time: another's dirty pages being flushed would slow this one.
     for fsync, publisher in publishers.items():
         suffix = "" if fsync else "_nofsync"
         for rep in range(a.repeats + 1):  # the first round warms up (allocations, page cache)
-            version += 1
-            t0 = time.perf_counter()
-            flat_dst.copy_(flat_src)
-            copy_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            publisher.submit(state, version=version, step=version, dtype=torch.bfloat16)
-            block_s = time.perf_counter() - t0
-            publisher.wait()
-            write_s = raw_write(work / "raw", raw, fsync=fsync)
+            parts = {
+                "block_s": lambda p=publisher: publish(p),
+                "copy_s": copy,
+                f"write_s{suffix}": lambda f=fsync: raw_write(work / "raw", raw, fsync=f),
+            }
+            for key in order.sample(sorted(parts), k=3):
+                value = parts[key]()
+                if rep:
+                    add(key, value)
             if rep:
                 add(f"writer_s{suffix}", publisher.last_write_s)
                 add(f"prune_s{suffix}", publisher.last_prune_s)
-                add(f"write_s{suffix}", write_s)
-                add("block_s", block_s)
-                add("copy_s", copy_s)
+    for _ in range(2 * a.repeats):  # more samples of the copies (cheap with no fsync)
+        for key in order.sample(["block_s", "copy_s"], k=2):
+            add(key, publish(publishers[False]) if key == "block_s" else copy())
     for rep in range(min(a.repeats, 3)):
         for key, value in old_publication(state, work / "old", rep).items():
             add(key, value)

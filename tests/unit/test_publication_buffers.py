@@ -1,12 +1,15 @@
-"""The double buffer behind weight publication: a copy never waits, a slow writer is superseded."""
+"""The double buffer behind weight publication: a copy never waits, a slow writer is superseded;
+and the CPU copy into a buffer, in a few large parts."""
 
 from __future__ import annotations
 
+import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumer.publisher import Buffers, Job
-from consumer.weights_buffer import Fence
+from consumer.weights_buffer import Fence, HostCopier, HostWeights, _split, table_for
 
 
 def job(version: int) -> Job:
@@ -94,3 +97,32 @@ def test_any_interleaving_keeps_order_and_always_writes_the_newest(ops, count):
     assert written == sorted(written)  # snapshots appear in version order
     assert sorted(written + superseded) == list(range(1, version + 1))  # each exactly once
     assert not version or written[-1] == version  # the newest is never superseded
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_cpu_copy_in_parts_fills_every_tensor_and_restores_the_thread_count(threads):
+    state = {f"t{i}": torch.randn(i * 97 + 1, 3) for i in range(12)}
+    state["ids"] = torch.arange(7)
+    host = HostWeights(table_for(state, torch.bfloat16), pin=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        HostCopier().copy(state, host).wait()
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    for name, tensor in state.items():
+        expected = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+        assert torch.equal(host.views[name], expected), name
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 8, 40])
+def test_the_split_keeps_order_covers_everything_and_balances_bytes(parts):
+    items = [(f"t{i}", torch.zeros(n)) for i, n in enumerate([5, 100, 3, 50, 50, 7, 90, 1])]
+    runs = _split(items, parts)
+    assert [name for run in runs for name, _ in run] == [name for name, _ in items]
+    assert all(runs)
+    assert len(runs) <= min(parts, len(items))
+    if parts == 2:
+        sizes = [sum(t.numel() for _, t in run) for run in runs]
+        assert max(sizes) <= 0.6 * sum(sizes)
