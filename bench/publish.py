@@ -96,7 +96,8 @@ def measure(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     table = table_for(unique, torch.bfloat16)
     flat_src = torch.randn(numel)
     flat_dst = torch.zeros(numel, dtype=torch.bfloat16)
-    raw = memoryview(torch.zeros(table.num_bytes, dtype=torch.uint8).numpy())
+    # random bytes, like weights (a virtual disk may treat runs of zeros specially)
+    raw = memoryview(torch.randint(0, 256, (table.num_bytes,), dtype=torch.uint8).numpy())
     runs: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
