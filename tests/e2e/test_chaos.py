@@ -108,11 +108,11 @@ def chaos(tmp: Path, *, kills: int, seed: int) -> dict[str, int]:
                     done = len(read_jsonl(run_dir / "metrics.jsonl"))
                     wait_for(lambda done=done: len(read_jsonl(run_dir / "metrics.jsonl")) > done,
                              timeout_s=300, what="a step", procs=[cons])  # fmt: skip
-                want = "write" if aim >= 0.3 else "any"
+                want = "any" if aim < 0.3 else "snapshot" if aim < 0.4 else "checkpoint"
                 deadline = time.monotonic() + rng.uniform(0.0, 2.0)
                 while True:
                     what = _writing(run_dir)
-                    if want == "write" and what is not None:
+                    if what is not None and want == what:
                         counts[f"kills_during_{what}"] += 1
                         break
                     if want == "any" and time.monotonic() > deadline:
@@ -163,15 +163,15 @@ def chaos(tmp: Path, *, kills: int, seed: int) -> dict[str, int]:
                 counts["left_running"] += 1
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    counts |= check_run(run_dir, model)
-    counts["processes_started"] = len(started)
-    return dict(counts)
+    result = {**counts, **check_run(run_dir, model), "processes_started": len(started)}
+    result.setdefault("left_running", 0)
+    return result
 
 
-def check_run(run_dir: Path, model: Path) -> Counter[str]:
+def check_run(run_dir: Path, model: Path) -> dict[str, int]:
     from common import snapshot as snap
 
-    out: Counter[str] = Counter()
+    out: dict[str, int] = {}
     ledger = assert_run_balanced(run_dir)  # every lease final, ledger == leases.jsonl
     leases = read_jsonl(run_dir / "leases.jsonl")
     ids = [r["lease_id"] for r in leases]
@@ -210,8 +210,9 @@ def test_fifty_random_kills_lose_nothing_and_train_nothing_twice(tmp_path):
     counts = chaos(tmp_path, kills=50, seed=0)
     print(f"\nchaos: {counts}")
     assert counts["consumer_kills"] + counts["producer_kills"] == 50
-    assert counts["kills_during_checkpoint"] + counts["kills_during_snapshot"] >= 3
-    assert counts.get("left_running", 0) == 0
+    assert counts.get("kills_during_checkpoint", 0) >= 1
+    assert counts.get("kills_during_snapshot", 0) >= 1
+    assert counts["left_running"] == 0
     assert (counts["lost"], counts["trained_twice"]) == (0, 0)
 
 
