@@ -227,6 +227,7 @@ class _Field:
 
 
 _PLANS: dict[type[Any], dict[str, _Field]] = {}
+_NAMES: dict[bytes | memoryview, str] = {}  # UTF-8 of each field name of a prepared class -> it
 _READS: dict[Any, Read] = {}
 
 
@@ -244,14 +245,17 @@ def _plan(cls: type[Any]) -> dict[str, _Field]:
             )
             for f in dataclasses.fields(cls)
         }
+        _NAMES.update({name.encode(): name for name in plan})
     return plan
 
 
-def prepare(*classes: type[Any]) -> None:
+def prepare(*classes: type[Any], names: tuple[str, ...] = ()) -> None:
     """Build the reads of `classes` (and the classes they contain) now, so that decoding a
-    message never builds a cache (what decoding allocates is then what the message costs)."""
+    message never builds a cache (what decoding allocates is then what the message costs);
+    `names` are more map keys to know without decoding them."""
     for cls in classes:
         _plan(cls)
+    _NAMES.update({name.encode(): name for name in names})
 
 
 def read_entries(r: Reader, n: int, pos: int, where: str) -> tuple[dict[str, int], int]:
@@ -261,8 +265,8 @@ def read_entries(r: Reader, n: int, pos: int, where: str) -> tuple[dict[str, int
     out: dict[str, int] = {}
     for _ in range(n):
         tag, length, start = r.head(pos)
-        if tag == STR:
-            key = r.read_str(start, length)
+        if tag == STR:  # a field name of the schema is looked up, not decoded (nor charged)
+            key = _NAMES.get(r.data[start : r.end_of(start, length)]) or r.read_str(start, length)
         elif tag == BIN:
             key = f"<bytes #{len(out)}>"
         else:

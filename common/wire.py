@@ -305,7 +305,7 @@ Message = Union[  # noqa: UP007 (a runtime alias, used by isinstance-free dispat
     Announce,
 ]
 _KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(Message)}
-mp.prepare(*_KINDS.values())
+mp.prepare(*_KINDS.values(), names=("schema", "kind"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,6 +348,7 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
     view = memoryview(data)
     if view.ndim != 1 or view.format != "B":
         view = view.cast("B")
+    view = view.toreadonly()  # hashable slices: field names are looked up by their bytes
     r = mp.Reader(
         view,
         budget=ALLOC_FACTOR * len(view) + ALLOC_BASE_BYTES - _UNCHARGED_BYTES,
