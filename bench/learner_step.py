@@ -231,15 +231,26 @@ def run_case(a: argparse.Namespace, model_dir: Path, lengths: str, device: torch
 
     timings: dict[str, list[float]] = {"baseline": [], "ours": []}
     peaks: dict[str, list[float]] = {"baseline": [], "ours": []}
+    oom: dict[str, bool] = {"baseline": False, "ours": False}
     repeats = a.repeats or shape["repeats"]
     for r in range(a.warmup + repeats):  # interleaved, so load changes hit both alike
         for name, fn in (("baseline", baseline), ("ours", ours)):
-            dt, peak = timed(fn, device)
+            if oom[name]:
+                continue
+            try:
+                dt, peak = timed(fn, device)
+            except torch.OutOfMemoryError:  # a result, not a crash: the other one still runs
+                oom[name] = True
+                for m in (model, trainer.model):
+                    m.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                continue
             if r >= a.warmup:
                 timings[name].append(dt)
                 peaks[name].append(peak)
     tokens = sum(len(ids) for ids, _ in rows)
-    base_s, ours_s = (statistics.median(timings[k]) for k in ("baseline", "ours"))
+    nan = float("nan")
+    base_s, ours_s = (statistics.median(timings[k]) if timings[k] else nan for k in timings)
     res = {
         "lengths": lengths,
         "rows": len(rows),
@@ -252,8 +263,10 @@ def run_case(a: argparse.Namespace, model_dir: Path, lengths: str, device: torch
         "ours_tok_s": tokens / ours_s,
         "speedup": base_s / ours_s,
         "ratio": ours_s / base_s,
-        "baseline_peak_mib": max(peaks["baseline"]) / 2**20,
-        "ours_peak_mib": max(peaks["ours"]) / 2**20,
+        "baseline_peak_mib": max(peaks["baseline"], default=nan) / 2**20,
+        "ours_peak_mib": max(peaks["ours"], default=nan) / 2**20,
+        "baseline_oom": oom["baseline"],
+        "ours_oom": oom["ours"],
         "attention": trainer.attention.describe(),
         "micro_batches": metrics.get("micro_batches"),
         "padding_frac": metrics.get("padding_frac"),
@@ -266,22 +279,26 @@ def run_case(a: argparse.Namespace, model_dir: Path, lengths: str, device: torch
 
 
 def report(res: dict[str, Any], a: argparse.Namespace) -> None:
-    mib = "" if np.isnan(res["ours_peak_mib"]) else ", peak {:.0f} MiB"
     print(
         f"\n[{res['lengths']}] {res['rows']} rows, {res['tokens']} tokens "
         f"({res['completion_tokens']} completion, longest row {res['longest_row']})"
     )
     for name, label in (("baseline", "bare padded step"), ("ours", "Trainer.step")):
-        peak = mib.format(res[f"{name}_peak_mib"]) if mib else ""
+        if res[f"{name}_oom"]:
+            print(f"{name:9s} {label:17s}: out of memory")
+            continue
+        peak = res[f"{name}_peak_mib"]
         print(
             f"{name:9s} {label:17s}: {res[f'{name}_ms']:9.1f} ms/step "
-            f"{res[f'{name}_tok_s']:10.0f} tokens/s{peak}"
+            f"{res[f'{name}_tok_s']:10.0f} tokens/s"
+            + ("" if np.isnan(peak) else f", peak {peak:.0f} MiB")
         )
     print(f"ratio ours/baseline (time)   : {res['ratio']:8.2f}")
     print(f"speedup (tokens/s)           : {res['speedup']:8.2f}")
+    padding = res["padding_frac"]
     print(
         f"ours: attention {res['attention']}; {res['micro_batches']} micro-batches, "
-        f"padding {res['padding_frac']:.1%}"
+        f"padding {'n/a' if padding is None else f'{padding:.1%}'}"
     )
     if "head" in res:
         print(f"log-prob/entropy part alone: {json.dumps(res['head'])}")
