@@ -35,9 +35,12 @@ def test_the_chunked_head_under_autocast_matches_full_bf16_logits():
         )  # fmt: skip
         logits = torch.nn.functional.linear(h, w).float()  # the path it replaces
     ref = sampled_logprobs(logits, y, temperature=0.7)
-    torch.testing.assert_close(logp, ref, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(ent, entropy_from_logits(logits, temperature=0.7), rtol=1e-4,
-                               atol=1e-3)  # fmt: skip
+    # the same bf16 products, possibly from other GEMM kernels (chunks are smaller matrices):
+    # a logit may round to a neighbouring bf16 value, nothing more
+    assert (logp - ref).abs().max() < 0.05
+    assert (logp - ref).abs().mean() < 2e-3
+    ent_ref = entropy_from_logits(logits, temperature=0.7)
+    assert (ent - ent_ref).abs().max() < 0.05
     got = torch.autograd.grad(logp.sum(), (h, w))
     want = torch.autograd.grad(ref.sum(), (h, w))
     for g, r in zip(got, want, strict=True):
