@@ -317,7 +317,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=0, help="equal lengths (0: per shape)")
     ap.add_argument("--tokens", type=int, default=0, help="completion tokens, equal (0: shape)")
     ap.add_argument("--repeats", type=int, default=0, help="timed steps of each (0: per shape)")
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=-1, help="untimed rounds (default 1, CUDA 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
     ap.add_argument("--dtype", default="", help="float32 | bfloat16 (default: bf16 on CUDA)")
     ap.add_argument("--micro-batch-tokens", type=int, default=C.TrainConfig().micro_batch_tokens)
@@ -331,6 +331,8 @@ def main() -> None:
     a = ap.parse_args()
     device = torch.device(a.device)
     a.dtype = a.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    if a.warmup < 0:  # CUDA: compiled kernels (flex_attention) see a few shapes first
+        a.warmup = 2 if device.type == "cuda" else 1
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as tmp:
         if a.shape == "qwen05":
