@@ -13,8 +13,11 @@ Shutdown (steps reached, SIGINT or SIGTERM): stop granting, publish a final snap
 checkpoint, end every open lease as expired (its prompt is re-queued in the checkpoint), write
 the ledger, check that it balances, then keep answering for a few heartbeats until every producer
 has heard that the run is finished (however the shutdown began; a second signal ends that wait
-at once), exit 0. A producer that never hears it gives up on its own after
-`net.consumer_timeout_s` (producer/worker.py). So no producer outlives the run for long.
+at once), exit 0. A stop request is seen between any two arriving groups, not only between
+steps (a run whose every group is dropped never finishes a step), so it ends the run within
+one optimizer step, the final snapshot and checkpoint, and at most a few heartbeats. A
+producer that never hears it gives up on its own after `net.consumer_timeout_s`
+(producer/worker.py). So no producer outlives the run for long.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ from consumer.server import Server, run_spec
 from consumer.staleness import lag, verdict, zero_variance
 
 log = logging.getLogger("asyncgrpo.consumer")
+# After a stop request, the longest wait for producers of a previous incarnation to hear the end
+# (they exit by themselves after net.consumer_timeout_s otherwise): a stop ends any run in a
+# bounded time, whatever the groups, the producers and the resume state.
+STOP_WAIT_S = 5.0
 
 
 @dataclass
@@ -62,6 +69,7 @@ class Learner:
         self.cfg, self.run_dir = cfg, run_dir
         self.stop_event = threading.Event()
         self.hurry = threading.Event()  # a second signal: skip waiting for producers at the end
+        self.stop_asked: float | None = None  # monotonic time the training loop saw a stop request
         self.started = time.monotonic()
         self.model_dir = local_model_dir(cfg.model.path) if not cfg.train.simulate_step_s else None
         if self.model_dir is None:
@@ -137,6 +145,8 @@ class Learner:
                 if every and self.version % every == 0:
                     self._checkpoint()
         finally:
+            if self.stop_event.is_set():
+                self.stop_asked = time.monotonic()
             self.shutdown()
         return 0
 
@@ -144,12 +154,14 @@ class Learner:
         """Admitted groups for the step at the current version (None when asked to stop)."""
         c, out = self.cfg, Collected()
         while len(out.kept) < c.train.prompts_per_step:
+            if self.stop_event.is_set():  # even while every arriving group is dropped
+                return None
             t0 = time.perf_counter()
             g = self.server.next_group(timeout_s=0.1)
             out.wait_s += time.perf_counter() - t0
             if g is None:
                 self.server.check()
-                if self.stop_event.is_set() or self.server.starving():
+                if self.server.starving():
                     return None
                 continue
             out.seen += 1
@@ -280,6 +292,8 @@ class Learner:
         net = self.cfg.net
         deadline = time.monotonic() + 3 * net.heartbeat_s + 1.0
         restored_deadline = self.started + max(net.producer_timeout_s, 3 * net.heartbeat_s + 1.0)
+        if self.stop_asked is not None:  # a stop request ends the run within STOP_WAIT_S
+            restored_deadline = min(restored_deadline, self.stop_asked + STOP_WAIT_S)
         while not self.hurry.is_set():
             if self.server.all_told_finished():
                 return

@@ -9,6 +9,8 @@ consumer …`, `… producer …`), each in its own process group and with a par
   times each.
 - `stop()` asks the consumer to finish (SIGINT: final step, final snapshot, ledger), waits, then
   ends the producers (SIGTERM, then SIGKILL after a grace period). After `stop()` no child runs.
+  A second Ctrl-C to the launcher is passed on to the consumer (it then stops waiting for
+  producers to hear the end).
 """
 
 from __future__ import annotations
@@ -198,15 +200,17 @@ def run(
 
     from launch.dashboard import MetricsTail, render, summary_line
 
-    stop = {"asked": False}
-
-    def ask_stop(signum: int, _frame: object) -> None:
-        stop["asked"] = True
-
-    previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     sup = Supervisor(
         run_dir, config_path=config_path, num_producers=num_producers, producer_args=producer_args
     )
+    stop = {"asked": False}
+
+    def ask_stop(signum: int, _frame: object) -> None:
+        if stop["asked"] and sup.consumer is not None:  # again: the consumer stops waiting
+            sup.consumer.signal(signal.SIGINT)  # for producers to hear the end
+        stop["asked"] = True
+
+    previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     tail = MetricsTail(run_dir / "metrics.jsonl")
     console = Console(stderr=True)
     t0 = time.monotonic()
