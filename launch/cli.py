@@ -111,12 +111,26 @@ def resolve_model(path: str) -> Path:
         raise AssertionError from exc  # unreachable
 
 
-def make_run_dir(cfg: C.Config) -> Path:
+def make_run_dir(cfg: C.Config, force: bool = False) -> Path:
+    """The run directory, created; one holding another run needs --resume or --force."""
+    from launch.run_dir import claim
+
     run_dir = Path(cfg.run.dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
-    if cfg.run.resume and not run_dir.is_dir():
-        _fail(f"run.resume: {run_dir} does not exist (pass --run-dir of the run to resume)")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    try:
+        return claim(run_dir, resume=cfg.run.resume, force=force)
+    except ConfigError as exc:
+        _fail(str(exc))
+        raise AssertionError from exc  # unreachable
+
+
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Start a new run in a run directory that holds another one (deletes its metrics, "
+        "ledger, snapshots, checkpoints and logs).",
+    ),
+]
 
 
 @app.command(
@@ -151,6 +165,7 @@ def consumer(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the run directory's checkpoint.")
     ] = False,
+    force: ForceOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False,
 ) -> None:
     """Run the learner: lease prompts, receive groups, train, publish snapshots."""
@@ -160,7 +175,7 @@ def consumer(
         "net.keys_dir": keys, "net.insecure": insecure or None, "run.resume": resume or None,
     }  # fmt: skip
     cfg = load_config(config, set_, flags)
-    out = make_run_dir(cfg)
+    out = make_run_dir(cfg, force)
     resolved: dict[str, object] = {"run.dir": out}
     if not cfg.train.simulate_step_s:
         resolved["model.path"] = resolve_model(cfg.model.path)
@@ -271,6 +286,7 @@ def launch(
             "--eval/--no-eval", help="Evaluate the start and final models on the held-out split."
         ),
     ] = True,
+    force: ForceOpt = False,
 ) -> None:
     """Run the whole pipeline here: one consumer and N producers, supervised.
 
@@ -283,7 +299,7 @@ def launch(
         "staleness.max_staleness": max_staleness,
     }  # fmt: skip
     cfg = load_config(config or DEMO_CONFIG, set_, flags)
-    out = make_run_dir(cfg)
+    out = make_run_dir(cfg, force)
     from launch import local
 
     model_dir = None

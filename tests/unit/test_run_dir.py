@@ -1,0 +1,66 @@
+"""A run directory that holds another run is refused unless --resume or --force: two runs are
+never mixed (appended metrics and leases, overwritten snapshots)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from common.errors import ConfigError
+from launch.cli import app
+from launch.run_dir import claim, previous_run
+
+
+def _used(run_dir):
+    (run_dir / "snapshots" / "v000000").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run_dir / "consumer.log").write_text("old\n")
+    (run_dir / "config.toml").write_text("")
+    (run_dir / "notes.txt").write_text("mine\n")
+    return run_dir
+
+
+def test_a_new_or_configured_directory_is_taken(tmp_path):
+    assert claim(tmp_path / "new", resume=False, force=False).is_dir()
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.toml").write_text("")  # what the launcher writes first
+    (tmp_path / "cfg" / "consumer.log").write_text("")  # a consumer that failed at start-up
+    assert previous_run(tmp_path / "cfg") == []
+    claim(tmp_path / "cfg", resume=False, force=False)
+
+
+def test_a_directory_holding_a_run_is_refused_naming_both_ways_out(tmp_path):
+    run_dir = _used(tmp_path / "run")
+    with pytest.raises(ConfigError) as err:
+        claim(run_dir, resume=False, force=False)
+    msg = str(err.value)
+    assert "already holds a run (metrics.jsonl, snapshots)" in msg
+    assert "--resume" in msg
+    assert "--force" in msg
+    assert (run_dir / "metrics.jsonl").exists()  # nothing touched
+    claim(run_dir, resume=True, force=False)  # --resume continues it, untouched
+    assert (run_dir / "metrics.jsonl").exists()
+
+
+def test_force_removes_the_previous_runs_files_and_nothing_else(tmp_path):
+    run_dir = _used(tmp_path / "run")
+    claim(run_dir, resume=False, force=True)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.toml", "notes.txt"]
+
+
+def test_resume_and_force_together_or_a_missing_resume_dir_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="pass one of them"):
+        claim(tmp_path, resume=True, force=True)
+    with pytest.raises(ConfigError, match="does not exist"):
+        claim(tmp_path / "nope", resume=True, force=False)
+
+
+def test_the_consumer_command_refuses_a_used_run_directory_in_one_line(tmp_path):
+    run_dir = _used(tmp_path / "run")
+    result = CliRunner().invoke(app, ["consumer", "--run-dir", str(run_dir), "--model", "x"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: ")
+    assert "--resume" in lines[0]
+    assert "--force" in lines[0]
