@@ -577,6 +577,8 @@ def problems(cfg: Config) -> list[str]:
         net.consumer_timeout_s == 0 or net.consumer_timeout_s > 2 * net.heartbeat_s,
         "net.consumer_timeout_s must be 0 (wait for ever) or exceed two heartbeats",
     )
+    bad_endpoint = endpoint_problem(net.connect)
+    need(not bad_endpoint, f"net.connect = {net.connect!r}: {bad_endpoint}")
     secure = bool(net.keys_dir) or net.insecure
     need(
         secure or is_loopback(net.bind_host),
@@ -595,6 +597,21 @@ def problems(cfg: Config) -> list[str]:
         "fake.min_tokens must be in [1, fake.max_tokens]",
     )
     return out
+
+
+def endpoint_problem(endpoint: str) -> str:
+    """Why `endpoint` is not `tcp://HOST:PORT` (the consumer's other ports are found by
+    replacing PORT), with the likely fix; "" when it is one."""
+    scheme, sep, rest = endpoint.partition("://")
+    host, colon, port = rest.rpartition(":")
+    if not sep:
+        fix = endpoint if ":" in endpoint else f"{endpoint}:5555"
+        return f"not an endpoint tcp://HOST:PORT (did you mean 'tcp://{fix}'?)"
+    if scheme != "tcp":
+        return f"only tcp:// endpoints are supported, not {scheme}://"
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return "not an endpoint tcp://HOST:PORT (a host, then a port in 1-65535)"
+    return ""
 
 
 def _endpoint_host(endpoint: str) -> str:

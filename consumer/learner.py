@@ -352,8 +352,8 @@ def local_model_dir(path: str) -> Path:
     p = Path(path).expanduser()
     if not (p / "config.json").exists():
         raise config_mod.ConfigError(
-            f"model.path = {path!r} is not a local Hugging Face model directory (no config.json); "
-            "models cannot be downloaded here: pass a directory"
+            f"model.path = {path!r} is not a local Hugging Face model directory on the "
+            "consumer's host (no config.json); models cannot be downloaded here: pass a directory"
         )
     return p.resolve()
 

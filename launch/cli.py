@@ -207,7 +207,8 @@ def producer(
     ] = None,
     engine: Annotated[str | None, typer.Option(help="producer.engine: hf, vllm or fake.")] = None,
     model: Annotated[
-        str | None, typer.Option(help="producer.model: local model dir (default: the consumer's).")
+        str | None,
+        typer.Option(help="producer.model: local model dir (default: the consumer's), or 'demo'."),
     ] = None,
     max_in_flight: Annotated[
         int | None, typer.Option(help="producer.max_in_flight: prompts held at once.")
@@ -228,6 +229,8 @@ def producer(
         "producer.device": device, "net.keys_dir": keys, "net.insecure": insecure or None,
     }  # fmt: skip
     cfg = load_config(config, set_, flags)
+    if cfg.producer.model == "demo":  # the embedded demo model, built on this host
+        cfg = C.override(cfg, {"producer.model": resolve_model("demo")})
     setup_logging(None, "producer", verbose)
     if log_file is not None:
         logging.getLogger().addHandler(logging.FileHandler(log_file))

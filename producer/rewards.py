@@ -109,7 +109,14 @@ def resolve(spec: str) -> RewardFn:
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"rewards.fns: cannot import {spec!r} ({exc})") from None
+        raise ConfigError(
+            f"rewards.fns: cannot import {spec!r} on this producer's host ({exc}); the module "
+            "must be importable there (installed, or its directory on PYTHONPATH)"
+        ) from None
+    except Exception as exc:  # the user's module raised at import: its error, in one line
+        raise ConfigError(
+            f"rewards.fns: importing {spec!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
     if not callable(fn):
         raise ConfigError(f"rewards.fns: {spec!r} is not callable")
     return fn  # type: ignore[no-any-return]

@@ -189,24 +189,37 @@ class Producer:
 
     async def prepare(self, spec: wire.RunSpec) -> Session:
         """Tokenizer, engine, rewards and the outbox, from the run spec; kept as `session`."""
+        ours = bool(self.cfg.producer.model)
         model_dir = (
             Path(self.cfg.producer.model or spec.model)
             if self.cfg.producer.engine != "fake"
             else None
         )
+        whose = (
+            "this producer's producer.model (--model)"
+            if ours
+            else "the consumer's model.path, announced to producers"
+        )
         if model_dir is not None and not (model_dir / "config.json").exists():
             raise ConfigError(
-                f"model directory {str(model_dir)!r} (announced by the consumer) "
-                "does not exist on this host: pass --model with a local copy"
+                f"model directory {str(model_dir)!r} ({whose}) is not a Hugging Face model "
+                "directory on this producer's host: pass --model with a local copy of the "
+                "learner's model (--model demo when the consumer trains the embedded demo)"
             )
-        codec = PromptCodec(model_dir, spec.prompt_format, vocab_size=spec.vocab_size)
-        engine = await asyncio.to_thread(
-            make_engine,
-            self.cfg,
-            model_dir=model_dir,
-            vocab_size=spec.vocab_size,
-            seed=self.rng.randrange(1 << 30),
-        )
+        try:
+            codec = PromptCodec(model_dir, spec.prompt_format, vocab_size=spec.vocab_size)
+            engine = await asyncio.to_thread(
+                make_engine,
+                self.cfg,
+                model_dir=model_dir,
+                vocab_size=spec.vocab_size,
+                seed=self.rng.randrange(1 << 30),
+            )
+        except (OSError, ValueError, RuntimeError, ImportError) as exc:  # a model that won't load
+            raise ConfigError(
+                f"cannot load the model {str(model_dir)!r} ({whose}) on this producer's host: "
+                f"{type(exc).__name__}: {_first_line(exc)}"
+            ) from exc
         rewards: RewardRunner | FakeRewards
         if self.cfg.producer.engine == "fake":
             rewards = FakeRewards(run_seed=self.cfg.run.seed, p=self.cfg.fake.reward_p)
@@ -532,6 +545,12 @@ class Producer:
             self.session.outbox.sock.close(linger=0)
         self.control.close()
         shutil.rmtree(self.cache, ignore_errors=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (libraries write pages)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _log_tasks() -> None:

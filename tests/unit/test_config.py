@@ -246,6 +246,7 @@ PROBLEMS = [
     (["net.consumer_timeout_s=1"], "or exceed two heartbeats", "net.consumer_timeout_s"),
     (["net.bind_host=0.0.0.0"], "is not a loopback address", "net.bind_host"),
     (["net.connect=tcp://10.0.0.2:5555"], "leaves this machine", "net.connect"),
+    (["net.connect=127.0.0.1:5555"], "not an endpoint tcp://HOST:PORT", "net.connect"),
     (["producer.max_in_flight=0"], "max_in_flight must be >= 1", "producer.max_in_flight"),
     (["fake.min_tokens=0"], "min_tokens must be in [1, fake.max_tokens]", "fake.min_tokens"),
 ]  # fmt: skip
@@ -281,7 +282,6 @@ def test_every_check_in_problems_has_a_case():
         ["net.connect=tcp://10.0.0.2:5555", "net.insecure=true"],
         ["net.connect=tcp://localhost:5555"],
         ["net.connect=tcp://[::1]:5555"],
-        ["net.connect=ipc:///tmp/asyncgrpo.sock"],
         ["task.source=jsonl", "task.path=prompts.jsonl"],
         ["loss.dual_clip=3.0"],
         ["fake.min_tokens=16", "fake.max_tokens=16"],
@@ -312,6 +312,23 @@ def test_problems_lists_every_problem_not_only_the_first(sets, keys):
     assert len(found) == len(keys)
     for message, key in zip(found, keys, strict=True):
         assert key in message
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "why"),
+    [
+        ("127.0.0.1:5555", "did you mean 'tcp://127.0.0.1:5555'?"),
+        ("learner", "did you mean 'tcp://learner:5555'?"),
+        ("ipc:///tmp/asyncgrpo.sock", "only tcp:// endpoints are supported, not ipc://"),
+        ("tcp://10.0.0.1", "a host, then a port in 1-65535"),
+        ("tcp://:5555", "a host, then a port in 1-65535"),
+        ("tcp://host:70000", "a host, then a port in 1-65535"),
+    ],
+)
+def test_a_connect_endpoint_that_is_not_tcp_host_port_is_refused_with_the_fix(endpoint, why):
+    found = C.problems(with_sets(f"net.connect={endpoint}", "net.insecure=true"))
+    shown = why if why.startswith("only") else f"not an endpoint tcp://HOST:PORT ({why})"
+    assert found == [f"net.connect = {endpoint!r}: {shown}"]
 
 
 @pytest.mark.parametrize(
