@@ -183,11 +183,16 @@ def consumer(
     C.write(cfg, out / "config.toml")
     setup_logging(out, "consumer", verbose)
     from consumer.learner import main as learner_main
+    from launch.dashboard import Progress
 
+    progress = Progress(out, cfg.run.steps)  # a line every 10 s (`asyncgrpo status` any time)
+    progress.start()
     try:
         code = learner_main(cfg, out)
     except ConfigError as exc:
         _fail(str(exc))
+    finally:
+        progress.stop()
     raise typer.Exit(code)
 
 
@@ -355,6 +360,17 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) ->
         _fail(f"{run_dir} is not a directory")
     for path in write_report(run_dir):
         typer.echo(f"wrote {path}")
+
+
+@app.command()
+def status(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
+    """Where a run stands (running or finished), from its files: the last step, the ledger,
+    refused messages, each producer's weights, groups and reward failures."""
+    from launch.dashboard import status as run_status
+
+    if not (run_dir / "config.toml").exists():
+        _fail(f"{run_dir} is not a run directory (no config.toml)")
+    typer.echo(run_status(run_dir))
 
 
 def _ints(text: str, name: str) -> list[int]:

@@ -3,13 +3,18 @@
 `MetricsTail` follows `metrics.jsonl` by file offset (a torn last line is read again next time)
 and keeps its lines as `common.metrics.StepRecord`s.
 `render(...)` builds one rich renderable: a progress bar of steps, the newest learner metrics,
-the ledger, and one row per producer (weight version, state, restarts). On a terminal the
-launcher shows it with `rich.live.Live`; otherwise it prints one plain line every few seconds.
+the ledger, reward failures, and one row per producer (weight version, state, restarts). On a
+terminal the launcher shows it with `rich.live.Live`; otherwise it prints one plain line every
+few seconds (`summary_line`), and so does a consumer started by hand (`Progress`, a thread).
+`status(run_dir)` is the text of `asyncgrpo status RUN_DIR`: where a run stands, from any shell.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +57,105 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return str(value)
 
 
-def summary_line(rec: StepRecord | None, steps: int, elapsed_s: float) -> str:
+def reward_failures(rec: StepRecord | None) -> tuple[int, int]:
+    """(reward calls that failed, that timed out) so far, over every producer's heartbeat
+    counters (a restarted producer counts from 0 again)."""
+    counters = rec.producer_counters.values() if rec is not None else ()
+    errors = sum(int(c.get("reward_errors", 0)) for c in counters)
+    timeouts = sum(int(c.get("reward_timeouts", 0)) for c in counters)
+    return errors, timeouts
+
+
+def summary_line(
+    rec: StepRecord | None, steps: int, elapsed_s: float, ledger: dict[str, Any] | None = None
+) -> str:
+    """One plain progress line; before the first step, the ledger's counts (`ledger.json`'s
+    balance) say whether groups arrive and why none was trained."""
     if rec is None:
-        return f"[{elapsed_s:6.0f}s] waiting for the first step…"
+        seen = {k: v for k, v in (ledger or {}).items() if k not in ("ok", "open") and v}
+        return f"[{elapsed_s:6.0f}s] waiting for the first step…" + (
+            " ledger " + " ".join(f"{k} {v}" for k, v in sorted(seen.items())) if seen else ""
+        )
     acc = rec.heldout_accuracy
+    errors, timeouts = reward_failures(rec)
     return (
         f"[{elapsed_s:6.0f}s] step {rec.step}/{steps} reward {rec.reward_mean:.3f}"
         + (f" heldout {acc:.3f}" if acc is not None else "")
         + f" staleness {rec.staleness_mean:.2f}/{rec.staleness_max}"
         + f" tok/s {rec.tokens_per_s:.0f} idle {rec.learner_idle_frac:.2f}"
+        + (f" reward errors {errors} timeouts {timeouts}" if errors or timeouts else "")
     )
+
+
+def read_ledger(run_dir: Path) -> dict[str, Any]:
+    """`ledger.json` ({} before the consumer has written one, or while it is replaced)."""
+    try:
+        return dict(json.loads((run_dir / "ledger.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+class Progress:
+    """A daemon thread logging `summary_line` every `every_s` seconds for a consumer run by
+    hand (the launcher has its own display). Reads only the run's files."""
+
+    def __init__(self, run_dir: Path, steps: int, every_s: float = 10.0) -> None:
+        self.run_dir, self.steps, self.every_s = run_dir, steps, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        log = logging.getLogger("asyncgrpo.progress")
+        tail, t0 = MetricsTail(self.run_dir / "metrics.jsonl"), time.monotonic()
+        while not self._stop.wait(self.every_s):
+            tail.poll()
+            rec = tail.records[-1] if tail.records else None
+            ledger = read_ledger(self.run_dir).get("balance")
+            log.info("%s", summary_line(rec, self.steps, time.monotonic() - t0, ledger))
+
+
+def status(run_dir: Path) -> str:
+    """Where a run stands, from its files: progress, ledger, producers, reward failures."""
+    tail = MetricsTail(run_dir / "metrics.jsonl")
+    tail.poll()
+    rec = tail.records[-1] if tail.records else None
+    ledger = read_ledger(run_dir)
+    final = run_dir / "final.json"
+    steps = _configured_steps(run_dir)
+    lines = [f"run {run_dir}: " + ("finished" if final.exists() else "not finished (or running)")]
+    lines.append(summary_line(rec, steps, rec.time_s if rec else 0.0, ledger.get("balance")))
+    if ledger:
+        balance = ledger.get("balance", {})
+        lines.append("ledger: " + " ".join(f"{k} {v}" for k, v in sorted(balance.items())))
+        rejected = {k: v for k, v in ledger.get("counters", {}).items() if "rejected." in k}
+        if rejected:
+            lines.append("refused messages: " + " ".join(f"{k} {v}" for k, v in rejected.items()))
+    for name, view in sorted((rec.producers if rec else {}).items()):
+        counters = rec.producer_counters.get(name, {}) if rec else {}
+        lines.append(
+            f"producer {name}: weights v{view.get('version')} {view.get('state')}, "
+            f"groups sent {int(counters.get('groups_sent', 0))}, reward errors "
+            f"{int(counters.get('reward_errors', 0))} timeouts "
+            f"{int(counters.get('reward_timeouts', 0))}"
+        )
+    lines.append(f"plots and summary: asyncgrpo report {run_dir}")
+    return "\n".join(lines)
+
+
+def _configured_steps(run_dir: Path) -> int:
+    import tomllib
+
+    try:
+        with open(run_dir / "config.toml", "rb") as f:
+            return int(tomllib.load(f).get("run", {}).get("steps", 0))
+    except (OSError, ValueError):
+        return 0
 
 
 def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[str, int]) -> Group:
@@ -104,6 +198,11 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
             "",
             "",
         )
+        errors, timeouts = reward_failures(rec)
+        if errors or timeouts:
+            top.add_row(
+                "reward failures", f"errors {errors} · timeouts {timeouts}", "", "", style="yellow"
+            )
     prods = Table("producer", "weights", "state", "restarts", box=None, pad_edge=False)
     for name, view in sorted((rec.producers if rec else {}).items()):
         prods.add_row(

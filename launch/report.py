@@ -1,7 +1,8 @@
 """`asyncgrpo report RUN_DIR`: PNG plots and a Markdown summary of one run, from its files.
 
 Reads `metrics.jsonl` (one line per step), `leases.jsonl` (one line per finished lease),
-`ledger.json` and `eval.json` (if present). Writes `plots/*.png` and `summary.md`:
+`ledger.json` and `eval.json` (if present). Writes `plots/*.png` and `summary.md` (reward calls
+that failed or timed out included):
 - reward.png: batch reward mean (and held-out greedy accuracy when the learner evaluated) vs step;
 - staleness.png: histogram of learner_version - behavior_version over trained groups;
 - tis.png: TIS weight mean and fraction truncated vs step;
@@ -125,6 +126,23 @@ def plot_lag(records: list[StepRecord], out: Path) -> Path:
     return save_figure(fig, out / "lag.png")
 
 
+def reward_failures_line(last: StepRecord) -> str:
+    """Reward calls that failed or timed out (scored 0), in total and per producer."""
+    from launch.dashboard import reward_failures
+
+    errors, timeouts = reward_failures(last)
+    per = {
+        name: (int(c.get("reward_errors", 0)), int(c.get("reward_timeouts", 0)))
+        for name, c in sorted(last.producer_counters.items())
+    }
+    shown = ", ".join(f"{n} {e}/{t}" for n, (e, t) in per.items() if e or t)
+    return f"- reward failures (scored 0): errors {errors}, timeouts {timeouts}" + (
+        f" (errors/timeouts per producer: {shown}; the producers' logs give the exceptions)"
+        if shown
+        else ""
+    )
+
+
 def summarize(run_dir: Path) -> str:
     records = read_steps(run_dir / "metrics.jsonl")
     leases = read_jsonl(run_dir / "leases.jsonl") if (run_dir / "leases.jsonl").exists() else []
@@ -148,6 +166,7 @@ def summarize(run_dir: Path) -> str:
             "- completion tokens/s (mean): "
             f"{sum(r.tokens_per_s for r in records) / len(records):.0f}",
             f"- first step at {first.time_s:.1f} s",
+            reward_failures_line(last),
         ]
     if ev:
         lines += [

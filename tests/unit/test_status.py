@@ -1,0 +1,90 @@
+"""What an operator sees of a run from its files: the progress line (launcher and a consumer run
+by hand), `asyncgrpo status`, the report's summary; reward failures shown in each."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from typer.testing import CliRunner
+
+from common import metrics as M
+from launch.cli import app
+from launch.dashboard import MetricsTail, Progress, render, reward_failures, status, summary_line
+from launch.report import summarize
+
+RECORD = {
+    "step": 3, "time_s": 1.5, "unix_time": 1.7e9, "step_wall_s": 0.5, "reward_mean": 0.25,
+    "reward_std": 0.4, "frac_reward_zero_std": 0.0, "staleness_mean": 0.5, "staleness_max": 1,
+    "staleness_hist": {"0": 2, "1": 2}, "tokens_per_s": 100.0, "learner_idle_frac": 0.2,
+    "wait_s": 0.1, "publish_submit_s": 0.01, "snapshot_write_s": 0.02,
+    "num_completion_tokens": 50, "groups_trained": 12, "groups_dropped_stale": 1,
+    "groups_dropped_zero_variance": 2, "groups_rejected_invalid": 0, "groups_expired": 0,
+    "leases_open": 4, "rejected_messages": 0,
+    "producers": {"p1": {"version": 2, "state": "idle"}, "p2": {"version": 3, "state": "idle"}},
+    "producer_counters": {"p1": {"reward_errors": 5, "reward_timeouts": 1, "groups_sent": 9},
+                          "p2": {"reward_errors": 2, "groups_sent": 7}},
+}  # fmt: skip
+
+
+def _run_dir(tmp_path, records=(RECORD,)):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.toml").write_text("[run]\nsteps = 50\n")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    ledger = {"balance": {"issued": 20, "trained": 12, "dropped_stale": 1, "open": 4, "ok": 1},
+              "counters": {"rejected.wrong_key": 3, "messages": 40}}  # fmt: skip
+    (run_dir / "ledger.json").write_text(json.dumps(ledger))
+    return run_dir
+
+
+def test_reward_failures_are_summed_over_producers_and_shown_in_the_progress_line():
+    rec = M.StepRecord.from_json(RECORD)
+    assert reward_failures(rec) == (7, 1)
+    assert summary_line(rec, 50, 12.0).endswith("reward errors 7 timeouts 1")
+    quiet = M.StepRecord.from_json({**RECORD, "producer_counters": {"p1": {}}})
+    assert "reward" not in summary_line(quiet, 50, 1.0).split("reward 0.250")[1]
+
+
+def test_before_the_first_step_the_line_says_what_the_ledger_saw():
+    line = summary_line(None, 50, 3.0, {"issued": 8, "dropped_zero_variance": 6, "ok": 1})
+    assert line.endswith("waiting for the first step… ledger dropped_zero_variance 6 issued 8")
+
+
+def test_the_dashboard_shows_reward_failures(tmp_path):
+    from rich.console import Console
+
+    tail = MetricsTail(_run_dir(tmp_path) / "metrics.jsonl")
+    tail.poll()
+    console = Console(record=True, width=120)
+    console.print(render(tail, steps=50, elapsed_s=3.0, restarts={}))
+    assert "errors 7 · timeouts 1" in console.export_text()
+
+
+def test_status_and_the_report_summary_tell_where_a_run_stands(tmp_path):
+    run_dir = _run_dir(tmp_path)
+    text = status(run_dir)
+    assert "not finished" in text
+    assert "step 3/50" in text
+    assert "refused messages: rejected.wrong_key 3" in text
+    assert "producer p1: weights v2 idle, groups sent 9, reward errors 5 timeouts 1" in text
+    assert text.endswith(f"asyncgrpo report {run_dir}")
+    result = CliRunner().invoke(app, ["status", str(run_dir)])
+    assert result.exit_code == 0
+    assert result.output.strip() == text
+    summary = summarize(run_dir)
+    assert "- reward failures (scored 0): errors 7, timeouts 1 (errors/timeouts per producer: " \
+        "p1 5/1, p2 2/0;" in summary  # fmt: skip
+
+
+def test_a_consumer_run_by_hand_logs_progress_lines(tmp_path, caplog):
+    run_dir = _run_dir(tmp_path)
+    progress = Progress(run_dir, 50, every_s=0.01)
+    with caplog.at_level(logging.INFO, logger="asyncgrpo.progress"):
+        progress.start()
+        deadline = 2000
+        while not caplog.records and deadline:
+            progress._stop.wait(0.01)
+            deadline -= 1
+        progress.stop()
+    assert "step 3/50 reward 0.250" in caplog.records[0].getMessage()
