@@ -37,6 +37,7 @@ from common.errors import ConfigError
 
 # The modes: each declared once, used by the config fields below and by the code they select.
 ModelDtype = Literal["float32", "bfloat16"]
+ReduceDtype = Literal["float32", "bfloat16"]
 LearnerAttention = Literal["auto", "flash", "flex", "sdpa_packed", "padded"]
 TaskSource = Literal["synthetic", "jsonl"]
 PromptFormat = Literal["raw", "chat"]
@@ -306,6 +307,24 @@ class VllmConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DistConfig:
+    timeout_s: float = _f(
+        300.0,
+        "Sharded learner (torchrun, world size > 1): a collective that waits longer than this "
+        "means another rank died or hangs, and the learner stops with an error.",
+    )
+    reshard_after_forward: bool = _f(
+        True,
+        "FSDP2: free each decoder layer's gathered parameters after its forward and gather them "
+        "again in backward (less memory, more communication).",
+    )
+    reduce_dtype: ReduceDtype = _f(
+        "float32",
+        "FSDP2: dtype gradients are reduced in across ranks when model.dtype = bfloat16 (CUDA).",
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -320,6 +339,7 @@ class Config:
     producer: ProducerConfig = field(default_factory=ProducerConfig)
     fake: FakeEngineConfig = field(default_factory=FakeEngineConfig)
     vllm: VllmConfig = field(default_factory=VllmConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
 
 SECTIONS: dict[str, type[Any]] = {f.name: f.type for f in dataclasses.fields(Config)}  # type: ignore[misc]
@@ -592,6 +612,7 @@ def problems(cfg: Config) -> list[str]:
         "set net.keys_dir (CurveZMQ) or pass --insecure",
     )
     need(cfg.producer.max_in_flight >= 1, "producer.max_in_flight must be >= 1")
+    need(cfg.dist.timeout_s > 0, "dist.timeout_s must be > 0")
     need(
         1 <= cfg.fake.min_tokens <= cfg.fake.max_tokens,
         "fake.min_tokens must be in [1, fake.max_tokens]",

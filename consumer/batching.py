@@ -97,6 +97,19 @@ def loss_normalisers(rows: list[Row]) -> tuple[int, int]:
     return sum(len(r.behavior_logp) for r in rows), len(rows)
 
 
+def split_by_tokens(lengths: list[int], parts: int) -> list[int]:
+    """The part (data-parallel rank) of each row, balancing tokens: rows in decreasing length
+    (ties by index) each go to the part with the fewest tokens so far (ties: the lowest part).
+    Deterministic, so every rank computes the same split from the same rows."""
+    loads = [0] * parts
+    owner = [0] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        k = min(range(parts), key=lambda k: (loads[k], k))
+        owner[i] = k
+        loads[k] += lengths[i]
+    return owner
+
+
 def plan_micro_batches(
     lengths: list[int], token_budget: int, *, packed: bool = False
 ) -> list[list[int]]:

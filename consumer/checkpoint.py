@@ -15,6 +15,10 @@ away first (the former scheme renamed the old checkpoint aside before moving the
 kill between the two renames left none). Directories that `LATEST` does not name are leftovers
 of an interrupted save or superseded checkpoints, removed by the next save.
 
+A sharded learner (torchrun, world size > 1) writes `dcp/` and `rank<r>.pt` instead of
+`model.safetensors` and `trainer.pt` (consumer/sharded_checkpoint.py); either layout resumes at
+any world size.
+
 `--resume` (run.resume) restores all of it: the learner continues with the same weights,
 optimizer moments and RNG streams; producers notice the new incarnation and re-register by
 themselves. A run directory of the earlier layout (`<run>/checkpoint/`) still resumes.
@@ -36,6 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from common.errors import ConfigError
 from common.snapshot import fsync_path, sync_dir
+from consumer import sharded_checkpoint
 
 ROOT = "checkpoints"
 POINTER = "LATEST"
@@ -49,7 +54,9 @@ def save(run_dir: Path, *, trainer: Any, version: int, book_state: dict[str, Any
     name = f"v{version:06d}-{uuid.uuid4().hex[:8]}"
     tmp = root / f".tmp-{name}"
     tmp.mkdir()
-    if trainer.model is not None:
+    if getattr(trainer, "world_size", 1) > 1:
+        trainer.save_sharded(tmp)  # every rank writes its shards (consumer/sharded_checkpoint.py)
+    elif trainer.model is not None:
         state = {k: v.detach().cpu().contiguous() for k, v in trainer.model.state_dict().items()}
         save_file(_dedup(state), tmp / "model.safetensors")
         torch.save(
@@ -115,7 +122,11 @@ def load(run_dir: Path, *, trainer: Any) -> tuple[int, dict[str, Any]]:
         if log.exists() and log.stat().st_size > size:
             with open(log, "r+b") as f:
                 f.truncate(size)
-    if trainer.model is not None:
+    if getattr(trainer, "world_size", 1) > 1:
+        trainer.restore(path)  # every rank, whatever world size wrote it
+    elif sharded_checkpoint.is_sharded(path):
+        sharded_checkpoint.load(trainer, path, rank=0)  # written by several ranks, read by one
+    elif trainer.model is not None:
         weights = load_file(path / "model.safetensors", device=str(trainer.device))
         _missing, unexpected = trainer.model.load_state_dict(weights, strict=False)
         assert not unexpected, unexpected

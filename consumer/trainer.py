@@ -97,8 +97,10 @@ class Trainer:
         )
         log.info("learner attention: %s", self.attention.describe())
         self.policy = self._forward_module(self.model)
-        if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+        if cfg.model.gradient_checkpointing:  # the name transformers 5 gave it, else the old one
+            getattr(self.model, "activation_checkpointing_enable", None) or (
+                self.model.gradient_checkpointing_enable
+            )()
         self.model.config.use_cache = False
         self.model.train()
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
@@ -142,16 +144,20 @@ class Trainer:
         c = self.cfg
         rewards_NG = torch.from_numpy(np.stack([np.asarray(g.rewards, np.float64) for g in groups]))
         adv_NG = L.group_advantages(rewards_NG, scale=c.loss.adv_scale, eps=c.loss.adv_eps)
-        rows = rows_of(groups, adv_NG.numpy())
-        updates = c.train.updates_per_batch
+        return self._train_rows(rows_of(groups, adv_NG.numpy()), t0)
+
+    def _train_rows(self, rows: list[Row], t0: float) -> dict[str, Any]:
+        """The step on rows whose advantages are set (a sharded learner's ranks enter here)."""
+        updates = self.cfg.train.updates_per_batch
         old = self._old_logp(rows) if L.needs_old_logp_pass(updates) else None
         parts = [list(range(u, len(rows), updates)) for u in range(updates)]
-        metrics: list[tuple[dict[str, float], int]] = []
+        passes: list[tuple[dict[str, float], int, bool]] = []
         grad_norms = []
         for part in parts:
-            part_metrics, grad_norm = self._update([rows[i] for i in part], old, part)
-            metrics.extend(part_metrics)
+            part_passes, grad_norm = self._update([rows[i] for i in part], old, part)
+            passes.extend(part_passes)
             grad_norms.append(grad_norm)
+        metrics = self._all_metrics(passes)
         out: dict[str, Any] = _combine(metrics)
         positions, real = out.pop("forward_positions_sum"), out.pop("forward_tokens_sum")
         out.update(
@@ -172,30 +178,59 @@ class Trainer:
 
     def _update(
         self, rows: list[Row], old: dict[int, torch.Tensor] | None, row_ids: list[int]
-    ) -> tuple[list[tuple[dict[str, float], int]], float]:
+    ) -> tuple[list[tuple[dict[str, float], int, bool]], float]:
+        """Gradients of the loss over `rows` (normalised by all of them), one optimizer step;
+        returns (metrics, completion tokens, real) per forward/backward pass, and the grad norm."""
         c = self.cfg
         global_tokens, global_seqs = loss_normalisers(rows)
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = []
-        for plan in self._plan(rows):
+        passes = []
+        for plan, real in self._micro_batches(rows, row_ids):
             mb = self._collate(rows, plan)
             old_BT = None if old is None else _stack_old(old, [row_ids[i] for i in plan], mb)
             loss, m = self._micro_loss(
                 mb, old_BT, global_tokens=global_tokens, global_seqs=global_seqs
             )
-            loss.backward()
+            (loss if real else loss * 0.0).backward()
             m["forward_positions_sum"] = float(mb.num_positions)
             m["forward_tokens_sum"] = float(sum(len(rows[i].ids) for i in plan))
-            metrics.append((m, mb.num_tokens))
+            passes.append((m, mb.num_tokens, real))
         clip = c.train.grad_clip if c.train.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        grad_norm = self._clip_grad_norm(clip)
         if self._weights_fence is not None:  # the weights change below: the copy goes first
             self._weights_fence.hold_stream()
             self._weights_fence = None
         self.optimizer.step()
         self.scheduler.step()
-        return metrics, grad_norm
+        return passes, grad_norm
 
+    # -- what a sharded learner changes (consumer/sharded_trainer.py) ----------------------------
+    def _micro_batches(self, rows: list[Row], row_ids: list[int]) -> list[tuple[list[int], bool]]:
+        """The forward/backward passes over `rows` (indices into it) and whether each counts:
+        here every row, each pass real. `row_ids` are the rows' indices in the whole batch."""
+        return [(plan, True) for plan in self._plan(rows)]
+
+    def _all_metrics(
+        self, passes: list[tuple[dict[str, float], int, bool]]
+    ) -> list[tuple[dict[str, float], int]]:
+        """(metrics, completion tokens) of every real pass of the step."""
+        return [(m, n) for m, n, real in passes if real]
+
+    def _clip_grad_norm(self, clip: float) -> float:
+        """Clip the gradients to a global norm of `clip`; the norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+
+    def eval_model(self) -> Any:
+        """A model with the current weights that `generate` can run in this process alone."""
+        return self.model
+
+    def idle(self) -> None:
+        """Called while the learner waits for groups (nothing to do on one device)."""
+
+    def close(self) -> None:
+        """The run is over (nothing to release on one device)."""
+
+    # ------------------------------------------------------------------------------------------
     def _plan(self, rows: list[Row]) -> list[list[int]]:
         lengths = [len(r.ids) for r in rows]
         budget = self.cfg.train.micro_batch_tokens
@@ -247,11 +282,12 @@ class Trainer:
     def _old_logp(self, rows: list[Row]) -> dict[int, torch.Tensor]:
         """Learner log-probs before any update of this batch, per row (completion positions)."""
         out: dict[int, torch.Tensor] = {}
-        for plan in self._plan(rows):
+        for plan, real in self._micro_batches(rows, list(range(len(rows)))):
             mb = self._collate(rows, plan)
             logp_BT, _ = self._forward_logp(self.policy, mb)
             for b, i in enumerate(plan):
-                out[i] = logp_BT[b]
+                if real:
+                    out[i] = logp_BT[b]
         return out
 
     # ------------------------------------------------------------------------------------------

@@ -11,7 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common import wire
-from consumer.batching import Row, collate, loss_normalisers, plan_micro_batches, rows_of
+from consumer.batching import (
+    Row,
+    collate,
+    loss_normalisers,
+    plan_micro_batches,
+    rows_of,
+    split_by_tokens,
+)
 
 CPU = torch.device("cpu")
 PAD = 0
@@ -301,3 +308,23 @@ def test_rows_of_a_decoded_group_collate_back_to_its_tokens():
     mb = collate(rows, indices, pad_id=PAD, device=CPU)
     assert mb.tokens_BT[mb.mask_BT].tolist() == g.completion_ids.tolist()
     assert mb.behavior_logp_BT[mb.mask_BT].tolist() == g.behavior_logp.tolist()
+
+
+def test_split_by_tokens_balances_and_is_deterministic() -> None:
+    lengths = [10, 3, 7, 7, 2, 9, 1]
+    owner = split_by_tokens(lengths, 2)
+    loads = [sum(n for n, k in zip(lengths, owner, strict=True) if k == r) for r in range(2)]
+    assert sorted(loads) == [19, 20]  # decreasing lengths to the lighter part: 10,9,7,7,3,2,1
+    assert owner == split_by_tokens(list(lengths), 2)
+    assert split_by_tokens(lengths, 1) == [0] * len(lengths)
+    assert split_by_tokens([5], 3) == [0]  # more parts than rows: the first part takes it
+    assert split_by_tokens([4, 4, 4], 3) == [0, 1, 2]  # ties go to the lowest part
+
+
+@given(st.lists(st.integers(1, 50), max_size=40), st.integers(1, 5))
+def test_split_by_tokens_is_within_one_row_of_even(lengths: list[int], parts: int) -> None:
+    owner = split_by_tokens(lengths, parts)
+    assert len(owner) == len(lengths)
+    assert all(0 <= k < parts for k in owner)
+    loads = [sum(n for n, k in zip(lengths, owner, strict=True) if k == r) for r in range(parts)]
+    assert max(loads) - min(loads) <= max(lengths, default=0)

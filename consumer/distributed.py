@@ -1,0 +1,213 @@
+"""torch.distributed for the sharded learner: the process group, rank 0's orders, rows as tensors.
+
+What it owns: joining the process group torchrun describes (`World.from_env`, `init`), the
+order channel by which rank 0 tells every other rank what to do next (`Channel`: an op code
+and, for some, a short text such as a checkpoint directory), sending a batch's rows from rank
+0 to every rank as tensors (`share_rows`), and gathering per-micro-batch metrics to rank 0
+(`gather_metrics`). What it does not do: sharding, training, sockets (rank 0's learner owns every
+socket; the other ranks never see a network byte, only tensors rank 0 built from decoded groups).
+
+Invariants:
+- Every rank issues the same collectives in the same order. Rank 0 announces each collective
+  operation with one `Channel.send`; the other ranks run `Channel.receive` in a loop and do what
+  it says (consumer/sharded_trainer.py `follow`).
+- Backends: gloo on a CPU; on CUDA `cpu:gloo,cuda:nccl`, so orders and rows (CPU tensors) ride
+  gloo and FSDP's collectives (CUDA tensors) ride NCCL.
+- Every collective times out after `dist.timeout_s`: a rank that died or hangs makes the others
+  raise `RankFailure` (a clear line, then the process exits non-zero and torchrun stops the
+  rest) instead of hanging. While rank 0 waits for groups it sends `NOOP` orders every
+  `timeout_s / 4` (`Channel.keepalive`) so that a quiet run is not mistaken for a dead rank.
+- No pickle: rows travel as int32 / int64 / float32 / float64 tensors, texts as UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from consumer.batching import Row
+
+
+class RankFailure(RuntimeError):
+    """A collective failed or timed out: another rank died or hangs."""
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """This process's place among the learner's ranks (torchrun's RANK, WORLD_SIZE, LOCAL_RANK)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> World:
+        env = os.environ
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            size=int(env.get("WORLD_SIZE", "1")),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+        )
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init(world: World, *, cuda: bool, timeout_s: float) -> None:
+    """Join the process group (torchrun's env:// rendezvous); on CUDA, rank r uses its local GPU."""
+    if dist.is_initialized():
+        return
+    if cuda:
+        torch.cuda.set_device(world.local_rank)
+    dist.init_process_group(
+        backend="cpu:gloo,cuda:nccl" if cuda else "gloo",
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def barrier() -> None:
+    with failures("a barrier"):
+        dist.barrier()
+
+
+@contextmanager
+def failures(what: str) -> Iterator[None]:
+    """Turn a failed or timed-out collective into `RankFailure` naming what was under way."""
+    try:
+        yield
+    except (RuntimeError, dist.DistBackendError) as exc:
+        if isinstance(exc, RankFailure):
+            raise
+        raise RankFailure(
+            f"rank {dist.get_rank()}: {what} failed: another learner rank died or did not answer "
+            f"within dist.timeout_s ({str(exc).splitlines()[0][:200]})"
+        ) from exc
+
+
+class Op(enum.IntEnum):
+    """What rank 0 tells the other ranks to do next (each is one collective operation)."""
+
+    NOOP = 0  # keepalive while rank 0 waits for groups
+    STEP = 1  # rows follow (share_rows); one optimizer step on them
+    GATHER = 2  # the full state dict to rank 0 (publication, evaluation)
+    SAVE = 3  # text = checkpoint directory: a torch.distributed.checkpoint save
+    LOAD = 4  # text = checkpoint directory: restore from it
+    LOGPROBS = 5  # rows follow; learner log-probs, gathered to rank 0
+    STOP = 6  # the run is over
+
+
+class Channel:
+    """Rank 0's orders to the other ranks: `send` on rank 0, `receive` elsewhere."""
+
+    def __init__(self, world: World, *, timeout_s: float) -> None:
+        self.world = world
+        self.keepalive_s = timeout_s / 4
+        self._last_sent = time.monotonic()
+
+    def send(self, op: Op, text: str = "") -> None:
+        assert self.world.main, "only rank 0 gives orders"
+        data = text.encode()
+        with failures(f"sending {op.name}"):
+            dist.broadcast(torch.tensor([int(op), len(data)], dtype=torch.int64), src=0)
+            if data:
+                dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), src=0)
+        self._last_sent = time.monotonic()
+
+    def receive(self) -> tuple[Op, str]:
+        header = torch.zeros(2, dtype=torch.int64)
+        with failures("waiting for rank 0's next order"):
+            dist.broadcast(header, src=0)
+            data = torch.zeros(int(header[1]), dtype=torch.uint8)
+            if len(data):
+                dist.broadcast(data, src=0)
+        return Op(int(header[0])), bytes(data.numpy()).decode()
+
+    def keepalive(self) -> None:
+        """A NOOP if nothing was sent for `timeout_s / 4` (rank 0, while it waits for groups)."""
+        if time.monotonic() - self._last_sent >= self.keepalive_s:
+            self.send(Op.NOOP)
+
+
+def share_rows(rows: list[Row] | None) -> list[Row]:
+    """Rank 0 passes its rows, every other rank None; every rank returns the same rows.
+
+    Five broadcasts: sizes [rows, ids, completion tokens], per-row int64 (length, prompt length,
+    group), float64 advantages, int32 ids, float32 behaviour log-probs."""
+    with failures("sharing a batch"):
+        sizes = torch.zeros(3, dtype=torch.int64)
+        if rows is not None:
+            sizes[:] = torch.tensor(
+                [len(rows), sum(len(r.ids) for r in rows), sum(len(r.behavior_logp) for r in rows)]
+            )
+        dist.broadcast(sizes, src=0)
+        n, n_ids, n_completion = (int(x) for x in sizes)
+        meta = torch.zeros(n, 3, dtype=torch.int64)
+        adv = torch.zeros(n, dtype=torch.float64)
+        ids = torch.zeros(n_ids, dtype=torch.int32)
+        behavior = torch.zeros(n_completion, dtype=torch.float32)
+        if rows is not None:
+            meta[:] = torch.tensor([[len(r.ids), r.prompt_len, r.group] for r in rows]).view(n, 3)
+            adv[:] = torch.tensor([r.advantage for r in rows], dtype=torch.float64)
+            if n:
+                ids[:] = torch.from_numpy(np.concatenate([r.ids for r in rows]))
+                behavior[:] = torch.from_numpy(np.concatenate([r.behavior_logp for r in rows]))
+        for t in (meta, adv, ids, behavior):
+            dist.broadcast(t, src=0)
+    if rows is not None:
+        return rows
+    return _rows_from(meta.numpy(), adv.numpy(), ids.numpy(), behavior.numpy())
+
+
+def _rows_from(
+    meta: np.ndarray, adv: np.ndarray, ids: np.ndarray, behavior: np.ndarray
+) -> list[Row]:
+    out, at, at_c = [], 0, 0
+    for (length, prompt_len, group), a in zip(meta.tolist(), adv.tolist(), strict=True):
+        completion = length - prompt_len
+        out.append(
+            Row(
+                ids=ids[at : at + length],
+                prompt_len=prompt_len,
+                behavior_logp=behavior[at_c : at_c + completion],
+                advantage=a,
+                group=group,
+            )
+        )
+        at, at_c = at + length, at_c + completion
+    return out
+
+
+def gather_metrics(
+    parts: list[tuple[dict[str, float], int, bool]], world: World
+) -> list[tuple[dict[str, float], int]]:
+    """Every rank's per-micro-batch metrics, to rank 0 (others get []).
+
+    `parts` holds (metrics, completion tokens, real) per forward/backward pass; every rank has
+    made the same number of passes, with the same metric names (the loss's options decide them),
+    padding passes included (real = False, left out of the result)."""
+    keys = sorted(parts[0][0]) if parts else []
+    table = torch.tensor(
+        [[m.get(k, float("nan")) for k in keys] + [n, float(real)] for m, n, real in parts],
+        dtype=torch.float64,
+    ).view(len(parts), len(keys) + 2)
+    tables = [torch.zeros_like(table) for _ in range(world.size)]
+    with failures("gathering step metrics"):
+        dist.all_gather(tables, table)
+    if not world.main:
+        return []
+    out = []
+    for t in tables:
+        for row in t.tolist():
+            if row[-1]:
+                out.append((dict(zip(keys, row[: len(keys)], strict=True)), int(row[-2])))
+    return out

@@ -1,0 +1,121 @@
+"""Checkpoints of a sharded learner (torch.distributed.checkpoint), and resuming across world sizes.
+
+Layout inside a checkpoint directory (consumer/checkpoint.py owns the directory, its
+crash-safe rename and `state.json`):
+- `dcp/`: one torch.distributed.checkpoint (DCP) of `{"model": ..., "optim": ...}`, the state
+  dicts of `get_model_state_dict` / `get_optimizer_state_dict` keyed by the model's own
+  parameter names (HF names): each rank writes its shards, the metadata says where every piece
+  of every tensor is, so any number of ranks can read it back;
+- `rank<r>.pt`: rank r's scheduler state and random-number generator states (torch, CUDA,
+  Python, numpy); a rank that has none (more ranks than wrote the checkpoint) takes rank 0's.
+
+The single-device learner writes `model.safetensors` + `trainer.pt` instead
+(consumer/checkpoint.py). Every pairing resumes:
+- sharded -> sharded, any world size, and sharded -> one process: `load` (DCP reshards; with no
+  process group it reads every shard into the one process);
+- one process -> sharded: `load_full` (rank 0 reads the full weights and optimizer state,
+  `set_*_state_dict(..., full_state_dict=True, broadcast_from_rank0=True)` shards them).
+
+Functions take the trainer (its `model`, `optimizer`, `scheduler`); they run on every rank
+together (the sharded trainer's orders see to that), or in one process.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from common.snapshot import sync_dir
+
+DCP_DIR = "dcp"
+
+
+def is_sharded(directory: Path) -> bool:
+    """Whether the checkpoint in `directory` was written by a sharded learner."""
+    return (directory / DCP_DIR / ".metadata").exists()
+
+
+def save(trainer: Any, directory: Path, *, rank: int) -> None:
+    """Every rank: its shards of model and optimizer, and its own `rank<r>.pt`; rank 0 then
+    fsyncs the DCP directory (the caller waits for every rank before renaming)."""
+    state = {
+        "model": get_model_state_dict(trainer.model),
+        "optim": get_optimizer_state_dict(trainer.model, trainer.optimizer),
+    }
+    torch.save(_extra(trainer), directory / f"rank{rank}.pt")
+    dcp_save(state, checkpoint_id=directory / DCP_DIR)
+    if rank == 0:
+        sync_dir(directory / DCP_DIR)
+
+
+def load(trainer: Any, directory: Path, *, rank: int) -> None:
+    """Restore from a DCP checkpoint written by any number of ranks (here: any number too)."""
+    model = get_model_state_dict(trainer.model)
+    optim = get_optimizer_state_dict(trainer.model, trainer.optimizer)
+    dcp_load({"model": model, "optim": optim}, checkpoint_id=directory / DCP_DIR)
+    set_model_state_dict(trainer.model, model)
+    set_optimizer_state_dict(trainer.model, trainer.optimizer, optim)
+    own = directory / f"rank{rank}.pt"
+    _restore_extra(trainer, own if own.exists() else directory / "rank0.pt")
+
+
+def load_full(trainer: Any, directory: Path, *, main: bool) -> None:
+    """Every rank: restore a single-process checkpoint (`model.safetensors`, `trainer.pt`) into
+    the sharded model; rank 0 reads the tensors and they are broadcast and sharded."""
+    from safetensors.torch import load_file
+
+    extra = torch.load(directory / "trainer.pt", weights_only=False)
+    weights: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
+    if main:
+        weights = load_file(directory / "model.safetensors")
+        optim = _by_name(extra["optimizer"], trainer.model)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(trainer.model, weights, options=options)  # tied names: one is stored
+    set_optimizer_state_dict(trainer.model, trainer.optimizer, optim, options=options)
+    _restore_extra(trainer, directory / "trainer.pt")
+
+
+def _by_name(optim_state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """A single-process optimizer state dict (parameters by position, in `model.parameters()`
+    order) keyed by parameter name instead, the form `set_optimizer_state_dict` takes."""
+    names = [name for name, _ in model.named_parameters()]
+    return {
+        "state": {names[i]: s for i, s in optim_state["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[i] for i in g["params"]]} for g in optim_state["param_groups"]
+        ],
+    }
+
+
+def _extra(trainer: Any) -> dict[str, Any]:
+    return {
+        "scheduler": trainer.scheduler.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
+        "python_rng": random.getstate(),
+        "numpy_rng": np.random.get_state(),
+    }
+
+
+def _restore_extra(trainer: Any, path: Path) -> None:
+    extra = torch.load(path, weights_only=False)
+    trainer.scheduler.load_state_dict(extra["scheduler"])
+    torch.set_rng_state(extra["torch_rng"])
+    if extra["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state(extra["cuda_rng"][0])
+    random.setstate(extra["python_rng"])
+    np.random.set_state(extra["numpy_rng"])

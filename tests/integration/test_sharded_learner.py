@@ -1,0 +1,76 @@
+"""The sharded learner (FSDP2 under torchrun, gloo on the CPU) against one process on the same
+batches: parameters after 1 and 5 steps within 1e-5 (float32), for every aggregation mode and
+for packing + gradient checkpointing + two updates per batch + a sharded reference model; the
+step's loss metrics (gradient norm, tokens, entropy, clip and TIS figures) alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from sharded_steps import CASES, run
+
+TESTS = Path(__file__).resolve().parents[1]
+# metrics that depend on how rows were cut into micro-batches, not on the update
+LAYOUT_METRICS = {"padding_frac", "micro_batches", "step_s"}
+
+
+def torchrun(nproc: int, *args: str, log: Path, timeout_s: float = 300) -> None:
+    """`torchrun --nproc-per-node N ARGS` to completion (gloo on loopback); fails with its log."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--standalone", *args]  # fmt: skip
+    with open(log, "wb") as out:
+        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                              timeout=timeout_s).returncode  # fmt: skip
+    assert code == 0, log.read_text()[-4000:]
+
+
+def _compare(model_dir: Path, tmp_path: Path, cases: list[str], steps: int) -> None:
+    """Run `cases` on 2 ranks and in this process; parameters and loss metrics agree."""
+    args = ["--steps", str(steps), "--record", f"1,{steps}", "--cases", ",".join(cases)]
+    torchrun(2, str(TESTS / "sharded_steps.py"), str(model_dir), str(tmp_path / "two"), *args,
+             log=tmp_path / "torchrun.log")  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank (OMP_NUM_THREADS=1): quicker on a shared CPU
+    try:
+        run(model_dir, tmp_path / "one", steps=steps, record={1, steps}, cases=cases)
+    finally:
+        torch.set_num_threads(threads)
+    for name in cases:
+        for step in (1, steps):
+            one = load_file(tmp_path / "one" / name / f"step{step}.safetensors")
+            two = load_file(tmp_path / "two" / name / f"step{step}.safetensors")
+            assert one.keys() == two.keys()
+            worst = max((one[k] - two[k]).abs().max().item() for k in one)
+            assert worst <= 1e-5, (name, step, worst)
+            m1 = json.loads((tmp_path / "one" / name / f"step{step}.json").read_text())
+            m2 = json.loads((tmp_path / "two" / name / f"step{step}.json").read_text())
+            assert m1.keys() == m2.keys()
+            for key in m1.keys() - LAYOUT_METRICS:
+                if isinstance(m1[key], float):
+                    assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), (name, key)
+                else:
+                    assert m2[key] == m1[key], (name, key)
+        first = load_file(tmp_path / "one" / name / "step1.safetensors")
+        last = load_file(tmp_path / "one" / name / f"step{steps}.safetensors")
+        assert max((first[k] - last[k]).abs().max().item() for k in first) > 1e-4  # it learned
+
+
+def test_two_ranks_equal_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two steps of the default loss and of the packed / checkpointed / two-update / KL case."""
+    _compare(tiny_model_dir, tmp_path, ["token-mean", "packed-ckpt-2updates-kl"], steps=2)
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process_every_mode_five_steps(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    _compare(tiny_model_dir, tmp_path, [name for name, _ in CASES], steps=5)

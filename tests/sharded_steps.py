@@ -1,0 +1,134 @@
+"""Learner steps on fixed batches, in one process or on every rank under torchrun (gloo), for the
+tests that hold a sharded learner equal to one process.
+
+    torchrun --nproc-per-node 2 tests/sharded_steps.py MODEL_DIR OUT_DIR --steps 5 --record 1,5
+        [--cases token-mean,token-sum]
+
+For every case of `CASES` (aggregation modes, layouts, extra passes), a learner built by
+`make_trainer` (the single-device `Trainer` at world size 1, else the FSDP2 one) takes `--steps`
+steps on the batches of `batch(step)`; after each step in `--record`, rank 0 writes the full
+weights to `OUT/<case>/step<k>.safetensors` and the step's metrics to `OUT/<case>/step<k>.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.torch import save_file
+
+from common import config as C
+from common import wire
+
+# (name, config overrides): every aggregation mode, and one case with packing, gradient
+# checkpointing, two updates per batch (an old-log-prob pass) and a sharded reference model
+CASES: list[tuple[str, dict[str, object]]] = [
+    ("token-mean", {}),
+    ("token-sum", {"loss.agg": "token-sum"}),
+    ("seq-mean-token-mean", {"loss.agg": "seq-mean-token-mean"}),
+    ("seq-mean-token-sum", {"loss.agg": "seq-mean-token-sum"}),
+    ("seq-mean-token-sum-norm", {"loss.agg": "seq-mean-token-sum-norm"}),
+    (
+        "packed-ckpt-2updates-kl",
+        {
+            "model.attention": "sdpa_packed",
+            "model.gradient_checkpointing": True,
+            "train.updates_per_batch": 2,
+            "loss.beta": 0.05,
+        },
+    ),
+]
+
+
+def config(model_dir: Path, overrides: dict[str, object]) -> C.Config:
+    """Small micro-batches (several per rank, unequal counts), clipping active, lr visible."""
+    base: dict[str, object] = {
+        "model.path": str(model_dir),
+        "model.device": "cpu",
+        "train.lr": 1e-3,
+        "train.grad_clip": 0.05,
+        "train.micro_batch_tokens": 48,
+        "sampling.max_new_tokens": 12,
+        "train.prompts_per_step": 3,
+        "sampling.group_size": 4,
+    }
+    return C.override(C.Config(), {**base, **overrides})
+
+
+def batch(step: int, *, vocab: int, groups: int = 3, g: int = 4) -> list[wire.Group]:
+    """Groups of prompts of 3-8 tokens and completions of 1-12 tokens, seeded by `step`."""
+    rng = np.random.default_rng(1000 + step)
+    out = []
+    for i in range(groups):
+        p = int(rng.integers(3, 9))
+        lens = rng.integers(1, 13, g).astype(np.int32)
+        total = int(lens.sum())
+        out.append(
+            wire.Group(
+                lease_id=i,
+                producer_id="t",
+                prompt_index=i,
+                behavior_version=0,
+                prompt_ids=rng.integers(2, vocab, p, dtype=np.int32),
+                completion_ids=rng.integers(2, vocab, total, dtype=np.int32),
+                completion_lens=lens,
+                behavior_logp=-rng.random(total).astype(np.float32) - 0.5,
+                token_versions=np.zeros(0, np.int32),
+                rewards=rng.random(g).astype(np.float32),
+                finish_reasons=("length",) * g,
+                temperature=1.0,
+            )
+        )
+    return out
+
+
+def run(
+    model_dir: Path, out: Path, *, steps: int, record: set[int], cases: list[str] | None = None
+) -> None:
+    from consumer.distributed import World
+    from consumer.sharded_trainer import make_trainer
+
+    world = World.from_env()
+    for name, overrides in CASES:
+        if cases is not None and name not in cases:
+            continue
+        trainer = make_trainer(config(model_dir, overrides), model_dir, world)
+        if not world.main:
+            trainer.follow()  # type: ignore[attr-defined]
+            continue
+        (out / name).mkdir(parents=True, exist_ok=True)
+        for step in range(1, steps + 1):
+            metrics = trainer.step(batch(step, vocab=trainer.vocab_size))
+            if step in record:
+                weights = _untied(trainer.weights())
+                save_file(
+                    {k: v.detach().clone().contiguous() for k, v in weights.items()},
+                    out / name / f"step{step}.safetensors",
+                )
+                (out / name / f"step{step}.json").write_text(json.dumps(metrics))
+        trainer.close()
+
+
+def _untied(weights: dict[str, Any]) -> dict[str, Any]:
+    seen, out = set(), {}
+    for k, v in weights.items():
+        if v.data_ptr() not in seen:
+            seen.add(v.data_ptr())
+            out[k] = v
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--record", default="1,5")
+    parser.add_argument("--cases", default="", help="comma-separated names (default: all)")
+    args = parser.parse_args()
+    record = {int(s) for s in args.record.split(",")}
+    cases = args.cases.split(",") if args.cases else None
+    run(args.model_dir, args.out, steps=args.steps, record=record, cases=cases)
