@@ -52,6 +52,8 @@ class StepRecord:
     rejected_messages: int  # messages the consumer refused (rejected.<reason> in the ledger)
     producers: dict[str, dict[str, Any]]  # {producer: {"version": loaded, "state": ...}}
     producer_counters: dict[str, dict[str, float]]  # {producer: its heartbeat counters}
+    # -- absent from runs older than the field -------------------------------------------------
+    world_size: int | None = None  # learner ranks (torchrun); 1 = one process
     # -- the publisher (absent from runs older than the field) ---------------------------------
     snapshots_superseded: int | None = None  # snapshots skipped for a newer one, so far
     # -- the trainer (None when the stand-in trainer does not measure it) ----------------------

@@ -116,26 +116,36 @@ class Channel:
 
     def send(self, op: Op, text: str = "") -> None:
         assert self.world.main, "only rank 0 gives orders"
-        data = text.encode()
         with failures(f"sending {op.name}"):
-            dist.broadcast(torch.tensor([int(op), len(data)], dtype=torch.int64), src=0)
-            if data:
-                dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), src=0)
+            dist.broadcast(torch.tensor([int(op)], dtype=torch.int64), src=0)
+        share_text(text)
         self._last_sent = time.monotonic()
 
     def receive(self) -> tuple[Op, str]:
-        header = torch.zeros(2, dtype=torch.int64)
+        op = torch.zeros(1, dtype=torch.int64)
         with failures("waiting for rank 0's next order"):
-            dist.broadcast(header, src=0)
-            data = torch.zeros(int(header[1]), dtype=torch.uint8)
-            if len(data):
-                dist.broadcast(data, src=0)
-        return Op(int(header[0])), bytes(data.numpy()).decode()
+            dist.broadcast(op, src=0)
+        return Op(int(op[0])), share_text(None)
 
     def keepalive(self) -> None:
         """A NOOP if nothing was sent for `timeout_s / 4` (rank 0, while it waits for groups)."""
         if time.monotonic() - self._last_sent >= self.keepalive_s:
             self.send(Op.NOOP)
+
+
+def share_text(text: str | None) -> str:
+    """Rank 0 passes a text, every other rank None; every rank returns rank 0's text (UTF-8
+    bytes as a uint8 tensor, after its length)."""
+    data = (text or "").encode()
+    with failures("sharing a text from rank 0"):
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        dist.broadcast(size, src=0)
+        buf = torch.zeros(int(size[0]), dtype=torch.uint8)
+        if text is not None and data:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if len(buf):
+            dist.broadcast(buf, src=0)
+    return text if text is not None else bytes(buf.numpy()).decode()
 
 
 def share_rows(rows: list[Row] | None) -> list[Row]:

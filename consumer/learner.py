@@ -76,10 +76,10 @@ class Learner:
             from consumer.simulated import SimulatedTrainer
 
             self.trainer: Any = SimulatedTrainer(cfg)
-        else:
-            from consumer.trainer import Trainer
+        else:  # one device, or this rank's part of a sharded learner (torchrun)
+            from consumer.sharded_trainer import make_trainer
 
-            self.trainer = Trainer(cfg, self.model_dir)
+            self.trainer = make_trainer(cfg, self.model_dir)
         self.version = 0
         book_state = None
         if cfg.run.resume:
@@ -161,6 +161,7 @@ class Learner:
             out.wait_s += time.perf_counter() - t0
             if g is None:
                 self.server.check()
+                self.trainer.idle()
                 if self.server.starving():
                     return None
                 continue
@@ -208,6 +209,7 @@ class Learner:
         balance = self.server.balance()
         return {
             "step": self.version,
+            "world_size": self.trainer.world_size,
             "time_s": now - t_start,
             "unix_time": time.time(),
             "step_wall_s": now - last,
@@ -260,7 +262,10 @@ class Learner:
             self._eval = (AutoTokenizer.from_pretrained(self.model_dir), examples)
         tokenizer, examples = self._eval
         result = accuracy_of(
-            self.trainer.model, tokenizer, examples, max_new_tokens=self.cfg.sampling.max_new_tokens
+            self.trainer.eval_model(),
+            tokenizer,
+            examples,
+            max_new_tokens=self.cfg.sampling.max_new_tokens,
         )
         return {"heldout_accuracy": result.accuracy, "eval_s": time.perf_counter() - t0}
 
@@ -315,6 +320,7 @@ class Learner:
             self.server.expire_open("shutdown")
             self._checkpoint()
             snap.write_final(self.run_dir, self.published)
+            self.trainer.close()  # a sharded learner's other ranks stop here
         finally:
             self.server.expire_open("shutdown")
             self.server.flush_ledger()
@@ -375,7 +381,24 @@ def install_signal_handlers(stop: threading.Event, hurry: threading.Event) -> No
 
 
 def main(cfg: Config, run_dir: Path) -> int:
-    learner = Learner(cfg, run_dir)
-    install_signal_handlers(learner.stop_event, learner.hurry)
-    log.info("host %s", socket.gethostname())
-    return learner.run()
+    """The consumer; under torchrun (world size > 1) rank 0 runs it and the other ranks follow
+    rank 0's orders. A rank that died or hangs ends it with one line and exit code 1."""
+    from consumer.distributed import RankFailure, World
+
+    world = World.from_env()
+    if world.size > 1 and cfg.train.simulate_step_s:
+        raise config_mod.ConfigError(
+            "train.simulate_step_s replaces the model: run it as one process, not under torchrun"
+        )
+    try:
+        if not world.main:
+            from consumer.sharded_trainer import follow
+
+            return follow(cfg, run_dir, world)
+        learner = Learner(cfg, run_dir)
+        install_signal_handlers(learner.stop_event, learner.hurry)
+        log.info("host %s", socket.gethostname())
+        return learner.run()
+    except RankFailure as exc:
+        log.error("%s; `--resume` continues from the last checkpoint", exc)
+        return 1

@@ -23,6 +23,7 @@ together (the sharded trainer's orders see to that), or in one process.
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,12 @@ def load(trainer: Any, directory: Path, *, rank: int) -> None:
     """Restore from a DCP checkpoint written by any number of ranks (here: any number too)."""
     model = get_model_state_dict(trainer.model)
     optim = get_optimizer_state_dict(trainer.model, trainer.optimizer)
-    dcp_load({"model": model, "optim": optim}, checkpoint_id=directory / DCP_DIR)
+    single = not torch.distributed.is_initialized()  # one process reads every rank's shards
+    with warnings.catch_warnings():  # DCP warns that no process group means one process: it does
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp_load(
+            {"model": model, "optim": optim}, checkpoint_id=directory / DCP_DIR, no_dist=single
+        )
     set_model_state_dict(trainer.model, model)
     set_optimizer_state_dict(trainer.model, trainer.optimizer, optim)
     own = directory / f"rank{rank}.pt"

@@ -59,6 +59,22 @@ def make_trainer(cfg: Config, model_dir: Path, world: D.World | None = None) -> 
     return ShardedTrainer(cfg, model_dir, world)
 
 
+def follow(cfg: Config, run_dir: Path, world: D.World) -> int:
+    """Ranks > 0 of a sharded consumer: build this rank's part of the learner, then do what rank
+    0 says until it ends the run (exit code 0). SIGINT and SIGTERM are ignored here: rank 0
+    decides when the run ends and needs every rank for its final snapshot and checkpoint; if
+    rank 0 dies, the next collective raises `RankFailure` instead."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    trainer = ShardedTrainer(cfg, Path(cfg.model.path), world)
+    log.info("rank %d of %d following rank 0 (run dir %s)", world.rank, world.size, run_dir)
+    trainer.follow()
+    log.info("rank %d: rank 0 ended the run", world.rank)
+    return 0
+
+
 class ShardedTrainer(Trainer):
     """`Trainer` on one rank of several; rank 0 drives, the others `follow`."""
 

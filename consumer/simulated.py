@@ -22,6 +22,7 @@ VOCAB_SIZE = 32_000
 
 class SimulatedTrainer:
     model = None
+    world_size = 1
 
     def __init__(self, cfg: Config) -> None:
         self.step_s = cfg.train.simulate_step_s
@@ -44,3 +45,9 @@ class SimulatedTrainer:
 
     def hold_weights(self, fence: Fence) -> None:
         """Nothing to hold: `weights()` is a new tensor each time."""
+
+    def idle(self) -> None:
+        """Nothing to keep alive."""
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -76,6 +76,8 @@ def loss_options(cfg: Config) -> L.LossOptions:
 
 
 class Trainer:
+    world_size = 1  # ranks training this policy together (consumer/sharded_trainer.py: more)
+
     def __init__(self, cfg: Config, model_dir: Path) -> None:
         from transformers import AutoModelForCausalLM
 

@@ -133,12 +133,63 @@ ForceOpt = Annotated[
 ]
 
 
+def _prepare_consumer_run(cfg: C.Config, force: bool) -> tuple[Path, C.Config]:
+    """The run directory and the model directory made ready, the resolved config written."""
+    out = make_run_dir(cfg, force)
+    resolved: dict[str, object] = {"run.dir": out}
+    if not cfg.train.simulate_step_s:
+        resolved["model.path"] = resolve_model(cfg.model.path)
+    cfg = C.override(cfg, resolved)
+    C.write(cfg, out / "config.toml")
+    return out, cfg
+
+
+def _join_ranks(cfg: C.Config, force: bool) -> tuple[Path, C.Config, str]:
+    """Under torchrun: join the process group; rank 0 prepares the run directory and the model
+    (the demo model is built once), the other ranks take both from it. Returns the run
+    directory, the config and the log's name (consumer, consumer-rank1, ...)."""
+    import json
+
+    from common.device import resolve_device
+    from consumer import distributed as D
+
+    world = D.World.from_env()
+    cuda = resolve_device(cfg.model.device).type == "cuda"
+    D.init(world, cuda=cuda, timeout_s=cfg.dist.timeout_s)
+    if world.main:
+        out, cfg = _prepare_consumer_run(cfg, force)
+        D.share_text(json.dumps({"run.dir": str(out), "model.path": cfg.model.path}))
+        return out, cfg, "consumer"
+    values = json.loads(D.share_text(None))
+    return Path(values["run.dir"]), C.override(cfg, values), f"consumer-rank{world.rank}"
+
+
+def _exec_torchrun(nproc: int) -> None:
+    """Become `torchrun --standalone --nproc-per-node N -m launch.cli consumer ...` (the same
+    arguments, less --nproc-per-node)."""
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not arg.startswith("--nproc-per-node="):
+            args.append(arg)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "launch.cli", *args]  # fmt: skip
+    typer.echo(f"starting {nproc} learner processes: {' '.join(cmd[1:])}", err=True)
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)
+
+
 @app.command(
     epilog=(
         "Example, one machine (then start producers with `asyncgrpo producer`):\n\n"
         "`asyncgrpo consumer --run-dir runs/mine --model demo --steps 200`\n\n"
         "Across machines (CurveZMQ keys from `asyncgrpo keys keys/`):\n\n"
         "`asyncgrpo consumer --bind 0.0.0.0 --keys keys/ --model /models/qwen`\n\n"
+        "Sharded over 4 GPUs of this machine (FSDP2 under torchrun):\n\n"
+        "`asyncgrpo consumer --nproc-per-node 4 --model /models/qwen`\n\n"
         "Every config key: `asyncgrpo config show`."
     )
 )
@@ -166,6 +217,15 @@ def consumer(
         bool, typer.Option("--resume", help="Continue from the run directory's checkpoint.")
     ] = False,
     force: ForceOpt = False,
+    nproc_per_node: Annotated[
+        int,
+        typer.Option(
+            "--nproc-per-node",
+            help="Learner processes on this machine: N > 1 starts `torchrun --standalone "
+            "--nproc-per-node N` with the other arguments (one policy sharded with FSDP2, one GPU "
+            "per process on CUDA). Several machines: start torchrun yourself (README).",
+        ),
+    ] = 1,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False,
 ) -> None:
     """Run the learner: lease prompts, receive groups, train, publish snapshots."""
@@ -175,18 +235,19 @@ def consumer(
         "net.keys_dir": keys, "net.insecure": insecure or None, "run.resume": resume or None,
     }  # fmt: skip
     cfg = load_config(config, set_, flags)
-    out = make_run_dir(cfg, force)
-    resolved: dict[str, object] = {"run.dir": out}
-    if not cfg.train.simulate_step_s:
-        resolved["model.path"] = resolve_model(cfg.model.path)
-    cfg = C.override(cfg, resolved)
-    C.write(cfg, out / "config.toml")
-    setup_logging(out, "consumer", verbose)
+    if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
+        _exec_torchrun(nproc_per_node)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        out, cfg, name = _join_ranks(cfg, force)
+    else:
+        (out, cfg), name = _prepare_consumer_run(cfg, force), "consumer"
+    setup_logging(out, name, verbose)
     from consumer.learner import main as learner_main
     from launch.dashboard import Progress
 
     progress = Progress(out, cfg.run.steps)  # a line every 10 s (`asyncgrpo status` any time)
-    progress.start()
+    if name == "consumer":  # rank 0 alone under torchrun
+        progress.start()
     try:
         code = learner_main(cfg, out)
     except ConfigError as exc:

@@ -2,7 +2,7 @@
 tests that hold a sharded learner equal to one process.
 
     torchrun --nproc-per-node 2 tests/sharded_steps.py MODEL_DIR OUT_DIR --steps 5 --record 1,5
-        [--cases token-mean,token-sum]
+        [--cases token-mean,token-sum] [--save-at 2] [--resume EARLIER_OUT_DIR]
 
 For every case of `CASES` (aggregation modes, layouts, extra passes), a learner built by
 `make_trainer` (the single-device `Trainer` at world size 1, else the FSDP2 one) takes `--steps`
@@ -86,8 +86,18 @@ def batch(step: int, *, vocab: int, groups: int = 3, g: int = 4) -> list[wire.Gr
 
 
 def run(
-    model_dir: Path, out: Path, *, steps: int, record: set[int], cases: list[str] | None = None
+    model_dir: Path,
+    out: Path,
+    *,
+    steps: int,
+    record: set[int],
+    cases: list[str] | None = None,
+    save_at: int = 0,
+    resume: Path | None = None,
 ) -> None:
+    """`steps` steps per case (from the checkpoint's step + 1 with `resume`, a run directory);
+    with `save_at`, a checkpoint of each case after that step in `out/<case>/run`."""
+    from consumer import checkpoint
     from consumer.distributed import World
     from consumer.sharded_trainer import make_trainer
 
@@ -99,8 +109,11 @@ def run(
         if not world.main:
             trainer.follow()  # type: ignore[attr-defined]
             continue
-        (out / name).mkdir(parents=True, exist_ok=True)
-        for step in range(1, steps + 1):
+        (out / name / "run").mkdir(parents=True, exist_ok=True)
+        first = 1
+        if resume is not None:
+            first = checkpoint.load(resume / name / "run", trainer=trainer)[0] + 1
+        for step in range(first, steps + 1):
             metrics = trainer.step(batch(step, vocab=trainer.vocab_size))
             if step in record:
                 weights = _untied(trainer.weights())
@@ -109,6 +122,8 @@ def run(
                     out / name / f"step{step}.safetensors",
                 )
                 (out / name / f"step{step}.json").write_text(json.dumps(metrics))
+            if step == save_at:
+                checkpoint.save(out / name / "run", trainer=trainer, version=step, book_state={})
         trainer.close()
 
 
@@ -128,7 +143,10 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--record", default="1,5")
     parser.add_argument("--cases", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--save-at", type=int, default=0, help="checkpoint after this step")
+    parser.add_argument("--resume", type=Path, default=None, help="an OUT of --save-at")
     args = parser.parse_args()
     record = {int(s) for s in args.record.split(",")}
     cases = args.cases.split(",") if args.cases else None
-    run(args.model_dir, args.out, steps=args.steps, record=record, cases=cases)
+    run(args.model_dir, args.out, steps=args.steps, record=record, cases=cases,
+        save_at=args.save_at, resume=args.resume)  # fmt: skip

@@ -74,3 +74,38 @@ def test_two_ranks_equal_one_process_every_mode_five_steps(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     _compare(tiny_model_dir, tmp_path, [name for name, _ in CASES], steps=5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("writer", "reader"), [(2, 1), (1, 2)])
+def test_a_checkpoint_resumes_at_another_world_size(
+    tiny_model_dir: Path, tmp_path: Path, writer: int, reader: int
+) -> None:
+    """Step 1-2 on `writer` ranks, checkpoint (DCP from 2 ranks, safetensors from 1), step 3-4
+    on `reader` ranks from it: the same parameters as 4 uninterrupted steps in one process
+    (weights, AdamW moments and the scheduler all came back)."""
+    cases = ["token-mean"]
+    common = ["--cases", ",".join(cases), "--record", "4"]
+
+    def steps(nproc: int, out: Path, *args: str) -> None:
+        if nproc == 1:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                run(tiny_model_dir, out, steps=4, record={4}, cases=cases,
+                    save_at=2 if "--save-at" in args else 0,
+                    resume=Path(args[-1]) if "--resume" in args else None)  # fmt: skip
+            finally:
+                torch.set_num_threads(threads)
+        else:
+            torchrun(nproc, str(TESTS / "sharded_steps.py"), str(tiny_model_dir), str(out),
+                     "--steps", "4", *common, *args, log=out.with_suffix(".log"))  # fmt: skip
+
+    steps(writer, tmp_path / "first", "--save-at", "2")
+    layout = "dcp" if writer > 1 else "model.safetensors"
+    assert list((tmp_path / "first" / "token-mean" / "run" / "checkpoints").glob(f"*/{layout}"))
+    steps(reader, tmp_path / "resumed", "--resume", str(tmp_path / "first"))
+    straight = load_file(tmp_path / "first" / "token-mean" / "step4.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "token-mean" / "step4.safetensors")
+    assert straight.keys() == resumed.keys()
+    assert max((straight[k] - resumed[k]).abs().max().item() for k in straight) <= 1e-5
