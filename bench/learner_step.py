@@ -24,7 +24,10 @@ completion, per second) of each, `speedup` = ours tokens/s over baseline's, `rat
 over baseline ms (the CPU figure the README quotes), peak memory of each step above what was
 allocated before it (CUDA), the attention path, micro-batches and padding fraction of ours.
 `--head-tokens N` (CUDA) also measures the log-prob/entropy part alone on N positions: peak
-memory of the chunked head vs full-vocabulary float32 logits, forward and backward.
+memory of the chunked head vs full-vocabulary float32 logits, forward and backward. A step that
+runs out of memory is a result (`*_oom: true`, its figures null), not a crash. `--model DIR`
+takes a model directory instead of building `--shape` (whose batch defaults still apply). In the
+JSON a figure that does not exist (CPU peak memory, a step that ran out of memory) is null.
 """
 
 from __future__ import annotations
@@ -186,8 +189,9 @@ def head_memory(trainer: Trainer, n: int, device: torch.device) -> dict[str, flo
         try:
             dt, peak = timed(fn, device)
             out[f"{name}_peak_mib"], out[f"{name}_s"] = peak / 2**20, dt
+            out[f"{name}_oom"] = False
         except torch.OutOfMemoryError:
-            out[f"{name}_peak_mib"] = float("inf")
+            out[f"{name}_oom"] = True
         head.weight.grad = None
         torch.cuda.empty_cache()
     return out
@@ -304,7 +308,19 @@ def report(res: dict[str, Any], a: argparse.Namespace) -> None:
         print(f"log-prob/entropy part alone: {json.dumps(res['head'])}")
 
 
-def main() -> None:
+def finite_or_none(value: Any) -> Any:
+    """`value` with every NaN or infinity (a figure that does not exist) replaced by None, so
+    the JSON is standard (no NaN tokens)."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(__doc__.splitlines()[1:]),
@@ -327,15 +343,28 @@ def main() -> None:
     ap.add_argument("--head-tokens", type=int, default=0, help="CUDA: head memory on N positions")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default="", help="where the qwen05 model is built (default: tmp)")
+    ap.add_argument("--model", default="", help="model directory to use instead of --shape's")
     ap.add_argument("--json", default="", help="write the results here")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    for lengths in a.lengths.split(","):
+        if lengths not in ("equal", "mix"):
+            ap.error(f"--lengths: equal or mix, got {lengths!r}")
+    if a.model and not (Path(a.model) / "config.json").is_file():
+        ap.error(f"--model: {a.model} is not a model directory (no config.json)")
+    return a
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
     device = torch.device(a.device)
     a.dtype = a.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     if a.warmup < 0:  # CUDA: compiled kernels (flex_attention) see a few shapes first
         a.warmup = 2 if device.type == "cuda" else 1
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        if a.shape == "qwen05":
+        if a.model:
+            model_dir = Path(a.model)
+        elif a.shape == "qwen05":
             model_dir = build_qwen05(Path(a.work or tmp) / "qwen05", device=str(device))
         else:
             from launch.demo_model import ensure_demo_model
@@ -344,6 +373,7 @@ def main() -> None:
         out: dict[str, Any] = {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "shape": a.shape,
+            "model": a.model or a.shape,
             "dtype": a.dtype,
             "torch": torch.__version__,
             "micro_batch_tokens": a.micro_batch_tokens,
@@ -351,15 +381,14 @@ def main() -> None:
             "compile": a.compile,
             "cases": {},
         }
-        print(f"{a.shape} on {out['device']}, {a.dtype}, micro_batch_tokens {a.micro_batch_tokens}")
+        mbt = a.micro_batch_tokens
+        print(f"{out['model']} on {out['device']}, {a.dtype}, micro_batch_tokens {mbt}")
         for lengths in a.lengths.split(","):
-            if lengths not in ("equal", "mix"):
-                ap.error(f"--lengths: equal or mix, got {lengths!r}")
             res = run_case(a, model_dir, lengths, device)
             out["cases"][lengths] = res
             report(res, a)
     if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=1))
+        Path(a.json).write_text(json.dumps(finite_or_none(out), indent=1, allow_nan=False))
 
 
 if __name__ == "__main__":
