@@ -288,3 +288,36 @@ def test_compiled_layers_give_the_same_log_probs_and_keep_their_names(tiny_model
         after = forward(mb)[0]
     torch.testing.assert_close(after, before)
     assert [n for n, _ in model.named_parameters()] == names
+
+
+def test_model_compile_reaches_the_policy_and_the_reference(tiny_model_dir, monkeypatch):
+    import consumer.trainer as T
+
+    compiled: list[object] = []
+    monkeypatch.setattr(T, "compile_layers", lambda model: compiled.append(model))
+    Trainer(_config(attention="padded"), tiny_model_dir)
+    assert compiled == []
+    cfg = C.override(_config(attention="padded", compile=True), {"loss.beta": 0.1})
+    trainer = Trainer(cfg, tiny_model_dir)
+    assert compiled == [trainer.model, trainer.ref_model]
+
+
+# dynamo reads `.grad` of the layer's (non-leaf) input while tracing with gradients on, and torch
+# warns about that access: noise of the tracer, once per compiled graph, not of this project
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+@pytest.mark.slow
+def test_a_compiled_trainer_has_the_eager_log_probs_and_steps(tiny_model_dir, monkeypatch):
+    """`model.compile` through the trainer, with dynamo's eager backend (its tracing takes 10-20 s
+    on this CPU, hence slow)."""
+    import consumer.trainer as T
+
+    monkeypatch.setattr(T, "compile_layers", lambda model: compile_layers(model, backend="eager"))
+    groups = _groups(seed=8)
+    plain = Trainer(_config(attention="padded"), tiny_model_dir)
+    trainer = Trainer(_config(attention="padded", compile=True), tiny_model_dir)
+    layers = trainer.model.get_decoder().layers
+    assert all(layer._compiled_call_impl is not None for layer in layers)
+    for a, b in zip(plain.logprobs(groups), trainer.logprobs(groups), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    m_plain, m = plain.step(groups), trainer.step(groups)
+    assert m["grad_norm"] == pytest.approx(m_plain["grad_norm"], rel=1e-5)
