@@ -6,14 +6,29 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tiny_models import build_tiny_model
+
+VLLM_TESTS = "test_vllm_engine.py"
+
+
+def vllm_tests_first(items: list[Any]) -> None:
+    """Put the vLLM engine's tests before every other test, the rest in their order.
+
+    Those tests start vLLM before this process touches CUDA, so that vLLM forks its engine
+    process from a process without CUDA (the setting they are written for). The learner's and the
+    publisher's GPU tests initialise CUDA in this process: had they run first, vLLM would have to
+    spawn its engine instead (and a fork after a bare CUDA driver initialisation fails in the
+    child with "CUDA error: initialization error")."""
+    items.sort(key=lambda item: Path(item.path).name != VLLM_TESTS)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
+    vllm_tests_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
