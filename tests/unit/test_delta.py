@@ -1,0 +1,125 @@
+"""Sparse snapshot deltas: bitwise-exact round trips per dtype, both encodings, and refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from common import delta as D
+from common import snapshot as snap
+from consumer.weights_buffer import HostCopier, HostWeights, table_for
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(64, 16, generator=g) * 0.02,
+        "layer.0.weight": torch.randn(16, 16, generator=g) * 0.02,
+        "norm.weight": torch.ones(16),
+        "tiny": torch.zeros(3),
+    }
+
+
+def step(state: dict[str, torch.Tensor], lr: float, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + lr * torch.randn(v.shape, generator=g).sign() for k, v in state.items()}
+
+
+def file_bytes(state: dict[str, torch.Tensor], dtype: torch.dtype) -> np.ndarray:
+    host = HostWeights(table_for(state, dtype), pin=False)
+    HostCopier().copy(state, host)
+    return np.frombuffer(bytes(host.file_bytes()), dtype=np.uint8).copy()
+
+
+def make(base: np.ndarray, new: np.ndarray, tmp_path, *, name="d") -> tuple[D.Delta, object]:
+    layout = D.read_layout(base)
+    patches = D.diff(layout, base, new)
+    delta = D.Delta(1, 2, snap.hash_bytes(base), snap.hash_bytes(new), tuple(patches))
+    header, arrays = D.encode_delta(layout, delta)
+    path = tmp_path / name
+    D.write_delta(path, header, arrays)
+    assert path.stat().st_size == D.delta_bytes(header, arrays)
+    return delta, path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("lr", [1e-5, 1e-2])
+def test_a_delta_applied_to_its_base_gives_the_target_bit_for_bit(tmp_path, dtype, lr):
+    state = weights(0)
+    state["tiny"] = torch.tensor([0.0, float("nan"), 1.0])
+    new_state = step(state, lr, 1)
+    new_state["tiny"] = torch.tensor([-0.0, float("nan"), 1.0])  # sign of zero is a change
+    base, new = file_bytes(state, dtype), file_bytes(new_state, dtype)
+    _, path = make(base, new, tmp_path)
+    (tmp_path / "base").write_bytes(base.tobytes())
+    got = D.apply_file(tmp_path / "base", path, tmp_path / "out", base_hash=snap.hash_bytes(base))
+    assert (tmp_path / "out").read_bytes() == new.tobytes()
+    assert got == snap.hash_bytes(new)
+
+
+def test_few_changes_are_listed_by_position_and_many_by_a_bitmask(tmp_path):
+    state = weights(0)
+    base = file_bytes(state, torch.bfloat16)
+    touched = {k: v.clone() for k, v in state.items()}
+    touched["embed.weight"][0, :3] += 1.0
+    small = file_bytes(touched, torch.bfloat16)
+    large = file_bytes(step(state, 1e-1, 1), torch.bfloat16)
+    layout = D.read_layout(base)
+    (few,) = D.diff(layout, base, small)
+    assert few.name == "embed.weight"
+    assert few.positions is not None
+    assert few.positions.tolist() == [0, 1, 2]
+    assert few.num_bytes == 3 * (4 + 2)
+    many = D.diff(layout, base, large)
+    assert all(p.mask is not None for p in many if len(p.values) > 16)
+    # the mask encoding also round-trips
+    _, path = make(base, large, tmp_path)
+    (tmp_path / "base").write_bytes(base.tobytes())
+    D.apply_file(tmp_path / "base", path, tmp_path / "out", base_hash=snap.hash_bytes(base))
+    assert (tmp_path / "out").read_bytes() == large.tobytes()
+
+
+def test_identical_files_give_an_empty_delta_that_still_applies(tmp_path):
+    base = file_bytes(weights(0), torch.bfloat16)
+    delta, path = make(base, base.copy(), tmp_path)
+    assert delta.patches == ()
+    (tmp_path / "base").write_bytes(base.tobytes())
+    D.apply_file(tmp_path / "base", path, tmp_path / "out", base_hash=snap.hash_bytes(base))
+    assert (tmp_path / "out").read_bytes() == base.tobytes()
+
+
+def test_a_delta_is_refused_on_any_other_base_and_leaves_nothing(tmp_path):
+    state = weights(0)
+    base = file_bytes(state, torch.bfloat16)
+    new = file_bytes(step(state, 1e-4, 1), torch.bfloat16)  # some elements keep their bits
+    other = file_bytes(step(state, 1e-2, 2), torch.bfloat16)
+    _, path = make(base, new, tmp_path)
+    (tmp_path / "other").write_bytes(other.tobytes())
+    with pytest.raises(D.DeltaError, match="for base"):
+        D.apply_file(tmp_path / "other", path, tmp_path / "out", base_hash=snap.hash_bytes(other))
+    assert not (tmp_path / "out").exists()
+    # a base that claims the right hash but holds other bytes fails the result's digest
+    with pytest.raises(D.DeltaError, match="result hash"):
+        D.apply_file(tmp_path / "other", path, tmp_path / "out", base_hash=snap.hash_bytes(base))
+    assert not (tmp_path / "out").exists()
+
+
+def test_layout_changes_and_damaged_deltas_are_refused(tmp_path):
+    state = weights(0)
+    base = file_bytes(state, torch.bfloat16)
+    wider = file_bytes({**state, "extra": torch.zeros(2)}, torch.bfloat16)
+    with pytest.raises(D.DeltaError, match="layout"):
+        D.diff(D.read_layout(base), base, wider)
+    new = file_bytes(step(state, 1e-2, 1), torch.bfloat16)
+    _, path = make(base, new, tmp_path)
+    blob = np.fromfile(path, dtype=np.uint8)
+    layout = D.read_layout(base)
+    with pytest.raises(D.DeltaError, match="truncated"):
+        D.read_delta(blob[:-3], layout)
+    with pytest.raises(D.DeltaError, match="lacks"):
+        D.read_delta(blob, D.read_layout(file_bytes({"x": torch.zeros(2)}, torch.bfloat16)))
+    with pytest.raises(D.DeltaError, match="not a delta"):
+        D.read_delta(base, layout)
+    with pytest.raises(D.DeltaError):
+        D.read_layout(np.zeros(4, np.uint8))
