@@ -219,6 +219,14 @@ class SnapshotConfig:
     dtype: SnapshotDtype = _f("bfloat16", "Snapshot weight dtype.")
     keep_last: int = _f(3, "Snapshots kept on disk (older ones are deleted).")
     chunk_mib: float = _f(4.0, "Chunk size when producers fetch snapshots over the control socket.")
+    anchor_every: int = _f(
+        10,
+        "Versions between full anchors; the versions between carry a sparse delta on the previous "
+        "one, which network fetchers holding it download instead (0 = no deltas).",
+    )
+    delta_max_ratio: float = _f(
+        0.5, "A version whose delta would exceed this fraction of the full file is an anchor."
+    )
     delay_s: float = _f(
         0.0, "Stress testing: hold each snapshot back this long before announcing it."
     )
@@ -588,6 +596,8 @@ def problems(cfg: Config) -> list[str]:
         "rewards.timeout_s must be > 0 and rewards.workers >= 1",
     )
     need(cfg.snapshot.keep_last >= 1, "snapshot.keep_last must be >= 1")
+    need(cfg.snapshot.anchor_every >= 0, "snapshot.anchor_every must be >= 0")
+    need(0 < cfg.snapshot.delta_max_ratio <= 1, "snapshot.delta_max_ratio must be in (0, 1]")
     need(
         net.heartbeat_s > 0 and net.producer_timeout_s > 2 * net.heartbeat_s,
         "net.producer_timeout_s must exceed two heartbeats (net.heartbeat_s)",

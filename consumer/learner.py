@@ -43,6 +43,7 @@ from common import wire
 from common.config import Config
 from common.sockets import load_keys, start_authenticator
 from consumer import checkpoint
+from consumer.distribution import Distribution, snapshot_chunk_bytes
 from consumer.prompts import make_source
 from consumer.publisher import Publisher
 from consumer.server import Server, run_spec
@@ -111,6 +112,11 @@ class Learner:
             keep_last=cfg.snapshot.keep_last,
             delay_s=cfg.snapshot.delay_s,
             fsync=cfg.snapshot.fsync,
+            distribution=Distribution(
+                chunk_bytes=snapshot_chunk_bytes(cfg),
+                anchor_every=cfg.snapshot.anchor_every,
+                max_ratio=cfg.snapshot.delta_max_ratio,
+            ),
             on_published=self.server.announce_snapshot,
         )
         self.metrics = M.JsonlWriter(run_dir / "metrics.jsonl")

@@ -5,9 +5,10 @@ the weights into a preallocated host buffer that already holds the safetensors h
 (consumer/weights_buffer.py; on CUDA the copy is only enqueued on a side stream and `submit`
 returns its `Fence`, which the optimizer step must hold before changing the weights). A writer
 thread then waits for the copy, writes the buffer's bytes as `model.safetensors` while hashing
-the same memory (BLAKE3), copies the base model's config and tokenizer files next to it,
-finalizes the directory atomically, calls `on_published(SnapshotInfo)`, which announces it, and
-only then prunes old snapshots (deleting a large file takes a while and nobody waits for it).
+the same memory (BLAKE3), adds what network fetchers need (chunk hashes and, between anchors,
+a sparse delta on the previous version: consumer/distribution.py, from the same buffer), copies
+the base model's config and tokenizer files next to it, finalizes the directory atomically,
+calls `on_published(SnapshotInfo)`, which announces it, and only then prunes old snapshots (deleting a large file takes a while and nobody waits for it).
 
 Never queue behind a slow writer: there are two buffers (`Buffers`, a small state machine). A
 copy goes to a free buffer; while one buffer is being written and the other holds a version
@@ -58,6 +59,7 @@ import torch
 from common import snapshot as snap
 from common.config import SnapshotFsync, choices
 from common.wire import SnapshotInfo
+from consumer.distribution import Distribution
 from consumer.weights_buffer import Fence, HostCopier, HostWeights, table_for, unique_tensors
 
 log = logging.getLogger("asyncgrpo.consumer")
@@ -142,6 +144,7 @@ class Publisher:
         delay_s: float = 0.0,
         fsync: SnapshotFsync = "before_announce",
         num_buffers: int = 2,
+        distribution: Distribution | None = None,
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
@@ -159,6 +162,9 @@ class Publisher:
             raise ValueError(f"snapshot.fsync must be one of {modes}: {fsync!r}")
         self._fsync = fsync
         self._on_published = on_published
+        self.distribution = distribution or Distribution(
+            chunk_bytes=4 << 20, anchor_every=0, max_ratio=0.5
+        )
         self._copier = HostCopier()
         self._hosts: list[HostWeights] = []
         self._num_buffers = num_buffers
@@ -284,6 +290,9 @@ class Publisher:
         path = tmp / snap.WEIGHTS_FILE
         try:
             digest = snap.write_file(path, host.file_bytes(), fsync=durable_first)
+            delta = self.distribution.prepare(
+                tmp, host.file_bytes(), version=job.version, file_hash=digest
+            )
         finally:
             with self._cond:  # the bytes are in the file: the next copy may use this buffer
                 self._buffers.release(index)
@@ -292,9 +301,11 @@ class Publisher:
             shutil.copyfile(extra, tmp / extra.name)
         num_bytes = host.table.num_bytes
         manifest = snap.Manifest(
-            job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id()
-        )
+            job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id(),
+            *((delta.base_version, delta.hash, delta.num_bytes) if delta else ()),
+        )  # fmt: skip
         snap.finalize(tmp, final, manifest, fsync=durable_first)
+        self.distribution.written(job.version, final / snap.WEIGHTS_FILE, digest)
         self.last_write_s = time.perf_counter() - t0
         weights = str((final / snap.WEIGHTS_FILE).resolve())
         return SnapshotInfo(job.version, num_bytes, digest, weights)

@@ -241,6 +241,8 @@ PROBLEMS = [
     (["rewards.fns=[]"], "needs at least one reward", "rewards.fns"),
     (["rewards.workers=0"], "rewards.workers >= 1", "rewards.timeout_s"),
     (["snapshot.keep_last=0"], "keep_last must be >= 1", "snapshot.keep_last"),
+    (["snapshot.anchor_every=-1"], "anchor_every must be >= 0", "snapshot.anchor_every"),
+    (["snapshot.delta_max_ratio=0"], "must be in (0, 1]", "snapshot.delta_max_ratio"),
     (["net.heartbeat_s=20"], "must exceed two heartbeats", "net.producer_timeout_s"),
     (["net.max_message_mib=0"], "max_message_mib must be > 0", "net.max_message_mib"),
     (["net.consumer_timeout_s=1"], "or exceed two heartbeats", "net.consumer_timeout_s"),

@@ -386,5 +386,6 @@ def test_the_publisher_syncs_each_snapshot_and_leaks_no_descriptor(tmp_path, mon
         final = snap.snapshot_dir(root, v)
         audit.assert_published(final)
         assert sorted(p.name for p in final.iterdir()) == [
-            "config.json", snap.MANIFEST_FILE, snap.WEIGHTS_FILE, "tokenizer.json",
+            "chunks.json", "config.json", snap.MANIFEST_FILE, snap.WEIGHTS_FILE,
+            "tokenizer.json",
         ]  # fmt: skip
