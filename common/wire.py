@@ -12,10 +12,18 @@ Everyone else sees the frozen dataclasses below; nobody builds message dicts by 
 | lease_req   | control, producer → consumer     | req, producer_id, max_leases, loaded_version   |
 | chunk_req   | control, producer → consumer     | req, version, offset, max_bytes                |
 | goodbye     | control, producer → consumer     | req, producer_id, held_leases                  |
+| fetch_req   | control, producer → consumer     | req, producer_id, version, held_version,       |
+|             |                                  | held_hash, relay (Source)                      |
+| fetch_done  | control, producer → consumer     | req, producer_id, version, file, ok, num_bytes,|
+|             |                                  | bad_sources (BadSource…), serving              |
+| file_chunk_req | control or a relay, fetcher → | req, version, file, offset, max_bytes          |
 | welcome     | control, reply to register       | req, spec (RunSpec), status (Status)           |
 | status      | control, reply to heartbeat etc. | req, status                                    |
 | lease_grant | control, reply to lease_req      | req, leases (Lease…), status                   |
-| chunk       | control, reply to chunk_req      | req, version, offset, total_bytes, data        |
+| chunk       | reply to chunk_req/file_chunk_req| req, version, offset, total_bytes, data        |
+| fetch_plan  | control, reply to fetch_req      | req, version, file, base_version, num_bytes,   |
+|             |                                  | hash, result_hash, chunk_bytes, chunk_hashes,  |
+|             |                                  | sources (Source…), wait_s                      |
 | reject      | control, reply to a bad request  | req, reason, detail                            |
 | group       | rollouts, PUSH → PULL            | see `Group`                                    |
 | announce    | announce, PUB → SUB              | run_id, policy_version, snapshot               |
@@ -41,6 +49,13 @@ Conventions and invariants:
 - A `Group` is checked against the run (`Limits`): G completions, lengths that agree
   (sum(completion_lens) == len(completion_ids) == len(behavior_logp)), token ids in [0, vocab),
   log-probs finite and <= 0, rewards finite, the run's sampling temperature.
+- Fetching a snapshot over the network (producer/fetch.py, consumer/fanout.py): `fetch_req`
+  asks the consumer how; `fetch_plan` names the file (`weights`, or `delta` on `base_version`),
+  its per-chunk BLAKE3 digests (`chunk_hashes`: 32 raw bytes per chunk) and where to fetch
+  (`sources`, in order; a `Source` with endpoint "" is the consumer's own control socket);
+  chunks come as `file_chunk_req` → `chunk` from any source, and each is accepted only if it
+  hashes to its digest; `fetch_done` reports the outcome, the sources that misbehaved, and
+  whether the producer now serves the file as a relay.
 - `behavior_version` is the oldest weight version that produced any token of the group;
   `token_versions` is empty unless the weights changed mid-generation (then one int32 per token).
 """
@@ -198,6 +213,71 @@ class ChunkRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Source:
+    """Where a fetcher may take chunks: "" = the consumer's control socket, else a relay's
+    endpoint (`tcp://host:port`) and its CurveZMQ public key (z85; "" without keys)."""
+
+    endpoint: str
+    server_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class BadSource:
+    endpoint: str
+    reason: str  # wrong_bytes | truncated | stalled | refused
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    KIND: ClassVar[str] = "fetch_req"
+    req: int
+    producer_id: str
+    version: int
+    held_version: int  # the snapshot whose verified file this producer holds (-1: none)
+    held_hash: str
+    relay: Source | None  # where this producer serves what it holds (None: it does not)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchDone:
+    KIND: ClassVar[str] = "fetch_done"
+    req: int
+    producer_id: str
+    version: int
+    file: str  # "weights" | "delta"
+    ok: bool
+    num_bytes: int
+    bad_sources: tuple[BadSource, ...]
+    serving: bool  # the producer now serves this version from its relay
+
+
+@dataclass(frozen=True, slots=True)
+class FileChunkRequest:
+    KIND: ClassVar[str] = "file_chunk_req"
+    req: int
+    version: int
+    file: str  # "weights" | "delta"
+    offset: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPlan:
+    KIND: ClassVar[str] = "fetch_plan"
+    req: int
+    version: int
+    file: str  # "weights" | "delta"
+    base_version: int  # the version a delta applies to (-1 for weights)
+    num_bytes: int
+    hash: str  # blake3 hex of the file
+    result_hash: str  # blake3 hex of the snapshot's weights (== hash for weights)
+    chunk_bytes: int
+    chunk_hashes: bytes  # 32 raw bytes (BLAKE3) per chunk
+    sources: tuple[Source, ...]
+    wait_s: float  # > 0: every source is busy; ask again after this long
+
+
+@dataclass(frozen=True, slots=True)
 class Goodbye:
     KIND: ClassVar[str] = "goodbye"
     req: int
@@ -296,6 +376,10 @@ Message = Union[  # noqa: UP007 (a runtime alias, used by isinstance-free dispat
     LeaseRequest,
     ChunkRequest,
     Goodbye,
+    FetchRequest,
+    FetchDone,
+    FileChunkRequest,
+    FetchPlan,
     Welcome,
     StatusReply,
     LeaseGrant,

@@ -91,6 +91,22 @@ MESSAGES: dict[str, typing.Any] = {
     "lease_req": wire.LeaseRequest(req=3, producer_id="p0", max_leases=4, loaded_version=3),
     "chunk_req": wire.ChunkRequest(req=4, version=3, offset=0, max_bytes=4096),
     "goodbye": wire.Goodbye(req=5, producer_id="p0", held_leases=(7,)),
+    "fetch_req": wire.FetchRequest(
+        req=7, producer_id="p0", version=3, held_version=2, held_hash="ab12",
+        relay=wire.Source("tcp://10.0.0.2:6000", "k"),
+    ),
+    "fetch_done": wire.FetchDone(
+        req=8, producer_id="p0", version=3, file="delta", ok=True, num_bytes=6,
+        bad_sources=(wire.BadSource("tcp://10.0.0.3:6000", "wrong_bytes"),), serving=True,
+    ),
+    "file_chunk_req": wire.FileChunkRequest(
+        req=9, version=3, file="weights", offset=0, max_bytes=4096
+    ),
+    "fetch_plan": wire.FetchPlan(
+        req=7, version=3, file="delta", base_version=2, num_bytes=6, hash="cd34",
+        result_hash="af13", chunk_bytes=4, chunk_hashes=bytes(range(64)),
+        sources=(wire.Source("tcp://10.0.0.2:6000", "k"), wire.Source("", "")), wait_s=0.0,
+    ),
     "welcome": wire.Welcome(req=1, spec=SPEC, status=STATUS),
     "status": wire.StatusReply(req=2, status=wire.Status("a1b2-0", 3, None, (), True)),
     "lease_grant": wire.LeaseGrant(req=3, leases=(LEASE,), status=STATUS),
@@ -172,6 +188,32 @@ GOLDEN_HEX = {
         "6e73c400a772657761726473c4080000803f00000000ae66696e6973685f726561736f6e7392a473"
         "746f70a66c656e677468ab74656d7065726174757265cb3fe8000000000000b16e756d5f72657761"
         "72645f6572726f727300a567656e5f73cb3fd0000000000000"
+    ),
+    "fetch_req": (
+        "88a6736368656d6101a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
+        "64a27030a776657273696f6e03ac68656c645f76657273696f6e02a968656c645f68617368a46162"
+        "3132a572656c617982a8656e64706f696e74b37463703a2f2f31302e302e302e323a36303030aa73"
+        "65727665725f6b6579a16b"
+    ),
+    "fetch_done": (
+        "8aa6736368656d6101a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
+        "6964a27030a776657273696f6e03a466696c65a564656c7461a26f6bc3a96e756d5f627974657306"
+        "ab6261645f736f75726365739182a8656e64706f696e74b37463703a2f2f31302e302e302e333a36"
+        "303030a6726561736f6eab77726f6e675f6279746573a773657276696e67c3"
+    ),
+    "file_chunk_req": (
+        "87a6736368656d6101a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
+        "6f6e03a466696c65a777656967687473a66f666673657400a96d61785f6279746573cd1000"
+    ),
+    "fetch_plan": (
+        "8da6736368656d6101a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
+        "66696c65a564656c7461ac626173655f76657273696f6e02a96e756d5f627974657306a468617368"
+        "a463643334ab726573756c745f68617368a461663133ab6368756e6b5f627974657304ac6368756e"
+        "6b5f686173686573c440000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d"
+        "1e1f202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3fa7736f757263"
+        "65739282a8656e64706f696e74b37463703a2f2f31302e302e302e323a36303030aa736572766572"
+        "5f6b6579a16b82a8656e64706f696e74a0aa7365727665725f6b6579a0a6776169745f73cb000000"
+        "0000000000"
     ),
     "announce": (
         "85a6736368656d6101a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
