@@ -224,6 +224,11 @@ class SnapshotConfig:
         "Versions between full anchors; the versions between carry a sparse delta on the previous "
         "one, which network fetchers holding it download instead (0 = no deltas).",
     )
+    fanout: int = _f(
+        4,
+        "Most fetchers one source (the consumer or a relaying producer) serves a version to at "
+        "once, while relays are available: the fan-out of the copy tree.",
+    )
     delta_max_ratio: float = _f(
         0.5, "A version whose delta would exceed this fraction of the full file is an anchor."
     )
@@ -279,6 +284,12 @@ class ProducerConfig:
         "Load a snapshot written on this very host (same boot) without hashing it again: its "
         "writer hashed the bytes it wrote. false = always hash.",
     )
+    relay_host: str = _f(
+        "",
+        "Serve verified snapshots to other producers from this address (what they connect to; "
+        "empty = do not relay).",
+    )
+    relay_port: int = _f(0, "Relay (ROUTER) port; 0 = pick a free one.")
     slow_factor: float = _f(1.0, "Stress testing: multiply generation latency (fake engine).")
     stall_after_s: float = _f(
         0.0, "Stress testing: stall once after this many seconds (0 = never)."
@@ -596,6 +607,7 @@ def problems(cfg: Config) -> list[str]:
         "rewards.timeout_s must be > 0 and rewards.workers >= 1",
     )
     need(cfg.snapshot.keep_last >= 1, "snapshot.keep_last must be >= 1")
+    need(cfg.snapshot.fanout >= 1, "snapshot.fanout must be >= 1")
     need(cfg.snapshot.anchor_every >= 0, "snapshot.anchor_every must be >= 0")
     need(0 < cfg.snapshot.delta_max_ratio <= 1, "snapshot.delta_max_ratio must be in (0, 1]")
     need(

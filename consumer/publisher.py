@@ -8,7 +8,8 @@ thread then waits for the copy, writes the buffer's bytes as `model.safetensors`
 the same memory (BLAKE3), adds what network fetchers need (chunk hashes and, between anchors,
 a sparse delta on the previous version: consumer/distribution.py, from the same buffer), copies
 the base model's config and tokenizer files next to it, finalizes the directory atomically,
-calls `on_published(SnapshotInfo)`, which announces it, and only then prunes old snapshots (deleting a large file takes a while and nobody waits for it).
+calls `on_published(SnapshotInfo)`, which announces it, and only then prunes old snapshots
+(deleting a large file takes a while and nobody waits for it).
 
 Never queue behind a slow writer: there are two buffers (`Buffers`, a small state machine). A
 copy goes to a free buffer; while one buffer is being written and the other holds a version

@@ -1,7 +1,8 @@
 """The consumer's network side: one thread that owns every socket and the lease book.
 
 Sockets (all bound here): `control` ROUTER (register, heartbeat, lease requests, snapshot chunks,
-goodbye), `rollouts` PULL (groups), `announce` PUB (new snapshot versions, hints only).
+fetch plans and reports (consumer/fanout.py), goodbye), `rollouts` PULL (groups), `announce` PUB
+(new snapshot versions, hints only).
 
 Invariants:
 - Only this thread touches the sockets and the lease book (`LeaseBook`, private to this module:
@@ -51,6 +52,8 @@ from common.config import Config
 from common.errors import WireError
 from common.log_limit import LogLimiter
 from common.sockets import Keys, server_socket
+from consumer.distribution import snapshot_chunk_bytes
+from consumer.fanout import FanOut
 from consumer.identity import Identities
 from consumer.leases import LeaseBook
 from consumer.prompts import PromptOrder, PromptSource
@@ -171,6 +174,9 @@ class Server:
         self.accepting = True  # False once the learner needs no more groups
         self.told_finished: set[str] = set()  # producers whose last reply said finished
         self.counters: Counter[str] = Counter()
+        self._fanout = FanOut(
+            self.snapshot_root, max_children=cfg.snapshot.fanout, count=self._count
+        )
         self._log = LogLimiter(log)
         self.producers: dict[str, ProducerView] = {}
         self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
@@ -519,7 +525,12 @@ class Server:
             return wire.Welcome(msg.req, self.spec, self._status(msg.producer_id))
         if isinstance(msg, wire.ChunkRequest):
             return self._chunk(msg)
-        if not isinstance(msg, wire.Heartbeat | wire.LeaseRequest | wire.Goodbye):
+        if isinstance(msg, wire.FileChunkRequest):
+            return self._fanout.chunk(msg, snapshot_chunk_bytes(self.cfg))
+        if not isinstance(
+            msg,
+            wire.Heartbeat | wire.LeaseRequest | wire.Goodbye | wire.FetchRequest | wire.FetchDone,
+        ):
             raise WireError("unexpected_kind", type(msg).__name__)
         view = self.producers.get(msg.producer_id)
         if view is None or view.state == "gone":
@@ -535,6 +546,11 @@ class Server:
             self._book.reconcile(msg.producer_id, set(msg.held_leases))
             with self._lock:
                 view.state, view.last_seen, view.ended_at = "left", float("inf"), now
+            return wire.StatusReply(msg.req, self._status(msg.producer_id))
+        if isinstance(msg, wire.FetchRequest):
+            return self._fanout.plan(msg, now)
+        if isinstance(msg, wire.FetchDone):
+            self._fanout.done(msg)
             return wire.StatusReply(msg.req, self._status(msg.producer_id))
         if isinstance(msg, wire.LeaseRequest):
             with self._lock:
@@ -582,6 +598,10 @@ class Server:
         return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
 
     # -- on this thread ------------------------------------------------------------------------
+    def _count(self, key: str, n: float) -> None:
+        with self._lock:
+            self.counters[key] += n
+
     def _publish(self, info: wire.SnapshotInfo) -> None:
         self.snapshot = info
         self.announce.send(wire.encode(wire.Announce(self.run_id, self.policy_version, info)))

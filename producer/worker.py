@@ -55,6 +55,8 @@ from common.errors import ConfigError, SnapshotError
 from common.sockets import client_socket, endpoint_with_port, load_keys
 from producer.client import ControlClient, Outbox, Rejected, announcements
 from producer.engine import Completion, Engine, FakeRewards, SamplingParams, make_engine
+from producer.fetch import Fetcher, Held
+from producer.relay import Relay
 from producer.tokenizer import PromptCodec
 
 if TYPE_CHECKING:
@@ -63,7 +65,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("asyncgrpo.producer")
 EXIT_CONSUMER_LOST = 3
 _REQUEST_TIMEOUT_S = 10.0
-_CHUNK_BYTES = 4 << 20
 
 
 def lease_seed(run_seed: int, lease_id: int) -> int:
@@ -141,6 +142,19 @@ class Producer:
         )
         self.session: Session | None = None
         self.cache = Path(tempfile.mkdtemp(prefix="asyncgrpo-snapshots-"))
+        self.relay = (
+            Relay(
+                ctx, host=cfg.producer.relay_host, port=cfg.producer.relay_port, keys=self.keys,
+                insecure=cfg.net.insecure, max_message_bytes=self.max_bytes,
+            )
+            if cfg.producer.relay_host
+            else None
+        )  # fmt: skip
+        self.fetcher = Fetcher(
+            self.control, ctx, producer_id=self.state.producer_id, keys=self.keys,
+            max_message_bytes=self.max_bytes, relay=self.relay, timeout_s=_REQUEST_TIMEOUT_S,
+        )  # fmt: skip
+        self.held: Held | None = None  # the newest snapshot file fetched and verified here
         self.rng = random.Random(cfg.run.seed ^ pid)
         self.started = time.monotonic()
         self.lease_tasks: dict[int, asyncio.Task[None]] = {}
@@ -497,10 +511,11 @@ class Producer:
             except SnapshotError as exc:
                 log.info("shared-filesystem snapshot unusable (%s): fetching over the network", exc)
         directory = self.cache / f"v{info.version:06d}"
-        await self.control.download_snapshot(
-            info, directory, timeout_s=_REQUEST_TIMEOUT_S, chunk_bytes=_CHUNK_BYTES
-        )
+        outcome = await self.fetcher.fetch(info, directory, held=self.held)
+        self.held = Held(info.version, directory / snap.WEIGHTS_FILE, info.hash)
         self.state.count("snapshots_fetched")
+        self.state.count(f"snapshots_fetched_{outcome.file}")
+        self.state.count("fetch_bytes", outcome.num_bytes)
         self.state.count("fetch_s", time.perf_counter() - t0)
         self._prune_cache()
         return directory
@@ -528,6 +543,9 @@ class Producer:
             outbox = self.session.outbox
             out["unacked"] = len(outbox.pending)
             out.update({f"acked_{k}": v for k, v in outbox.outcomes.items()})
+        out.update(self.fetcher.counters)
+        if self.relay is not None:
+            out.update(self.relay.counters)
         out["uptime_s"] = time.monotonic() - self.started
         return out
 
@@ -544,6 +562,8 @@ class Producer:
             await self.session.engine.close()
             self.session.outbox.sock.close(linger=0)
         self.control.close()
+        if self.relay is not None:
+            self.relay.close()
         shutil.rmtree(self.cache, ignore_errors=True)
 
 
@@ -585,6 +605,7 @@ async def main(cfg: Config) -> int:
                 heartbeat,
                 tg.create_task(producer.announce_loop(spec), name="announce"),
                 tg.create_task(producer.weights_loop(session.engine), name="weights"),
+                *([tg.create_task(producer.relay.serve(), name="relay")] if producer.relay else []),
             ]
             await producer.lease_loop(tg, session)
             for task in background:

@@ -66,6 +66,8 @@ async def producer_of(server: Server | None, *, trust: bool = True) -> AsyncIter
     reader = asyncio.create_task(producer.control.read_replies())
     try:
         async with asyncio.timeout(30):
+            if server is not None:  # fetch plans are for registered producers
+                await producer.register()
             yield producer
     finally:
         reader.cancel()

@@ -241,6 +241,7 @@ PROBLEMS = [
     (["rewards.fns=[]"], "needs at least one reward", "rewards.fns"),
     (["rewards.workers=0"], "rewards.workers >= 1", "rewards.timeout_s"),
     (["snapshot.keep_last=0"], "keep_last must be >= 1", "snapshot.keep_last"),
+    (["snapshot.fanout=0"], "fanout must be >= 1", "snapshot.fanout"),
     (["snapshot.anchor_every=-1"], "anchor_every must be >= 0", "snapshot.anchor_every"),
     (["snapshot.delta_max_ratio=0"], "must be in (0, 1]", "snapshot.delta_max_ratio"),
     (["net.heartbeat_s=20"], "must exceed two heartbeats", "net.producer_timeout_s"),

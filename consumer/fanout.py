@@ -1,0 +1,198 @@
+"""Who fetches a snapshot from whom: the consumer's side of the relayed, verified fan-out.
+
+A producer that cannot read the consumer's snapshot from a shared filesystem asks over control
+(`wire.FetchRequest`) and gets a `wire.FetchPlan`: which file (a delta when it holds exactly the
+delta's base version, else the full weights), the file's per-chunk BLAKE3 digests (from the
+snapshot's `chunks.json`, common/chunk_manifest.py) and where to take the chunks. Sources are a
+relay (a producer that completed this file and serves it: `wire.Source`) or the consumer itself;
+the consumer is always the last source of a plan, so a fetcher that drops a bad relay finishes
+from it.
+
+The copies form a tree of bounded fan-out: a source serves at most `max_children` fetchers of
+one version at a time. A request is given the least-busy relay holding the file with room, else
+the consumer if it has room; when neither has room and a relay-capable producer is still
+fetching the file (a relay about to appear), the plan says `wait_s` and names no source; else
+the consumer serves beyond the bound (nobody else ever will). A fetcher holds its slot until it
+reports (`wire.FetchDone`) or `LEASE_S` passes.
+
+Trust: the plan travels over the authenticated control channel; relays are untrusted producers.
+A fetcher accepts a relay's chunk only if it hashes to the plan's digest, so a relay can slow a
+fetch but never change its bytes. A reported bad source (`wrong_bytes`, `truncated`, `stalled`,
+`refused`) is counted (`fetch_bad_source.<reason>`), logged (rate-limited), and no longer given
+out for that version; a source reported `MAX_BAD_REPORTS` times is never given out again.
+(A hostile producer may report an honest relay: that costs the relay its children, nothing else.)
+
+No sockets, no threads: the server calls `plan`, `done` and `chunk` on its network thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common import chunk_manifest as cm
+from common import delta as D
+from common import snapshot as snap
+from common import wire
+from common.errors import SnapshotError, WireError
+from common.log_limit import LogLimiter
+
+log = logging.getLogger("asyncgrpo.consumer")
+CONSUMER = wire.Source("", "")
+LEASE_S = 300.0  # a fetcher that never reports frees its slot after this long
+WAIT_S = 0.1  # how long a fetcher waits before asking again when every source is busy
+MAX_BAD_REPORTS = 3  # a source reported this often is never given out again
+_KEEP_VERSIONS = 8  # relay records and cached manifests of this many newest versions
+_FILE_NAMES = {"weights": snap.WEIGHTS_FILE, "delta": D.DELTA_FILE}
+
+
+@dataclass(slots=True)
+class _Slot:
+    key: tuple[int, str]  # (version, file)
+    source: str  # endpoint; "" = the consumer
+    since: float
+
+
+@dataclass(slots=True)
+class _Version:
+    manifest: snap.Manifest
+    chunks: dict[str, cm.ChunkHashes]
+    holders: dict[str, dict[str, wire.Source]] = field(default_factory=dict)  # file -> relays
+
+
+class FanOut:
+    def __init__(
+        self, root: Path, *, max_children: int, count: Callable[[str, float], None]
+    ) -> None:
+        self.root = root
+        self.max_children = max(1, max_children)
+        self._count = count
+        self._versions: dict[int, _Version] = {}
+        self._slots: dict[str, _Slot] = {}  # producer id -> its fetch in progress
+        self._relays: dict[str, wire.Source] = {}  # producer id -> where it serves
+        self._bad: Counter[str] = Counter()  # endpoint -> reports
+        self._log = LogLimiter(log)
+
+    # -- requests ------------------------------------------------------------------------------
+    def plan(self, msg: wire.FetchRequest, now: float) -> wire.FetchPlan:
+        """The plan for `msg` (`WireError("snapshot_gone")` if the version is not kept)."""
+        self._expire(now)
+        entry = self._version(msg.version)
+        m = entry.manifest
+        if msg.relay is not None and msg.relay.endpoint:
+            self._relays[msg.producer_id] = msg.relay
+        use_delta = (
+            m.delta_base >= 0 and msg.held_version == m.delta_base and "delta" in entry.chunks
+        )
+        file = "delta" if use_delta else "weights"
+        chunks = entry.chunks[file]
+        digest = m.delta_hash if use_delta else m.hash
+        base = m.delta_base if use_delta else -1
+        self._slots.pop(msg.producer_id, None)  # a new request replaces an unfinished one
+        source = self._choose(entry, (msg.version, file), msg.producer_id)
+        if source is None:
+            self._count("fetch_waits", 1)
+            return wire.FetchPlan(
+                msg.req, msg.version, file, base, chunks.num_bytes, digest, m.hash,
+                chunks.chunk_bytes, b"", (), WAIT_S,
+            )  # fmt: skip
+        self._slots[msg.producer_id] = _Slot((msg.version, file), source.endpoint, now)
+        self._count("fetch_from_relay" if source.endpoint else "fetch_from_consumer", 1)
+        sources = (source, CONSUMER) if source.endpoint else (CONSUMER,)
+        return wire.FetchPlan(
+            msg.req, msg.version, file, base, chunks.num_bytes, digest, m.hash,
+            chunks.chunk_bytes, chunks.hashes, sources, 0.0,
+        )  # fmt: skip
+
+    def done(self, msg: wire.FetchDone) -> None:
+        """A fetcher's report: free its slot, take note of bad sources, add a new relay."""
+        self._slots.pop(msg.producer_id, None)
+        self._count("fetch_ok" if msg.ok else "fetch_failed", 1)
+        for bad in msg.bad_sources:
+            self._bad[bad.endpoint] += 1
+            self._count(f"fetch_bad_source.{bad.reason[:32]}", 1)
+            self._log.log(
+                f"bad_source.{bad.reason[:32]}",
+                logging.WARNING,
+                "relay %s reported by %s for v%d: %s (%d reports)",
+                bad.endpoint[:100],
+                msg.producer_id,
+                msg.version,
+                bad.reason[:32],
+                self._bad[bad.endpoint],
+            )
+            for held in self._versions.values():
+                for holders in held.holders.values():
+                    holders.pop(bad.endpoint, None)
+        relay = self._relays.get(msg.producer_id)
+        entry = self._versions.get(msg.version)
+        if msg.ok and msg.serving and relay is not None and entry is not None:
+            files = ("weights", "delta") if msg.file == "delta" else ("weights",)
+            for file in files:
+                entry.holders.setdefault(file, {})[relay.endpoint] = relay
+
+    def chunk(self, msg: wire.FileChunkRequest, limit: int) -> wire.Chunk:
+        """A chunk of one of the consumer's snapshot files (`WireError` when it is not kept)."""
+        name = _FILE_NAMES.get(msg.file)
+        if name is None:
+            raise WireError("bad_value", "file must be weights or delta")
+        path = snap.snapshot_dir(self.root, msg.version) / name
+        try:
+            with open(path, "rb") as f:
+                total = f.seek(0, 2)
+                if not 0 <= msg.offset <= total:
+                    raise WireError("bad_offset", f"offset {msg.offset} outside [0, {total}]")
+                f.seek(msg.offset)
+                data = f.read(max(0, min(msg.max_bytes, limit)))
+        except OSError:
+            raise WireError("snapshot_gone", f"version {msg.version} is no longer kept") from None
+        self._count("chunk_bytes_served", len(data))
+        return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
+
+    # -- state ---------------------------------------------------------------------------------
+    def _version(self, version: int) -> _Version:
+        known = self._versions.get(version)
+        if known is not None:
+            return known
+        directory = snap.snapshot_dir(self.root, version)
+        try:
+            manifest = snap.read_manifest(directory)
+        except SnapshotError:
+            raise WireError("snapshot_gone", f"version {version} is no longer kept") from None
+        chunks = cm.read_chunks(directory)
+        if "weights" not in chunks or not all(c.consistent() for c in chunks.values()):
+            raise WireError("snapshot_gone", f"version {version} has no chunk manifest")
+        entry = self._versions[version] = _Version(manifest, chunks)
+        for old in sorted(self._versions)[:-_KEEP_VERSIONS]:
+            del self._versions[old]
+        return entry
+
+    def _choose(
+        self, entry: _Version, key: tuple[int, str], producer_id: str
+    ) -> wire.Source | None:
+        load = Counter(s.source for s in self._slots.values() if s.key == key)
+        own = self._relays.get(producer_id)
+        free = [
+            r
+            for r in entry.holders.get(key[1], {}).values()
+            if load[r.endpoint] < self.max_children
+            and self._bad[r.endpoint] < MAX_BAD_REPORTS
+            and (own is None or r.endpoint != own.endpoint)
+        ]
+        if free:
+            return min(free, key=lambda r: load[r.endpoint])
+        if load[""] < self.max_children:
+            return CONSUMER
+        coming = any(
+            s.key == key and self._relays.get(p) is not None for p, s in self._slots.items()
+        )
+        return None if coming else CONSUMER
+
+    def _expire(self, now: float) -> None:
+        for producer_id, slot in list(self._slots.items()):
+            if now - slot.since > LEASE_S:
+                del self._slots[producer_id]
+                self._count("fetch_expired", 1)

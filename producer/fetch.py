@@ -1,0 +1,293 @@
+"""Fetching a snapshot over the network: ask the consumer for a plan, take every chunk from the
+sources it names, check each against its hash, and apply a delta on exactly its base.
+
+`Fetcher.fetch(info, directory, held=)` leaves `directory/model.safetensors` holding the bytes of
+`info` (size and BLAKE3 hash as announced) or raises; what it does:
+
+1. `wire.FetchRequest` over control (the authenticated channel) names the version wanted and the
+   verified file this producer holds (`Held`); the consumer answers with a `wire.FetchPlan`
+   (consumer/fanout.py): the full weights, or a delta when `held` is exactly its base; per-chunk
+   digests; sources in order (a relay, then the consumer). A plan with `wait_s` means every
+   source is busy: ask again after that long.
+2. Chunks are fetched with `window` requests in flight, written at their offsets and hashed as a
+   whole file as they land (common/snapshot.py `IncomingFile`); a chunk is accepted only if it
+   hashes to its digest (common/chunk_manifest.py). A relay that sends wrong bytes, a short
+   chunk, refuses, or does not answer within `relay_timeout_s` is dropped for the rest of the
+   fetch (`wire.BadSource`, counted) and its chunks are fetched from the next source; the
+   consumer is the last source, and an error from it ends the fetch as before. At most
+   `2 * window` chunks ahead of the hashed prefix are requested, so memory stays bounded
+   whatever a slow source does.
+3. A delta is applied to a copy of the held file (common/delta.py `apply_file`: only on exactly
+   its base hash, the result checked against the snapshot's hash). A refused delta (another
+   base, a failed digest) is counted (`delta_refused`) and the full weights are fetched instead.
+4. `wire.FetchDone` reports the outcome and the bad sources, and, when this producer relays
+   (producer/relay.py), that it now serves the files it fetched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from common import chunk_manifest as cm
+from common import delta as D
+from common import snapshot as snap
+from common import wire
+from common.errors import SnapshotError
+from common.sockets import Keys
+from producer.client import ControlClient, Rejected
+from producer.relay import Relay
+
+log = logging.getLogger("asyncgrpo.producer")
+CONSUMER = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A verified snapshot file this producer holds (a delta's possible base)."""
+
+    version: int
+    path: Path
+    hash: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one fetch did: the file fetched (`weights` or `delta`), bytes received, bad sources."""
+
+    file: str
+    num_bytes: int
+    bad_sources: list[wire.BadSource]
+
+
+class _BadChunk(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Fetcher:
+    def __init__(
+        self,
+        control: ControlClient,
+        ctx: zmq.asyncio.Context,
+        *,
+        producer_id: str,
+        keys: Keys | None,
+        max_message_bytes: int,
+        relay: Relay | None = None,
+        window: int = 4,
+        timeout_s: float = 10.0,
+        relay_timeout_s: float = 5.0,
+    ) -> None:
+        self.control, self.ctx, self.keys = control, ctx, keys
+        self.producer_id, self.relay = producer_id, relay
+        self.max_message_bytes = max_message_bytes
+        self.window, self.timeout_s, self.relay_timeout_s = window, timeout_s, relay_timeout_s
+        self.counters: dict[str, float] = {}
+
+    async def fetch(
+        self, info: wire.SnapshotInfo, directory: Path, *, held: Held | None
+    ) -> Outcome:
+        """Fetch `info` into `directory/model.safetensors` (see the module doc). Raises
+        `SnapshotError`, `Rejected` or `TimeoutError` when it cannot."""
+        await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+        plan = await self._plan(info, held)
+        if plan.file == "delta":
+            assert held is not None
+            try:
+                return await self._fetch_delta(info, plan, directory, held)
+            except D.DeltaError as exc:
+                self._count("delta_refused")
+                log.warning(
+                    "delta for v%d refused (%s): fetching the full weights", info.version, exc
+                )
+                plan = await self._plan(info, None)
+        outcome = Outcome("weights", 0, [])
+        ok = False
+        try:
+            await self._download(plan, directory / snap.WEIGHTS_FILE, outcome)
+            ok = True
+        finally:
+            await self._report(plan, ok, outcome)
+        if self.relay is not None:
+            self.relay.offer(info.version, "weights", directory / snap.WEIGHTS_FILE)
+        return outcome
+
+    async def _fetch_delta(
+        self, info: wire.SnapshotInfo, plan: wire.FetchPlan, directory: Path, held: Held
+    ) -> Outcome:
+        outcome = Outcome("delta", 0, [])
+        delta_path = directory / D.DELTA_FILE
+        weights = directory / snap.WEIGHTS_FILE
+        part = weights.with_name(weights.name + ".part")
+        ok = False
+        try:
+            await self._download(plan, delta_path, outcome)
+            part.unlink(missing_ok=True)
+            await asyncio.to_thread(D.apply_file, held.path, delta_path, part, base_hash=held.hash)
+            await asyncio.to_thread(part.replace, weights)
+            ok = True
+        finally:
+            await self._report(plan, ok, outcome)
+        self._count("deltas_applied")
+        if self.relay is not None:
+            self.relay.offer(info.version, "delta", delta_path)
+            self.relay.offer(info.version, "weights", weights)
+        return outcome
+
+    async def _plan(self, info: wire.SnapshotInfo, held: Held | None) -> wire.FetchPlan:
+        msg = wire.FetchRequest(
+            0, self.producer_id, info.version, held.version if held else -1,
+            held.hash if held else "", self.relay.source if self.relay else None,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30 * self.timeout_s
+        while True:
+            plan = await self.control.request(msg, timeout_s=self.timeout_s)
+            if not isinstance(plan, wire.FetchPlan) or plan.version != info.version:
+                raise SnapshotError(f"snapshot v{info.version}: the consumer sent no fetch plan")
+            if plan.sources:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"snapshot v{info.version}: every source stayed busy")
+            await asyncio.sleep(max(plan.wait_s, 0.01))
+        chunks = cm.ChunkHashes(plan.num_bytes, plan.chunk_bytes, plan.chunk_hashes)
+        if plan.result_hash != info.hash or not chunks.consistent():
+            raise SnapshotError(f"snapshot v{info.version}: the fetch plan disagrees with it")
+        if plan.file == "weights" and (plan.hash != info.hash or plan.num_bytes != info.num_bytes):
+            raise SnapshotError(f"snapshot v{info.version}: the fetch plan disagrees with it")
+        if plan.file == "delta" and (held is None or plan.base_version != held.version):
+            raise SnapshotError(f"snapshot v{info.version}: a delta for a base not held")
+        return plan
+
+    async def _report(self, plan: wire.FetchPlan, ok: bool, outcome: Outcome) -> None:
+        msg = wire.FetchDone(
+            0, self.producer_id, plan.version, plan.file, ok, outcome.num_bytes,
+            tuple(outcome.bad_sources), ok and self.relay is not None,
+        )  # fmt: skip
+        with contextlib.suppress(TimeoutError, Rejected):  # a lost report only costs a slot
+            await self.control.request(msg, timeout_s=self.timeout_s)
+
+    # -- chunks --------------------------------------------------------------------------------
+    async def _download(self, plan: wire.FetchPlan, path: Path, outcome: Outcome) -> None:
+        chunks = cm.ChunkHashes(plan.num_bytes, plan.chunk_bytes, plan.chunk_hashes)
+        part = path.with_name(path.name + ".part")
+        incoming = await asyncio.to_thread(
+            snap.IncomingFile, part, expected_hash=plan.hash, expected_bytes=plan.num_bytes
+        )
+        sources = list(plan.sources)
+        clients: dict[str, ControlClient] = {}
+        readers: list[asyncio.Task[None]] = []
+        todo = deque(range(chunks.num_chunks))
+        running: dict[asyncio.Task[bytes], tuple[int, wire.Source]] = {}
+        try:
+            while todo or running:
+                ahead = incoming.hashed // max(chunks.chunk_bytes, 1) + 2 * self.window
+                while todo and len(running) < self.window and todo[0] < ahead:
+                    index, source = todo.popleft(), sources[0]
+                    task = asyncio.ensure_future(
+                        self._chunk(plan, chunks, index, source, clients, readers)
+                    )
+                    running[task] = (index, source)
+                if not running:  # the next chunks wait for the prefix: cannot happen
+                    raise SnapshotError("fetch stalled with nothing in flight")
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    index, source = running.pop(task)
+                    try:
+                        data = task.result()
+                    except _BadChunk as exc:
+                        if source.endpoint == CONSUMER:
+                            raise SnapshotError(
+                                f"snapshot v{plan.version}: chunk {index} from the consumer "
+                                f"does not match the chunk hashes ({exc.reason})"
+                            ) from None
+                        self._drop(source, exc.reason, sources, outcome)
+                        todo.appendleft(index)
+                        continue
+                    offset, _ = chunks.span(index)
+                    await asyncio.to_thread(incoming.add, offset, data)
+                    outcome.num_bytes += len(data)
+                    self._count(
+                        "chunks_from_consumer" if not source.endpoint else "chunks_from_relay"
+                    )
+            await asyncio.to_thread(incoming.finish)
+            await asyncio.to_thread(part.replace, path)
+        except BaseException:
+            for task in running:
+                task.cancel()
+            incoming.close()
+            part.unlink(missing_ok=True)
+            raise
+        finally:
+            for reader in readers:
+                reader.cancel()
+            for client in clients.values():
+                client.close()
+
+    async def _chunk(
+        self,
+        plan: wire.FetchPlan,
+        chunks: cm.ChunkHashes,
+        index: int,
+        source: wire.Source,
+        clients: dict[str, ControlClient],
+        readers: list[asyncio.Task[None]],
+    ) -> bytes:
+        offset, size = chunks.span(index)
+        msg = wire.FileChunkRequest(0, plan.version, plan.file, offset, size)
+        if source.endpoint == CONSUMER:
+            reply = await self.control.request(msg, timeout_s=self.timeout_s)
+        else:
+            client = clients.get(source.endpoint)
+            if client is None:
+                client = clients[source.endpoint] = self._relay_client(source)
+                readers.append(asyncio.ensure_future(client.read_replies()))
+            try:
+                reply = await client.request(msg, timeout_s=self.relay_timeout_s)
+            except TimeoutError:
+                raise _BadChunk("stalled") from None
+            except Rejected:
+                raise _BadChunk("refused") from None
+        if (
+            not isinstance(reply, wire.Chunk)
+            or reply.offset != offset
+            or reply.version != plan.version
+        ):
+            raise _BadChunk("wrong_reply")
+        if len(reply.data) < size:
+            raise _BadChunk("truncated")
+        if not chunks.matches(index, reply.data):
+            raise _BadChunk("wrong_bytes")
+        return reply.data
+
+    def _relay_client(self, source: wire.Source) -> ControlClient:
+        keys = self.keys
+        if keys is not None:
+            keys = dataclasses.replace(keys, server_public=source.server_key.encode())
+        return ControlClient(
+            self.ctx, source.endpoint, keys=keys, max_message_bytes=self.max_message_bytes
+        )
+
+    def _drop(
+        self, source: wire.Source, reason: str, sources: list[wire.Source], outcome: Outcome
+    ) -> None:
+        if source in sources and source.endpoint != CONSUMER:
+            sources.remove(source)
+            outcome.bad_sources.append(wire.BadSource(source.endpoint, reason))
+            self._count(f"bad_source.{reason}")
+            log.warning(
+                "relay %s dropped (%s): fetching from the next source", source.endpoint, reason
+            )
+
+    def _count(self, key: str, n: float = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
