@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common import delta as D
 from common import snapshot as snap
@@ -68,11 +70,11 @@ def test_few_changes_are_listed_by_position_and_many_by_a_bitmask(tmp_path):
     layout = D.read_layout(base)
     (few,) = D.diff(layout, base, small)
     assert few.name == "embed.weight"
-    assert few.positions is not None
-    assert few.positions.tolist() == [0, 1, 2]
-    assert few.num_bytes == 3 * (4 + 2)
+    assert few.kind == "gap"
+    assert few.positions(64 * 16).tolist() == [0, 1, 2]
+    assert few.num_bytes == 3 * (1 + 2)
     many = D.diff(layout, base, large)
-    assert all(p.mask is not None for p in many if len(p.values) > 16)
+    assert all(p.kind == "mask" for p in many if len(p.values) > 16)
     # the mask encoding also round-trips
     _, path = make(base, large, tmp_path)
     (tmp_path / "base").write_bytes(base.tobytes())
@@ -123,3 +125,40 @@ def test_layout_changes_and_damaged_deltas_are_refused(tmp_path):
         D.read_delta(base, layout)
     with pytest.raises(D.DeltaError):
         D.read_layout(np.zeros(4, np.uint8))
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 3000), data=st.data())
+def test_every_index_encoding_names_exactly_the_changed_elements(n, data):
+    changed = sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=n)))
+    base = np.zeros(n, np.uint16)
+    new = base.copy()
+    new[changed] = 1
+    layout = D.Layout(b"", {"t": ("BF16", 0, 2 * n)})
+    patches = D.diff(layout, base.view(np.uint8), new.view(np.uint8))
+    if not changed:
+        assert patches == []
+        return
+    (p,) = patches
+    assert p.positions(n).tolist() == changed
+    assert D._consistent(p, n)
+    target = base.copy()
+    D.apply(layout, target.view(np.uint8), D.Delta(0, 1, "", "", (p,)))
+    assert target.tolist() == new.tolist()
+
+
+def test_long_gaps_use_zero_bytes_and_lone_changes_far_apart_use_positions():
+    n = 100_000
+    base = np.zeros(n, np.uint16)
+    layout = D.Layout(b"", {"t": ("BF16", 0, 2 * n)})
+    new = base.copy()
+    new[[0, 300, 900, 1000]] = 7  # gaps 1, 300, 600, 100: 1 + 2 + 3 + 1 bytes
+    (p,) = D.diff(layout, base.view(np.uint8), new.view(np.uint8))
+    assert p.kind == "gap"
+    assert p.index.tolist() == [1, 0, 45, 0, 0, 90, 100]
+    assert p.positions(n).tolist() == [0, 300, 900, 1000]
+    lone = base.copy()
+    lone[n - 1] = 7  # one gap of 100,000: 393 bytes as gaps, 4 as a position
+    (q,) = D.diff(layout, base.view(np.uint8), lone.view(np.uint8))
+    assert q.kind == "pos"
+    assert q.positions(n).tolist() == [n - 1]
