@@ -1,0 +1,293 @@
+"""Snapshot fan-out: N producers fetch one snapshot over the network, through the consumer alone
+and through a relay tree, every chunk verified; a probe producer's lease latency meanwhile.
+
+    python bench/fanout.py [--mib 64] [--fetchers 1,8,64] [--fanout 4] [--dir /dev/shm]
+                           [--json PATH]
+
+One process: the consumer's real network thread (consumer/server.py, ZeroMQ on loopback) serving
+a snapshot of `--mib` MiB written by the real publisher (bf16, chunk hashes), and N fetchers
+(producer/fetch.py, each with its own DEALER and, in relay mode, its own relay ROUTER) in one
+asyncio loop, all started at once. Every fetcher writes its own file (`--dir`; a tmpfs keeps the
+disk out of it) and verifies every chunk and the whole file.
+
+Reported per mode and N (`consumer_<N>`: no relays, the consumer serves everyone; `relays_<N>`:
+every fetcher relays, fan-out `--fanout`):
+- `per_producer_s` (median, p90, max: from the common start to that fetcher's verified file),
+  `wall_s`, `aggregate_MBps` (N * size / wall), `consumer_copies` (bytes the consumer sent /
+  size: its egress in snapshots), `from_relay` (fetches served by a relay);
+- `max_over_single`: the slowest fetcher over one fetcher alone (target at 64: <= 3);
+- `lease_p99_ms`, `lease_max_ms`: round trips of a probe producer's lease requests (one every
+  10 ms) while the fan-out runs (target <= 50 ms).
+And `single_MBps` (one fetch, target >= 1000) beside `legacy_single_MBps`, the chunk download
+this replaced (`ControlClient.download_snapshot`, 4 chunks in flight, one hash at the end).
+
+All N fetchers share this machine's cores, so on one host the total work (N copies hashed twice
+and written) bounds the aggregate rate whatever the tree does; what relays change is how much
+the consumer sends (`consumer_copies`), which is what limits a real deployment across hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+import zmq.asyncio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import config as C
+from common import snapshot as snap
+from common import wire
+from consumer.distribution import Distribution
+from consumer.prompts import make_source
+from consumer.publisher import Publisher
+from consumer.server import Server, run_spec
+from producer.client import ControlClient
+from producer.fetch import Fetcher
+from producer.relay import Relay
+
+MAX_MESSAGE = 64 << 20
+
+
+def start_consumer(
+    run_dir: Path, *, fanout: int, mib: int
+) -> tuple[Server, zmq.Context, wire.SnapshotInfo]:
+    cfg = C.override(C.Config(), {"net.control_port": 0, "snapshot.fanout": fanout})
+    ctx = zmq.Context()
+    spec = run_spec(cfg, vocab_size=32, model="")
+    server = Server(
+        cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=spec, run_dir=run_dir, keys=None
+    )
+    server.start()
+    snaps = run_dir / "snapshots"
+    infos: list[wire.SnapshotInfo] = []
+    if not (snaps / "v000000").exists():
+        dist = Distribution(chunk_bytes=4 << 20, anchor_every=0, max_ratio=0.5)
+        publisher = Publisher(
+            snaps, None, keep_last=2, on_published=infos.append, distribution=dist
+        )
+        weights = torch.randn(mib << 19, generator=torch.Generator().manual_seed(0))
+        publisher.submit({"w": weights}, version=0, step=0, dtype=torch.bfloat16)
+        publisher.close()
+        info = infos[0]
+    else:
+        m = snap.read_manifest(snaps / "v000000")
+        info = wire.SnapshotInfo(0, m.num_bytes, m.hash, str(snaps / "v000000" / snap.WEIGHTS_FILE))
+    server.announce_snapshot(info)
+    return server, ctx, info
+
+
+async def registered(
+    ctx: zmq.asyncio.Context, endpoint: str, name: str
+) -> tuple[ControlClient, asyncio.Task[None]]:
+    control = ControlClient(ctx, endpoint, keys=None, max_message_bytes=MAX_MESSAGE)
+    reader = asyncio.create_task(control.read_replies())
+    await control.request(
+        wire.Register(0, name, "bench", os.getpid(), "fake", -1, ()), timeout_s=30
+    )
+    return control, reader
+
+
+async def probe(endpoint: str, work: Path) -> None:
+    """The probe producer (its own process, as a real one would be): a lease request every
+    10 ms until `work/stop` appears; the round trips (s) go to `work/latencies.json`."""
+    ctx = zmq.asyncio.Context()
+    control, reader = await registered(ctx, endpoint, "probe")
+    (work / "ready").touch()
+    out: list[float] = []
+    try:
+        while not (work / "stop").exists():
+            t0 = time.perf_counter()
+            await control.request(wire.LeaseRequest(0, "probe", 0, -1), timeout_s=30)
+            out.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.01)
+    finally:
+        reader.cancel()
+        control.close()
+        ctx.destroy(linger=0)
+    (work / "latencies.json").write_text(json.dumps(out))
+
+
+def start_probe(endpoint: str, work: Path) -> subprocess.Popen[bytes]:
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, __file__, "--probe", endpoint, "--dir", str(work)])
+    while not (work / "ready").exists():
+        if proc.poll() is not None:
+            raise RuntimeError("the probe producer exited")
+        time.sleep(0.01)
+    return proc
+
+
+def stop_probe(proc: subprocess.Popen[bytes], work: Path) -> list[float]:
+    (work / "stop").touch()
+    proc.wait(60)
+    return sorted(json.loads((work / "latencies.json").read_text()))
+
+
+async def fan_out(
+    endpoint: str, info: wire.SnapshotInfo, n: int, *, relays: bool, where: Path
+) -> dict[str, Any]:
+    ctx = zmq.asyncio.Context()
+    tasks: list[asyncio.Task[Any]] = []
+    closers: list[Any] = []
+    try:
+        fetchers = []
+        for i in range(n):
+            control, reader = await registered(ctx, endpoint, f"f{i}")
+            tasks.append(reader)
+            closers.append(control)
+            relay = None
+            if relays:
+                relay = Relay(
+                    ctx,
+                    host="127.0.0.1",
+                    port=0,
+                    keys=None,
+                    insecure=False,
+                    max_message_bytes=MAX_MESSAGE,
+                )
+                tasks.append(asyncio.create_task(relay.serve()))
+                closers.append(relay)
+            fetchers.append(
+                Fetcher(
+                    control,
+                    ctx,
+                    producer_id=f"f{i}",
+                    keys=None,
+                    max_message_bytes=MAX_MESSAGE,
+                    relay=relay,
+                    timeout_s=120,
+                    relay_timeout_s=60,
+                )
+            )
+        prober = start_probe(endpoint, where / "probe")
+        t0 = time.perf_counter()
+
+        async def one(i: int) -> tuple[float, str]:
+            await fetchers[i].fetch(info, where / f"f{i}", held=None)
+            source = "relay" if fetchers[i].counters.get("chunks_from_relay") else "consumer"
+            return time.perf_counter() - t0, source
+
+        results = await asyncio.gather(*(one(i) for i in range(n)))
+        wall = time.perf_counter() - t0
+        lat = stop_probe(prober, where / "probe")
+        times = sorted(t for t, _ in results)
+        return {
+            "per_producer_s": {
+                "median": statistics.median(times),
+                "p90": times[int(0.9 * (len(times) - 1))],
+                "max": times[-1],
+            },
+            "wall_s": wall,
+            "aggregate_MBps": n * info.num_bytes / wall / 1e6,
+            "from_relay": sum(1 for _, s in results if s == "relay"),
+            "lease_p99_ms": 1e3 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "lease_max_ms": 1e3 * lat[-1],
+            "lease_requests": len(lat),
+        }
+    finally:
+        for task in tasks:
+            task.cancel()
+        for c in closers:
+            c.close()
+        ctx.destroy(linger=0)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+async def legacy(endpoint: str, info: wire.SnapshotInfo, where: Path) -> float:
+    ctx = zmq.asyncio.Context()
+    control, reader = await registered(ctx, endpoint, "legacy")
+    try:
+        t0 = time.perf_counter()
+        await control.download_snapshot(info, where, timeout_s=120, chunk_bytes=4 << 20)
+        return time.perf_counter() - t0
+    finally:
+        reader.cancel()
+        control.close()
+        ctx.destroy(linger=0)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def report(mode: str, n: int, r: dict[str, Any]) -> None:
+    per = r["per_producer_s"]
+    print(
+        f"{mode:8s} N={n:3d}: per producer median {per['median']:.2f} s, max {per['max']:.2f} s, "
+        f"aggregate {r['aggregate_MBps']:.0f} MB/s, consumer sent {r['consumer_copies']:.1f} "
+        f"copies, {r['from_relay']} via relays, lease p99 {r['lease_p99_ms']:.1f} ms "
+        f"(max {r['lease_max_ms']:.1f})",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=64, help="snapshot size (MiB)")
+    parser.add_argument("--fetchers", default="1,8,64", help="comma-separated N")
+    parser.add_argument("--fanout", type=int, default=4, help="snapshot.fanout in relay mode")
+    parser.add_argument(
+        "--dir", type=Path, default=Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    )
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--probe", help=argparse.SUPPRESS)  # the probe producer's process
+    args = parser.parse_args()
+    if args.probe:
+        asyncio.run(probe(args.probe, args.dir))
+        return
+    out: dict[str, Any] = {
+        "mib": args.mib,
+        "fanout": args.fanout,
+        "load_avg_1m": os.getloadavg()[0],
+    }
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        root = Path(tmp)
+        counts = [int(x) for x in args.fetchers.split(",")]
+        singles, legacies = [], []
+        for mode in ("consumer", "relays"):
+            for n in counts:
+                fanout = args.fanout if mode == "relays" else 1 << 20
+                server, ctx, info = start_consumer(root / "run", fanout=fanout, mib=args.mib)
+                endpoint = f"tcp://127.0.0.1:{server.ports['control']}"
+                try:
+                    if mode == "consumer" and n == counts[0]:
+                        legacies.append(asyncio.run(legacy(endpoint, info, root / "legacy")))
+                    before = server.view()["counters"].get("chunk_bytes_served", 0)
+                    r = asyncio.run(
+                        fan_out(endpoint, info, n, relays=mode == "relays", where=root / "f")
+                    )
+                    served = server.view()["counters"].get("chunk_bytes_served", 0) - before
+                    r["consumer_copies"] = served / info.num_bytes
+                finally:
+                    server.stop()
+                    ctx.destroy(linger=0)
+                if n == 1 and mode == "consumer":
+                    singles.append(r["per_producer_s"]["max"])
+                out[f"{mode}_{n}"] = r
+                report(mode, n, r)
+        if singles:
+            single = min(singles)
+            out["single_s"] = single
+            out["single_MBps"] = info.num_bytes / single / 1e6
+            out["legacy_single_MBps"] = info.num_bytes / min(legacies) / 1e6
+            for r in out.values():
+                if isinstance(r, dict) and "per_producer_s" in r:
+                    r["max_over_single"] = r["per_producer_s"]["max"] / single
+    out["load_avg_1m_end"] = os.getloadavg()[0]
+    print(json.dumps({k: v for k, v in out.items() if not isinstance(v, dict)}))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
