@@ -77,7 +77,7 @@ def run(lr: float, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         prev, cur = hosts[(step - 1) % 2], hosts[step % 2]
         copier.copy(unique_tensors(dict(model.state_dict())), cur)
         base = np.frombuffer(prev.file_bytes(), dtype=np.uint8)

@@ -63,7 +63,10 @@ MAX_MESSAGE = 64 << 20
 def start_consumer(
     run_dir: Path, *, fanout: int, mib: int
 ) -> tuple[Server, zmq.Context, wire.SnapshotInfo]:
-    cfg = C.override(C.Config(), {"net.control_port": 0, "snapshot.fanout": fanout})
+    cfg = C.override(
+        C.Config(),
+        {"net.control_port": 0, "snapshot.fanout": fanout, "net.producer_timeout_s": 3600.0},
+    )
     ctx = zmq.Context()
     spec = run_spec(cfg, vocab_size=32, model="")
     server = Server(

@@ -327,6 +327,9 @@ def apply_file(base: Path, delta_path: Path, out: Path, *, base_hash: str) -> st
                 f"{delta.result_hash[:12]}…"
             )
         return got
+    except OSError as exc:  # e.g. the base file is gone: the caller takes the full weights
+        out.unlink(missing_ok=True)
+        raise DeltaError(f"cannot apply the delta: {exc}") from None
     except BaseException:
         out.unlink(missing_ok=True)
         raise

@@ -101,6 +101,8 @@ class Fetcher:
         """Fetch `info` into `directory/model.safetensors` (see the module doc). Raises
         `SnapshotError`, `Rejected` or `TimeoutError` when it cannot."""
         await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+        if held is not None and not await asyncio.to_thread(held.path.is_file):
+            held = None  # pruned from the cache meanwhile: nothing to apply a delta on
         plan = await self._plan(info, held)
         if plan.file == "delta":
             assert held is not None

@@ -296,3 +296,12 @@ async def test_the_consumer_makes_a_fetcher_wait_while_a_relay_is_on_its_way(con
             await fetch_b
         assert b.counters.get("chunks_from_relay") == 13
         assert same_as(info, tmp_path / "b")
+
+
+async def test_a_held_file_pruned_meanwhile_means_the_full_weights(consumer, tmp_path):
+    v0 = consumer.publish(0)
+    v1 = consumer.publish(1)
+    async with fetcher_of(consumer, "a", relay=False) as a:
+        outcome = await a.fetch(v1, tmp_path / "v1", held=held(v0, tmp_path / "gone"))
+    assert outcome.file == "weights"
+    assert same_as(v1, tmp_path / "v1")
