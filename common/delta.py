@@ -165,8 +165,7 @@ def diff(layout: Layout, base: np.ndarray, new: np.ndarray) -> list[Patch]:
     for name, (dtype, begin, end) in layout.tensors.items():
         size = DTYPE_SIZES[dtype]
         old_e, new_e = base[begin:end].view(_UINT[size]), new[begin:end].view(_UINT[size])
-        changed = old_e != new_e
-        positions = np.flatnonzero(changed)
+        positions = np.flatnonzero(old_e != new_e)
         if not len(positions):
             continue
         values = new_e[positions]
@@ -181,6 +180,8 @@ def diff(layout: Layout, base: np.ndarray, new: np.ndarray) -> list[Patch]:
         elif kind == "pos":
             index = positions.astype(pos_dtype)
         else:
+            changed = np.zeros(n, dtype=np.bool_)
+            changed[positions] = True
             index = np.packbits(changed, bitorder="little")
         patches.append(Patch(name, kind, index, values))
     return patches

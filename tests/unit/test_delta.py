@@ -127,24 +127,34 @@ def test_layout_changes_and_damaged_deltas_are_refused(tmp_path):
         D.read_layout(np.zeros(4, np.uint8))
 
 
-@settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 3000), data=st.data())
-def test_every_index_encoding_names_exactly_the_changed_elements(n, data):
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 3000),
+    dtype=st.sampled_from(["BF16", "F32", "I8", "F64"]),
+    skew=st.integers(0, 7),
+    data=st.data(),
+)
+def test_every_index_encoding_names_exactly_the_changed_elements(n, dtype, skew, data):
+    """Any set of changed elements, any element size, the tensor at any byte offset (the
+    word-wise comparison sees unaligned tensors and a partial last word)."""
     changed = sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=n)))
-    base = np.zeros(n, np.uint16)
-    new = base.copy()
-    new[changed] = 1
-    layout = D.Layout(b"", {"t": ("BF16", 0, 2 * n)})
-    patches = D.diff(layout, base.view(np.uint8), new.view(np.uint8))
+    size = {"BF16": 2, "F32": 4, "I8": 1, "F64": 8}[dtype]
+    start = skew * size
+    raw = np.zeros(start + n * size, np.uint8)
+    new_raw = raw.copy()
+    new = new_raw[start:].view(f"<u{size}")
+    new[changed] = 1 << (8 * size - 1)  # the top bit: a sign flip
+    layout = D.Layout(b"", {"t": (dtype, start, start + n * size)})
+    patches = D.diff(layout, raw, new_raw)
     if not changed:
         assert patches == []
         return
     (p,) = patches
     assert p.positions(n).tolist() == changed
     assert D._consistent(p, n)
-    target = base.copy()
-    D.apply(layout, target.view(np.uint8), D.Delta(0, 1, "", "", (p,)))
-    assert target.tolist() == new.tolist()
+    target = raw.copy()
+    D.apply(layout, target, D.Delta(0, 1, "", "", (p,)))
+    assert target.tobytes() == new_raw.tobytes()
 
 
 def test_long_gaps_use_zero_bytes_and_lone_changes_far_apart_use_positions():
