@@ -255,7 +255,7 @@ def main() -> None:
     parser.add_argument(
         "--dir", type=Path, default=Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     )
-    parser.add_argument("--chunk-mib", type=float, default=4.0, help="snapshot.chunk_mib")
+    parser.add_argument("--chunk-mib", type=float, default=1.0, help="snapshot.chunk_mib")
     parser.add_argument("--modes", default="consumer,relays", help="consumer and/or relays")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--probe", help=argparse.SUPPRESS)  # the probe producer's process

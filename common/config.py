@@ -218,7 +218,11 @@ class StalenessConfig:
 class SnapshotConfig:
     dtype: SnapshotDtype = _f("bfloat16", "Snapshot weight dtype.")
     keep_last: int = _f(3, "Snapshots kept on disk (older ones are deleted).")
-    chunk_mib: float = _f(4.0, "Chunk size when producers fetch snapshots over the control socket.")
+    chunk_mib: float = _f(
+        1.0,
+        "Chunk size (and per-chunk hash) when producers fetch snapshots over the network; the "
+        "consumer holds at most fanout x 4 chunks of requests ahead of a lease request.",
+    )
     anchor_every: int = _f(
         10,
         "Versions between full anchors; the versions between carry a sparse delta on the previous "
