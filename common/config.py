@@ -257,6 +257,11 @@ class NetConfig:
     rollouts_port: int = _f(0, "Rollouts (PULL) port; 0 = pick a free one.")
     announce_port: int = _f(0, "Announce (PUB) port; 0 = pick a free one.")
     connect: str = _f("tcp://127.0.0.1:5555", "Producer: the consumer's control endpoint.")
+    connect_file: str = _f(
+        "",
+        "Producer: wait for this endpoints.json (a consumer writes it in its run directory once "
+        "bound) and connect to its control endpoint instead of net.connect.",
+    )
     keys_dir: str = _f("", "CurveZMQ keys (asyncgrpo keys DIR); empty = no encryption.")
     insecure: bool = _f(False, "Allow a non-loopback bind or connect without CurveZMQ.")
     max_message_mib: float = _f(
@@ -266,6 +271,11 @@ class NetConfig:
     producer_timeout_s: float = _f(30.0, "A producer silent this long is gone; its leases expire.")
     lease_timeout_s: float = _f(
         900.0, "A lease not delivered in this time expires and is re-issued."
+    )
+    lease_wait_s: float = _f(
+        2.0,
+        "Longest a lease request that cannot be granted waits at the consumer; it is answered "
+        "the moment leases free up (0 = answer at once, empty).",
     )
     resend_after_s: float = _f(60.0, "Producer re-sends a group not acknowledged in this time.")
     handshake_timeout_s: float = _f(60.0, "How long a producer waits for the consumer's welcome.")
@@ -619,6 +629,10 @@ def problems(cfg: Config) -> list[str]:
         "net.producer_timeout_s must exceed two heartbeats (net.heartbeat_s)",
     )
     need(net.max_message_mib > 0, "net.max_message_mib must be > 0")
+    need(
+        0 <= net.lease_wait_s <= 5,
+        "net.lease_wait_s must be in [0, 5] (a producer gives up on a request after 10 s)",
+    )
     need(
         net.consumer_timeout_s == 0 or net.consumer_timeout_s > 2 * net.heartbeat_s,
         "net.consumer_timeout_s must be 0 (wait for ever) or exceed two heartbeats",

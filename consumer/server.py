@@ -26,14 +26,24 @@ Invariants:
   silent, holding no lease, are forgotten after `_FORGET_AFTER_S` (with their acks).
 - Every reply carries the newest policy and snapshot version (a missed announcement costs
   latency, never correctness) and the acks queued for that producer.
+- A lease request that cannot be granted is parked, not answered empty: it gets its grant the
+  moment leases free up (a step settled, a snapshot published, a lease dropped or expired), or
+  an empty reply after `net.lease_wait_s`, or a finished one when the run ends. Parked requests
+  are served first come, first served (one per producer: a newer one answers the older empty),
+  so a starved producer costs one request per `net.lease_wait_s`, not one per round trip, and
+  serving them costs one lease-book query when nothing is free, whatever their number.
+- Calls from other threads wake the loop at once (a socket pair in its poller), so the training
+  thread never waits out a poll timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -82,6 +92,15 @@ class ProducerView:
     num_in_flight: int = 0
     counters: dict[str, float] = field(default_factory=dict)
     ended_at: float = 0.0  # monotonic time it left or went silent (state "left" or "gone")
+
+
+@dataclass(slots=True)
+class _Parked:
+    """A lease request waiting for leases: who asked (ROUTER identity), what, and until when."""
+
+    identity: bytes
+    msg: wire.LeaseRequest
+    deadline: float  # monotonic seconds: answered empty then
 
 
 def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
@@ -180,6 +199,10 @@ class Server:
         self._log = LogLimiter(log)
         self.producers: dict[str, ProducerView] = {}
         self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        self._wake_recv, self._wake_send = socket.socketpair()  # a call is queued: poll returns
+        self._wake_recv.setblocking(False)
+        self._wake_send.setblocking(False)
+        self._parked: dict[str, _Parked] = {}  # by producer id, oldest first
         self._lock = threading.Lock()  # guards counters/producers copies for other threads
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="consumer-net", daemon=True)
@@ -199,6 +222,9 @@ class Server:
             fut.set_exception(RuntimeError("the consumer's network thread has stopped"))
             return fut
         self._calls.put((fn, fut))
+        # OSError: already full of wake-ups (the loop will run), or the thread has ended
+        with contextlib.suppress(OSError):
+            self._wake_send.send(b"\0")
         return fut
 
     def stop(self) -> None:
@@ -322,6 +348,8 @@ class Server:
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
         poller.register(self.rollouts, zmq.POLLIN)
+        wake_fd = self._wake_recv.fileno()
+        poller.register(wake_fd, zmq.POLLIN)
         next_housekeeping = 0.0
         try:
             while not self._stop.is_set():
@@ -330,8 +358,12 @@ class Server:
                     self._drain(self.rollouts, self._on_group_frames)
                 if self.control in events:
                     self._drain(self.control, self._on_control_frames)
+                if wake_fd in events:
+                    self._take_wake_ups()
                 self._run_calls()
                 now = time.monotonic()
+                if self._parked:
+                    self._serve_parked(now)
                 if now >= next_housekeeping:
                     self._housekeeping(now)
                     next_housekeeping = now + 0.25
@@ -346,6 +378,13 @@ class Server:
         finally:
             for sock in (self.control, self.rollouts, self.announce):
                 sock.close(linger=0)
+            self._wake_recv.close()
+            self._wake_send.close()
+
+    def _take_wake_ups(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_recv.recv(4096):
+                pass
 
     def _drain(
         self, sock: zmq.Socket, handler: Callable[[list[zmq.Frame]], None], limit: int = 256
@@ -411,6 +450,7 @@ class Server:
                 self.producers[p].state = "gone"
                 self.producers[p].last_seen = float("inf")  # report once
                 self.producers[p].ended_at = now
+                self._parked.pop(p, None)  # gone: nobody to answer
             for p in forget:
                 del self.producers[p]
             self.counters["expired"] += len(expired)
@@ -475,7 +515,7 @@ class Server:
         try:
             msg = wire.decode(payload.buffer, self.control_limits)
             req = getattr(msg, "req", 0)
-            reply = self._handle(msg, peer_key(payload))
+            reply = self._handle(msg, peer_key(payload), identity.bytes)
         except WireError as exc:
             with self._lock:
                 self.counters[f"control_rejected.{exc.reason}"] += 1
@@ -486,8 +526,12 @@ class Server:
         except Exception as exc:  # a bug of ours: counted and logged; the peer is told
             self._internal_error(exc)
             reply = wire.Reject(req=req, reason="internal_error", detail=type(exc).__name__)
+        if reply is not None:  # None: a parked lease request, answered later
+            self._reply(identity.bytes, reply)
+
+    def _reply(self, identity: bytes, reply: wire.Message) -> None:
         try:
-            self.control.send_multipart([identity.bytes, wire.encode(reply)], zmq.NOBLOCK)
+            self.control.send_multipart([identity, wire.encode(reply)], zmq.NOBLOCK)
         except zmq.ZMQError:  # peer gone (ROUTER_MANDATORY) or its pipe full: it will retry
             with self._lock:
                 self.counters["control_reply_undeliverable"] += 1
@@ -500,8 +544,9 @@ class Server:
             self.run_id, self.policy_version, self.snapshot, acks, not self.accepting
         )
 
-    def _handle(self, msg: wire.Message, key: str) -> wire.Message:
-        """The reply to one control request that came with the CurveZMQ key `key`."""
+    def _handle(self, msg: wire.Message, key: str, identity: bytes) -> wire.Message | None:
+        """The reply to one control request that came with the CurveZMQ key `key` over the
+        connection `identity`; None when it is a lease request parked until leases free up."""
         now = time.monotonic()
         if isinstance(msg, wire.Register):
             view = self.producers.get(msg.producer_id)
@@ -515,6 +560,7 @@ class Server:
                     msg.host, msg.pid, msg.engine, msg.loaded_version, last_seen=now
                 )
             self._book.reconcile(msg.producer_id, set(msg.held_leases))
+            self._unpark(msg.producer_id)
             log.info(
                 "producer %s registered (%s pid %d, %s)",
                 msg.producer_id,
@@ -543,6 +589,7 @@ class Server:
                 view.loaded_version, view.state = msg.loaded_version, msg.state
                 view.num_in_flight, view.counters = msg.num_in_flight, dict(msg.counters)
         if isinstance(msg, wire.Goodbye):
+            self._unpark(msg.producer_id)
             self._book.reconcile(msg.producer_id, set(msg.held_leases))
             with self._lock:
                 view.state, view.last_seen, view.ended_at = "left", float("inf"), now
@@ -555,15 +602,77 @@ class Server:
         if isinstance(msg, wire.LeaseRequest):
             with self._lock:
                 view.loaded_version = msg.loaded_version
-            return wire.LeaseGrant(msg.req, self._grant(msg, now), self._status(msg.producer_id))
+            self._unpark(msg.producer_id)  # its older request (it gave up on it) goes first
+            leases = self._grant(msg, now)
+            wait_s = self.cfg.net.lease_wait_s
+            if not leases and self.accepting and wait_s > 0:
+                self._parked[msg.producer_id] = _Parked(identity, msg, now + wait_s)
+                return None
+            if not leases:
+                with self._lock:
+                    self.counters["lease_replies_empty"] += 1
+            return wire.LeaseGrant(msg.req, leases, self._status(msg.producer_id))
         return wire.StatusReply(msg.req, self._status(msg.producer_id))
 
-    def _grant(self, msg: wire.LeaseRequest, now: float) -> tuple[wire.Lease, ...]:
+    def _unpark(self, producer_id: str) -> None:
+        """Answer `producer_id`'s parked lease request, if any, empty."""
+        parked = self._parked.pop(producer_id, None)
+        if parked is not None:
+            self._answer_parked(producer_id, parked, ())
+
+    def _answer_parked(
+        self, producer_id: str, parked: _Parked, leases: tuple[wire.Lease, ...]
+    ) -> None:
+        with self._lock:
+            self.counters["lease_replies_parked"] += 1
+            if not leases:
+                self.counters["lease_replies_empty"] += 1
+        status = self._status(producer_id)
+        self._reply(parked.identity, wire.LeaseGrant(parked.msg.req, leases, status))
+
+    def _serve_parked(self, now: float) -> None:
+        """Grant parked requests while leases are free, one lease each in turn, oldest first
+        (producers waiting together share the leases that free up, rather than the first
+        taking them all); answer the overdue ones empty, and all of them once the run is
+        finished. A grant does not depend on who asks, so the first that gets nothing ends it."""
+        if not self.accepting:
+            for producer_id, parked in list(self._parked.items()):
+                del self._parked[producer_id]
+                self._answer_parked(producer_id, parked, ())
+            return
+        got: dict[str, list[wire.Lease]] = {}
+        wanting, exhausted = list(self._parked), False
+        while wanting and not exhausted:
+            more = []
+            for producer_id in wanting:
+                parked = self._parked[producer_id]
+                lease = self._grant(parked.msg, now, limit=1)
+                if not lease:
+                    exhausted = True
+                    break
+                mine = got.setdefault(producer_id, [])
+                mine.extend(lease)
+                if len(mine) < parked.msg.max_leases:
+                    more.append(producer_id)
+            wanting = more
+        for producer_id, leases in got.items():
+            self._answer_parked(producer_id, self._parked.pop(producer_id), tuple(leases))
+        while self._parked:  # the overdue, oldest first
+            producer_id, parked = next(iter(self._parked.items()))
+            if now < parked.deadline:
+                return  # later ones were parked later: not overdue either
+            del self._parked[producer_id]
+            self._answer_parked(producer_id, parked, ())
+
+    def _grant(
+        self, msg: wire.LeaseRequest, now: float, limit: int = 1024
+    ) -> tuple[wire.Lease, ...]:
+        """Up to `min(msg.max_leases, limit)` new leases for `msg`'s producer (maybe none)."""
         if not self.accepting or self.snapshot is None:
             return ()
         records = self._book.grant(
             msg.producer_id,
-            max(0, min(msg.max_leases, 1024)),
+            max(0, min(msg.max_leases, limit, 1024)),
             policy_version=self.policy_version,
             published_version=self.snapshot.version,
             now=now,

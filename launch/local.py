@@ -99,7 +99,8 @@ class Supervisor:
         return [sys.executable, "-m", "launch.cli", *args]
 
     def start(self, *, startup_timeout_s: float = 300.0) -> None:
-        """Start the consumer, wait for its endpoints, then the producers."""
+        """Start the consumer and the producers at once (producers wait for the consumer's
+        endpoints.json, importing their engine meanwhile), then wait for the endpoints."""
         endpoints = self.run_dir / "endpoints.json"
         endpoints.unlink(missing_ok=True)
         self.consumer = Child(
@@ -108,6 +109,16 @@ class Supervisor:
             self.run_dir / "consumer.stdout.log",
         )
         self.consumer.start()
+        for i in range(self.num_producers):
+            name = f"p{i + 1}"
+            argv = self._cli(
+                "producer", "--config", str(self.config_path), "--connect-file", str(endpoints),
+                "--id", name, *self.producer_args(i),
+            )  # fmt: skip
+            child = Child(name, argv, self.run_dir / f"producer-{name}.log")
+            child.start()
+            self.producers.append(child)
+        self.record_pids()
         deadline = time.monotonic() + startup_timeout_s
         while not endpoints.exists():
             code = self.consumer.poll()
@@ -119,16 +130,6 @@ class Supervisor:
                 raise RuntimeError(f"the consumer did not start within {startup_timeout_s} s")
             time.sleep(0.1)
         self.endpoint = json.loads(endpoints.read_text())["control"]
-        for i in range(self.num_producers):
-            name = f"p{i + 1}"
-            argv = self._cli(
-                "producer", "--config", str(self.config_path), "--connect", self.endpoint,
-                "--id", name, *self.producer_args(i),
-            )  # fmt: skip
-            child = Child(name, argv, self.run_dir / f"producer-{name}.log")
-            child.start()
-            self.producers.append(child)
-        self.record_pids()
 
     def record_pids(self) -> None:
         """`processes.json`: every child started, so nothing outlives the run unnoticed."""

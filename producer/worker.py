@@ -14,7 +14,11 @@ closes every socket and the engine:
   page cache serves both processes, so reading and hashing it again would only add latency;
   the engine then reads it straight away, from the producer's own pinned link to the very file
   that was checked (`common.snapshot.pin_local`), never the consumer's path again;
-- `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task.
+- `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task. A request
+  that cannot be granted waits at the consumer until leases free up (`net.lease_wait_s`); after
+  an empty reply the producer pauses (`producer/backoff.py`: jittered, doubling from 50 ms to
+  1 s) before asking again, and sooner when a newer snapshot is announced, so a starved
+  producer sends about one request per `net.lease_wait_s`, not one per round trip.
 
 Ending: the consumer says `finished` in its replies (the run is over: exit 0), or a signal
 arrives (goodbye, exit 0), or the consumer has not answered for `net.consumer_timeout_s`: then
@@ -40,6 +44,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,7 +58,9 @@ from common import wire
 from common.config import Config, RewardSpec
 from common.errors import ConfigError, SnapshotError
 from common.sockets import client_socket, endpoint_with_port, load_keys
+from producer.backoff import Backoff
 from producer.client import ControlClient, Outbox, Rejected, announcements
+from producer.endpoint_file import resolve_connect
 from producer.engine import Completion, Engine, FakeRewards, SamplingParams, make_engine
 from producer.fetch import Fetcher, Held
 from producer.relay import Relay
@@ -65,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("asyncgrpo.producer")
 EXIT_CONSUMER_LOST = 3
 _REQUEST_TIMEOUT_S = 10.0
+_BACKOFF_FIRST_S, _BACKOFF_CAP_S = 0.05, 1.0  # pauses between lease requests that got nothing
 
 
 def lease_seed(run_seed: int, lease_id: int) -> int:
@@ -99,6 +107,16 @@ class Changes:
                 await self._event.wait()
         except TimeoutError:
             pass
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        """Return once `predicate()` holds (checked at each change), or after `timeout_s`.
+        Unlike `wait`, changes that leave it false do not end the wait."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            await self.wait(self.count, left)
 
 
 @dataclass
@@ -385,26 +403,42 @@ class Producer:
 
     async def lease_loop(self, tg: asyncio.TaskGroup, session: Session) -> None:
         limit = self.cfg.producer.max_in_flight
-        while not self.state.finished:
-            seen = self.state.changed.count
-            free = limit - len(self.state.in_flight)
-            if free <= 0 or self.state.target is None:
-                await self.state.changed.wait(seen, 1.0)
+        state = self.state
+        backoff = Backoff(_BACKOFF_FIRST_S, _BACKOFF_CAP_S, self.rng)
+
+        def may_ask() -> bool:
+            return state.finished or (len(state.in_flight) < limit and state.target is not None)
+
+        while not state.finished:
+            if not may_ask():  # every slot taken, or no snapshot announced yet
+                await state.changed.wait_for(may_ask, 1.0)
                 continue
-            msg = wire.LeaseRequest(0, self.state.producer_id, free, session.engine.version)
+            free = limit - len(state.in_flight)
+            msg = wire.LeaseRequest(0, state.producer_id, free, session.engine.version)
             reply = await self._request_status(msg)
             leases = reply.leases if isinstance(reply, wire.LeaseGrant) else ()
             for lease in leases:
-                self.state.in_flight.add(lease.lease_id)
+                state.in_flight.add(lease.lease_id)
                 self.lease_tasks[lease.lease_id] = tg.create_task(
                     self.run_lease(session, lease), name=f"lease-{lease.lease_id}"
                 )
-            if not leases:
-                self.state.count("lease_requests_empty")
-                await self.state.changed.wait(seen, 0.25)
+            if leases:
+                backoff.reset()
+                continue
+            state.count("lease_requests_empty")
+            # Nothing was free for net.lease_wait_s. Pause before asking again, less when a
+            # newer snapshot comes (leases follow it). The condition, not any change: the
+            # reply itself has just bumped the change counter.
+            shown = state.target.version if state.target is not None else -1
+            await state.changed.wait_for(lambda v=shown: self._newer_than(v), backoff.next_s())
         log.info("the consumer needs no more groups: producer done")
         for task in self.lease_tasks.values():  # their groups would never be trained
             task.cancel()
+
+    def _newer_than(self, version: int) -> bool:
+        """The run is finished, or a snapshot newer than `version` has been announced."""
+        target = self.state.target
+        return self.state.finished or (target is not None and target.version > version)
 
     async def run_lease(self, session: Session, lease: wire.Lease) -> None:
         spec, engine, codec = session.spec, session.engine, session.codec
@@ -582,10 +616,16 @@ def _log_tasks() -> None:
 
 async def main(cfg: Config) -> int:
     """Run one producer until the consumer says it is finished or a signal arrives."""
-    if cfg.producer.torch_threads and cfg.producer.engine == "hf":
+    if cfg.producer.engine == "hf":
+        import importlib
+
         import torch
 
-        torch.set_num_threads(cfg.producer.torch_threads)
+        importlib.import_module("producer.engine_hf")  # now, while the consumer may be starting
+
+        if cfg.producer.torch_threads:
+            torch.set_num_threads(cfg.producer.torch_threads)
+    cfg = await resolve_connect(cfg)
     ctx = zmq.asyncio.Context()
     producer = Producer(cfg, ctx)
     loop = asyncio.get_running_loop()

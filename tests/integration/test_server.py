@@ -9,6 +9,7 @@ surfacing on the caller's thread, and a producer's chunked snapshot download
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -26,12 +27,14 @@ from producer.client import ControlClient, Rejected
 G = 2
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(params=[()])
+def server(tmp_path, request):
+    """A server with one prompt per step, synchronous, lease requests answered at once (empty
+    when nothing is free); the param: more overrides."""
     cfg = C.apply_overrides(
         C.Config(),
         ["net.control_port=0", f"sampling.group_size={G}", "train.prompts_per_step=1",
-         "staleness.max_staleness=0", "task.epochs=1"],
+         "staleness.max_staleness=0", "task.epochs=1", "net.lease_wait_s=0", *request.param],
     )  # fmt: skip
     ctx = zmq.Context()
     spec = run_spec(cfg, vocab_size=32, model="")
@@ -187,10 +190,10 @@ def test_a_message_whose_handling_raises_is_counted_and_the_network_thread_goes_
     handle, receive = srv._handle, srv._book.receive
     failed: list[int] = []
 
-    def handle_or_fail(msg, key):  # a bug of ours on the control path
+    def handle_or_fail(msg, key, identity):  # a bug of ours on the control path
         if isinstance(msg, wire.Heartbeat) and msg.num_in_flight == 7:
             raise RecursionError("as deep nesting once did through repr()")
-        return handle(msg, key)
+        return handle(msg, key, identity)
 
     def receive_or_fail(lease_id, producer_id):  # ... and on the rollouts path
         if producer_id == "p" and lease_id == lease.lease_id and not failed:
@@ -213,3 +216,74 @@ def test_a_message_whose_handling_raises_is_counted_and_the_network_thread_goes_
     srv.check()  # the network thread never failed
     control.close(linger=0)
     push.close(linger=0)
+
+
+def _connect(srv, ctx, producer_id: str) -> zmq.Socket:
+    control = ctx.socket(zmq.DEALER)
+    control.connect(f"tcp://127.0.0.1:{srv.ports['control']}")
+    welcome = _request(control, wire.Register(1, producer_id, "h", 1, "fake", -1))
+    assert isinstance(welcome, wire.Welcome)
+    return control
+
+
+def _reply(sock: zmq.Socket) -> wire.Message:
+    assert sock.poll(10_000), "no reply from the server"
+    return wire.decode(sock.recv(), wire.Limits())
+
+
+@pytest.mark.parametrize("server", [["net.lease_wait_s=5"]], indirect=True)
+def test_a_starved_lease_request_waits_and_gets_its_grant_when_leases_free_up(server, tmp_path):
+    srv, ctx = server
+    a, b = _connect(srv, ctx, "a"), _connect(srv, ctx, "b")
+    a.send(wire.encode(wire.LeaseRequest(2, "a", 4, -1)))  # nothing published yet: parked
+    assert not a.poll(200), "answered although no lease could be granted"
+    srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))
+    (first,) = _reply(a).leases  # pushed the moment the snapshot was published
+    b.send(wire.encode(wire.LeaseRequest(2, "b", 4, 0)))  # the one lease of step 0 is a's
+    a.send(wire.encode(wire.LeaseRequest(3, "a", 3, 0)))  # parked behind b
+    assert not b.poll(200)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{srv.ports['rollouts']}")
+    push.send(wire.encode(dataclasses.replace(_group(first, [1.0, 0.0]), producer_id="a")))
+    got = srv.next_group(timeout_s=10)
+    srv.settle_trained([got], trained_step=0)
+    assert not b.poll(200), "granted before the step's snapshot was published"
+    srv.announce_snapshot(wire.SnapshotInfo(1, 1, "01", str(tmp_path / "none")))
+    grant = _reply(b)  # first come, first served: b asked first and takes step 1's lease
+    assert [lease.step for lease in grant.leases] == [1]
+    assert not a.poll(200)
+    srv.stop_granting()  # the end of the run answers a parked request at once
+    last = _reply(a)
+    assert (last.req, last.leases, last.status.finished) == (3, (), True)
+    counters = srv.view()["counters"]
+    assert counters["lease_replies_parked"] == 3
+    assert counters["lease_replies_empty"] == 1
+    for sock in (a, b, push):
+        sock.close(linger=0)
+
+
+@pytest.mark.parametrize("server", [["net.lease_wait_s=0.3"]], indirect=True)
+def test_a_parked_lease_request_is_answered_empty_after_the_wait_and_a_newer_replaces_it(server):
+    srv, ctx = server
+    a = _connect(srv, ctx, "a")
+    a.send(wire.encode(wire.LeaseRequest(2, "a", 1, -1)))
+    a.send(wire.encode(wire.LeaseRequest(3, "a", 1, -1)))  # the older one is answered at once
+    assert (_reply(a).req, _reply(a).req) == (2, 3)  # ... and the newer after net.lease_wait_s
+    assert srv.view()["counters"]["lease_replies_empty"] == 2
+    a.close(linger=0)
+
+
+@pytest.mark.parametrize(
+    "server", [["net.lease_wait_s=5", "train.prompts_per_step=5"]], indirect=True
+)
+def test_producers_waiting_together_share_the_leases_that_free_up(server, tmp_path):
+    srv, ctx = server
+    socks = {p: _connect(srv, ctx, p) for p in ("a", "b", "c")}
+    for p in ("a", "b", "c"):  # nothing published: all three wait, a first
+        socks[p].send(wire.encode(wire.LeaseRequest(2, p, 4 if p != "c" else 1, -1)))
+    assert not socks["a"].poll(200)
+    srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))
+    counts = {p: len(_reply(sock).leases) for p, sock in socks.items()}
+    assert counts == {"a": 2, "b": 2, "c": 1}  # one each in turn: not all five to a
+    for sock in socks.values():
+        sock.close(linger=0)

@@ -1,0 +1,48 @@
+"""net.connect_file: a producer started before its consumer waits for endpoints.json."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from common import config as C
+from common.errors import ConfigError
+from producer.endpoint_file import resolve_connect, wait_for_endpoint
+
+
+async def test_a_producer_waits_for_the_file_and_takes_its_control_endpoint(tmp_path):
+    async with asyncio.timeout(10):
+        path = tmp_path / "endpoints.json"
+        waiter = asyncio.create_task(wait_for_endpoint(path, timeout_s=30))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        path.write_text(json.dumps({"control": "tcp://127.0.0.1:4242", "rollouts": "x"}))
+        assert await waiter == "tcp://127.0.0.1:4242"
+
+
+async def test_the_endpoint_replaces_net_connect_and_is_held_to_the_same_rule(tmp_path):
+    async with asyncio.timeout(10):
+        path = tmp_path / "endpoints.json"
+        cfg = C.load(None, [f"net.connect_file={json.dumps(str(path))}"])
+        path.write_text(json.dumps({"control": "tcp://127.0.0.1:4242"}))
+        assert (await resolve_connect(cfg)).net.connect == "tcp://127.0.0.1:4242"
+        path.write_text(json.dumps({"control": "tcp://10.1.2.3:4242"}))
+        with pytest.raises(ConfigError, match="leaves this machine"):
+            await resolve_connect(cfg)
+        assert await resolve_connect(C.Config()) == C.Config()  # unset: net.connect as given
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [(None, "does not exist"), ("{", "not a consumer's endpoints.json"),
+     ('{"control": 5}', "not a string")],
+)  # fmt: skip
+async def test_a_file_that_never_becomes_valid_ends_in_one_clear_error(tmp_path, content, problem):
+    async with asyncio.timeout(10):
+        path = tmp_path / "endpoints.json"
+        if content is not None:
+            path.write_text(content)
+        with pytest.raises(ConfigError, match=f"net.connect_file = .*{problem}"):
+            await wait_for_endpoint(path, timeout_s=0.0)
