@@ -125,19 +125,22 @@ def run(cfg: C.Config, out: Path, *, threads: int) -> None:
     with out.open("w") as f:
         for step in range(1, cfg.run.steps + 1):
             kept: list[wire.Group] = []
-            sampled = 0
+            sampled, gen_s = 0, None
             while len(kept) < per_step:
                 indices = [order.next() for _ in range(per_step - len(kept))]
                 prompts = [(i, *source.get(i)) for i in indices if i is not None]
                 if not prompts:
                     raise SystemExit(f"the prompts ran out at step {step}")
+                t0 = time.perf_counter()
                 groups = sampler.groups(prompts, next_id)
+                gen_s = time.perf_counter() - t0 if gen_s is None else gen_s  # the step's first
                 next_id, sampled = next_id + len(groups), sampled + len(groups)
                 drop = cfg.train.drop_zero_variance
                 kept += [g for g in groups if not (drop and zero_variance(g.rewards))]
             trainer.step(kept)
             record: dict[str, Any] = {"step": step, "unix_time": time.time()}
             record["num_groups_sampled"] = sampled
+            record["gen_s"] = gen_s  # one generation: the step's first batch of groups
             if every and step % every == 0:
                 t0 = time.perf_counter()
                 n = cfg.sampling.max_new_tokens

@@ -26,13 +26,19 @@ lines), times in seconds:
   evaluates the start and final models on the whole held-out split and draws plots);
 - cpu_s: CPU seconds (user + system) the command and every process it started used, start-up
   and evaluations included: the work, whatever else shares the machine.
+- round_trip_s (async, sync): median over steps of the learner's `round_trip_s`, the previous
+  optimizer step's end -> the step's first admitted group (for sync: publish, reload, lease,
+  one generation, send); gen_s (loop): median of one generation, the step's first batched
+  `generate` of all its groups, scored.
 
 JSON keys (stable): for R in loop, async, sync, trl: R_s_per_step, R_first_step_s, R_t55_s,
-R_final_acc, R_command_s, R_cpu_s (medians over seeds; a t55 that some seeds never reached counts as
-infinite, and an infinite median is null); ratios async_over_loop_step, sync_over_loop_step,
-trl_over_loop_step, async_over_loop_t55, sync_over_loop_t55, trl_over_loop_t55 (< 1 = faster
-than the loop; null when a side is missing); seeds, steps, threshold, cpus, trl_version (null
-without trl), load_avg_1min_start / load_avg_1min_end, and runs: every run's figures.
+R_final_acc, R_command_s, R_cpu_s, R_round_trip_s, R_gen_s (medians over seeds; a t55 that some
+seeds never reached counts as infinite, and an infinite median is null); ratios
+async_over_loop_step, sync_over_loop_step, trl_over_loop_step, async_over_loop_t55,
+sync_over_loop_t55, trl_over_loop_t55 (< 1 = faster than the loop; null when a side is missing);
+sync_round_trip_beyond_gen_ms (sync_round_trip_s - loop_gen_s in ms: what the synchronous round
+trip costs beyond one generation); seeds, steps, threshold, cpus, trl_version (null without
+trl), load_avg_1min_start / load_avg_1min_end, and runs: every run's figures.
 """
 
 from __future__ import annotations
@@ -54,7 +60,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("loop", "async", "sync", "trl")
-FIGURES = ("s_per_step", "first_step_s", "t55_s", "final_acc", "command_s", "cpu_s")
+FIGURES = (
+    "s_per_step", "first_step_s", "t55_s", "final_acc", "command_s", "cpu_s", "round_trip_s",
+    "gen_s",
+)  # fmt: skip
 
 
 def command(kind: str, seed: int, steps: int, work: Path, loop_threads: int) -> list[str]:
@@ -81,12 +90,16 @@ def figures(records: list[dict[str, Any]], t0: float, t_end: float, threshold: f
     evals = [r for r in steps if r.get("heldout_accuracy") is not None]
     hit = next((r for r in evals if r["heldout_accuracy"] >= threshold), None)
     span = steps[-1]["unix_time"] - steps[0]["unix_time"]
+    trips = [r["round_trip_s"] for r in steps if r.get("round_trip_s") is not None]
+    gens = [r["gen_s"] for r in steps if r.get("gen_s") is not None]
     return {
         "s_per_step": span / (len(steps) - 1) if len(steps) > 1 else None,
         "first_step_s": steps[0]["unix_time"] - t0,
         "t55_s": hit["unix_time"] - t0 if hit else None,
         "final_acc": evals[-1]["heldout_accuracy"] if evals else None,
         "command_s": t_end - t0,
+        "round_trip_s": statistics.median(trips) if trips else None,
+        "gen_s": statistics.median(gens) if gens else None,
         "steps": len(steps),
         "evaluations": [(r["step"], r["heldout_accuracy"]) for r in evals],
     }
@@ -133,6 +146,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for fig, key in (("s_per_step", "step"), ("t55_s", "t55")):
             ours, base = res[f"{kind}_{fig}"], res[f"loop_{fig}"]
             res[f"{kind}_over_loop_{key}"] = ours / base if ours and base else None
+    trip, gen = res["sync_round_trip_s"], res["loop_gen_s"]
+    res["sync_round_trip_beyond_gen_ms"] = (trip - gen) * 1000 if trip and gen else None
     return res
 
 
@@ -187,6 +202,12 @@ def main() -> None:
         "load_avg_1min_start": load_start, "load_avg_1min_end": os.getloadavg()[0], "runs": runs,
     }  # fmt: skip
     print(table(res))
+    if res["sync_round_trip_s"] is not None and res["loop_gen_s"] is not None:
+        print(
+            f"sync round trip (step end -> first admitted group): "
+            f"{res['sync_round_trip_s'] * 1000:.1f} ms = one generation "
+            f"({res['loop_gen_s'] * 1000:.1f} ms) + {res['sync_round_trip_beyond_gen_ms']:.1f} ms"
+        )
     print(f"load average (1 min): {load_start:.2f} at start, {res['load_avg_1min_end']:.2f} at end")
     if a.json:
         a.json.write_text(json.dumps(res, indent=2) + "\n")

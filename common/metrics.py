@@ -40,6 +40,10 @@ class StepRecord:
     tokens_per_s: float  # completion tokens trained / step_wall_s
     learner_idle_frac: float  # wait_s / step_wall_s
     wait_s: float  # waiting for groups
+    # previous optimizer step's end -> this step's first admitted group (None at the first
+    # step); at max_staleness 0 the synchronous round trip: settle, publish, announce, lease,
+    # reload, one generation, send
+    round_trip_s: float | None = None
     publish_submit_s: float  # handing the snapshot to the publisher
     snapshot_write_s: float  # the publisher's last write (its own thread)
     num_completion_tokens: int

@@ -63,6 +63,7 @@ class Collected:
     zero_std: int = 0  # groups seen (kept or dropped) whose rewards are all equal
     seen: int = 0
     wait_s: float = 0.0
+    round_trip_s: float | None = None  # previous step's end -> first kept group
 
 
 class Learner:
@@ -122,12 +123,15 @@ class Learner:
         self.metrics = M.JsonlWriter(run_dir / "metrics.jsonl")
         self.published = -1
         self._eval: tuple[Any, Any] | None = None
+        self._step_end: float | None = None  # perf_counter when the last optimizer step ended
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
         host = self.cfg.net.bind_host
         endpoints = {k: f"tcp://{host}:{p}" for k, p in self.server.ports.items()}
-        (self.run_dir / "endpoints.json").write_text(json.dumps(endpoints))
+        tmp = self.run_dir / "endpoints.json.tmp"  # whole or absent: producers may be waiting
+        tmp.write_text(json.dumps(endpoints))
+        tmp.replace(self.run_dir / "endpoints.json")
         self.server.start()
         log.info(
             "consumer %s listening on %s (run dir %s)",
@@ -180,6 +184,8 @@ class Learner:
                 drop_zero_variance=c.train.drop_zero_variance,
             )
             if why is None:
+                if not out.kept and self._step_end is not None:
+                    out.round_trip_s = time.perf_counter() - self._step_end
                 out.kept.append(g)
                 continue
             out.dropped[why] += 1
@@ -200,6 +206,7 @@ class Learner:
         """One optimizer step; its `StepRecord` fields (evaluation aside)."""
         v = self.version
         metrics = self.trainer.step(got.kept)
+        self._step_end = time.perf_counter()
         lags = [lag(v, g) for g in got.kept]
         self.version = v + 1
         self.server.settle_trained(got.kept, trained_step=v)
@@ -228,6 +235,7 @@ class Learner:
             "tokens_per_s": tokens / max(now - last, 1e-9),
             "learner_idle_frac": got.wait_s / max(now - last, 1e-9),
             "wait_s": got.wait_s,
+            "round_trip_s": got.round_trip_s,
             "publish_submit_s": publish_s,
             "snapshot_write_s": self.publisher.last_write_s,
             "snapshots_superseded": self.publisher.num_superseded,

@@ -271,6 +271,13 @@ def producer(
         str | None,
         typer.Option(help="net.connect: the consumer's control endpoint, tcp://HOST:PORT."),
     ] = None,
+    connect_file: Annotated[
+        str | None,
+        typer.Option(
+            help="net.connect_file: wait for a consumer's RUN_DIR/endpoints.json and connect "
+            "to it (start producers before their consumer; shared filesystems)."
+        ),
+    ] = None,
     engine: Annotated[str | None, typer.Option(help="producer.engine: hf, vllm or fake.")] = None,
     model: Annotated[
         str | None,
@@ -290,7 +297,8 @@ def producer(
 ) -> None:
     """Run a producer: sample groups for the consumer's leases; reload its snapshots."""
     flags = {
-        "net.connect": connect, "producer.engine": engine, "producer.model": model,
+        "net.connect": connect, "net.connect_file": connect_file, "producer.engine": engine,
+        "producer.model": model,
         "producer.max_in_flight": max_in_flight, "producer.id": producer_id,
         "producer.device": device, "net.keys_dir": keys, "net.insecure": insecure or None,
     }  # fmt: skip
@@ -499,8 +507,10 @@ def stress(
         int,
         typer.Option(
             help="Seed of every setting: prompt order, initialisation and each lease's sampling "
-            "seed. A max_staleness = 0 setting repeats exactly; asynchronous ones repeat their "
-            "prompts and seeds, while which weights sample which group follows timing."
+            "seed. A max_staleness = 0 setting repeats its completions, rewards and steps "
+            "exactly, its weights to float rounding (a lease's log-probs come from a batched "
+            "forward shaped by the leases it shares); asynchronous ones repeat their prompts and "
+            "seeds, while which weights sample which group follows timing."
         ),
     ] = 0,
     config: ConfigOpt = None,

@@ -27,7 +27,8 @@ def test_figures_come_from_the_step_records_and_the_command_start():
     vs_loop = bench_module()
     t0 = 1000.0
     records = [{"step": 1, "unix_time": 1010.0}, {"step": 2, "unix_time": 1011.0, "other": 1}]
-    records += [{"step": 3, "unix_time": 1012.0, "heldout_accuracy": 0.5}]
+    records[1] |= {"round_trip_s": 0.03, "gen_s": 0.02}
+    records += [{"step": 3, "unix_time": 1012.0, "heldout_accuracy": 0.5, "round_trip_s": 0.05}]
     records += [{"step": 4, "unix_time": 1013.0, "heldout_accuracy": 0.56}]
     records += [{"step": 5, "unix_time": 1014.0, "heldout_accuracy": 0.54}]
     got = vs_loop.figures(records, t0, 1020.0, 0.55)
@@ -36,6 +37,8 @@ def test_figures_come_from_the_step_records_and_the_command_start():
     assert got["t55_s"] == pytest.approx(13.0)  # the first evaluation at or above the threshold
     assert got["final_acc"] == 0.54
     assert got["command_s"] == pytest.approx(20.0)
+    assert got["round_trip_s"] == pytest.approx(0.04)  # the median of the steps that have one
+    assert got["gen_s"] == pytest.approx(0.02)
     assert vs_loop.figures(records, t0, 1020.0, 0.6)["t55_s"] is None
 
 
@@ -54,6 +57,10 @@ def test_ratios_and_medians_treat_a_threshold_never_reached_as_infinite():
     assert res["async_over_loop_t55"] is None
     assert res["sync_s_per_step"] is None
     assert res["sync_over_loop_step"] is None
+    assert res["sync_round_trip_beyond_gen_ms"] is None
+    runs[0]["gen_s"] = 0.02
+    runs.append({"kind": "sync", "round_trip_s": 0.035})
+    assert vs_loop.summarise(runs)["sync_round_trip_beyond_gen_ms"] == pytest.approx(15.0)
 
 
 @pytest.mark.slow
@@ -75,4 +82,6 @@ def test_a_short_run_of_every_side_writes_the_stable_keys(tmp_path: Path):
     for key in ("async_over_loop_step", "sync_over_loop_step", "async_over_loop_t55"):
         assert res[key] > 0
     assert (res["trl_s_per_step"] is not None) == has_trl
+    assert res["sync_round_trip_s"] > 0
+    assert res["loop_gen_s"] > 0
     assert [r["steps"] for r in res["runs"]] == [10] * len(res["runs"])
