@@ -346,7 +346,14 @@ def launch(
         str | None, typer.Option("--run-dir", help="Run directory (default: runs/TIMESTAMP).")
     ] = None,
     steps: Annotated[int | None, typer.Option(help="run.steps: optimizer steps to take.")] = None,
-    producers: Annotated[int, typer.Option(help="Producer processes to start.")] = 2,
+    producers: Annotated[
+        int | None,
+        typer.Option(
+            help="Producer processes to start (default: hf producers by the cores rule, "
+            "printed at start; 2 for other engines).",
+            min=1,
+        ),
+    ] = None,
     engine: Annotated[str | None, typer.Option(help="producer.engine: hf, vllm or fake.")] = None,
     max_staleness: Annotated[
         int | None, typer.Option(help="staleness.max_staleness (0 = synchronous).")
@@ -379,6 +386,8 @@ def launch(
     out = make_run_dir(cfg, force)
     from launch import local
 
+    cfg, producers = _split_cores(cfg, config, set_, producers)
+
     model_dir = None
     if not cfg.train.simulate_step_s:
         typer.echo(
@@ -402,6 +411,47 @@ def launch(
     for path in write_report(out):
         typer.echo(f"wrote {path}", err=True)
     raise typer.Exit(code)
+
+
+def _given_keys(config: Path | None, sets: list[str] | None) -> set[str]:
+    """`section.key` names set by the user's config file (not the built-in demo's) or --set."""
+    import tomllib
+
+    data = tomllib.loads(config.read_text()) if config is not None else {}
+    keys = {f"{sec}.{k}" for sec, table in data.items() if isinstance(table, dict) for k in table}
+    return keys | {item.partition("=")[0].strip() for item in sets or []}
+
+
+def _split_cores(
+    cfg: C.Config, config: Path | None, sets: list[str] | None, producers: int | None
+) -> tuple[C.Config, int]:
+    """Producers and torch threads by the cores rule (launch/cores.py) for hf producers, the
+    user's choices kept; prints the split. Other engines: 2 producers unless given."""
+    if cfg.producer.engine != "hf":
+        return cfg, producers or 2
+    from launch import cores
+
+    given = _given_keys(config, sets) & set(cores.KEYS)
+    chosen = cores.plan(
+        cores.usable_cores(),
+        max_staleness=cfg.staleness.max_staleness,
+        prompts_per_step=cfg.train.prompts_per_step,
+        producers=producers,
+    )
+    values = {
+        "model.torch_threads": chosen.learner_threads,
+        "producer.torch_threads": chosen.producer_threads,
+        "producer.max_in_flight": chosen.max_in_flight,
+    }
+    cfg = C.override(cfg, {k: v for k, v in values.items() if k not in given})
+    shown = cores.CorePlan(
+        chosen.cores, chosen.producers, cfg.model.torch_threads, cfg.producer.torch_threads,
+        cfg.producer.max_in_flight,
+    )  # fmt: skip
+    typer.echo(
+        cores.describe(shown, given=given | ({"producers"} if producers else set())), err=True
+    )
+    return cfg, chosen.producers
 
 
 def _evaluate_run(run_dir: Path, model_dir: Path) -> None:
@@ -542,6 +592,7 @@ def stress(
         staleness=_ints(max_staleness, "--max-staleness"),
         producers=_ints(producers, "--producers"),
         is_modes=modes, engine=engine, steps=steps, scenario=scenario,
+        given=frozenset(_given_keys(config, set_)),
     )  # fmt: skip
     for r in rows:
         typer.echo(

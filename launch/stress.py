@@ -78,13 +78,21 @@ def is_overrides(is_mode: str) -> dict[str, object]:
 
 
 def build_config(
-    base: C.Config, *, ms: int, is_mode: str, engine: str, steps: int, sc: Scenario, run_dir: Path
+    base: C.Config,
+    *,
+    ms: int,
+    is_mode: str,
+    engine: str,
+    steps: int,
+    sc: Scenario,
+    run_dir: Path,
+    threads: dict[str, int] | None = None,
 ) -> C.Config:
     values: dict[str, object] = {
         "staleness.max_staleness": ms, "staleness.publish_every": 1, "run.steps": steps,
         "run.seed": sc.seed, "run.dir": run_dir, "net.control_port": 0,
         "snapshot.delay_s": sc.publish_delay_s, "producer.max_in_flight": sc.max_in_flight,
-        **is_overrides(is_mode),
+        **is_overrides(is_mode), **(threads or {}),
     }  # fmt: skip
     if engine == "fake":
         values |= {
@@ -120,17 +128,32 @@ def run_sweep(
     steps: int,
     scenario: Scenario,
     live: bool = False,
+    given: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
-    from launch import local
+    """Run every setting. With the demo engine, the learner's and producers' torch threads
+    follow the cores rule (launch/cores.py) for each producer count, unless `given`."""
+    from launch import cores, local
 
     rows = []
     for ms, n, is_mode in itertools.product(staleness, producers, is_modes):
         name = setting_name(ms, n, is_mode)
         run_dir = out / "runs" / name
         run_dir.mkdir(parents=True, exist_ok=True)
+        threads = None
+        if engine == "demo":
+            split = cores.plan(
+                cores.usable_cores(), max_staleness=ms,
+                prompts_per_step=base.train.prompts_per_step, producers=n,
+            )  # fmt: skip
+            rule = {
+                "model.torch_threads": split.learner_threads,
+                "producer.torch_threads": split.producer_threads,
+            }
+            threads = {k: v for k, v in rule.items() if k not in given}
         cfg = build_config(
-            base, ms=ms, is_mode=is_mode, engine=engine, steps=steps, sc=scenario, run_dir=run_dir
-        )
+            base, ms=ms, is_mode=is_mode, engine=engine, steps=steps, sc=scenario,
+            run_dir=run_dir, threads=threads,
+        )  # fmt: skip
         C.validate(cfg)
         C.write(cfg, run_dir / "config.toml")
         code = local.run(

@@ -1,0 +1,46 @@
+"""The cores rule: how launch splits the usable cores between the learner and hf producers."""
+
+from __future__ import annotations
+
+import pytest
+
+from common import config as C
+from launch import cli, cores
+
+
+@pytest.mark.parametrize(
+    ("n", "producers", "learner", "threads"),
+    [(1, 1, 1, 1), (2, 1, 1, 1), (3, 1, 2, 1), (4, 1, 2, 2), (8, 2, 4, 2), (16, 4, 8, 2)],
+)
+def test_the_learner_takes_half_and_producers_share_the_rest_two_cores_each(
+    n, producers, learner, threads
+):
+    got = cores.plan(n, max_staleness=2, prompts_per_step=8)
+    assert (got.cores, got.producers, got.learner_threads, got.producer_threads) == (
+        n, producers, learner, threads,
+    )  # fmt: skip
+    assert got.max_in_flight * got.producers >= 3 * 8  # every lease the bound allows is held
+
+
+def test_a_given_producer_count_splits_the_leases_and_the_threads():
+    got = cores.plan(8, max_staleness=0, prompts_per_step=8, producers=3)
+    assert (got.producers, got.producer_threads, got.max_in_flight) == (3, 1, 3)
+
+
+def test_launch_keeps_what_the_user_gave_and_says_so(capsys):
+    sets = ["producer.max_in_flight=5"]
+    base = C.load(cli.DEMO_CONFIG, sets)
+    cfg, n = cli._split_cores(base, None, sets, None)
+    line = capsys.readouterr().err
+    assert cfg.producer.max_in_flight == 5
+    assert "5 leases in flight each (given)" in line
+    assert f"cores: {cores.usable_cores()} usable" in line
+    assert n == cores.plan(cores.usable_cores(), max_staleness=2, prompts_per_step=8).producers
+    _, n = cli._split_cores(base, None, None, 3)
+    assert n == 3
+    assert "3 producers (given)" in capsys.readouterr().err
+
+
+def test_other_engines_keep_two_producers_and_their_threads():
+    base = C.load(cli.DEMO_CONFIG, ["producer.engine=fake"])
+    assert cli._split_cores(base, None, None, None) == (base, 2)
