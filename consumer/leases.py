@@ -265,14 +265,17 @@ class LeaseBook:
         ]
         return [self.finalize(i, "expired", reason="timeout") for i in doomed]
 
-    def reconcile(self, producer_id: str, held: set[int]) -> list[LeaseRecord]:
-        """A producer (re)registered holding `held`: its other undelivered leases are lost."""
+    def reconcile(
+        self, producer_id: str, held: set[int], *, reason: str = "not held"
+    ) -> list[LeaseRecord]:
+        """A producer (re)registered or left holding `held`: its other undelivered leases are
+        lost (expired with `reason`)."""
         doomed = [
             r.lease_id
             for r in self.open.values()
             if r.producer_id == producer_id and r.state == "issued" and r.lease_id not in held
         ]
-        return [self.finalize(i, "expired", reason="not held") for i in doomed]
+        return [self.finalize(i, "expired", reason=reason) for i in doomed]
 
     def expire_all(self, reason: str) -> list[LeaseRecord]:
         """Shutdown: every open lease ends as expired (its prompt goes back to the queue)."""

@@ -590,7 +590,10 @@ class Server:
                 view.num_in_flight, view.counters = msg.num_in_flight, dict(msg.counters)
         if isinstance(msg, wire.Goodbye):
             self._unpark(msg.producer_id)
-            self._book.reconcile(msg.producer_id, set(msg.held_leases))
+            # after the end of the run a producer drops the leases it was running: they end
+            # as the shutdown ends every open lease, whichever comes first
+            reason = "not held" if self.accepting else "shutdown"
+            self._book.reconcile(msg.producer_id, set(msg.held_leases), reason=reason)
             with self._lock:
                 view.state, view.last_seen, view.ended_at = "left", float("inf"), now
             return wire.StatusReply(msg.req, self._status(msg.producer_id))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -287,3 +288,19 @@ def test_producers_waiting_together_share_the_leases_that_free_up(server, tmp_pa
     assert counts == {"a": 2, "b": 2, "c": 1}  # one each in turn: not all five to a
     for sock in socks.values():
         sock.close(linger=0)
+
+
+def test_leases_a_producer_drops_at_the_end_of_the_run_end_as_shutdown(server, tmp_path):
+    srv, ctx = server
+    a = _connect(srv, ctx, "a")
+    srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))
+    (lease,) = _request(a, wire.LeaseRequest(2, "a", 1, 0)).leases
+    srv.stop_granting()  # the producer hears it and leaves without running its lease
+    assert _request(a, wire.Goodbye(3, "a", ())).status.finished
+    srv.flush_ledger()
+    (record,) = [json.loads(x) for x in (tmp_path / "leases.jsonl").read_text().splitlines()]
+    assert (record["lease_id"], record["state"], record["reason"]) == (
+        lease.lease_id, "expired", "shutdown",
+    )  # fmt: skip
+    assert srv.balance()["ok"] == 1
+    a.close(linger=0)
