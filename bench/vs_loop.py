@@ -26,6 +26,8 @@ lines), times in seconds:
   evaluates the start and final models on the whole held-out split and draws plots);
 - cpu_s: CPU seconds (user + system) the command and every process it started used, start-up
   and evaluations included: the work, whatever else shares the machine.
+- startup (async, sync; in `runs` only): command start -> the consumer listening, the first
+  producer registered, the first producer holding weights (from the processes' logs);
 - round_trip_s (async, sync): median over steps of the learner's `round_trip_s`, the previous
   optimizer step's end -> the step's first admitted group (for sync: publish, reload, lease,
   one generation, send); gen_s (loop): median of one generation, the step's first batched
@@ -105,6 +107,29 @@ def figures(records: list[dict[str, Any]], t0: float, t_end: float, threshold: f
     }
 
 
+_PHASES = (  # (figure, log file glob, text of the first line that marks it)
+    ("consumer_listening_s", "consumer.log", " listening on "),
+    ("producer_registered_s", "producer-*.log", "registered as "),
+    ("producer_weights_s", "producer-*.log", "loaded weights v"),
+)
+
+
+def startup_phases(work: Path, t0: float) -> dict[str, float | None]:
+    """Command start -> the first log line of each start-up phase of a `launch` run (seconds),
+    from the processes' log timestamps (local time, millisecond resolution)."""
+    out: dict[str, float | None] = {}
+    for name, pattern, text in _PHASES:
+        stamps = []
+        for path in work.glob(pattern):
+            for line in path.read_text(errors="replace").splitlines():
+                if text in line:
+                    stamp = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+                    stamps.append(stamp + int(line[20:23]) / 1000)
+                    break
+        out[name] = min(stamps) - t0 if stamps else None
+    return out
+
+
 def run_one(kind: str, seed: int, a: argparse.Namespace, root: Path) -> dict[str, Any]:
     work = root / f"{kind}-seed{seed}"
     work.mkdir(parents=True)
@@ -121,6 +146,8 @@ def run_one(kind: str, seed: int, a: argparse.Namespace, root: Path) -> dict[str
         raise RuntimeError(f"{kind} (seed {seed}) exited {code}: {' '.join(cmd)}\n{tail}")
     lines = records_path(kind, work).read_text().splitlines()
     out = figures([json.loads(x) for x in lines if x.strip()], t0, t_end, a.threshold)
+    if kind in ("async", "sync"):
+        out["startup"] = startup_phases(work, t0)
     return out | {"kind": kind, "seed": seed, "load_avg_1min": load, "cpu_s": cpu_s}
 
 

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -85,3 +86,23 @@ def test_a_short_run_of_every_side_writes_the_stable_keys(tmp_path: Path):
     assert res["sync_round_trip_s"] > 0
     assert res["loop_gen_s"] > 0
     assert [r["steps"] for r in res["runs"]] == [10] * len(res["runs"])
+
+
+def test_startup_phases_come_from_the_first_matching_log_line_of_any_process(tmp_path: Path):
+    vs_loop = bench_module()
+    (tmp_path / "consumer.log").write_text(
+        "2026-11-23 18:07:14,746 consumer INFO learner attention: padded\n"
+        "2026-11-23 18:07:15,250 consumer INFO consumer x listening on tcp://127.0.0.1:1 (run d)\n"
+    )
+    (tmp_path / "producer-p1.log").write_text(
+        "2026-11-23 18:07:16,000 producer INFO registered as p1 with consumer run x\n"
+        "2026-11-23 18:07:18,500 producer INFO loaded weights v0\n"
+    )
+    (tmp_path / "producer-p2.log").write_text(
+        "2026-11-23 18:07:15,900 producer INFO registered as p2 with consumer run x\n"
+    )
+    t0 = time.mktime(time.strptime("2026-11-23 18:07:10", "%Y-%m-%d %H:%M:%S"))
+    got = vs_loop.startup_phases(tmp_path, t0)
+    assert got["consumer_listening_s"] == pytest.approx(5.25)
+    assert got["producer_registered_s"] == pytest.approx(5.9)  # the first of the producers
+    assert got["producer_weights_s"] == pytest.approx(8.5)
