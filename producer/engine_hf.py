@@ -54,6 +54,7 @@ Invariants (besides the contract in producer/engine.py):
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import queue
 import threading
@@ -73,6 +74,18 @@ from producer.engine import Completion, SamplingParams
 from producer.hf_batch import Batch, Request
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def import_for(model_dir: Path) -> None:
+    """Import what building this engine and its tokenizer for `model_dir` will need, without
+    building anything: transformers imports a model type's configuration, modeling and
+    tokenizer modules at first use (~2 s of CPU for Llama here), so a producer calls this while
+    its consumer is still starting, not after registering."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(model_dir))]  # imports it
+    importlib.import_module("transformers.tokenization_utils_fast")
 
 
 def eos_ids(model: Any) -> set[int]:

@@ -617,14 +617,17 @@ def _log_tasks() -> None:
 async def main(cfg: Config) -> int:
     """Run one producer until the consumer says it is finished or a signal arrives."""
     if cfg.producer.engine == "hf":
-        import importlib
-
         import torch
 
-        importlib.import_module("producer.engine_hf")  # now, while the consumer may be starting
+        from producer.engine_hf import import_for
 
         if cfg.producer.torch_threads:
             torch.set_num_threads(cfg.producer.torch_threads)
+        # the model this producer expects to be told (its own, or the run's when local), its
+        # modules imported now, while the consumer may still be starting
+        expected = Path(cfg.producer.model or cfg.model.path)
+        if (expected / "config.json").is_file():
+            import_for(expected)
     cfg = await resolve_connect(cfg)
     ctx = zmq.asyncio.Context()
     producer = Producer(cfg, ctx)
