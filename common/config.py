@@ -41,6 +41,7 @@ ReduceDtype = Literal["float32", "bfloat16"]
 LearnerAttention = Literal["auto", "flash", "flex", "sdpa_packed", "padded"]
 TaskSource = Literal["synthetic", "jsonl"]
 PromptFormat = Literal["raw", "chat"]
+EvalMode = Literal["greedy", "sampled"]
 AdvScale = Literal["group", "batch", "none"]
 TISLevel = Literal["token", "sequence"]
 TISMode = Literal["truncate", "mask"]
@@ -86,6 +87,16 @@ class RunConfig:
         False,
         "Continue from the run directory's checkpoint (model, optimizer, RNG, cursor, ledger).",
     )
+    wait_for_producers: int = _f(
+        0,
+        "Grant no lease (and start no clock) until this many producers are registered and hold "
+        "the run's first snapshot (0 = start with whoever comes).",
+    )
+    wait_for_producers_s: float = _f(
+        600.0,
+        "Give up after this long waiting for wait_for_producers (the consumer exits with the "
+        "count it got; 0 = wait for ever).",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +129,15 @@ class TaskConfig:
     prompt_format: PromptFormat = _f("raw", "raw text, or the tokenizer's chat template.")
     shuffle: bool = _f(True, "Shuffle prompt order each epoch (seeded).")
     epochs: int = _f(0, "Passes over the prompts (0 = unlimited).")
+    eval_path: str = _f(
+        "",
+        "Held-out JSONL (fields as task.path) that `asyncgrpo stress` scores each setting's "
+        "model on with rewards.fns; empty = none (the synthetic task has its own held-out split).",
+    )
+    eval_mode: EvalMode = _f(
+        "greedy",
+        "eval_path completions: greedy, or one sample per prompt at sampling.temperature.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +329,12 @@ class ProducerConfig:
         0.0, "Stress testing: stall once after this many seconds (0 = never)."
     )
     stall_s: float = _f(0.0, "Stress testing: length of that stall.")
+    follow: bool = _f(
+        False,
+        "When a run finishes, wait for the next consumer at net.connect (up to "
+        "net.consumer_timeout_s) and serve it too, keeping the engine if the model is the same "
+        "(producers started once for a whole `asyncgrpo stress --external-producers` sweep).",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -653,6 +679,10 @@ def problems(cfg: Config) -> list[str]:
     )
     need(cfg.producer.max_in_flight >= 1, "producer.max_in_flight must be >= 1")
     need(cfg.dist.timeout_s > 0, "dist.timeout_s must be > 0")
+    need(
+        cfg.run.wait_for_producers >= 0 and cfg.run.wait_for_producers_s >= 0,
+        "run.wait_for_producers and run.wait_for_producers_s must be >= 0",
+    )
     need(
         1 <= cfg.fake.min_tokens <= cfg.fake.max_tokens,
         "fake.min_tokens must be in [1, fake.max_tokens]",

@@ -9,6 +9,10 @@ this (main) thread runs the training loop and never touches a socket. One step:
     → trainer.step → version += 1 → leases finalized as trained → snapshot every publish_every
     → one metrics.jsonl line → checkpoint every checkpoint_every steps.
 
+Start: the first snapshot (version 0) is published; with `run.wait_for_producers = N` no lease is
+granted, and the clock of `metrics.jsonl` (`time_s`) does not start, until N producers are
+registered and hold it (a sweep's settings then start alike, however long engines take to load).
+
 Shutdown (steps reached, SIGINT or SIGTERM): stop granting, publish a final snapshot, save a
 checkpoint, end every open lease as expired (its prompt is re-queued in the checkpoint), write
 the ledger, check that it balances, then keep answering for a few heartbeats until every producer
@@ -100,6 +104,7 @@ class Learner:
         self.server = Server(
             cfg, self.ctx, prompts=make_source(cfg.task, seed=cfg.run.seed), spec=spec,
             run_dir=run_dir, keys=keys, policy_version=self.version, book_state=book_state,
+            hold_grants=cfg.run.wait_for_producers > 0,
         )  # fmt: skip
         self.run_id = self.server.run_id
         if cfg.run.resume:
@@ -140,9 +145,10 @@ class Learner:
             self.run_dir,
         )
         self._publish(wait=True)
-        t_start = last = time.perf_counter()
         steps = self.cfg.run.steps or 1 << 62
         try:
+            self._wait_for_producers()
+            t_start = last = time.perf_counter()
             while self.version < steps and not self.stop_event.is_set():
                 got = self._collect()
                 if got is None:
@@ -159,6 +165,36 @@ class Learner:
                 self.stop_asked = time.monotonic()
             self.shutdown()
         return 0
+
+    def _wait_for_producers(self) -> None:
+        """Hold every lease until run.wait_for_producers producers hold the first snapshot
+        (logged every 30 s); a `ConfigError` naming the key after run.wait_for_producers_s."""
+        need, limit_s = self.cfg.run.wait_for_producers, self.cfg.run.wait_for_producers_s
+        if need <= 0:
+            return
+        log.info("waiting for %d producers to register and load the first snapshot", need)
+        t0 = last_line = time.monotonic()
+        while not self.stop_event.is_set():
+            ready = self.server.ready_producers()
+            if len(ready) >= need:
+                hosts = sorted({f"{p}@{h}" for p, h in ready.items()})
+                log.info("%d producers ready (%s): starting", len(ready), ", ".join(hosts))
+                break
+            self.server.check()
+            now = time.monotonic()
+            if limit_s and now - t0 > limit_s:
+                raise config_mod.ConfigError(
+                    f"only {len(ready)} of run.wait_for_producers = {need} producers were ready "
+                    f"within run.wait_for_producers_s = {limit_s:g} s "
+                    f"({', '.join(sorted(ready)) or 'none'}): are they started, pointed at this "
+                    "consumer (--connect) and given its keys?"
+                )
+            if now - last_line > 30:
+                last_line = now
+                names = ", ".join(sorted(ready))
+                log.info("%d of %d producers ready (%s)", len(ready), need, names)
+            time.sleep(0.1)
+        self.server.open_grants()
 
     def _collect(self) -> Collected | None:
         """Admitted groups for the step at the current version (None when asked to stop)."""

@@ -34,6 +34,9 @@ Invariants:
   serving them costs one lease-book query when nothing is free, whatever their number.
 - Calls from other threads wake the loop at once (a socket pair in its poller), so the training
   thread never waits out a poll timeout.
+- Built with `hold_grants`, the server grants no lease until `open_grants()` (the learner waits
+  for `run.wait_for_producers` ready producers first: `ready_producers`).
+- `ledger.json` names the host of every producer that held a lease (`hosts`).
 """
 
 from __future__ import annotations
@@ -143,6 +146,7 @@ class Server:
         keys: Keys | None,
         policy_version: int = 0,
         book_state: dict[str, Any] | None = None,
+        hold_grants: bool = False,
     ) -> None:
         self.cfg, self.prompts = cfg, prompts
         self.snapshot_root, self.run_dir = run_dir / "snapshots", run_dir
@@ -191,6 +195,8 @@ class Server:
         self.policy_version = policy_version
         self.snapshot: wire.SnapshotInfo | None = None
         self.accepting = True  # False once the learner needs no more groups
+        self.granting = not hold_grants  # False until open_grants() when held
+        self._hosts: dict[str, str] = {}  # producer id -> host it registered from
         self.told_finished: set[str] = set()  # producers whose last reply said finished
         self.counters: Counter[str] = Counter()
         self._fanout = FanOut(
@@ -272,6 +278,22 @@ class Server:
             self.accepting = False
 
         self._call(stop).result()
+
+    def open_grants(self) -> None:
+        """Start granting leases (a server built with `hold_grants`)."""
+
+        def start() -> None:
+            self.granting = True
+
+        self._call(start).result()
+
+    def ready_producers(self) -> dict[str, str]:
+        """Producers registered and holding this run's newest snapshot ("idle" or "generating"
+        in their last heartbeat), as {producer id: host}."""
+        with self._lock:
+            return {
+                p: v.host for p, v in self.producers.items() if v.state in ("idle", "generating")
+            }
 
     def announce_snapshot(self, info: wire.SnapshotInfo) -> None:
         """A new snapshot is complete on disk: serve it and announce it."""
@@ -455,6 +477,8 @@ class Server:
                 del self.producers[p]
             self.counters["expired"] += len(expired)
         for p in forget:
+            if p not in self._book.by_producer:
+                self._hosts.pop(p, None)
             self._book.forget_acks(p)
             self._identities.forget(p)
             self.told_finished.discard(p)
@@ -559,6 +583,7 @@ class Server:
                 self.producers[msg.producer_id] = ProducerView(
                     msg.host, msg.pid, msg.engine, msg.loaded_version, last_seen=now
                 )
+            self._hosts[msg.producer_id] = msg.host
             self._book.reconcile(msg.producer_id, set(msg.held_leases))
             self._unpark(msg.producer_id)
             log.info(
@@ -671,7 +696,7 @@ class Server:
         self, msg: wire.LeaseRequest, now: float, limit: int = 1024
     ) -> tuple[wire.Lease, ...]:
         """Up to `min(msg.max_leases, limit)` new leases for `msg`'s producer (maybe none)."""
-        if not self.accepting or self.snapshot is None:
+        if not self.accepting or not self.granting or self.snapshot is None:
             return ()
         records = self._book.grant(
             msg.producer_id,
@@ -727,6 +752,7 @@ class Server:
         summary = {
             "balance": self._book.balance(),
             "by_producer": {p: dict(c) for p, c in self._book.by_producer.items()},
+            "hosts": {p: self._hosts.get(p, "") for p in self._book.by_producer},
             "counters": dict(self.counters),
             "policy_version": self.policy_version,
         }
