@@ -290,6 +290,14 @@ def producer(
         str | None, typer.Option("--id", help="producer.id: name in logs and ledger.")
     ] = None,
     device: Annotated[str | None, typer.Option(help="producer.device for the hf engine.")] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            help="producer.follow: after a run, serve the next consumer at the same address "
+            "(a sweep's --external-producers).",
+        ),
+    ] = False,
     keys: KeysOpt = None,
     insecure: InsecureOpt = False,
     log_file: Annotated[Path | None, typer.Option(help="Also log to this file.")] = None,
@@ -301,6 +309,7 @@ def producer(
         "producer.model": model,
         "producer.max_in_flight": max_in_flight, "producer.id": producer_id,
         "producer.device": device, "net.keys_dir": keys, "net.insecure": insecure or None,
+        "producer.follow": follow or None,
     }  # fmt: skip
     cfg = load_config(config, set_, flags)
     if cfg.producer.model == "demo":  # the embedded demo model, built on this host

@@ -20,11 +20,14 @@ closes every socket and the engine:
   1 s) before asking again, and sooner when a newer snapshot is announced, so a starved
   producer sends about one request per `net.lease_wait_s`, not one per round trip.
 
-Ending: the consumer says `finished` in its replies (the run is over: exit 0), or a signal
-arrives (goodbye, exit 0), or the consumer has not answered for `net.consumer_timeout_s`: then
-`ConsumerLost` ends the producer with one clear line and exit code 3, whatever it was doing, so
-no producer outlives its consumer for long (a consumer that restarts with `--resume` within that
-time is rejoined).
+Ending: the consumer says `finished` in its replies (the run is over: exit 0; with
+`producer.follow`, wait for the next consumer at the same address instead, up to
+`net.consumer_timeout_s`, skipping a consumer that is still saying its run is finished, and serve
+that run with a fresh session: the engine is kept when the model is the same, and weights are
+taken only from the new run's snapshots), or a signal arrives (goodbye, exit 0), or the
+consumer has not answered for `net.consumer_timeout_s`: then `ConsumerLost` ends the producer
+with one clear line and exit code 3, whatever it was doing, so no producer outlives its consumer
+for long (a consumer that restarts with `--resume` within that time is rejoined).
 
 Invariants: a lease starts generating only once the loaded weights are at least its
 `min_version` (the staleness bound by construction); every finished group stays in the outbox
@@ -80,6 +83,9 @@ def lease_seed(run_seed: int, lease_id: int) -> int:
     samples the same completions from the same weights (what makes a synchronous run, and the
     prompts and seeds of an asynchronous one, repeatable)."""
     return int(np.random.SeedSequence([run_seed, lease_id]).generate_state(1)[0]) & ((1 << 30) - 1)
+
+
+KeptEngine = tuple[tuple[str, int], Engine]  # ((model dir, vocab size), engine) between runs
 
 
 class ConsumerLost(Exception):
@@ -149,8 +155,12 @@ class Producer:
     """One producer process's state and tasks. `session` is None until `prepare` returns (the
     heartbeat runs meanwhile and reports "starting"); the tasks that need it are given it."""
 
-    def __init__(self, cfg: Config, ctx: zmq.asyncio.Context) -> None:
+    def __init__(
+        self, cfg: Config, ctx: zmq.asyncio.Context, *, kept: KeptEngine | None = None
+    ) -> None:
         self.cfg, self.ctx = cfg, ctx
+        self.kept = kept  # a previous run's engine (producer.follow), reused if it fits
+        self.engine_key: tuple[str, int] | None = None  # (model dir, vocab size) of the engine
         pid = os.getpid()
         self.state = State(cfg.producer.id or f"{socket.gethostname()}-{pid}")
         self.keys = load_keys(cfg.net.keys_dir, "client") if cfg.net.keys_dir else None
@@ -187,15 +197,18 @@ class Producer:
             0, self.state.producer_id, socket.gethostname(), os.getpid(), self.cfg.producer.engine,
             s.engine.version if s else -1, held,
         )  # fmt: skip
-        deadline = time.monotonic() + self.cfg.net.handshake_timeout_s
+        net, follow = self.cfg.net, self.cfg.producer.follow
+        wait_s = (net.consumer_timeout_s or float("inf")) if follow else net.handshake_timeout_s
+        deadline = time.monotonic() + wait_s
         while True:
             try:
                 reply = await self.control.request(msg, timeout_s=min(_REQUEST_TIMEOUT_S, 2.0))
             except TimeoutError:
                 if time.monotonic() > deadline:
+                    key = "net.consumer_timeout_s" if follow else "net.handshake_timeout_s"
                     raise ConfigError(
-                        f"no answer from the consumer at net.connect = {self.cfg.net.connect!r} "
-                        f"within net.handshake_timeout_s = {self.cfg.net.handshake_timeout_s} s "
+                        f"no answer from the consumer at net.connect = {net.connect!r} "
+                        f"within {key} = {wait_s:g} s "
                         "(is it running, and are the address and keys right?)"
                     ) from None
                 continue
@@ -208,6 +221,11 @@ class Producer:
                     "(producer.id), or wait until that producer is gone"
                 ) from None
             assert isinstance(reply, wire.Welcome), reply
+            if follow and reply.status.finished and not self.state.run_id:
+                # the previous run's consumer, still telling producers it is over: wait for
+                # the next one at this address
+                await asyncio.sleep(net.heartbeat_s)
+                continue
             self._on_status(reply.status)
             return reply
 
@@ -238,15 +256,24 @@ class Producer:
                 "directory on this producer's host: pass --model with a local copy of the "
                 "learner's model (--model demo when the consumer trains the embedded demo)"
             )
+        self.engine_key = (str(model_dir), spec.vocab_size)
+        engine: Engine | None = None
+        if self.kept is not None:  # the previous run's engine (producer.follow)
+            key, engine = self.kept
+            self.kept = None
+            if key != self.engine_key:
+                await engine.close()
+                engine = None
         try:
             codec = PromptCodec(model_dir, spec.prompt_format, vocab_size=spec.vocab_size)
-            engine = await asyncio.to_thread(
-                make_engine,
-                self.cfg,
-                model_dir=model_dir,
-                vocab_size=spec.vocab_size,
-                seed=self.rng.randrange(1 << 30),
-            )
+            if engine is None:
+                engine = await asyncio.to_thread(
+                    make_engine,
+                    self.cfg,
+                    model_dir=model_dir,
+                    vocab_size=spec.vocab_size,
+                    seed=self.rng.randrange(1 << 30),
+                )
         except (OSError, ValueError, RuntimeError, ImportError) as exc:  # a model that won't load
             raise ConfigError(
                 f"cannot load the model {str(model_dir)!r} ({whose}) on this producer's host: "
@@ -590,15 +617,21 @@ class Producer:
         with contextlib.suppress(TimeoutError, Rejected):
             await self.control.request(wire.Goodbye(0, self.state.producer_id, held), timeout_s=2.0)
 
-    async def close(self) -> None:
+    async def close(self, *, keep_engine: bool = False) -> KeptEngine | None:
+        """Close sockets, rewards and (unless kept for a next run) the engine; the kept one."""
+        kept = None
         if self.session is not None:
             self.session.rewards.close()
-            await self.session.engine.close()
+            if keep_engine and self.engine_key is not None:
+                kept = (self.engine_key, self.session.engine)
+            else:
+                await self.session.engine.close()
             self.session.outbox.sock.close(linger=0)
         self.control.close()
         if self.relay is not None:
             self.relay.close()
         shutil.rmtree(self.cache, ignore_errors=True)
+        return kept
 
 
 def _first_line(exc: BaseException) -> str:
@@ -615,7 +648,8 @@ def _log_tasks() -> None:
 
 
 async def main(cfg: Config) -> int:
-    """Run one producer until the consumer says it is finished or a signal arrives."""
+    """Run one producer until the consumer says it is finished or a signal arrives; with
+    `producer.follow`, go on to the next consumer's run at the same address after each."""
     if cfg.producer.engine == "hf":
         import torch
 
@@ -630,15 +664,37 @@ async def main(cfg: Config) -> int:
             import_for(expected)
     cfg = await resolve_connect(cfg)
     ctx = zmq.asyncio.Context()
-    producer = Producer(cfg, ctx)
     loop = asyncio.get_running_loop()
     current = asyncio.current_task()
     assert current is not None
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, current.cancel)
     loop.add_signal_handler(signal.SIGUSR1, _log_tasks)  # `kill -USR1 PID`: where is it waiting?
+    kept: KeptEngine | None = None
+    try:
+        while True:
+            producer = Producer(cfg, ctx, kept=kept)
+            code, kept = await serve_run(producer, current)
+            if kept is None:
+                return code
+            log.info(
+                "run %s finished: waiting for the next consumer at %s (producer.follow)",
+                producer.state.run_id,
+                cfg.net.connect,
+            )
+    finally:
+        if kept is not None:
+            await kept[1].close()
+        ctx.term()
+
+
+async def serve_run(
+    producer: Producer, current: asyncio.Task[int]
+) -> tuple[int, KeptEngine | None]:
+    """One consumer's run: (exit code, the engine kept for the next run when the run finished
+    and `producer.follow` is on)."""
     reader = asyncio.create_task(producer.control.read_replies(), name="replies")
-    code = 0
+    code, finished = 0, False
     try:
         spec = await producer.setup()
         async with asyncio.TaskGroup() as tg:
@@ -651,6 +707,7 @@ async def main(cfg: Config) -> int:
                 *([tg.create_task(producer.relay.serve(), name="relay")] if producer.relay else []),
             ]
             await producer.lease_loop(tg, session)
+            finished = True
             for task in background:
                 task.cancel()
     except asyncio.CancelledError:
@@ -669,6 +726,5 @@ async def main(cfg: Config) -> int:
     finally:
         await producer.goodbye()
         reader.cancel()
-        await producer.close()
-        ctx.term()
-    return code
+        kept = await producer.close(keep_engine=finished and producer.cfg.producer.follow)
+    return code, kept
