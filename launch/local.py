@@ -7,6 +7,8 @@ consumer …`, `… producer …`), each in its own process group and with a par
 - A producer that fails (non-zero exit) while the consumer still runs is restarted under the same
   producer id (the consumer then expires the leases it lost at once), at most `max_restarts`
   times each.
+- Each child may get extra environment variables (`consumer_env`, `producer_env(index)`: the
+  stress sweep's GPU placement through `CUDA_VISIBLE_DEVICES`); the rest is inherited.
 - `stop()` asks the consumer to finish (SIGINT: final step, final snapshot, ledger), waits, then
   ends the producers (SIGTERM, then SIGKILL after a grace period). After `stop()` no child runs.
   A second Ctrl-C to the launcher is passed on to the consumer (it then stops waiting for
@@ -23,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -46,6 +49,7 @@ class Child:
     name: str
     argv: list[str]
     log_path: Path
+    env: dict[str, str] = field(default_factory=dict)  # added to the inherited environment
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
@@ -55,7 +59,11 @@ class Child:
     def start(self) -> None:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+                env={**os.environ, **self.env} if self.env else None,
             )
         self.pids.append(self.proc.pid)
 
@@ -84,12 +92,16 @@ class Supervisor:
         config_path: Path,
         num_producers: int,
         producer_args: Callable[[int], list[str]] | None = None,
+        consumer_env: dict[str, str] | None = None,
+        producer_env: Callable[[int], dict[str, str]] | None = None,
         max_restarts: int = 5,
     ) -> None:
         self.run_dir = run_dir
         self.config_path = config_path
         self.num_producers = num_producers
         self.producer_args = producer_args or (lambda index: [])
+        self.consumer_env = consumer_env or {}
+        self.producer_env = producer_env or (lambda index: {})
         self.max_restarts = max_restarts
         self.consumer: Child | None = None
         self.producers: list[Child] = []
@@ -107,6 +119,7 @@ class Supervisor:
             "consumer",
             self._cli("consumer", "--config", str(self.config_path)),
             self.run_dir / "consumer.stdout.log",
+            env=self.consumer_env,
         )
         self.consumer.start()
         for i in range(self.num_producers):
@@ -115,7 +128,7 @@ class Supervisor:
                 "producer", "--config", str(self.config_path), "--connect-file", str(endpoints),
                 "--id", name, *self.producer_args(i),
             )  # fmt: skip
-            child = Child(name, argv, self.run_dir / f"producer-{name}.log")
+            child = Child(name, argv, self.run_dir / f"producer-{name}.log", self.producer_env(i))
             child.start()
             self.producers.append(child)
         self.record_pids()
@@ -190,11 +203,15 @@ def run(
     num_producers: int,
     live: bool,
     producer_args: Callable[[int], list[str]] | None = None,
+    consumer_env: dict[str, str] | None = None,
+    producer_env: Callable[[int], dict[str, str]] | None = None,
     on_tick: Callable[[Supervisor], None] | None = None,
+    stop_event: threading.Event | None = None,
 ) -> int:
     """Start everything, watch it (restarting producers), stop cleanly; the consumer's code.
 
-    Ctrl-C (SIGINT) or SIGTERM to the launcher ends the run early, the same clean way.
+    Ctrl-C (SIGINT) or SIGTERM to the launcher ends the run early, the same clean way, and so
+    does setting `stop_event` (which a signal sets too, so the caller can tell afterwards).
     """
     from rich.console import Console
     from rich.live import Live
@@ -202,14 +219,15 @@ def run(
     from launch.dashboard import MetricsTail, render, summary_line
 
     sup = Supervisor(
-        run_dir, config_path=config_path, num_producers=num_producers, producer_args=producer_args
-    )
-    stop = {"asked": False}
+        run_dir, config_path=config_path, num_producers=num_producers, producer_args=producer_args,
+        consumer_env=consumer_env, producer_env=producer_env,
+    )  # fmt: skip
+    stop = stop_event if stop_event is not None else threading.Event()
 
     def ask_stop(signum: int, _frame: object) -> None:
-        if stop["asked"] and sup.consumer is not None:  # again: the consumer stops waiting
+        if stop.is_set() and sup.consumer is not None:  # again: the consumer stops waiting
             sup.consumer.signal(signal.SIGINT)  # for producers to hear the end
-        stop["asked"] = True
+        stop.set()
 
     previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     tail = MetricsTail(run_dir / "metrics.jsonl")
@@ -230,7 +248,7 @@ def run(
             else nullcontext()
         )
         with display:
-            while not stop["asked"] and code is None:
+            while not stop.is_set() and code is None:
                 code = sup.tick()
                 tail.poll()
                 if on_tick is not None:
@@ -241,7 +259,7 @@ def run(
                     console.print(summary_line(rec, steps, time.monotonic() - t0), highlight=False)
                 time.sleep(0.25)
     finally:
-        if stop["asked"]:
+        if stop.is_set():
             console.print("stopping: the consumer finishes its step and writes a final snapshot…")
         stopped = sup.stop()
         code = code if code is not None else stopped
