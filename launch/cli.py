@@ -515,6 +515,13 @@ def _ints(text: str, name: str) -> list[int]:
         "`asyncgrpo stress --out runs/sweep --max-staleness 0,1,2,4 --engine fake --steps 30`\n\n"
         "With learning (the demo model; about a minute per setting):\n\n"
         "`asyncgrpo stress --out runs/sweep-demo --engine demo --max-staleness 0,1,2,4 --steps 300`"
+        "\n\nYour own model, task and rewards, three seeds, GPUs 1-3 for producers:\n\n"
+        "`asyncgrpo stress --out runs/mine --config mine.toml --engine vllm --max-staleness 0,2,4 "
+        "--seeds 0,1,2 --learner-gpus 0 --producer-gpus 1,2,3 --target-reward 0.6`\n\n"
+        "Producers on other hosts (each started once: `asyncgrpo producer --follow --connect "
+        "tcp://HOST:5555 --keys DIR`):\n\n"
+        "`asyncgrpo stress --out runs/hosts --config mine.toml --engine vllm "
+        "--external-producers 4 --bind 0.0.0.0:5555 --keys DIR`"
     )
 )
 def stress(
@@ -526,22 +533,67 @@ def stress(
         str,
         typer.Option(help="Comma-separated max_staleness values; 0 is the synchronous baseline."),
     ] = "0,1,2,4",
-    producers: Annotated[str, typer.Option(help="Comma-separated producer counts.")] = "2",
+    producers: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated producer counts (default: 2 on a CPU, one per GPU the learner "
+            "does not use)."
+        ),
+    ] = "",
     is_modes: Annotated[
         str,
         typer.Option(
             "--is",
             help="Comma-separated IS corrections: off, token-truncate, token-mask, "
-            "sequence-truncate, sequence-mask.",
+            "sequence-truncate, sequence-mask (default: the config's loss.tis*).",
         ),
-    ] = "token-truncate",
+    ] = "",
     engine: Annotated[
         str,
         typer.Option(
-            help="fake (scheduling only, no learning) or demo (the embedded model learns)."
+            help="fake (scheduling only, no learning), hf or vllm (the config's model learns), "
+            "demo (hf on the embedded demo config unless --config is given)."
         ),
     ] = "fake",
     steps: Annotated[int, typer.Option(help="Optimizer steps per setting.")] = 30,
+    seeds: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated seeds; every setting runs once per seed (prompt order, "
+            "initialisation, each lease's sampling seed). A max_staleness = 0 setting repeats "
+            "exactly; in asynchronous ones which weights sample which group follows timing."
+        ),
+    ] = "0",
+    target_reward: Annotated[
+        float | None,
+        typer.Option(help="Report the time and steps each setting takes to reach this reward."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Finish an interrupted sweep: skip finished settings.")
+    ] = False,
+    external_producers: Annotated[
+        int,
+        typer.Option(
+            help="Run no producers here: wait for this many `asyncgrpo producer --follow` "
+            "started elsewhere before each setting starts."
+        ),
+    ] = 0,
+    bind: Annotated[
+        str, typer.Option(help="host:port every setting's consumer binds (--external-producers).")
+    ] = "127.0.0.1:5555",
+    learner_gpus: Annotated[
+        str, typer.Option(help="The learner's GPU (default: the first no producer was given).")
+    ] = "",
+    producer_gpus: Annotated[
+        str,
+        typer.Option(
+            help="One producer per listed GPU (list one twice for two); default: every GPU "
+            "but the learner's, or beside the learner on a single GPU."
+        ),
+    ] = "",
+    colocated_memory: Annotated[
+        float, typer.Option(help="vLLM's share of a GPU it shares with the learner.")
+    ] = 0.4,
     gen_s: Annotated[float, typer.Option(help="fake: seconds to generate one group.")] = 0.5,
     step_s: Annotated[float, typer.Option(help="fake: simulated learner step, seconds.")] = 0.5,
     slow: Annotated[
@@ -560,57 +612,72 @@ def stress(
         float, typer.Option(help="Delay every snapshot announcement by this long.")
     ] = 0.0,
     max_in_flight: Annotated[
-        int, typer.Option(help="Leases each producer may hold (the staleness bound caps them too).")
+        int, typer.Option(help="fake: leases each producer may hold (the bound caps them too).")
     ] = 8,
-    seed: Annotated[
-        int,
-        typer.Option(
-            help="Seed of every setting: prompt order, initialisation and each lease's sampling "
-            "seed. A max_staleness = 0 setting repeats its completions, rewards and steps "
-            "exactly, its weights to float rounding (a lease's log-probs come from a batched "
-            "forward shaped by the leases it shares); asynchronous ones repeat their prompts and "
-            "seeds, while which weights sample which group follows timing."
-        ),
-    ] = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
+    keys: KeysOpt = None,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Run a grid of real pipeline runs under different staleness settings and compare them.
 
-    Each setting starts a consumer and producers as processes over ZeroMQ; results.csv has one
-    row per setting (throughput, idle fractions, staleness histogram, drops, TIS statistics,
-    speedup over max_staleness = 0, and accuracy when the demo model learns).
+    Each setting starts a consumer and producers as processes over ZeroMQ on your config (model,
+    task, rewards, loss); results.csv has one row per setting and seed (throughput, idle
+    fractions, staleness histogram, drops, TIS statistics, speedup over max_staleness = 0,
+    reward and held-out score at equal steps and at the synchronous setting's wall-clock, time
+    to --target-reward, placement, hosts). Ctrl-C keeps finished settings; --resume goes on.
     """
-    from launch.stress import IS_MODES, Scenario, run_sweep
+    from launch import stress as S
+    from launch.placement import placements
 
     modes = [m.strip() for m in is_modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in IS_MODES]
+    bad = [m for m in modes if m not in S.IS_MODES]
     if bad:
-        _fail(f"--is: unknown {bad}; choose from {', '.join(IS_MODES)}")
-    if engine not in ("fake", "demo"):
-        _fail("--engine must be fake or demo")
-    base = load_config(config or (DEMO_CONFIG if engine == "demo" else None), set_, {})
-    if engine == "demo":
+        _fail(f"--is: unknown {bad}; choose from {', '.join(S.IS_MODES)}")
+    if engine not in ("fake", "demo", "hf", "vllm"):
+        _fail("--engine must be fake, demo, hf or vllm")
+    kind = "hf" if engine == "demo" else engine
+    flags: dict[str, object] = {"net.keys_dir": keys, "net.insecure": insecure or None}
+    base = load_config(config or (DEMO_CONFIG if kind != "fake" else None), set_, flags)
+    if kind != "fake":
         base = C.override(base, {"model.path": resolve_model(base.model.path)})
-    scenario = Scenario(
-        gen_s=gen_s, step_s=step_s, slow_factor=slow, jitter=jitter, long_tail=long_tail,
-        stall_s=stall_s, publish_delay_s=publish_delay_s, max_in_flight=max_in_flight, seed=seed,
-    )  # fmt: skip
-    rows = run_sweep(
-        base, out,
-        staleness=_ints(max_staleness, "--max-staleness"),
-        producers=_ints(producers, "--producers"),
-        is_modes=modes, engine=engine, steps=steps, scenario=scenario,
-        given=frozenset(_given_keys(config, set_)),
-    )  # fmt: skip
-    for r in rows:
+    counts = _ints(producers, "--producers") or None
+    try:
+        where = {} if external_producers else placements(
+            engine=kind, producer_counts=counts, colocated_memory=colocated_memory,
+            learner_gpus=_ints(learner_gpus, "--learner-gpus") or None,
+            producer_gpus=_ints(producer_gpus, "--producer-gpus") or None,
+        )  # fmt: skip
+        sweep = S.Sweep(
+            engine=kind, steps=steps, target_reward=target_reward, external=external_producers,
+            bind=bind if external_producers else "", placements=where,
+            scenario=S.Scenario(
+                gen_s=gen_s, step_s=step_s, slow_factor=slow, jitter=jitter, long_tail=long_tail,
+                stall_s=stall_s, publish_delay_s=publish_delay_s, max_in_flight=max_in_flight,
+            ),
+        )  # fmt: skip
+        todo = S.settings(
+            _ints(max_staleness, "--max-staleness"), [external_producers] if external_producers
+            else list(where), modes or [S.is_label(base)], _ints(seeds, "--seeds"),
+        )  # fmt: skip
+        S.check_settings(base, sweep, todo)
+    except ConfigError as exc:
+        _fail(str(exc))
+    if external_producers:
         typer.echo(
-            f"{r['setting']:<28} steps/h {r['steps_per_hour'] or 0:9.0f}  "
-            f"speedup {r['speedup_vs_sync'] or 0:5.2f}x  "
-            f"learner idle {r['learner_idle_frac'] or 0:.2f}  "
-            f"staleness max {r['staleness_max_trained']}"
+            f"each setting waits for {external_producers} producers: start them (once) with "
+            f"`asyncgrpo producer --follow --connect tcp://{bind}`"
+            + (f" --keys {keys}" if keys else ""),
+            err=True,
         )
+    rows, interrupted = S.run_sweep(base, out, todo, sweep, resume=resume)
+    for r in rows:
+        typer.echo(S.row_line(r))
     typer.echo(f"wrote {out / 'results.csv'}, {out / 'summary.md'} and {out / 'plots'}")
+    if interrupted:
+        typer.echo("interrupted: run the same command with --resume to finish", err=True)
+        raise typer.Exit(130)
+    raise typer.Exit(1 if any(r["status"] != "ok" for r in rows) else 0)
 
 
 @app.command("make-model")

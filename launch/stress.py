@@ -1,48 +1,50 @@
 """`asyncgrpo stress`: a grid of real pipeline runs under different staleness settings.
 
 Every setting is a full run (consumer + producers as processes over ZeroMQ, launch/local.py) in
-`OUT/runs/<setting>/`; this module only builds their configs and reads their files afterwards:
-`metrics.jsonl`, `leases.jsonl`, `ledger.json` (and `eval.json` for learning runs). Outputs:
-`results.csv` (one row per setting), `summary.md`, and plots in `OUT/plots/`.
+`OUT/runs/<setting>/`, on the user's own config (model, task, rewards, loss) with only what the
+setting varies overridden: `staleness.max_staleness`, the importance correction, `run.seed`, and
+the number of producers. This module builds the settings, runs them one after another and keeps
+what each one ended as; the numbers come from the runs' files (launch/stress_results.py).
 
-Engines: `fake` measures scheduling and transport only (simulated learner step of `step_s`,
-fake generation of `gen_s` per group, seeded coin rewards); `demo` trains the embedded model
-(real learning: held-out accuracy at equal steps, and at equal wall-clock through the learner's
-periodic evaluation).
+Settings: every (seed, producers, IS mode, max_staleness), the `max_staleness = 0` setting of
+each (seed, producers, IS mode) first: it is the synchronous baseline whose wall-clock time to
+`--steps` is the "equal wall-clock" point of the others. An asynchronous setting then runs until
+it has taken `--steps` steps AND run that long (launch/stress_watch.py stops it), so its reward
+(and held-out score) can be read both at equal steps and at equal wall-clock.
 
-Definitions (per setting):
-- `steps_per_hour = 3600 * steps / wall_s`, with `wall_s` from the first snapshot to the last
-  step (the learner's clock); `speedup_vs_sync` divides it by the `max_staleness = 0` run that
-  shares every other setting (same code, same machine).
-- `learner_idle_frac = Σ wait_s / wall_s` (time the learner waited for groups);
-  `producer_idle_frac = 1 - Σ busy_s / Σ uptime_s` (time producers held no lease in progress).
-- `ess`: mean per-step effective sample size of the TIS token weights, `(Σw)² / (n Σw²)`.
-- `dropped_stale_mean_tokens` vs `trained_mean_tokens`: whether dropping favours short samples.
+Engines: `fake` measures scheduling and transport only (simulated learner step of `step_s`, fake
+generation of `gen_s` per group, seeded coin rewards); `hf` and `vllm` train the config's model
+(`demo` = `hf` on launch/configs/demo.toml unless a config is given). Held-out scores come from
+launch/heldout.py when the config has a held-out split, reward curves otherwise.
+
+Where the processes run: local producers on the devices of launch/placement.py (recorded in
+results.csv), or `external` producers the user started elsewhere with `asyncgrpo producer
+--follow --connect ADDR`: each setting's consumer then binds a fixed address and waits for all of
+them (`run.wait_for_producers`) before it grants a lease or starts its clock.
+
+Ending: every setting leaves `runs/<setting>/result.json` (its results.csv row, "ok" or "failed"
+with the error: the sweep goes on after a failure). Ctrl-C stops the setting in progress cleanly
+and ends the sweep; `--resume` re-runs the same command, skipping every setting that ended "ok"
+(a setting that failed or was interrupted starts again from scratch).
 """
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
-import statistics
-from collections.abc import Iterable
-from dataclasses import dataclass
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
 from common import config as C
-from common.metrics import read_jsonl, read_steps
+from common.errors import ConfigError
+from launch.placement import Placement
 
-COLUMNS = [
-    "setting", "max_staleness", "producers", "engine", "is_mode", "steps", "wall_s",
-    "steps_per_hour", "speedup_vs_sync", "groups_per_s", "tokens_per_s", "learner_idle_frac",
-    "producer_idle_frac", "trained", "dropped_stale", "dropped_zero_variance", "expired",
-    "staleness_mean_trained", "staleness_max_trained", "staleness_hist", "tis_weight_mean",
-    "tis_frac_truncated", "ess", "trained_mean_tokens", "dropped_stale_mean_tokens",
-    "expired_by_producer", "dropped_stale_by_producer", "final_reward", "final_accuracy",
-    "accuracy_at_equal_time",
-]  # fmt: skip
+RESULT_FILE = "result.json"
+SWEEP_FILE = "sweep.json"
 # "off", then every TIS level-mode pair of the config ("token-truncate", ...).
 IS_MODES = (
     "off",
@@ -66,8 +68,51 @@ class Scenario:
     seed: int = 0
 
 
-def setting_name(ms: int, producers: int, is_mode: str) -> str:
-    return f"ms{ms}-p{producers}-{is_mode}"
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One run of the sweep."""
+
+    ms: int  # staleness.max_staleness
+    producers: int
+    is_mode: str  # an IS_MODES entry
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"ms{self.ms}-p{self.producers}-{self.is_mode}-s{self.seed}"
+
+    def sync(self) -> Setting:
+        """The synchronous setting this one is compared with at equal wall-clock."""
+        return Setting(0, self.producers, self.is_mode, self.seed)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What is the same for every setting of one sweep."""
+
+    engine: str  # fake, hf or vllm
+    steps: int  # optimizer steps per setting (equal steps)
+    scenario: Scenario = field(default_factory=Scenario)
+    target_reward: float | None = None
+    external: int = 0  # producers started elsewhere (0 = local producers)
+    bind: str = ""  # external: host:port every setting's consumer binds
+    placements: dict[int, Placement] = field(default_factory=dict)  # local: by producer count
+
+
+def settings(
+    staleness: list[int], producers: list[int], is_modes: list[str], seeds: list[int]
+) -> list[Setting]:
+    """Every combination, each synchronous baseline before the settings compared with it."""
+    ordered = sorted(dict.fromkeys(staleness), key=lambda ms: ms != 0)
+    return [
+        Setting(ms, n, mode, seed)
+        for seed, n, mode, ms in itertools.product(seeds, producers, is_modes, ordered)
+    ]
+
+
+def is_label(cfg: C.Config) -> str:
+    """The IS mode a config already has ("off", "token-truncate", ...)."""
+    return f"{cfg.loss.tis_level}-{cfg.loss.tis_mode}" if cfg.loss.tis else "off"
 
 
 def is_overrides(is_mode: str) -> dict[str, object]:
@@ -86,19 +131,29 @@ def build_config(
     steps: int,
     sc: Scenario,
     run_dir: Path,
-    threads: dict[str, int] | None = None,
+    open_ended: bool = False,
+    wait_for: int = 0,
+    bind: str = "",
 ) -> C.Config:
+    """One setting's config. `open_ended`: no step limit (the sweep stops the run once it has
+    taken `steps` steps and run as long as the synchronous setting); `wait_for`: producers the
+    consumer waits for before its first lease; `bind`: a fixed host:port (external producers)."""
     values: dict[str, object] = {
-        "staleness.max_staleness": ms, "staleness.publish_every": 1, "run.steps": steps,
-        "run.seed": sc.seed, "run.dir": run_dir, "net.control_port": 0,
-        "snapshot.delay_s": sc.publish_delay_s, "producer.max_in_flight": sc.max_in_flight,
-        **is_overrides(is_mode), **(threads or {}),
+        "staleness.max_staleness": ms, "run.steps": 0 if open_ended else steps,
+        "run.seed": sc.seed, "run.dir": run_dir, "run.resume": False, "net.control_port": 0,
+        "run.wait_for_producers": wait_for, "snapshot.delay_s": sc.publish_delay_s,
+        "producer.engine": engine, **is_overrides(is_mode),
     }  # fmt: skip
+    if base.staleness.publish_every > ms + 1:
+        values["staleness.publish_every"] = ms + 1  # the tightest bound the config allows
     if engine == "fake":
         values |= {
-            "train.simulate_step_s": sc.step_s, "producer.engine": "fake",
+            "train.simulate_step_s": sc.step_s, "producer.max_in_flight": sc.max_in_flight,
             "fake.latency_s": sc.gen_s, "fake.jitter": sc.jitter, "fake.long_tail": sc.long_tail,
         }  # fmt: skip
+    if bind:
+        host, _, port = bind.removeprefix("tcp://").rpartition(":")
+        values |= {"net.bind_host": host, "net.control_port": int(port)}
     return C.override(base, values)
 
 
@@ -117,194 +172,172 @@ def producer_args(index: int, sc: Scenario) -> list[str]:
     return args
 
 
-def run_sweep(
-    base: C.Config,
-    out: Path,
-    *,
-    staleness: list[int],
-    producers: list[int],
-    is_modes: list[str],
-    engine: str,
-    steps: int,
-    scenario: Scenario,
-    live: bool = False,
-    given: frozenset[str] = frozenset(),
-) -> list[dict[str, Any]]:
-    """Run every setting. With the demo engine, the learner's and producers' torch threads
-    follow the cores rule (launch/cores.py) for each producer count, unless `given`."""
-    from launch import cores, local
-
-    rows = []
-    for ms, n, is_mode in itertools.product(staleness, producers, is_modes):
-        name = setting_name(ms, n, is_mode)
-        run_dir = out / "runs" / name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        threads = None
-        if engine == "demo":
-            split = cores.plan(
-                cores.usable_cores(), max_staleness=ms,
-                prompts_per_step=base.train.prompts_per_step, producers=n,
-            )  # fmt: skip
-            rule = {
-                "model.torch_threads": split.learner_threads,
-                "producer.torch_threads": split.producer_threads,
-            }
-            threads = {k: v for k, v in rule.items() if k not in given}
-        cfg = build_config(
-            base, ms=ms, is_mode=is_mode, engine=engine, steps=steps, sc=scenario,
-            run_dir=run_dir, threads=threads,
-        )  # fmt: skip
-        C.validate(cfg)
-        C.write(cfg, run_dir / "config.toml")
-        code = local.run(
-            run_dir / "config.toml", run_dir, steps=steps, num_producers=n, live=live,
-            producer_args=lambda i: producer_args(i, scenario),
-        )  # fmt: skip
-        if code != 0:
-            raise RuntimeError(f"setting {name} failed (exit {code}): see {run_dir}")
-        if engine == "demo" and cfg.model.path:
-            from consumer.evaluate import evaluate_run
-
-            evaluate_run(run_dir, Path(cfg.model.path), initial=False)
-        rows.append(
-            {
-                "setting": name,
-                "max_staleness": ms,
-                "producers": n,
-                "engine": engine,
-                "is_mode": is_mode,
-                **measure(run_dir),
-            }
-        )
-    add_speedups(rows)
-    write_outputs(out, rows)
-    return rows
-
-
-def measure(run_dir: Path) -> dict[str, Any]:
-    """One results row from a finished run's files."""
-    metrics = read_steps(run_dir / "metrics.jsonl")
-    leases = read_jsonl(run_dir / "leases.jsonl")
-    ledger = json.loads((run_dir / "ledger.json").read_text())
-    bal = ledger["balance"]
-    steps = len(metrics)
-    start = metrics[0].time_s - metrics[0].step_wall_s if metrics else 0.0
-    wall = metrics[-1].time_s - start if metrics else 0.0
-    trained = [r for r in leases if r["state"] == "trained"]
-    stale = [r for r in leases if r["state"] == "dropped_stale"]
-    lags = [r["trained_step"] - r["behavior_version"] for r in trained]
-    busy = uptime = 0.0
-    for view in (metrics[-1].producer_counters if metrics else {}).values():
-        busy += view.get("busy_s", 0.0)
-        uptime += view.get("uptime_s", 0.0)
-    ev = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
-
-    def mean(xs: list[float]) -> float | None:
-        return statistics.fmean(xs) if xs else None
-
-    def measured(xs: Iterable[float | None]) -> float | None:
-        return mean([x for x in xs if x is not None])
-
-    def by_producer(state: str) -> str:
-        return json.dumps({p: c.get(state, 0) for p, c in sorted(ledger["by_producer"].items())})
-
+def fingerprint(base: C.Config, sweep: Sweep) -> dict[str, Any]:
+    """What must not change between a sweep and its `--resume` (the rows would not compare)."""
     return {
-        "steps": steps,
-        "wall_s": wall,
-        "steps_per_hour": 3600 * steps / wall if wall > 0 else None,
-        "groups_per_s": bal["trained"] / wall if wall > 0 else None,
-        "tokens_per_s": sum(m.num_completion_tokens for m in metrics) / wall if wall > 0 else None,
-        "learner_idle_frac": sum(m.wait_s for m in metrics) / wall if wall > 0 else None,
-        "producer_idle_frac": 1 - busy / uptime if uptime > 0 else None,
-        "trained": bal["trained"],
-        "dropped_stale": bal["dropped_stale"],
-        "dropped_zero_variance": bal["dropped_zero_variance"],
-        "expired": bal["expired"],
-        "staleness_mean_trained": mean(lags),
-        "staleness_max_trained": max(lags) if lags else None,
-        "staleness_hist": json.dumps({k: lags.count(k) for k in sorted(set(lags))}),
-        "tis_weight_mean": measured(m.tis_weight_mean for m in metrics),
-        "tis_frac_truncated": measured(m.tis_frac_truncated for m in metrics),
-        "ess": measured(m.tis_ess for m in metrics),
-        "trained_mean_tokens": mean([r["num_tokens"] for r in trained]),
-        "dropped_stale_mean_tokens": mean([r["num_tokens"] for r in stale]),
-        "expired_by_producer": by_producer("expired"),
-        "dropped_stale_by_producer": by_producer("dropped_stale"),
-        "final_reward": mean([m.reward_mean for m in metrics[-10:]]),
-        "final_accuracy": ev.get("final_accuracy"),
-        "accuracy_at_equal_time": None,  # filled by add_speedups
-        "_accuracy_curve": [
-            (m.time_s - start, m.heldout_accuracy)
-            for m in metrics
-            if m.heldout_accuracy is not None
-        ],
+        "config": C.to_toml(base),
+        "engine": sweep.engine,
+        "steps": sweep.steps,
+        "scenario": repr(sweep.scenario),
+        "target_reward": sweep.target_reward,
+        "external": sweep.external,
     }
 
 
-def add_speedups(rows: list[dict[str, Any]]) -> None:
-    """speedup_vs_sync against the ms=0 row with the same producers and IS mode; accuracy of each
-    run at the wall-clock time the synchronous run took (its last periodic evaluation before)."""
-    for row in rows:
-        sync = next(
-            (
-                r
-                for r in rows
-                if r["max_staleness"] == 0
-                and r["producers"] == row["producers"]
-                and r["is_mode"] == row["is_mode"]
-            ),
-            None,
+def check_resume(out: Path, base: C.Config, sweep: Sweep, *, resume: bool) -> None:
+    """Refuse to mix two different sweeps in one directory (`ConfigError` saying why)."""
+    path = out / SWEEP_FILE
+    now = fingerprint(base, sweep)
+    if not path.exists():
+        if any((out / "runs").glob(f"*/{RESULT_FILE}")):
+            raise ConfigError(f"{out} holds results of another sweep: choose another --out")
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(now, indent=1))
+        return
+    if not resume:
+        raise ConfigError(
+            f"{out} already holds a sweep: pass --resume to finish it (finished settings are "
+            "kept), or choose another --out"
         )
-        if sync and sync.get("steps_per_hour") and row.get("steps_per_hour"):
-            row["speedup_vs_sync"] = row["steps_per_hour"] / sync["steps_per_hour"]
-        else:
-            row["speedup_vs_sync"] = None
-        if sync and row.get("_accuracy_curve"):
-            before = [acc for t, acc in row["_accuracy_curve"] if t <= sync["wall_s"] + 1e-9]
-            row["accuracy_at_equal_time"] = before[-1] if before else None
+    before = json.loads(path.read_text())
+    changed = sorted(k for k in now if before.get(k) != now[k])
+    if changed:
+        raise ConfigError(
+            f"--resume: this command differs from the sweep in {out} in {', '.join(changed)}; "
+            "run it with the same config, engine, --steps and options, or choose another --out"
+        )
 
 
-def write_outputs(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _cell(row.get(k)) for k in COLUMNS})
+def check_settings(base: C.Config, sweep: Sweep, todo: list[Setting]) -> None:
+    """Every setting's config is valid (a `ConfigError` naming the first that is not), before
+    anything starts."""
+    if not todo:
+        raise ConfigError("no setting to run: give --max-staleness, --seeds and --producers")
+    if sweep.steps < 1:
+        raise ConfigError("--steps must be >= 1")
+    if sweep.external:
+        host, _, port = sweep.bind.removeprefix("tcp://").rpartition(":")
+        if not host or not port.isdigit() or int(port) == 0:
+            raise ConfigError(f"--bind: expected HOST:PORT with a fixed port, got {sweep.bind!r}")
+    for s in todo:
+        try:
+            C.validate(
+                build_config(
+                    base, ms=s.ms, is_mode=s.is_mode, engine=sweep.engine, steps=sweep.steps,
+                    sc=sweep.scenario, run_dir=Path("."), bind=sweep.bind,
+                )
+            )  # fmt: skip
+        except ConfigError as exc:
+            raise ConfigError(f"setting {s.name}: {exc}") from None
+
+
+def row_line(r: dict[str, Any]) -> str:
+    """One line per setting for the terminal."""
+    if r["status"] != "ok":
+        return f"{r['setting']:<32} FAILED: {r['error']}"
+    sph, speedup = r.get("steps_per_hour") or 0, r.get("speedup_vs_sync") or 0
+    reward = r.get("reward_at_equal_time")
+    return (
+        f"{r['setting']:<32} steps/h {sph:9.0f}  speedup {speedup:5.2f}x  "
+        f"learner idle {r.get('learner_idle_frac') or 0:.2f}  "
+        f"staleness max {r.get('staleness_max_trained')}  "
+        f"reward at sync time {'-' if reward is None else format(reward, '.3f')}"
+    )
+
+
+def finished_row(run_dir: Path) -> dict[str, Any] | None:
+    """The row a setting ended with, if it ended "ok"."""
+    path = run_dir / RESULT_FILE
+    if not path.exists():
+        return None
+    row: dict[str, Any] = json.loads(path.read_text())
+    return row if row.get("status") == "ok" else None
+
+
+RunSetting = Callable[[Setting, Path, "float | None", threading.Event], "dict[str, Any] | None"]
+
+
+def run_all(
+    out: Path,
+    todo: list[Setting],
+    run_setting: RunSetting,
+    *,
+    resume: bool,
+    on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None,
+) -> tuple[list[dict[str, Any]], bool]:
+    """Run `todo` in order with `run_setting(setting, run_dir, t_sync_s, stop)`, which returns
+    the row, or None once `stop` is set (Ctrl-C). Returns (rows, interrupted).
+
+    A setting whose synchronous baseline ended "ok" is given its `wall_s` as `t_sync_s`. Every
+    row is written to the setting's result.json as soon as it exists, and `on_row` sees all
+    rows so far (results.csv stays current)."""
+    rows: dict[str, dict[str, Any]] = {}
+    stop = threading.Event()
+    try:
+        for setting in todo:
+            run_dir = out / "runs" / setting.name
+            kept = finished_row(run_dir) if resume else None
+            if kept is not None:
+                rows[setting.name] = kept
+                continue
+            sync = rows.get(setting.sync().name)
+            ok = setting.ms != 0 and sync is not None and sync["status"] == "ok"
+            t_sync = sync["wall_s"] if ok and sync else None
+            if run_dir.exists():
+                shutil.rmtree(run_dir)  # an interrupted or failed earlier attempt
+            run_dir.mkdir(parents=True)
+            row = run_setting(setting, run_dir, t_sync, stop)
+            if row is None:
+                return list(rows.values()), True
+            row = {"setting": setting.name, "max_staleness": setting.ms,
+                   "producers": setting.producers, "is_mode": setting.is_mode,
+                   "seed": setting.seed, **row}  # fmt: skip
+            tmp = run_dir / (RESULT_FILE + ".tmp")
+            tmp.write_text(json.dumps(row, indent=1, default=str))
+            tmp.rename(run_dir / RESULT_FILE)
+            rows[setting.name] = row
+            on_row(list(rows.values()))
+    except KeyboardInterrupt:  # Ctrl-C between two settings (during one, `stop` is set)
+        return list(rows.values()), True
+    return list(rows.values()), False
+
+
+def failed(error: str) -> dict[str, Any]:
+    return {"status": "failed", "error": error}
+
+
+def write_outputs(out: Path, rows: list[dict[str, Any]], notes: list[str]) -> list[Path]:
+    """results.csv, summary.md and the plots of the rows so far."""
     from launch.stress_plots import plot_all
+    from launch.stress_results import add_speedups, summary, write_csv
 
+    add_speedups(rows)
+    write_csv(out / "results.csv", rows)
     plots = plot_all(out, rows)
-    (out / "summary.md").write_text(summary(rows, plots))
+    (out / "summary.md").write_text(summary(rows, plots, notes))
     return [out / "results.csv", out / "summary.md", *plots]
 
 
-def _cell(v: Any) -> Any:
-    return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else v)
+def run_sweep(
+    base: C.Config,
+    out: Path,
+    todo: list[Setting],
+    sweep: Sweep,
+    *,
+    resume: bool = False,
+    live: bool = False,
+    notes: list[str] = (),  # type: ignore[assignment]
+) -> tuple[list[dict[str, Any]], bool]:
+    """Run the settings (see the module docstring); (rows, interrupted by Ctrl-C)."""
+    check_resume(out, base, sweep, resume=resume)
 
+    def on_row(rows: list[dict[str, Any]]) -> None:
+        write_outputs(out, rows, list(notes))
 
-def summary(rows: list[dict[str, Any]], plots: list[Path]) -> str:
-    head = [
-        "setting", "steps_per_hour", "speedup_vs_sync", "learner_idle_frac", "producer_idle_frac",
-        "staleness_max_trained", "dropped_stale", "expired", "tis_weight_mean", "ess",
-        "final_accuracy",
-    ]  # fmt: skip
-    lines = ["# Staleness sweep", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        lines.append("| " + " | ".join(str(_cell(r.get(k))) for k in head) + " |")
-    best = max(
-        (r for r in rows if r.get("steps_per_hour")),
-        key=lambda r: r["steps_per_hour"],
-        default=None,
+    from launch.stress_setting import make_runner
+
+    rows, interrupted = run_all(
+        out, todo, make_runner(base, sweep, live=live), resume=resume, on_row=on_row
     )
-    if best is not None:
-        lines += ["", f"Fastest: `{best['setting']}` ({_cell(best['steps_per_hour'])} steps/hour)."]
-    knee = [r for r in rows if (r.get("learner_idle_frac") or 1) < 0.1]
-    if knee:
-        first = min(knee, key=lambda r: r["max_staleness"])
-        lines.append(
-            "The learner stops waiting (idle < 10%) from "
-            f"max_staleness = {first['max_staleness']}: "
-            "beyond it, producers are no longer the bottleneck."
-        )
-    lines += ["", "## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots]
-    return "\n".join(lines) + "\n"
+    write_outputs(out, rows, list(notes))
+    return rows, interrupted

@@ -1,8 +1,12 @@
-"""Plots of a staleness sweep (launch/stress.py rows): one PNG per question a user asks."""
+"""Plots of a staleness sweep (rows of launch/stress_results.py): one PNG per question a user
+asks. Settings repeated over seeds are drawn as their mean with the range as an error bar
+(`aggregate`); failed settings are left out."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,62 +16,111 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from launch.report import save_figure
+from launch.stress_results import aggregate
 
 
-def _lines(ax: Any, rows: list[dict[str, Any]], key: str, label: str) -> None:
-    """One line per (producers, is_mode) series, max_staleness on x."""
-    series: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    for r in rows:
-        if r.get(key) is not None:
-            series.setdefault((r["producers"], r["is_mode"]), []).append(
-                (r["max_staleness"], r[key])
-            )
+def _lines(ax: Any, aggs: list[dict[str, Any]], key: str, label: str) -> None:
+    """One line per (producers, is_mode) series, max_staleness on x, seed range as error bars."""
+    series: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for a in aggs:
+        if a.get(key) is not None:
+            series.setdefault((a["producers"], a["is_mode"]), []).append(a)
     for (n, mode), pts in sorted(series.items()):
-        pts.sort()
-        ax.plot(
-            [p[0] for p in pts],
-            [p[1] for p in pts],
-            "o-",
+        pts.sort(key=lambda a: a["max_staleness"])
+        ys = [a[key] for a in pts]
+        low = [y - a[f"{key}_min"] for y, a in zip(ys, pts, strict=True)]
+        high = [a[f"{key}_max"] - y for y, a in zip(ys, pts, strict=True)]
+        ax.errorbar(
+            [a["max_staleness"] for a in pts], ys, yerr=[low, high], fmt="o-", capsize=3,
             label=f"{label} · {n} producers · IS {mode}",
-        )
+        )  # fmt: skip
     ax.set_xlabel("max_staleness")
 
 
+def _figure(path: Path, title: str, ylabel: str, draw: Callable[[Any], object]) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    draw(ax)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def _by_staleness(aggs: list[dict[str, Any]], *series: tuple[str, str]) -> Callable[[Any], None]:
+    """Draws `(key, label)` series against max_staleness."""
+
+    def draw(ax: Any) -> None:
+        for key, label in series:
+            _lines(ax, aggs, key, label)
+
+    return draw
+
+
 def plot_all(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if not ok:
+        return []
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    written = []
-    fig, ax = plt.subplots(figsize=(7, 4))
-    _lines(ax, rows, "steps_per_hour", "steps/hour")
-    ax.set_ylabel("steps per hour")
-    ax.legend(fontsize=7)
-    ax.set_title("throughput vs staleness")
-    written.append(save_figure(fig, plots / "throughput_vs_staleness.png"))
+    aggs = aggregate(ok)
+    figures = [
+        ("throughput_vs_staleness", "throughput vs staleness", "steps per hour",
+         [("steps_per_hour", "steps/hour")]),
+        ("idle_fractions", "who waits: learner vs producers", "idle fraction",
+         [("learner_idle_frac", "learner idle"), ("producer_idle_frac", "producer idle")]),
+        ("reward_vs_staleness", "reward vs staleness", "mean reward (smoothed)",
+         [("final_reward", "equal steps"), ("reward_at_equal_time", "equal wall-clock")]),
+    ]  # fmt: skip
+    if any(r.get("final_accuracy") is not None for r in ok):
+        figures.append(
+            ("accuracy_vs_staleness", "held-out score vs staleness",
+             str(ok[0].get("heldout") or "held-out score"),
+             [("final_accuracy", "equal steps"), ("accuracy_at_equal_time", "equal wall-clock")])
+        )  # fmt: skip
+    written = [
+        _figure(plots / f"{name}.png", title, ylabel, _by_staleness(aggs, *series))
+        for name, title, ylabel, series in figures
+    ]
+    written.append(
+        _figure(
+            plots / "reward_vs_time.png",
+            "reward over wall-clock time",
+            "mean reward (smoothed)",
+            lambda ax: _curves(ax, ok),
+        )
+    )
+    written.append(_histograms(plots / "staleness_histograms.png", aggs, ok))
+    return written
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    _lines(ax, rows, "learner_idle_frac", "learner idle")
-    _lines(ax, rows, "producer_idle_frac", "producer idle")
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("idle fraction")
-    ax.legend(fontsize=7)
-    ax.set_title("who waits: learner vs producers")
-    written.append(save_figure(fig, plots / "idle_fractions.png"))
 
-    if any(r.get("final_accuracy") is not None for r in rows):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        _lines(ax, rows, "final_accuracy", "held-out accuracy (equal steps)")
-        _lines(ax, rows, "accuracy_at_equal_time", "held-out accuracy (equal wall-clock)")
-        ax.set_ylabel("greedy held-out accuracy")
-        ax.legend(fontsize=7)
-        ax.set_title("accuracy vs staleness")
-        written.append(save_figure(fig, plots / "accuracy_vs_staleness.png"))
+def _curves(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Each run's smoothed reward over its clock; dashed: each synchronous run's end."""
+    colors: dict[int, Any] = {}
+    for r in rows:
+        pts = r.get("_curve") or []
+        if not pts:
+            continue
+        ms = r["max_staleness"]
+        label = None if ms in colors else f"max_staleness {ms}"
+        (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors.get(ms),
+                          alpha=0.8, linewidth=1, label=label)  # fmt: skip
+        colors.setdefault(ms, line.get_color())
+        if ms == 0:
+            ax.axvline(r["wall_s"], color=line.get_color(), linestyle="--", linewidth=0.8)
+    ax.set_xlabel("seconds since the first step started")
 
-    fig, axes = plt.subplots(1, len(rows), figsize=(3 * len(rows), 3), squeeze=False)
-    for ax, r in zip(axes[0], rows, strict=True):
-        hist = json.loads(r["staleness_hist"]) if r.get("staleness_hist") else {}
+
+def _histograms(path: Path, aggs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> Path:
+    """Staleness of trained groups per setting, summed over its seeds."""
+    fig, axes = plt.subplots(1, len(aggs), figsize=(3 * len(aggs), 3), squeeze=False)
+    for ax, a in zip(axes[0], aggs, strict=True):
+        hist: Counter[int] = Counter()
+        for r in rows:
+            if all(r[k] == a[k] for k in ("max_staleness", "producers", "is_mode")):
+                hist.update({int(k): v for k, v in json.loads(r["staleness_hist"] or "{}").items()})
         ax.bar(list(hist), list(hist.values()))
-        ax.set_title(r["setting"], fontsize=8)
+        ax.set_title(f"ms{a['max_staleness']}-p{a['producers']}-{a['is_mode']}", fontsize=8)
         ax.set_xlabel("staleness")
     axes[0][0].set_ylabel("trained groups")
-    written.append(save_figure(fig, plots / "staleness_histograms.png"))
-    return written
+    return save_figure(fig, path)

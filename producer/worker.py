@@ -88,6 +88,10 @@ def lease_seed(run_seed: int, lease_id: int) -> int:
 KeptEngine = tuple[tuple[str, int], Engine]  # ((model dir, vocab size), engine) between runs
 
 
+class NoConsumer(ConfigError):
+    """No consumer answered the handshake in time."""
+
+
 class ConsumerLost(Exception):
     """The consumer has not answered for `net.consumer_timeout_s`."""
 
@@ -206,7 +210,7 @@ class Producer:
             except TimeoutError:
                 if time.monotonic() > deadline:
                     key = "net.consumer_timeout_s" if follow else "net.handshake_timeout_s"
-                    raise ConfigError(
+                    raise NoConsumer(
                         f"no answer from the consumer at net.connect = {net.connect!r} "
                         f"within {key} = {wait_s:g} s "
                         "(is it running, and are the address and keys right?)"
@@ -620,6 +624,9 @@ class Producer:
     async def close(self, *, keep_engine: bool = False) -> KeptEngine | None:
         """Close sockets, rewards and (unless kept for a next run) the engine; the kept one."""
         kept = None
+        if self.kept is not None:  # a previous run's engine this run never took
+            await self.kept[1].close()
+            self.kept = None
         if self.session is not None:
             self.session.rewards.close()
             if keep_engine and self.engine_key is not None:
@@ -671,10 +678,18 @@ async def main(cfg: Config) -> int:
         loop.add_signal_handler(sig, current.cancel)
     loop.add_signal_handler(signal.SIGUSR1, _log_tasks)  # `kill -USR1 PID`: where is it waiting?
     kept: KeptEngine | None = None
+    served = 0
     try:
         while True:
-            producer = Producer(cfg, ctx, kept=kept)
-            code, kept = await serve_run(producer, current)
+            producer, kept = Producer(cfg, ctx, kept=kept), None  # the producer owns it now
+            try:
+                code, kept = await serve_run(producer, current)
+            except NoConsumer as exc:
+                if not served:
+                    raise
+                log.info("%s runs served; no next one: %s", served, exc)
+                return 0
+            served += 1
             if kept is None:
                 return code
             log.info(

@@ -66,3 +66,8 @@ def length(completion: str, answer: str) -> float:
 
 
 not_callable = 3
+
+
+def sum_is_right(completion: str, answer: str) -> float:
+    """1.0 when the completion is the answer (the synthetic sums) up to surrounding spaces."""
+    return float(completion.strip() == answer.strip())

@@ -1,0 +1,125 @@
+"""Held-out evaluation of a model or snapshot on the user's own split, scored as training is.
+
+What is evaluated (`describe(cfg)` says it in words, `has_heldout(cfg)` whether there is any):
+- `task.eval_path` set: that JSONL (the fields `task.prompt_field` / `task.answer_field`), each
+  prompt formatted as producers format it (`task.prompt_format`: raw or the chat template,
+  producer/tokenizer.py), one completion per prompt, greedy or sampled at
+  `sampling.temperature` over the full vocabulary (`task.eval_mode`, seeded by `run.seed`), at
+  most `sampling.max_new_tokens` tokens, cut at the first stop token, and scored by
+  `rewards.fns` with their weights through the producers' own reward runner (time limits and
+  worker isolation included). The score is the mean reward per prompt: the accuracy, for a
+  0/1 reward.
+- otherwise, for the synthetic task: greedy accuracy on its whole held-out split
+  (`consumer.evaluate.greedy_accuracy`, what `asyncgrpo launch` reports);
+- otherwise (a JSONL task without `eval_path`): nothing; the sweep reports reward curves.
+
+Runs in the calling process, on the first visible CUDA GPU if there is one, else the CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.config import Config
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOutScore:
+    score: float  # mean reward per prompt (accuracy for a 0/1 reward)
+    size: int  # prompts scored
+
+
+def has_heldout(cfg: Config) -> bool:
+    return bool(cfg.task.eval_path) or cfg.task.source == "synthetic"
+
+
+def describe(cfg: Config) -> str:
+    if cfg.task.eval_path:
+        return f"mean reward, {cfg.task.eval_mode}, {Path(cfg.task.eval_path).name}"
+    if cfg.task.source == "synthetic":
+        return "greedy accuracy, synthetic held-out split"
+    return ""
+
+
+def examples(cfg: Config) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs of `task.eval_path` (a `ConfigError` with the line if malformed)."""
+    from consumer.prompts import JsonlSource
+
+    source = JsonlSource(
+        Path(cfg.task.eval_path),
+        prompt_field=cfg.task.prompt_field,
+        answer_field=cfg.task.answer_field,
+    )
+    return [source.get(i) for i in range(len(source))]
+
+
+def evaluate(cfg: Config, model_dir: Path, snapshot: Path | None = None) -> HeldOutScore:
+    """The score of `model_dir` (with `snapshot`'s weights over it, if given)."""
+    if not cfg.task.eval_path:
+        assert cfg.task.source == "synthetic", "has_heldout(cfg) is checked first"
+        from consumer.evaluate import greedy_accuracy
+
+        result = greedy_accuracy(model_dir, snapshot=snapshot)
+        return HeldOutScore(result.accuracy, result.total)
+    import torch
+
+    from consumer.evaluate import load_model
+    from producer.tokenizer import PromptCodec
+
+    pairs = examples(cfg)
+    model, _ = load_model(model_dir, snapshot)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    codec = PromptCodec(model_dir, cfg.task.prompt_format, vocab_size=model.config.vocab_size)
+    torch.manual_seed(cfg.run.seed)
+    texts = []
+    for start in range(0, len(pairs), 32):
+        prompts = [codec.encode(p) for p, _ in pairs[start : start + 32]]
+        texts += [codec.decode(ids) for ids in _complete(model, prompts, codec.stop_ids, cfg)]
+    rewards = asyncio.run(_score(cfg, texts, [a for _, a in pairs]))
+    return HeldOutScore(sum(rewards) / len(rewards), len(rewards))
+
+
+def _complete(model: Any, prompts: list[list[int]], stop_ids: tuple[int, ...], cfg: Config) -> Any:
+    """Completion token ids (numpy, cut before the first stop token) of left-padded prompts."""
+    import torch
+
+    pad = stop_ids[0] if stop_ids else 0
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    device = next(model.parameters()).device
+    sampled = cfg.task.eval_mode == "sampled"
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            do_sample=sampled,
+            temperature=cfg.sampling.temperature if sampled else None,
+            top_k=0 if sampled else None,
+            top_p=1.0 if sampled else None,
+            pad_token_id=pad,
+            eos_token_id=list(stop_ids) or None,
+        )
+    rows = []
+    for row in out[:, width:].cpu().numpy():
+        stops = [i for i, t in enumerate(row) if int(t) in stop_ids]
+        rows.append(row[: stops[0]] if stops else row)
+    return rows
+
+
+async def _score(cfg: Config, texts: list[str], answers: list[str]) -> list[float]:
+    from producer.rewards import RewardRunner
+
+    runner = RewardRunner(
+        cfg.rewards.fns, timeout_s=cfg.rewards.timeout_s, workers=cfg.rewards.workers
+    )
+    async with runner:
+        scored = await asyncio.gather(
+            *(runner.score([t], a) for t, a in zip(texts, answers, strict=True))
+        )
+    return [float(s.rewards[0]) for s in scored]
