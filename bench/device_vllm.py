@@ -8,6 +8,7 @@ network needed (every model is built here); about 9 minutes for all phases on an
     export PYTHONPATH=.:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1
     PYTHONUNBUFFERED=1 python3 bench/device_vllm.py all --phases build,qwen05,demo --out OUT
     PYTHONUNBUFFERED=1 python3 bench/device_vllm.py all --phases pipeline --out OUT
+    PYTHONUNBUFFERED=1 python3 bench/device_vllm.py all --phases build,sweep --out OUT  # ~7 min
 
 It prints a table and writes OUT/device_vllm.json with every number, one log per phase.
 
@@ -37,6 +38,9 @@ CUDA is initialised in that process; results in $OUT/<phase>.json, logs in $OUT/
   publication (`publish_submit_s`: the training thread's block per publish; `snapshot_write_s`:
   the writer; versions superseded), wall per step over the learner's step, and step-to-reload
   latency; `q05_targets` sets them beside the publication targets.
+- `sweep`: `asyncgrpo stress --engine vllm --max-staleness 0,2` on one GPU (bench/gpu_sweep.py):
+  the learner and one colocated vLLM producer on the 0.5B shape, 20 steps per setting; steps/hour,
+  speedup over synchronous and reward at the synchronous setting's wall-clock per setting.
 
 Definitions: for a sampled token, d = logp_learner - logp_vllm; TIS weight w = min(exp(d), 2);
 "truncated" = exp(d) > 2. Pause = seconds in which the engine generated nothing for the switch.
@@ -582,12 +586,30 @@ def phase_pipeline(work: Path) -> dict[str, Any]:
     return res
 
 
+def phase_sweep(work: Path) -> dict[str, Any]:
+    """`asyncgrpo stress` on one GPU (bench/gpu_sweep.py): max_staleness 0 vs 2 with the learner
+    and one colocated vLLM producer on the 0.5B shape; steps/hour and reward at equal
+    wall-clock, from the sweep's results.csv."""
+    out = work / "sweep"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [
+        sys.executable, str(ROOT / "bench" / "gpu_sweep.py"), "--model", str(work / "q05_a"),
+        "--out", str(out), "--steps", "20", "--staleness", "0,2", "--timeout", "500",
+    ]  # fmt: skip
+    code = subprocess.run(cmd, cwd=ROOT, check=False).returncode
+    res: dict[str, Any] = json.loads((out / "gpu_sweep.json").read_text())
+    if code != 0:
+        res["error"] = f"gpu_sweep.py exit {code}: see {out / 'stress.log'}"
+    return res
+
+
 PHASES = {
     "build": phase_build,
     "qwen05": phase_qwen05,
     "demo_build": phase_demo_build,
     "demo": phase_demo,
     "pipeline": phase_pipeline,
+    "sweep": phase_sweep,
 }
 
 
@@ -657,6 +679,15 @@ def table(summary: dict[str, dict]) -> list[tuple[str, str]]:
             )
         )
     rows.append(("pipeline (4d)", json.dumps(summary.get("pipeline", {}))[:3000]))
+    for name, r in summary.get("sweep", {}).get("settings", {}).items():
+        rows.append(
+            (
+                f"sweep {name}",
+                f"steps/h {r.get('steps_per_hour')} speedup {r.get('speedup_vs_sync')} "
+                f"reward@sync-wall {r.get('reward_at_equal_time')} idle "
+                f"{r.get('learner_idle_frac')} {r.get('placement')} {r.get('status')}",
+            )
+        )
     for name, res in summary.items():
         if res.get("rc") not in (0, None):
             rows.append((f"{name} FAILED", f"rc={res['rc']} {res.get('error', '')[:200]}"))
@@ -689,7 +720,7 @@ def main() -> int:
     ap.add_argument("--phases", default="build,qwen05,demo,pipeline", help="for 'all'")
     ap.add_argument("--work", default="/tmp/bench_vllm")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/bench_vllm/out"))
-    ap.add_argument("--timeout", default="build=120,qwen05=300,demo=240,pipeline=540")
+    ap.add_argument("--timeout", default="build=120,qwen05=300,demo=240,pipeline=540,sweep=560")
     a = ap.parse_args()
     work, out = Path(a.work), Path(a.out)
     work.mkdir(parents=True, exist_ok=True)

@@ -594,6 +594,14 @@ def stress(
     colocated_memory: Annotated[
         float, typer.Option(help="vLLM's share of a GPU it shares with the learner.")
     ] = 0.4,
+    heldout: Annotated[
+        bool,
+        typer.Option(
+            "--heldout/--no-heldout",
+            help="Score each setting's snapshots on the held-out split (task.eval_path, or the "
+            "synthetic task's) at equal steps and equal wall-clock.",
+        ),
+    ] = True,
     gen_s: Annotated[float, typer.Option(help="fake: seconds to generate one group.")] = 0.5,
     step_s: Annotated[float, typer.Option(help="fake: simulated learner step, seconds.")] = 0.5,
     slow: Annotated[
@@ -650,7 +658,7 @@ def stress(
         )  # fmt: skip
         sweep = S.Sweep(
             engine=kind, steps=steps, target_reward=target_reward, external=external_producers,
-            bind=bind if external_producers else "", placements=where,
+            bind=bind if external_producers else "", placements=where, heldout=heldout,
             scenario=S.Scenario(
                 gen_s=gen_s, step_s=step_s, slow_factor=slow, jitter=jitter, long_tail=long_tail,
                 stall_s=stall_s, publish_delay_s=publish_delay_s, max_in_flight=max_in_flight,
@@ -670,7 +678,10 @@ def stress(
             + (f" --keys {keys}" if keys else ""),
             err=True,
         )
-    rows, interrupted = S.run_sweep(base, out, todo, sweep, resume=resume)
+    try:
+        rows, interrupted = S.run_sweep(base, out, todo, sweep, resume=resume)
+    except ConfigError as exc:  # a directory holding another sweep
+        _fail(str(exc))
     for r in rows:
         typer.echo(S.row_line(r))
     typer.echo(f"wrote {out / 'results.csv'}, {out / 'summary.md'} and {out / 'plots'}")

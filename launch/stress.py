@@ -97,6 +97,7 @@ class Sweep:
     external: int = 0  # producers started elsewhere (0 = local producers)
     bind: str = ""  # external: host:port every setting's consumer binds
     placements: dict[int, Placement] = field(default_factory=dict)  # local: by producer count
+    heldout: bool = True  # score snapshots on the held-out split (when the config has one)
 
 
 def settings(

@@ -14,6 +14,9 @@ which starts when every producer holds the first snapshot):
   synchronous setting's `wall_s` (for the synchronous setting itself, at its end);
   `time_to_target_s` / `steps_to_target`: the first step at which it reaches `target_reward`
   (over the whole run; empty = never).
+- held-out scores (launch/stress_setting.py): `final_accuracy` of snapshot `final_version`
+  (version `steps`, or the newest written before it when a newer one superseded its write) and
+  `accuracy_at_equal_time` of `equal_time_version` (the newest by `t_sync_s`).
 - `hosts`: {host: [producer ids]} of the producers that held leases (the ledger's record).
 """
 

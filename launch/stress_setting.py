@@ -86,7 +86,7 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
             )
             if row["steps"] < sweep.steps:
                 return failed(f"the run ended after {row['steps']} of {sweep.steps} steps")
-            if sweep.engine != "fake":
+            if sweep.engine != "fake" and sweep.heldout:
                 row |= heldout_columns(cfg, run_dir, watcher.captured, synchronous=t_sync is None)
         except (ConfigError, OSError, ValueError, KeyError, RuntimeError) as exc:
             log.exception("setting %s: reading or evaluating the run failed", setting.name)

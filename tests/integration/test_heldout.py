@@ -1,0 +1,67 @@
+"""The sweep's held-out score on a user's JSONL split agrees with the project's own greedy
+evaluation of the same problems, and is scored by the config's module:function rewards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common import config as C
+from common.errors import ConfigError
+from common.tasks import make_examples
+from consumer.evaluate import _greedy, load_model
+from launch import heldout
+from launch.demo_model import Recipe, build_demo_model
+
+TINY = Recipe(learn_steps=4, sloppy_steps=2, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo_model(tmp_path_factory.mktemp("demo") / "model", recipe=TINY)
+
+
+def user_config(tmp_path: Path, rows: list[dict[str, str]], fn: str) -> C.Config:
+    path = tmp_path / "heldout.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return C.override(
+        C.Config(),
+        {
+            "task.source": "jsonl", "task.path": str(path), "task.eval_path": str(path),
+            "task.prompt_field": "question", "sampling.max_new_tokens": 8,
+            "rewards.fns": [{"fn": fn, "weight": 1.0}],
+        },
+    )  # fmt: skip
+
+
+def test_greedy_score_on_a_jsonl_split_is_the_greedy_completion_scored_by_the_user_reward(
+    tmp_path, model_dir
+):
+    prompts = [e.prompt for e in make_examples("heldout", 12)]
+    model, tokenizer = load_model(model_dir)
+    tokenizer.padding_side = "left"
+    texts = _greedy(model, tokenizer, prompts, "cpu", 8)  # the project's own greedy decoding
+    answers = [t.strip() if i % 3 else "never" for i, t in enumerate(texts)]  # 4 of 12 wrong
+    rows = [{"question": p, "answer": a} for p, a in zip(prompts, answers, strict=True)]
+    cfg = user_config(tmp_path, rows, "reward_fixtures:sum_is_right")
+    assert heldout.has_heldout(cfg)
+    assert heldout.describe(cfg) == "mean reward, greedy, heldout.jsonl"
+
+    score = heldout.evaluate(cfg, model_dir)
+    assert score.size == 12
+    assert score.score == pytest.approx(8 / 12)
+
+
+def test_a_malformed_split_names_its_line(tmp_path, model_dir):
+    cfg = user_config(tmp_path, [{"question": "1+1=", "answer": "2"}], "exact_match")
+    Path(cfg.task.eval_path).write_text('{"question": "1+1=", "answer": "2"}\nnot json\n')
+    with pytest.raises(ConfigError, match=r"heldout.jsonl:2: not JSON"):
+        heldout.evaluate(cfg, model_dir)
+
+
+def test_a_jsonl_task_without_eval_path_has_no_heldout_score():
+    cfg = C.override(C.Config(), {"task.source": "jsonl", "task.path": "x.jsonl"})
+    assert not heldout.has_heldout(cfg)
+    assert heldout.describe(cfg) == ""
