@@ -659,6 +659,7 @@ def stress(
         sweep = S.Sweep(
             engine=kind, steps=steps, target_reward=target_reward, external=external_producers,
             bind=bind if external_producers else "", placements=where, heldout=heldout,
+            given=frozenset(_given_keys(config, set_)),
             scenario=S.Scenario(
                 gen_s=gen_s, step_s=step_s, slow_factor=slow, jitter=jitter, long_tail=long_tail,
                 stall_s=stall_s, publish_delay_s=publish_delay_s, max_in_flight=max_in_flight,

@@ -98,6 +98,7 @@ class Sweep:
     bind: str = ""  # external: host:port every setting's consumer binds
     placements: dict[int, Placement] = field(default_factory=dict)  # local: by producer count
     heldout: bool = True  # score snapshots on the held-out split (when the config has one)
+    given: frozenset[str] = frozenset()  # keys the user set (kept over the cores rule)
 
 
 def settings(
@@ -135,15 +136,17 @@ def build_config(
     open_ended: bool = False,
     wait_for: int = 0,
     bind: str = "",
+    threads: dict[str, int] | None = None,
 ) -> C.Config:
     """One setting's config. `open_ended`: no step limit (the sweep stops the run once it has
     taken `steps` steps and run as long as the synchronous setting); `wait_for`: producers the
-    consumer waits for before its first lease; `bind`: a fixed host:port (external producers)."""
+    consumer waits for before its first lease; `bind`: a fixed host:port (external producers);
+    `threads`: torch thread counts (`threads_for`)."""
     values: dict[str, object] = {
         "staleness.max_staleness": ms, "run.steps": 0 if open_ended else steps,
         "run.seed": sc.seed, "run.dir": run_dir, "run.resume": False, "net.control_port": 0,
         "run.wait_for_producers": wait_for, "snapshot.delay_s": sc.publish_delay_s,
-        "producer.engine": engine, **is_overrides(is_mode),
+        "producer.engine": engine, **is_overrides(is_mode), **(threads or {}),
     }  # fmt: skip
     if base.staleness.publish_every > ms + 1:
         values["staleness.publish_every"] = ms + 1  # the tightest bound the config allows
@@ -156,6 +159,24 @@ def build_config(
         host, _, port = bind.removeprefix("tcp://").rpartition(":")
         values |= {"net.bind_host": host, "net.control_port": int(port)}
     return C.override(base, values)
+
+
+def threads_for(base: C.Config, sweep: Sweep, setting: Setting) -> dict[str, int]:
+    """hf engine: the learner's and producers' torch threads by the cores rule
+    (launch/cores.py) for the setting's producer count, except the keys the user set."""
+    if sweep.engine != "hf":
+        return {}
+    from launch import cores
+
+    split = cores.plan(
+        cores.usable_cores(), max_staleness=setting.ms,
+        prompts_per_step=base.train.prompts_per_step, producers=setting.producers,
+    )  # fmt: skip
+    rule = {
+        "model.torch_threads": split.learner_threads,
+        "producer.torch_threads": split.producer_threads,
+    }
+    return {k: v for k, v in rule.items() if k not in sweep.given}
 
 
 def producer_args(index: int, sc: Scenario) -> list[str]:
@@ -226,6 +247,7 @@ def check_settings(base: C.Config, sweep: Sweep, todo: list[Setting]) -> None:
                 build_config(
                     base, ms=s.ms, is_mode=s.is_mode, engine=sweep.engine, steps=sweep.steps,
                     sc=sweep.scenario, run_dir=Path("."), bind=sweep.bind,
+                    threads=threads_for(base, sweep, s),
                 )
             )  # fmt: skip
         except ConfigError as exc:

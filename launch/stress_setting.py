@@ -20,7 +20,15 @@ from typing import Any
 
 from common import config as C
 from common.errors import ConfigError
-from launch.stress import RunSetting, Setting, Sweep, build_config, failed, producer_args
+from launch.stress import (
+    RunSetting,
+    Setting,
+    Sweep,
+    build_config,
+    failed,
+    producer_args,
+    threads_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,7 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
                 base, ms=setting.ms, is_mode=setting.is_mode, engine=sweep.engine,
                 steps=sweep.steps, sc=sc, run_dir=run_dir, open_ended=t_sync is not None,
                 wait_for=sweep.external or setting.producers, bind=sweep.bind,
+                threads=threads_for(base, sweep, setting),
             )  # fmt: skip
             C.validate(cfg)
         except ConfigError as exc:
