@@ -9,12 +9,15 @@ untrusted producer) only if its bytes hash to that entry. The whole-file hash is
 the end: a chunk manifest never replaces it.
 
 Files (`FILES`): `weights` is model.safetensors, `delta` is weights.delta (common/delta.py).
+`chunks.json` also names the delta's base version and its file hash (`Chunks`). It is written
+last, by replacing a temporary file: a snapshot directory without it is still being prepared.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import blake3
@@ -64,25 +67,38 @@ def chunk_hashes(data: bytes | memoryview, chunk_bytes: int) -> ChunkHashes:
     return ChunkHashes(len(view), chunk_bytes, digests)
 
 
-def write_chunks(directory: Path, files: dict[str, ChunkHashes]) -> None:
-    """`directory/chunks.json`: {file: {num_bytes, chunk_bytes, hashes (hex)}}."""
-    record = {
+@dataclass(frozen=True, slots=True)
+class Chunks:
+    """A snapshot's `chunks.json`: chunk hashes per file, and the delta's base and hash."""
+
+    files: dict[str, ChunkHashes] = field(default_factory=dict)
+    delta_base: int = -1  # -1: an anchor (no delta)
+    delta_hash: str = ""
+
+
+def write_chunks(directory: Path, chunks: Chunks) -> None:
+    """`directory/chunks.json` (through a temporary file and a rename: all or nothing)."""
+    files = {
         name: {"num_bytes": c.num_bytes, "chunk_bytes": c.chunk_bytes, "hashes": c.hashes.hex()}
-        for name, c in files.items()
+        for name, c in chunks.files.items()
     }
-    (directory / CHUNKS_FILE).write_text(json.dumps(record))
+    record = {"delta_base": chunks.delta_base, "delta_hash": chunks.delta_hash, "files": files}
+    tmp = directory / (CHUNKS_FILE + ".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, directory / CHUNKS_FILE)
 
 
-def read_chunks(directory: Path) -> dict[str, ChunkHashes]:
-    """What `write_chunks` wrote ({} when the snapshot has no chunk manifest or it is damaged)."""
+def read_chunks(directory: Path) -> Chunks | None:
+    """What `write_chunks` wrote; None while the snapshot has no (readable) chunk manifest."""
     try:
         record = json.loads((directory / CHUNKS_FILE).read_text())
-        return {
+        files = {
             name: ChunkHashes(
                 int(e["num_bytes"]), int(e["chunk_bytes"]), bytes.fromhex(e["hashes"])
             )
-            for name, e in record.items()
+            for name, e in record["files"].items()
             if name in FILES
         }
+        return Chunks(files, int(record["delta_base"]), str(record["delta_hash"]))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return {}
+        return None

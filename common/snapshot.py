@@ -7,11 +7,11 @@ model's config and tokenizer files, and `manifest.json`:
 
     {"version": int, "step": int, "hash": "<blake3 hex of model.safetensors>",
      "num_bytes": int, "dtype": "bfloat16" | "float32", "created_unix": float,
-     "writer": "<hostname>/<boot id> of the process that wrote and hashed the file",
-     "delta_base": int (-1: an anchor), "delta_hash": str, "delta_bytes": int}
+     "writer": "<hostname>/<boot id> of the process that wrote and hashed the file"}
 
-plus `chunks.json` (per-chunk hashes, common/chunk_manifest.py) and, unless the version is an
-anchor, `weights.delta` (common/delta.py; consumer/distribution.py says when).
+and, added just after the announcement for network fetchers, `chunks.json` (per-chunk hashes,
+common/chunk_manifest.py) and, unless the version is an anchor, `weights.delta` (common/delta.py;
+consumer/distribution.py says when).
 
 Invariants:
 - A snapshot directory exists under its final name only when complete: it is written under a
@@ -77,9 +77,6 @@ class Manifest:
     dtype: str
     created_unix: float
     writer: str = ""  # host_id() of the writing process; "" = unknown (never trusted)
-    delta_base: int = -1  # the version `weights.delta` applies to; -1 = an anchor (no delta)
-    delta_hash: str = ""  # blake3 hex of weights.delta
-    delta_bytes: int = 0
 
 
 def snapshot_dir(root: Path, version: int) -> Path:

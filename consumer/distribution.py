@@ -1,15 +1,17 @@
 """What a snapshot carries for producers that fetch it over the network: its chunk hashes and, for
 versions that are not anchors, a sparse delta on the previously written version.
 
-`Distribution.prepare(directory, data, version=, file_hash=)` runs on the publisher's writer
-thread (never the training thread), right after `model.safetensors` was written from the
-publication buffer `data` and before the buffer is released or the directory renamed. It
-writes into the snapshot's temporary directory:
+`Distribution.prepare(directory, version=, file_hash=)` runs on the publisher's writer thread
+(never the training thread) just *after* the snapshot was announced, so producers that read the
+file from a shared filesystem (the learner's own host included) never wait for it. It maps
+`model.safetensors` (just written from the publication buffer: page-cache reads) and writes into
+the snapshot directory:
 
-- `chunks.json` (common/chunk_manifest.py): per-chunk BLAKE3 digests of `model.safetensors`
-  and, when written, of `weights.delta`;
 - `weights.delta` (common/delta.py): version v on the last version written before it (its base;
-  with superseded versions that may be older than v-1), unless v is an **anchor**.
+  with superseded versions that may be older than v-1), unless v is an **anchor**;
+- `chunks.json` last (common/chunk_manifest.py, through a rename): per-chunk BLAKE3 digests of
+  `model.safetensors` and of the delta, and the delta's base and hash. Until it exists the
+  consumer tells network fetchers to wait a moment (consumer/fanout.py).
 
 Anchors: the first version written, every version at least `anchor_every` after the previous
 anchor, any version whose layout differs from its base's, and any version whose delta would
@@ -19,15 +21,14 @@ Every version keeps its full `model.safetensors` on the consumer's disk (loaders
 resume and same-host producers read it as before), so a delta's base only matters to a producer:
 one that holds exactly the base takes the delta; any other takes the full file of the newest
 version (never more bytes than an anchor plus the deltas after it). Nothing on the consumer's
-disk depends on an older snapshot, so keep-last rotation and resume need no extra care.
-
-The previous version is read back from its file (the page cache) through a read-only memory map:
-no extra copy of the weights is held in memory.
+disk depends on an older snapshot, so keep-last rotation and resume need no extra care. These
+files are not fsynced: after a crash the resumed consumer publishes its version anew.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,33 +65,35 @@ class Distribution:
         self.num_deltas = self.num_anchors = 0
         self.delta_bytes = self.full_bytes = 0  # totals, for the metrics
 
-    def prepare(
-        self, directory: Path, data: memoryview, *, version: int, file_hash: str
-    ) -> DeltaRecord | None:
-        """Write `chunks.json` (and `weights.delta` unless `version` is an anchor) into the
-        snapshot's temporary `directory`; returns the delta written, if any."""
+    def prepare(self, directory: Path, *, version: int, file_hash: str) -> DeltaRecord | None:
+        """Write `weights.delta` (unless `version` is an anchor), then `chunks.json`, into the
+        published snapshot `directory`; returns the delta written, if any."""
         t0 = time.perf_counter()
-        files = {"weights": cm.chunk_hashes(data, self.chunk_bytes)}
-        record = self._delta(directory, data, version, file_hash)
+        weights = directory / snap.WEIGHTS_FILE
+        data = np.memmap(weights, dtype=np.uint8, mode="r")
+        try:
+            files = {"weights": cm.chunk_hashes(data.data, self.chunk_bytes)}
+            record = self._delta(directory, data, version, file_hash)
+            self.full_bytes += len(data)
+        finally:
+            del data
+        chunks = cm.Chunks(files)
         if record is not None:
             delta_data = (directory / D.DELTA_FILE).read_bytes()
             files["delta"] = cm.chunk_hashes(delta_data, self.chunk_bytes)
+            chunks = cm.Chunks(files, record.base_version, record.hash)
             self.num_deltas += 1
             self.delta_bytes += record.num_bytes
         else:
             self.num_anchors += 1
             self._last_anchor = version
-        self.full_bytes += len(data)
-        cm.write_chunks(directory, files)
+        cm.write_chunks(directory, chunks)
+        self._last = (version, weights, file_hash)
         self.last_delta_s = time.perf_counter() - t0
         return record
 
-    def written(self, version: int, weights: Path, file_hash: str) -> None:
-        """The snapshot `version` is complete at `weights` (the next delta's base)."""
-        self._last = (version, weights, file_hash)
-
     def _delta(
-        self, directory: Path, data: memoryview, version: int, file_hash: str
+        self, directory: Path, new: np.ndarray, version: int, file_hash: str
     ) -> DeltaRecord | None:
         last = self._last
         if (
@@ -100,7 +103,6 @@ class Distribution:
         ):
             return None
         base_version, base_path, base_hash = last
-        new = np.frombuffer(data, dtype=np.uint8)
         try:
             base = np.memmap(base_path, dtype=np.uint8, mode="r")
         except (OSError, ValueError) as exc:
@@ -119,16 +121,12 @@ class Distribution:
         size = D.delta_bytes(header, arrays)
         if size > self.max_ratio * len(new):
             return None
-        digest = D.write_delta(directory / D.DELTA_FILE, header, arrays)
+        tmp = directory / (D.DELTA_FILE + ".tmp")
+        tmp.unlink(missing_ok=True)
+        digest = D.write_delta(tmp, header, arrays)
+        os.replace(tmp, directory / D.DELTA_FILE)
         changed = sum(len(p.values) for p in patches)
         return DeltaRecord(base_version, digest, size, changed)
-
-
-def delta_of(manifest: snap.Manifest) -> tuple[int, str, int] | None:
-    """(base version, hash, bytes) of the delta a snapshot carries, or None for an anchor."""
-    if manifest.delta_base < 0:
-        return None
-    return manifest.delta_base, manifest.delta_hash, manifest.delta_bytes
 
 
 def snapshot_chunk_bytes(cfg: Config) -> int:

@@ -13,7 +13,9 @@ one version at a time. A request is given the least-busy relay holding the file 
 the consumer if it has room; when neither has room and a relay-capable producer is still
 fetching the file (a relay about to appear), the plan says `wait_s` and names no source; else
 the consumer serves beyond the bound (nobody else ever will). A fetcher holds its slot until it
-reports (`wire.FetchDone`) or `LEASE_S` passes.
+reports (`wire.FetchDone`) or `LEASE_S` passes. A version announced before its chunk hashes
+are written (consumer/distribution.py writes them just after the announcement) gets `wait_s`
+too.
 
 Trust: the plan travels over the authenticated control channel; relays are untrusted producers.
 A fetcher accepts a relay's chunk only if it hashes to the plan's digest, so a relay can slow a
@@ -59,7 +61,7 @@ class _Slot:
 @dataclass(slots=True)
 class _Version:
     manifest: snap.Manifest
-    chunks: dict[str, cm.ChunkHashes]
+    chunks: cm.Chunks
     holders: dict[str, dict[str, wire.Source]] = field(default_factory=dict)  # file -> relays
 
 
@@ -80,17 +82,20 @@ class FanOut:
     def plan(self, msg: wire.FetchRequest, now: float) -> wire.FetchPlan:
         """The plan for `msg` (`WireError("snapshot_gone")` if the version is not kept)."""
         self._expire(now)
-        entry = self._version(msg.version)
-        m = entry.manifest
         if msg.relay is not None and msg.relay.endpoint:
             self._relays[msg.producer_id] = msg.relay
-        use_delta = (
-            m.delta_base >= 0 and msg.held_version == m.delta_base and "delta" in entry.chunks
-        )
+        entry = self._version(msg.version)
+        if entry is None:  # announced, its chunk hashes still being written: ask again soon
+            self._count("fetch_waits", 1)
+            return wire.FetchPlan(
+                msg.req, msg.version, "weights", -1, 0, "", "", 0, b"", (), WAIT_S
+            )
+        m, c = entry.manifest, entry.chunks
+        use_delta = c.delta_base >= 0 and msg.held_version == c.delta_base and "delta" in c.files
         file = "delta" if use_delta else "weights"
-        chunks = entry.chunks[file]
-        digest = m.delta_hash if use_delta else m.hash
-        base = m.delta_base if use_delta else -1
+        chunks = c.files[file]
+        digest = c.delta_hash if use_delta else m.hash
+        base = c.delta_base if use_delta else -1
         self._slots.pop(msg.producer_id, None)  # a new request replaces an unfinished one
         source = self._choose(entry, (msg.version, file), msg.producer_id)
         if source is None:
@@ -153,7 +158,8 @@ class FanOut:
         return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
 
     # -- state ---------------------------------------------------------------------------------
-    def _version(self, version: int) -> _Version:
+    def _version(self, version: int) -> _Version | None:
+        """What is known of `version`; None while its chunk manifest is not written yet."""
         known = self._versions.get(version)
         if known is not None:
             return known
@@ -163,8 +169,10 @@ class FanOut:
         except SnapshotError:
             raise WireError("snapshot_gone", f"version {version} is no longer kept") from None
         chunks = cm.read_chunks(directory)
-        if "weights" not in chunks or not all(c.consistent() for c in chunks.values()):
-            raise WireError("snapshot_gone", f"version {version} has no chunk manifest")
+        if chunks is None:
+            return None
+        if "weights" not in chunks.files or not all(c.consistent() for c in chunks.files.values()):
+            raise WireError("snapshot_gone", f"version {version} has an unusable chunk manifest")
         entry = self._versions[version] = _Version(manifest, chunks)
         for old in sorted(self._versions)[:-_KEEP_VERSIONS]:
             del self._versions[old]

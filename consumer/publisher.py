@@ -5,11 +5,11 @@ the weights into a preallocated host buffer that already holds the safetensors h
 (consumer/weights_buffer.py; on CUDA the copy is only enqueued on a side stream and `submit`
 returns its `Fence`, which the optimizer step must hold before changing the weights). A writer
 thread then waits for the copy, writes the buffer's bytes as `model.safetensors` while hashing
-the same memory (BLAKE3), adds what network fetchers need (chunk hashes and, between anchors,
-a sparse delta on the previous version: consumer/distribution.py, from the same buffer), copies
-the base model's config and tokenizer files next to it, finalizes the directory atomically,
-calls `on_published(SnapshotInfo)`, which announces it, and only then prunes old snapshots
-(deleting a large file takes a while and nobody waits for it).
+the same memory (BLAKE3), copies the base model's config and tokenizer files next to it,
+finalizes the directory atomically, calls `on_published(SnapshotInfo)`, which announces it, then
+adds what network fetchers need (chunk hashes and, between anchors, a sparse delta on the
+previous version: consumer/distribution.py), and only then prunes old snapshots (deleting a
+large file takes a while and nobody waits for it).
 
 Never queue behind a slow writer: there are two buffers (`Buffers`, a small state machine). A
 copy goes to a free buffer; while one buffer is being written and the other holds a version
@@ -262,8 +262,9 @@ class Publisher:
                 if self._delay_s > 0:
                     time.sleep(self._delay_s)
                 self._on_published(info)
+                directory = Path(info.path).parent
+                self.distribution.prepare(directory, version=job.version, file_hash=info.hash)
                 if self._fsync == "after_announce":
-                    directory = Path(info.path).parent
                     snap.sync_dir(directory)
                     snap.fsync_path(directory.parent)
                 t0 = time.perf_counter()
@@ -291,9 +292,6 @@ class Publisher:
         path = tmp / snap.WEIGHTS_FILE
         try:
             digest = snap.write_file(path, host.file_bytes(), fsync=durable_first)
-            delta = self.distribution.prepare(
-                tmp, host.file_bytes(), version=job.version, file_hash=digest
-            )
         finally:
             with self._cond:  # the bytes are in the file: the next copy may use this buffer
                 self._buffers.release(index)
@@ -302,11 +300,9 @@ class Publisher:
             shutil.copyfile(extra, tmp / extra.name)
         num_bytes = host.table.num_bytes
         manifest = snap.Manifest(
-            job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id(),
-            *((delta.base_version, delta.hash, delta.num_bytes) if delta else ()),
-        )  # fmt: skip
+            job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id()
+        )
         snap.finalize(tmp, final, manifest, fsync=durable_first)
-        self.distribution.written(job.version, final / snap.WEIGHTS_FILE, digest)
         self.last_write_s = time.perf_counter() - t0
         weights = str((final / snap.WEIGHTS_FILE).resolve())
         return SnapshotInfo(job.version, num_bytes, digest, weights)

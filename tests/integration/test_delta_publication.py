@@ -42,16 +42,16 @@ def test_deltas_between_anchors_reproduce_each_snapshot_exactly(tmp_path):
     root = tmp_path / "snaps"
     bases = {}
     for info in published:
-        manifest = snap.read_manifest(snap.snapshot_dir(root, info.version))
-        bases[info.version] = manifest.delta_base
+        bases[info.version] = cm.read_chunks(snap.snapshot_dir(root, info.version)).delta_base
     assert bases == {0: -1, 1: 0, 2: 1, 3: -1, 4: 3, 5: 4}
     assert (dist.num_anchors, dist.num_deltas) == (2, 4)
     for v in (1, 2, 4, 5):
         directory = snap.snapshot_dir(root, v)
         manifest = snap.read_manifest(directory)
+        chunks = cm.read_chunks(directory)
         delta_path = directory / D.DELTA_FILE
-        assert snap.hash_file(delta_path) == manifest.delta_hash
-        assert delta_path.stat().st_size == manifest.delta_bytes < manifest.num_bytes
+        assert snap.hash_file(delta_path) == chunks.delta_hash
+        assert delta_path.stat().st_size == chunks.files["delta"].num_bytes < manifest.num_bytes
         base = snap.snapshot_dir(root, v - 1) / snap.WEIGHTS_FILE
         out = tmp_path / f"rebuilt{v}"
         got = D.apply_file(base, delta_path, out, base_hash=snap.hash_file(base))
@@ -65,10 +65,10 @@ def test_every_snapshot_lists_the_hash_of_each_chunk(tmp_path):
     _published, _ = publish(tmp_path, states(2, 1e-6), anchor_every=10, chunk_bytes=1000)
     directory = snap.snapshot_dir(tmp_path / "snaps", 1)
     chunks = cm.read_chunks(directory)
-    assert set(chunks) == {"weights", "delta"}
+    assert set(chunks.files) == {"weights", "delta"}
     for name, path in (("weights", snap.WEIGHTS_FILE), ("delta", D.DELTA_FILE)):
         data = (directory / path).read_bytes()
-        c = chunks[name]
+        c = chunks.files[name]
         assert c.consistent()
         assert c.num_bytes == len(data)
         assert c.num_chunks == -(-len(data) // 1000)
@@ -80,16 +80,14 @@ def test_every_snapshot_lists_the_hash_of_each_chunk(tmp_path):
         assert not c.matches(0, bytes([first[0] ^ 1]) + first[1:])  # one bit off
         assert not c.matches(0, first[:-1])  # truncated
     record = json.loads((directory / cm.CHUNKS_FILE).read_text())
-    assert record["weights"]["chunk_bytes"] == 1000
+    assert record["files"]["weights"]["chunk_bytes"] == 1000
 
 
 def test_a_delta_that_would_not_be_much_smaller_makes_an_anchor(tmp_path):
     # lr 1e-1 moves nearly every bf16 value: the delta would be about the file's size
     published, dist = publish(tmp_path, states(3, 1e-1), anchor_every=10, max_ratio=0.5)
     root = tmp_path / "snaps"
-    assert [
-        snap.read_manifest(snap.snapshot_dir(root, i.version)).delta_base for i in published
-    ] == [
+    assert [cm.read_chunks(snap.snapshot_dir(root, i.version)).delta_base for i in published] == [
         -1,
         -1,
         -1,
@@ -100,4 +98,4 @@ def test_a_delta_that_would_not_be_much_smaller_makes_an_anchor(tmp_path):
 def test_anchor_every_zero_turns_deltas_off(tmp_path):
     _published, dist = publish(tmp_path, states(3, 1e-6), anchor_every=0)
     assert dist.num_deltas == 0
-    assert cm.read_chunks(snap.snapshot_dir(tmp_path / "snaps", 2)).keys() == {"weights"}
+    assert cm.read_chunks(snap.snapshot_dir(tmp_path / "snaps", 2)).files.keys() == {"weights"}

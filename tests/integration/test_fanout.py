@@ -16,6 +16,7 @@ import torch
 import zmq
 import zmq.asyncio
 
+from common import chunk_manifest as cm
 from common import config as C
 from common import snapshot as snap
 from common import wire
@@ -164,7 +165,7 @@ async def test_a_producer_that_holds_a_version_relays_it_to_the_next(consumer, t
 async def test_a_producer_on_the_base_version_takes_the_delta(consumer, tmp_path):
     v0 = consumer.publish(0)
     v1 = consumer.publish(1)
-    assert snap.read_manifest(Path(v1.path).parent).delta_base == 0
+    assert cm.read_chunks(Path(v1.path).parent).delta_base == 0
     async with fetcher_of(consumer, "a", relay=False) as a:
         await a.fetch(v0, tmp_path / "v0", held=None)
         outcome = await a.fetch(v1, tmp_path / "v1", held=held(v0, tmp_path / "v0"))
@@ -305,3 +306,20 @@ async def test_a_held_file_pruned_meanwhile_means_the_full_weights(consumer, tmp
         outcome = await a.fetch(v1, tmp_path / "v1", held=held(v0, tmp_path / "gone"))
     assert outcome.file == "weights"
     assert same_as(v1, tmp_path / "v1")
+
+
+async def test_a_version_whose_chunk_hashes_are_not_written_yet_makes_fetchers_wait(
+    consumer, tmp_path
+):
+    info = consumer.publish(0)
+    chunks = Path(info.path).parent / cm.CHUNKS_FILE
+    kept = read(chunks)
+    chunks.unlink()  # as between the announcement and the distribution files
+    async with fetcher_of(consumer, "a", relay=False) as a:
+        plan = await a.control.request(wire.FetchRequest(0, "a", 0, -1, "", None), timeout_s=10)
+        assert isinstance(plan, wire.FetchPlan)
+        assert (plan.sources, plan.chunk_hashes) == ((), b"")
+        assert plan.wait_s > 0
+        chunks.write_bytes(kept)
+        await a.fetch(info, tmp_path / "got", held=None)
+    assert same_as(info, tmp_path / "got")
