@@ -4,6 +4,7 @@
     python bench/learner_step.py --device cuda --shape qwen05 --lengths equal,mix --json out.json
     python bench/learner_step.py --device cuda --shape qwen05 --lengths mix \\
         --micro-batch-tokens 65536 --gradient-checkpointing
+    torchrun --nproc-per-node 1 bench/learner_step.py [--fsdp]   # world size 1 under torchrun
 
 - baseline, the least any learner must do: rows sorted by length and cut into micro-batches of
   at most `--micro-batch-tokens` padded tokens, right-padded (an attention mask only where rows
@@ -23,6 +24,9 @@ Printed and written (`--json PATH`) per case: ms per step and tokens/s (real tok
 completion, per second) of each, `speedup` = ours tokens/s over baseline's, `ratio` = ours ms
 over baseline ms (the CPU figure the README quotes), peak memory of each step above what was
 allocated before it (CUDA), the attention path, micro-batches and padding fraction of ours.
+Under torchrun with one process, ours is what `asyncgrpo consumer` builds there (the one-device
+`Trainer`: compare its ratio with a plain run's); `--fsdp` makes ours the FSDP2 learner alone in
+a world of one (the sharding machinery with nothing to shard).
 `--head-tokens N` (CUDA) also measures the log-prob/entropy part alone on N positions: peak
 memory of the chunked head vs full-vocabulary float32 logits, forward and backward. A step that
 runs out of memory is a result (`*_oom: true`, its figures null), not a crash. `--model DIR`
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -51,6 +56,8 @@ from shapes import build_qwen05
 
 from common import config as C
 from common import wire
+from consumer.distributed import World
+from consumer.sharded_trainer import ShardedTrainer, make_trainer
 from consumer.trainer import Trainer
 
 # per shape: defaults, and the length mix (prompt range, completion range and median)
@@ -210,7 +217,11 @@ def run_case(a: argparse.Namespace, model_dir: Path, lengths: str, device: torch
         "model.gradient_checkpointing": a.gradient_checkpointing,
         "train.micro_batch_tokens": a.micro_batch_tokens,
     }
-    trainer = Trainer(C.override(C.Config(), sets), model_dir)
+    cfg = C.override(C.Config(), sets)
+    if a.fsdp:  # the sharded learner alone in a world of one (torchrun --nproc-per-node 1)
+        trainer: Trainer = ShardedTrainer(cfg, model_dir, World.from_env())
+    else:  # what `asyncgrpo consumer` builds: the one-device Trainer at world size 1
+        trainer = make_trainer(cfg, model_dir)
     n = a.groups or shape["groups"]
     batch = groups(
         n, a.group_size, trainer.vocab_size, lengths=lengths, seed=a.seed, mix=shape["mix"],
@@ -341,6 +352,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compile", action="store_true", help="model.compile for ours")
     ap.add_argument("--gradient-checkpointing", action="store_true", help="both steps")
     ap.add_argument("--head-tokens", type=int, default=0, help="CUDA: head memory on N positions")
+    ap.add_argument(
+        "--fsdp", action="store_true",
+        help="ours = the FSDP2 learner at world size 1 (under torchrun --nproc-per-node 1)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default="", help="where the qwen05 model is built (default: tmp)")
     ap.add_argument("--model", default="", help="model directory to use instead of --shape's")
@@ -351,6 +366,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--lengths: equal or mix, got {lengths!r}")
     if a.model and not (Path(a.model) / "config.json").is_file():
         ap.error(f"--model: {a.model} is not a model directory (no config.json)")
+    if a.fsdp and World.from_env().size != 1:
+        ap.error("--fsdp measures one rank: run under torchrun --nproc-per-node 1")
     return a
 
 
@@ -379,6 +396,9 @@ def main(argv: list[str] | None = None) -> None:
             "micro_batch_tokens": a.micro_batch_tokens,
             "gradient_checkpointing": a.gradient_checkpointing,
             "compile": a.compile,
+            "torchrun": "LOCAL_RANK" in os.environ,
+            "world_size": World.from_env().size,
+            "fsdp": a.fsdp,
             "cases": {},
         }
         mbt = a.micro_batch_tokens

@@ -80,18 +80,37 @@ def barrier() -> None:
         dist.barrier()
 
 
+_failed: list[RankFailure] = []  # the first failure: every later collective would wait in vain
+
+
 @contextmanager
 def failures(what: str) -> Iterator[None]:
-    """Turn a failed or timed-out collective into `RankFailure` naming what was under way."""
+    """Turn a failed or timed-out collective into `RankFailure` naming what was under way; once
+    one failed, raise at once instead of waiting `dist.timeout_s` again (shutdown tries to
+    publish and checkpoint, which need every rank)."""
+    if _failed:
+        raise _failed[0]
     try:
         yield
-    except (RuntimeError, dist.DistBackendError) as exc:
-        if isinstance(exc, RankFailure):
+    except RuntimeError as exc:
+        if isinstance(exc, RankFailure) or not _lost_peer(exc):
             raise
-        raise RankFailure(
+        failure = RankFailure(
             f"rank {dist.get_rank()}: {what} failed: another learner rank died or did not answer "
             f"within dist.timeout_s ({str(exc).splitlines()[0][:200]})"
-        ) from exc
+        )
+        _failed.append(failure)
+        raise failure from exc
+
+
+def _lost_peer(exc: RuntimeError) -> bool:
+    """Whether a collective failed for want of another rank (gloo raises plain RuntimeErrors:
+    "Connection reset by peer", "Timed out waiting ... for recv", "Application timeout caused
+    pair closure"), not for an error of its own such as running out of memory."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return any(k in text for k in ("gloo", "pair closure", "Connection", "Timed out", "NCCL"))
 
 
 class Op(enum.IntEnum):
@@ -115,16 +134,18 @@ class Channel:
         self._last_sent = time.monotonic()
 
     def send(self, op: Op, text: str = "") -> None:
+        """An all-reduce, not a broadcast: it completes only when every rank has taken part,
+        so even a keepalive notices a rank that hangs."""
         assert self.world.main, "only rank 0 gives orders"
         with failures(f"sending {op.name}"):
-            dist.broadcast(torch.tensor([int(op)], dtype=torch.int64), src=0)
+            dist.all_reduce(torch.tensor([int(op)], dtype=torch.int64), op=dist.ReduceOp.MAX)
         share_text(text)
         self._last_sent = time.monotonic()
 
     def receive(self) -> tuple[Op, str]:
-        op = torch.zeros(1, dtype=torch.int64)
+        op = torch.zeros(1, dtype=torch.int64)  # the others add 0: the MAX is rank 0's order
         with failures("waiting for rank 0's next order"):
-            dist.broadcast(op, src=0)
+            dist.all_reduce(op, op=dist.ReduceOp.MAX)
         return Op(int(op[0])), share_text(None)
 
     def keepalive(self) -> None:

@@ -31,6 +31,7 @@ World size 1 never comes here: `make_trainer` returns the single-device `Trainer
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,8 @@ def follow(cfg: Config, run_dir: Path, world: D.World) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     trainer = ShardedTrainer(cfg, Path(cfg.model.path), world)
-    log.info("rank %d of %d following rank 0 (run dir %s)", world.rank, world.size, run_dir)
+    log.info("rank %d of %d (pid %d) following rank 0 (run dir %s)", world.rank, world.size,
+             os.getpid(), run_dir)  # fmt: skip
     trainer.follow()
     log.info("rank %d: rank 0 ended the run", world.rank)
     return 0
@@ -113,7 +115,8 @@ class ShardedTrainer(Trainer):
     def _train_rows(self, rows: list[Row], t0: float) -> dict[str, Any]:
         rows = D.share_rows(rows if self.world.main else None)
         self._owner = split_by_tokens([len(r.ids) for r in rows], self.world.size)
-        return super()._train_rows(rows, t0)
+        with D.failures("a training step"):  # FSDP's gathers and reductions inside
+            return super()._train_rows(rows, t0)
 
     def _micro_batches(self, rows: list[Row], row_ids: list[int]) -> list[tuple[list[int], bool]]:
         by_rank: list[list[int]] = [[] for _ in range(self.world.size)]

@@ -122,6 +122,9 @@ def run(
                     out / name / f"step{step}.safetensors",
                 )
                 (out / name / f"step{step}.json").write_text(json.dumps(metrics))
+                if step == steps:  # evaluation's copy (rank 0, plain) holds the same weights
+                    plain = trainer.eval_model().state_dict()
+                    assert all(plain[k].equal(v) for k, v in weights.items()), name
             if step == save_at:
                 checkpoint.save(out / name / "run", trainer=trainer, version=step, book_state={})
         trainer.close()
