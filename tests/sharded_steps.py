@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from common import config as C
 from common import wire
@@ -44,7 +49,8 @@ CASES: list[tuple[str, dict[str, object]]] = [
 
 
 def config(model_dir: Path, overrides: dict[str, object]) -> C.Config:
-    """Small micro-batches (several per rank, unequal counts), clipping active, lr visible."""
+    """Small micro-batches (several per rank, unequal counts), clipping active, lr visible; on
+    the CPU unless `overrides` say otherwise."""
     base: dict[str, object] = {
         "model.path": str(model_dir),
         "model.device": "cpu",
@@ -94,9 +100,11 @@ def run(
     cases: list[str] | None = None,
     save_at: int = 0,
     resume: Path | None = None,
+    sets: dict[str, object] | None = None,
 ) -> None:
     """`steps` steps per case (from the checkpoint's step + 1 with `resume`, a run directory);
-    with `save_at`, a checkpoint of each case after that step in `out/<case>/run`."""
+    with `save_at`, a checkpoint of each case after that step in `out/<case>/run`; `sets`
+    override every case's config (`model.device`, `model.dtype`, ...)."""
     from consumer import checkpoint
     from consumer.distributed import World
     from consumer.sharded_trainer import make_trainer
@@ -105,7 +113,7 @@ def run(
     for name, overrides in CASES:
         if cases is not None and name not in cases:
             continue
-        trainer = make_trainer(config(model_dir, overrides), model_dir, world)
+        trainer = make_trainer(config(model_dir, {**overrides, **(sets or {})}), model_dir, world)
         if not world.main:
             trainer.follow()  # type: ignore[attr-defined]
             continue
@@ -130,6 +138,32 @@ def run(
         trainer.close()
 
 
+def torchrun(nproc: int, *args: str, log: Path, timeout_s: float = 300) -> None:
+    """`torchrun --standalone --nproc-per-node N ARGS` to completion (its own process group,
+    killed whole on timeout); an AssertionError with the end of its log if it fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(nproc), *args]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
+        try:
+            code = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise AssertionError(f"torchrun timed out: {log.read_text()[-4000:]}") from None
+    assert code == 0, log.read_text()[-4000:]
+
+
+def max_diff(a: Path, b: Path) -> float:
+    """The largest absolute difference between two weight files of the same tensors."""
+    wa, wb = load_file(a), load_file(b)
+    assert wa.keys() == wb.keys()
+    return max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+
+
 def _untied(weights: dict[str, Any]) -> dict[str, Any]:
     seen, out = set(), {}
     for k, v in weights.items():
@@ -140,6 +174,7 @@ def _untied(weights: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("out", type=Path)
@@ -148,8 +183,10 @@ if __name__ == "__main__":
     parser.add_argument("--cases", default="", help="comma-separated names (default: all)")
     parser.add_argument("--save-at", type=int, default=0, help="checkpoint after this step")
     parser.add_argument("--resume", type=Path, default=None, help="an OUT of --save-at")
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for every case")
     args = parser.parse_args()
+    sets = dict(item.split("=", 1) for item in args.set)
     record = {int(s) for s in args.record.split(",")}
     cases = args.cases.split(",") if args.cases else None
     run(args.model_dir, args.out, steps=args.steps, record=record, cases=cases,
-        save_at=args.save_at, resume=args.resume)  # fmt: skip
+        save_at=args.save_at, resume=args.resume, sets=sets)  # fmt: skip

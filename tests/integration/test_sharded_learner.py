@@ -6,31 +6,15 @@ step's loss metrics (gradient norm, tokens, entropy, clip and TIS figures) alike
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-from sharded_steps import CASES, run
+from sharded_steps import CASES, max_diff, run, torchrun
 
 TESTS = Path(__file__).resolve().parents[1]
 # metrics that depend on how rows were cut into micro-batches, not on the update
 LAYOUT_METRICS = {"padding_frac", "micro_batches", "step_s"}
-
-
-def torchrun(nproc: int, *args: str, log: Path, timeout_s: float = 300) -> None:
-    """`torchrun --nproc-per-node N ARGS` to completion (gloo on loopback); fails with its log."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--standalone", *args]  # fmt: skip
-    with open(log, "wb") as out:
-        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                              timeout=timeout_s).returncode  # fmt: skip
-    assert code == 0, log.read_text()[-4000:]
 
 
 def _compare(model_dir: Path, tmp_path: Path, cases: list[str], steps: int) -> None:
@@ -46,10 +30,8 @@ def _compare(model_dir: Path, tmp_path: Path, cases: list[str], steps: int) -> N
         torch.set_num_threads(threads)
     for name in cases:
         for step in (1, steps):
-            one = load_file(tmp_path / "one" / name / f"step{step}.safetensors")
-            two = load_file(tmp_path / "two" / name / f"step{step}.safetensors")
-            assert one.keys() == two.keys()
-            worst = max((one[k] - two[k]).abs().max().item() for k in one)
+            file = f"{name}/step{step}.safetensors"
+            worst = max_diff(tmp_path / "one" / file, tmp_path / "two" / file)
             assert worst <= 1e-5, (name, step, worst)
             m1 = json.loads((tmp_path / "one" / name / f"step{step}.json").read_text())
             m2 = json.loads((tmp_path / "two" / name / f"step{step}.json").read_text())
@@ -59,9 +41,8 @@ def _compare(model_dir: Path, tmp_path: Path, cases: list[str], steps: int) -> N
                     assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), (name, key)
                 else:
                     assert m2[key] == m1[key], (name, key)
-        first = load_file(tmp_path / "one" / name / "step1.safetensors")
-        last = load_file(tmp_path / "one" / name / f"step{steps}.safetensors")
-        assert max((first[k] - last[k]).abs().max().item() for k in first) > 1e-4  # it learned
+        one = tmp_path / "one" / name
+        assert max_diff(one / "step1.safetensors", one / f"step{steps}.safetensors") > 1e-4
 
 
 def test_two_ranks_equal_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -105,7 +86,5 @@ def test_a_checkpoint_resumes_at_another_world_size(
     layout = "dcp" if writer > 1 else "model.safetensors"
     assert list((tmp_path / "first" / "token-mean" / "run" / "checkpoints").glob(f"*/{layout}"))
     steps(reader, tmp_path / "resumed", "--resume", str(tmp_path / "first"))
-    straight = load_file(tmp_path / "first" / "token-mean" / "step4.safetensors")
-    resumed = load_file(tmp_path / "resumed" / "token-mean" / "step4.safetensors")
-    assert straight.keys() == resumed.keys()
-    assert max((straight[k] - resumed[k]).abs().max().item() for k in straight) <= 1e-5
+    step4 = "token-mean/step4.safetensors"
+    assert max_diff(tmp_path / "first" / step4, tmp_path / "resumed" / step4) <= 1e-5
