@@ -16,8 +16,9 @@ every fetcher relays, fan-out `--fanout`):
   `wall_s`, `aggregate_MBps` (N * size / wall), `consumer_copies` (bytes the consumer sent /
   size: its egress in snapshots), `from_relay` (fetches served by a relay);
 - `max_over_single`: the slowest fetcher over one fetcher alone (target at 64: <= 3);
-- `lease_p99_ms`, `lease_max_ms`: round trips of a probe producer's lease requests (one every
-  10 ms, from its own process) while the fan-out runs (target <= 50 ms); `lease_idle_p99_ms`:
+- `lease_p99_ms`, `lease_max_ms`: control round trips of a probe producer (a heartbeat every
+  10 ms, from its own process: what a lease request costs when leases are there to grant)
+  while the fan-out runs (target <= 50 ms); `lease_idle_p99_ms`:
   the same probe during the second before, with nothing else going on.
 And `single_MBps` (one fetch, target >= 1000) beside `legacy_single_MBps`, the chunk download
 this replaced (`ControlClient.download_snapshot`, 4 chunks in flight, one hash at the end).
@@ -105,8 +106,10 @@ async def registered(
 
 
 async def probe(endpoint: str, work: Path) -> None:
-    """The probe producer (its own process, as a real one would be): a lease request every
-    10 ms until `work/stop` appears; the round trips (s) go to `work/latencies.json`."""
+    """The probe producer (its own process, as a real one would be): a control request (a
+    heartbeat: the consumer answers it at once, as it answers a lease request when it has
+    leases to grant; a lease request itself may be held back by design) every 10 ms until
+    `work/stop` appears; the round trips (s) go to `work/latencies.json`."""
     ctx = zmq.asyncio.Context()
     control, reader = await registered(ctx, endpoint, "probe")
     (work / "ready").touch()
@@ -114,7 +117,7 @@ async def probe(endpoint: str, work: Path) -> None:
     try:
         while not (work / "stop").exists():
             sent, t0 = time.time(), time.perf_counter()
-            await control.request(wire.LeaseRequest(0, "probe", 0, -1), timeout_s=30)
+            await control.request(wire.Heartbeat(0, "probe", -1, "idle", 0, {}), timeout_s=30)
             out.append((sent, time.perf_counter() - t0))
             await asyncio.sleep(0.01)
     finally:
@@ -210,7 +213,7 @@ async def fan_out(
             "from_relay": sum(1 for _, s in results if s == "relay"),
             "lease_p99_ms": p99(lat),
             "lease_idle_p99_ms": p99(idle),
-            "lease_max_ms": 1e3 * lat[-1],
+            "lease_max_ms": 1e3 * lat[-1] if lat else float("nan"),
             "lease_requests": len(lat),
         }
     finally:
