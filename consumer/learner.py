@@ -181,6 +181,7 @@ class Learner:
                 log.info("%d producers ready (%s): starting", len(ready), ", ".join(hosts))
                 break
             self.server.check()
+            self.trainer.idle()  # a sharded learner's other ranks wait with us
             now = time.monotonic()
             if limit_s and now - t0 > limit_s:
                 raise config_mod.ConfigError(
