@@ -8,74 +8,24 @@ producers connect a DEALER, a PUSH and a SUB. Invariants:
   Data that must not be lost never rides PUB: announcements are hints, every reply repeats them.
 - `bind` refuses a non-loopback address without keys unless `insecure` (config validation says
   the same earlier, with the key to change); ports are read back, never guessed.
-- With keys, all traffic is CurveZMQ-encrypted and only clients whose public key is in the keys
-  directory are accepted (a ZAP authenticator thread owned by the consumer's context).
+- With keys (common/keys.py), all traffic is CurveZMQ-encrypted and only clients whose public
+  key is in the consumer's allowlist are accepted (consumer/key_gate.py, a ZAP authenticator
+  thread owned by the consumer's context).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import zmq
-import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 
 from common.config import is_loopback
 from common.errors import ConfigError
-
-SERVER_NAME = "server"
-CLIENT_NAME = "client"
+from common.keys import Keys
 
 # The socket class a context makes: `zmq.Socket` for a `zmq.Context`, `zmq.asyncio.Socket` for a
 # `zmq.asyncio.Context` (producers use the asyncio flavour, the consumer the blocking one).
 _SocketT = TypeVar("_SocketT", bound=zmq.Socket[Any])
-
-
-@dataclass(frozen=True, slots=True)
-class Keys:
-    """CurveZMQ key material (z85 bytes). `server_public` is all a client needs of the server."""
-
-    directory: Path
-    public: bytes
-    secret: bytes
-    server_public: bytes
-
-
-def create_keys(directory: Path) -> tuple[Path, Path]:
-    """Write a server and a client keypair into `directory`; returns the two public-key files.
-
-    Copy the directory to every producer host (the client secret and the server public key are
-    what a producer needs; the server secret can be removed there).
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    server, _ = zmq.auth.create_certificates(directory, SERVER_NAME)
-    client, _ = zmq.auth.create_certificates(directory, CLIENT_NAME)
-    return Path(server), Path(client)
-
-
-def load_keys(directory: str | Path, role: str) -> Keys:
-    """Load the keypair for `role` ('server' or 'client') and the server's public key."""
-    directory = Path(directory)
-    try:
-        public, secret = zmq.auth.load_certificate(directory / f"{role}.key_secret")
-        server_public, _ = zmq.auth.load_certificate(directory / f"{SERVER_NAME}.key")
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"net.keys_dir = {str(directory)!r}: cannot read {role} keys ({exc}); "
-            "create them with `asyncgrpo keys DIR`"
-        ) from None
-    assert secret is not None
-    return Keys(directory, public, secret, server_public)
-
-
-def start_authenticator(ctx: zmq.Context[Any], keys: Keys) -> ThreadAuthenticator:
-    """Accept CURVE clients whose public key file lies in the keys directory."""
-    auth = ThreadAuthenticator(ctx)
-    auth.start()
-    auth.configure_curve(domain="*", location=str(keys.directory))
-    return auth
 
 
 def configure(sock: zmq.Socket[Any], *, max_message_bytes: int, hwm: int = 1000) -> None:

@@ -45,9 +45,10 @@ from common import metrics as M
 from common import snapshot as snap
 from common import wire
 from common.config import Config
-from common.sockets import load_keys, start_authenticator
+from common.keys import load_keys
 from consumer import checkpoint
 from consumer.distribution import Distribution, snapshot_chunk_bytes
+from consumer.key_gate import start_key_gate
 from consumer.prompts import make_source
 from consumer.publisher import Publisher
 from consumer.server import Server, run_spec
@@ -99,7 +100,7 @@ class Learner:
             (run_dir / snap.FINAL_FILE).unlink(missing_ok=True)
         self.ctx = zmq.Context()
         keys = load_keys(cfg.net.keys_dir, "server") if cfg.net.keys_dir else None
-        self.auth = start_authenticator(self.ctx, keys) if keys else None
+        self.auth = start_key_gate(self.ctx, keys) if keys else None
         spec = run_spec(cfg, vocab_size=self.trainer.vocab_size, model=str(self.model_dir or ""))
         self.server = Server(
             cfg, self.ctx, prompts=make_source(cfg.task, seed=cfg.run.seed), spec=spec,

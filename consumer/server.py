@@ -63,8 +63,9 @@ from common import snapshot as snap
 from common import wire
 from common.config import Config
 from common.errors import WireError
+from common.keys import Keys
 from common.log_limit import LogLimiter
-from common.sockets import Keys, server_socket
+from common.sockets import server_socket
 from consumer.distribution import snapshot_chunk_bytes
 from consumer.fanout import FanOut
 from consumer.identity import Identities

@@ -329,19 +329,33 @@ def producer(
 @app.command(
     # The help text is given here rather than as a docstring: it is one line in the command list.
     help=(
-        "Create CurveZMQ keys: server.key(_secret) for the consumer, "
-        "client.key(_secret) for producers."
-    )
+        "Create CurveZMQ keys: the consumer's pair and one per producer host (run again to add "
+        "hosts; existing keys are kept)."
+    ),
+    epilog=(
+        "`asyncgrpo keys keys/ --producer gpu1 --producer gpu2`, then: the consumer takes "
+        "`--keys keys/` (server/ and the allowlist clients/ stay on its host); copy "
+        "keys/producers/gpu1/ to host gpu1 only and start it with `--keys DIR`. Delete "
+        "keys/clients/gpu1.key to revoke gpu1."
+    ),
 )
 def keys(
     directory: Annotated[Path, typer.Argument(help="Directory to create the keys in.")],
+    producer_names: Annotated[
+        list[str] | None,
+        typer.Option("--producer", "-p", help="A producer host's name (repeatable)."),
+    ] = None,
 ) -> None:
-    from common.sockets import create_keys
+    from common.keys import create_keys
 
-    server, client = create_keys(directory)
-    typer.echo(f"wrote {server} and {client} (+ secrets) in {directory}")
-    typer.echo("consumer: --keys DIR (needs server.key_secret, client.key)")
-    typer.echo("producers: --keys DIR (need client.key_secret, server.key)")
+    try:
+        homes = create_keys(directory, producer_names or ["producer"])
+    except ConfigError as exc:
+        _fail(str(exc))
+    typer.echo(f"consumer host: --keys {directory}  (its secret: {directory}/server/; "
+               f"allowlist: {directory}/clients/)")  # fmt: skip
+    for home in homes:
+        typer.echo(f"producer host {home.name}: copy {home}/ there, then --keys <that copy>")
 
 
 DEMO_CONFIG = Path(__file__).parent / "configs" / "demo.toml"

@@ -4,7 +4,10 @@ announcements.
 - `ControlClient` owns the DEALER. Requests carry `req` ids; one reader task matches replies to
   waiting futures, so several coroutines may have requests in flight. A request without a reply
   in `timeout_s` raises `TimeoutError` (the consumer may be restarting; DEALER reconnects by
-  itself and the caller retries). A `Reject` reply raises `Rejected(reason)`.
+  itself and the caller retries). A `Reject` reply raises `Rejected(reason)`. A monitor task
+  (`watch_link`) follows the connection's events: `link` says what it has seen (nothing
+  listening, connected, a failing security handshake) for "waiting for the consumer" lines,
+  and a key the consumer's authenticator refuses fails every request with `KeyRefused` at once.
   `download_snapshot` fetches a snapshot's weights in chunks over the same socket, several in
   flight, writing and hashing each as it lands; the file takes its name only once its size and
   BLAKE3 hash match the announcement (`SnapshotError` otherwise).
@@ -30,11 +33,17 @@ import zmq.asyncio
 
 from common import snapshot as snap
 from common import wire
-from common.errors import SnapshotError, WireError
+from common.errors import ConfigError, SnapshotError, WireError
+from common.keys import Keys
 from common.log_limit import LogLimiter
-from common.sockets import Keys, client_socket
+from common.sockets import client_socket
 
 log = logging.getLogger("asyncgrpo.producer")
+_NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+
+
+class KeyRefused(ConfigError):
+    """The consumer's authenticator refused this producer's CurveZMQ key (ZAP status 400)."""
 
 
 class Rejected(Exception):
@@ -56,9 +65,16 @@ class ControlClient:
         self.num_bad_replies = 0
         self.last_reply_s = time.monotonic()  # when the consumer last answered anything
         self._log = LogLimiter(log)
+        self.endpoint, self.keys = endpoint, keys
+        self.link = "nothing listens there yet"  # what the connection has seen, for the operator
+        self.refused: KeyRefused | None = None
+        self._monitor = self.sock.get_monitor_socket()
 
     async def request(self, msg: wire.Message, *, timeout_s: float) -> wire.Message:
-        """Send `msg` (its `req` field is replaced) and await the matching reply."""
+        """Send `msg` (its `req` field is replaced) and await the matching reply. Raises
+        `KeyRefused` at once when the consumer has refused our key."""
+        if self.refused is not None:
+            raise self.refused
         req = self._next
         self._next += 1
         msg = dataclasses.replace(msg, req=req)  # type: ignore[call-arg]
@@ -155,7 +171,43 @@ class ControlClient:
                 # The consumer could not parse a request well enough to know its id.
                 log.warning("consumer rejected a request: %s %s", reply.reason, reply.detail)
 
+    async def watch_link(self) -> None:
+        """The monitor task (runs until cancelled): follows the connection's events, so that a
+        refused key is told apart from a consumer that is down. On a refusal every waiting
+        request fails with `KeyRefused` (and every later one at once)."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())
+            kind = event["event"]
+            if kind == zmq.EVENT_CONNECTED:
+                self.link = "connected; no CurveZMQ handshake yet" if self.keys else "connected"
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.link = "connected, no answer yet"
+            elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, _NO_DETAIL):
+                self.link = (
+                    "connected, but the security handshake fails: does the consumer use keys "
+                    "(--keys) exactly when this producer does, and is server.key the consumer's?"
+                )
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._refuse(int(event["value"]))
+
+    def _refuse(self, status: int) -> None:
+        public = self.keys.public.decode() if self.keys else ""
+        where = f"{self.keys.directory}/client.key" if self.keys else "no key"
+        self.refused = KeyRefused(
+            f"the consumer at {self.endpoint} refused this producer's CurveZMQ key "
+            f"({where}, public key {public[:8]}..., ZAP status {status}): it is not in the "
+            "consumer's allowlist (keys/clients/NAME.key, from `asyncgrpo keys DIR --producer "
+            "NAME`), or was revoked"
+        )
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(self.refused)
+
     def close(self) -> None:
+        self.sock.disable_monitor()
+        self._monitor.close(linger=0)
         self.sock.close(linger=0)
 
 

@@ -60,9 +60,10 @@ from common import snapshot as snap
 from common import wire
 from common.config import Config, RewardSpec
 from common.errors import ConfigError, SnapshotError
-from common.sockets import client_socket, endpoint_with_port, load_keys
+from common.keys import load_keys
+from common.sockets import client_socket, endpoint_with_port
 from producer.backoff import Backoff
-from producer.client import ControlClient, Outbox, Rejected, announcements
+from producer.client import ControlClient, KeyRefused, Outbox, Rejected, announcements
 from producer.endpoint_file import resolve_connect
 from producer.engine import Completion, Engine, FakeRewards, SamplingParams, make_engine
 from producer.fetch import Fetcher, Held
@@ -204,16 +205,21 @@ class Producer:
         net, follow = self.cfg.net, self.cfg.producer.follow
         wait_s = (net.consumer_timeout_s or float("inf")) if follow else net.handshake_timeout_s
         deadline = time.monotonic() + wait_s
+        said = time.monotonic()
         while True:
             try:
                 reply = await self.control.request(msg, timeout_s=min(_REQUEST_TIMEOUT_S, 2.0))
             except TimeoutError:
+                if time.monotonic() >= said:
+                    log.info("waiting for the consumer at %s (%s)", self.cfg.net.connect,
+                             self.control.link)  # fmt: skip
+                    said = time.monotonic() + 10.0
                 if time.monotonic() > deadline:
                     key = "net.consumer_timeout_s" if follow else "net.handshake_timeout_s"
                     raise NoConsumer(
                         f"no answer from the consumer at net.connect = {net.connect!r} "
-                        f"within {key} = {wait_s:g} s "
-                        "(is it running, and are the address and keys right?)"
+                        f"within {key} = {wait_s:g} s ({self.control.link}; "
+                        "is it running, and are the address and keys right?)"
                     ) from None
                 continue
             except Rejected as exc:
@@ -618,7 +624,7 @@ class Producer:
         if self.session is None:
             return
         held = tuple(self.session.outbox.pending)
-        with contextlib.suppress(TimeoutError, Rejected):
+        with contextlib.suppress(TimeoutError, Rejected, KeyRefused):
             await self.control.request(wire.Goodbye(0, self.state.producer_id, held), timeout_s=2.0)
 
     async def close(self, *, keep_engine: bool = False) -> KeptEngine | None:
@@ -709,6 +715,7 @@ async def serve_run(
     """One consumer's run: (exit code, the engine kept for the next run when the run finished
     and `producer.follow` is on)."""
     reader = asyncio.create_task(producer.control.read_replies(), name="replies")
+    link = asyncio.create_task(producer.control.watch_link(), name="link")
     code, finished = 0, False
     try:
         spec = await producer.setup()
@@ -741,5 +748,6 @@ async def serve_run(
     finally:
         await producer.goodbye()
         reader.cancel()
+        link.cancel()
         kept = await producer.close(keep_engine=finished and producer.cfg.producer.follow)
     return code, kept

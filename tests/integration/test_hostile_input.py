@@ -224,10 +224,11 @@ def test_a_non_loopback_bind_without_keys_is_refused_with_advice(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_curve_keys_admit_producers_with_keys_and_shut_out_those_without(tmp_path):
-    from common.sockets import create_keys
+    from common.keys import create_keys
 
     keys = tmp_path / "keys"
-    create_keys(keys)
+    create_keys(keys, ["member", "stranger"])
+    (keys / "clients" / "stranger.key").unlink()  # revoked: not in the consumer's allowlist
     run_dir = tmp_path / "run"
     consumer = cli(
         "consumer", "--run-dir", str(run_dir), "--steps", "3", "--keys", str(keys),
@@ -245,9 +246,26 @@ def test_curve_keys_admit_producers_with_keys_and_shut_out_those_without(tmp_pat
         )  # fmt: skip
         procs.append(outsider)
         assert outsider.wait(60) == 2
-        assert "no answer from the consumer" in (tmp_path / "outsider.log").read_text()
-        member = cli("producer", "--connect", ep, "--engine", "fake", "--keys", str(keys),
-                     log=tmp_path / "member.log")  # fmt: skip
+        said = (tmp_path / "outsider.log").read_text()
+        assert "no answer from the consumer" in said
+        assert "waiting for the consumer at" in said
+        assert "connected, but the security handshake fails" in said
+        # a key the consumer does not list: refused, and told so at once (not a silent wait)
+        stranger = cli(
+            "producer", "--connect", ep, "--engine", "fake", "--keys",
+            str(keys / "producers" / "stranger"), "--set", "net.handshake_timeout_s=60",
+            log=tmp_path / "stranger.log",
+        )  # fmt: skip
+        procs.append(stranger)
+        assert stranger.wait(60) == 2
+        said = (tmp_path / "stranger.log").read_text()
+        assert "refused this producer's CurveZMQ key" in said
+        assert "no answer from the consumer" not in said
+        wait_for(lambda: "refused a CurveZMQ connection from 127.0.0.1" in
+                 (tmp_path / "consumer.log").read_text(), timeout_s=30,
+                 what="the consumer's refusal line", procs=procs[:1])  # fmt: skip
+        member = cli("producer", "--connect", ep, "--engine", "fake", "--keys",
+                     str(keys / "producers" / "member"), log=tmp_path / "member.log")  # fmt: skip
         procs.append(member)
         assert consumer.wait(120) == 0
         wait_for(

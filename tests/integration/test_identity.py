@@ -17,8 +17,9 @@ import zmq.auth
 
 from common import config as C
 from common import wire
-from common.sockets import Keys, load_keys, start_authenticator
+from common.keys import Keys, load_keys
 from consumer.identity import Identities
+from consumer.key_gate import start_key_gate
 from consumer.prompts import make_source
 from consumer.server import Server, run_spec
 
@@ -77,7 +78,7 @@ def keyed(tmp_path):
          "staleness.max_staleness=0", "task.epochs=1"],
     )  # fmt: skip
     ctx = zmq.Context()
-    auth = start_authenticator(ctx, server_keys)
+    auth = start_key_gate(ctx, server_keys)
     srv = Server(
         cfg, ctx, prompts=make_source(cfg.task, seed=0),
         spec=run_spec(cfg, vocab_size=32, model=""), run_dir=tmp_path, keys=server_keys,
