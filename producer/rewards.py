@@ -27,6 +27,11 @@ Invariants:
   not time queued behind other groups or a worker's start-up.
 - Specs are resolved in the parent at construction: a typo fails at startup, not in a worker.
 - `num_calls`, `num_errors`, `num_timeouts`, `num_pool_restarts` are cumulative counters.
+- Nothing fails silently: each failed call's reason (the exception and its message, the
+  value returned, or the timeout) comes back from the worker, and the producer logs the first
+  of each kind per reward at once, then at most one line every 10 s per kind
+  (common/log_limit.py), with the counts; timeouts also say that they cost throughput. The
+  counts reach the consumer in heartbeats (the dashboard, `asyncgrpo status`, summary.md).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import numpy as np
 
 from common.config import RewardSpec
 from common.errors import ConfigError
+from common.log_limit import LogLimiter
 from common.tasks import is_correct
 
 RewardFn = Callable[[str, str], float]
@@ -153,8 +159,8 @@ def _init_worker(specs: list[str]) -> None:
         resolve(spec)
 
 
-def _call(fn: RewardFn, completion: str, answer: str, timeout_s: float) -> tuple[float, int]:
-    """One reward call under its own timer: (value, _OK | _ERROR | _TIMEOUT)."""
+def _call(fn: RewardFn, completion: str, answer: str, timeout_s: float) -> tuple[float, int, str]:
+    """One reward call under its own timer: (value, _OK | _ERROR | _TIMEOUT, what went wrong)."""
     global _armed
     try:
         _armed = True
@@ -165,25 +171,39 @@ def _call(fn: RewardFn, completion: str, answer: str, timeout_s: float) -> tuple
             _armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _CallTimeout:
-        return 0.0, _TIMEOUT
-    except (Exception, SystemExit):  # a user's reward failing is data, not a producer crash
-        return 0.0, _ERROR
+        return 0.0, _TIMEOUT, f"timed out after {timeout_s:g} s (rewards.timeout_s)"
+    except (Exception, SystemExit) as exc:  # a user's reward failing is data, not a crash
+        return 0.0, _ERROR, f"raised {type(exc).__name__}: {_short(str(exc))}"
     if isinstance(value, numbers.Real) and math.isfinite(value):
-        return float(value), _OK
-    return 0.0, _ERROR
+        return float(value), _OK, ""
+    return (
+        0.0,
+        _ERROR,
+        f"returned {_short(repr(value))} ({type(value).__name__}), not a finite number",
+    )
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _score_in_worker(
     specs: list[str], completions: list[str], answer: str, timeout_s: float
-) -> tuple[list[list[float]], int, int]:
-    """Every spec on every completion: (table [spec][completion], errors, timeouts)."""
-    table, outcomes = [], []
+) -> tuple[list[list[float]], int, int, list[tuple[str, str, str]]]:
+    """Every spec on every completion: (table [spec][completion], errors, timeouts, the first
+    failure of each kind per spec as (spec, outcome, what went wrong))."""
+    table, outcomes, failures = [], [], {}
     for spec in specs:
         fn = resolve(spec)
         row = [_call(fn, text, answer, timeout_s) for text in completions]
-        table.append([value for value, _ in row])
-        outcomes += [outcome for _, outcome in row]
-    return table, outcomes.count(_ERROR), outcomes.count(_TIMEOUT)
+        table.append([value for value, _, _ in row])
+        outcomes += [outcome for _, outcome, _ in row]
+        for _, outcome, why in row:
+            if outcome != _OK:
+                failures.setdefault((spec, outcome), why)
+    kinds = {_ERROR: "error", _TIMEOUT: "timeout"}
+    shown = [(spec, kinds[outcome], why) for (spec, outcome), why in failures.items()]
+    return table, outcomes.count(_ERROR), outcomes.count(_TIMEOUT), shown
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +234,7 @@ class RewardRunner:
         self.timeout_s, self.workers, self.hard_margin_s = timeout_s, workers, hard_margin_s
         self.num_calls = self.num_errors = self.num_timeouts = self.num_pool_restarts = 0
         self._slots = asyncio.Semaphore(workers)
+        self._log = LogLimiter(log)
         self._closed = False
         self._pool, self._ready = self._start_pool()
 
@@ -233,20 +254,44 @@ class RewardRunner:
         self.num_calls += calls
         if calls:
             async with self._slots:
-                table, errors, timeouts = await self._round_trip(completions, answer, calls)
+                table, errors, timeouts, failures = await self._round_trip(
+                    completions, answer, calls
+                )
         else:
-            table, errors, timeouts = [[] for _ in self.specs], 0, 0
+            table, errors, timeouts, failures = [[] for _ in self.specs], 0, 0, []
         self.num_errors += errors
         self.num_timeouts += timeouts
+        self._report(failures, errors, timeouts, len(completions))
         parts = {n: np.asarray(row, np.float32) for n, row in zip(self.names, table, strict=True)}
         total = np.zeros(len(completions), np.float32)
         for spec, name in zip(self.specs, self.names, strict=True):
             total += np.float32(spec.weight) * parts[name]
         return Scored(total, parts, errors, timeouts)
 
+    def _report(
+        self, failures: list[tuple[str, str, str]], errors: int, timeouts: int, size: int
+    ) -> None:
+        """Log failed reward calls with what went wrong: the first of each (reward, kind) at
+        once, then at most one line every 10 s each, saying how many were held back."""
+        for spec, kind, why in failures:
+            self._log.log(
+                f"{spec}.{kind}", logging.WARNING,
+                "reward %r %s (scored 0; %d errors, %d timeouts in this group of %d; "
+                "%d errors, %d timeouts so far)",
+                spec, why, errors, timeouts, size, self.num_errors, self.num_timeouts,
+            )  # fmt: skip
+        if timeouts:
+            self._log.log(
+                "timeouts.cost", logging.WARNING,
+                "rewards: %d calls timed out in one group, each holding a reward worker "
+                "%.3g s (rewards.timeout_s): slow rewards cut this producer's throughput; "
+                "raise rewards.workers or fix the reward",
+                timeouts, self.timeout_s,
+            )  # fmt: skip
+
     async def _round_trip(
         self, completions: list[str], answer: str, calls: int
-    ) -> tuple[list[list[float]], int, int]:
+    ) -> tuple[list[list[float]], int, int, list[tuple[str, str, str]]]:
         zeros = [[0.0] * len(completions) for _ in self.specs]
         specs = [s.fn for s in self.specs]
         for _ in range(2):  # a second try only if another group's failure replaced the pool
@@ -261,12 +306,14 @@ class RewardRunner:
                     return await asyncio.wrap_future(job)
             except TimeoutError:
                 self._replace_pool(pool, "a reward outlived its hard deadline")
-                return zeros, 0, calls
+                why = "outlived its hard deadline (stuck in C code, or blocking SIGALRM)"
+                return zeros, 0, calls, [(s, "timeout", why) for s in specs]
             except BrokenProcessPool:
                 if pool is self._pool:  # this group's reward took its worker down
                     self._replace_pool(pool, "a reward worker died")
-                    return zeros, calls, 0
-        return zeros, calls, 0
+                    why = "took its worker process down (os._exit, a crash in an extension)"
+                    return zeros, calls, 0, [(s, "error", why) for s in specs]
+        return zeros, calls, 0, [(s, "error", "not scored: the producer is closing") for s in specs]
 
     def _replace_pool(self, pool: ProcessPoolExecutor, why: str) -> None:
         if pool is not self._pool or self._closed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import numpy as np
 import pytest
@@ -176,3 +177,21 @@ def test_fake_rewards_are_a_seeded_coin_per_completion_that_follows_the_lease():
     assert first.mean() == pytest.approx(0.25, abs=0.03)
     assert np.array_equal(FakeRewards(run_seed=3, p=0.25).score(7, 4000), first)  # any producer
     assert not np.array_equal(rewards.score(8, 4000), first)
+
+
+async def test_every_kind_of_reward_failure_is_logged_with_what_went_wrong(caplog):
+    specs = [RewardSpec(f"reward_fixtures:{b}") for b in ("raises", "nan", "not_a_number")]
+    specs.append(RewardSpec("reward_fixtures:hangs_on_hang"))
+    with caplog.at_level(logging.WARNING, logger="asyncgrpo.producer"):
+        async with asyncio.timeout(60), RewardRunner(specs, timeout_s=0.5, workers=1) as runner:
+            await runner.score(["hang", "ok"], "x")
+            await runner.score(["ok"], "x")  # the same failures again: held back, not logged
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(" (scored 0")[0] for line in lines if "(scored 0" in line] == [
+        "reward 'reward_fixtures:raises' raised RuntimeError: this reward is broken",
+        "reward 'reward_fixtures:nan' returned nan (float), not a finite number",
+        "reward 'reward_fixtures:not_a_number' returned 'yes' (str), not a finite number",
+        "reward 'reward_fixtures:hangs_on_hang' timed out after 0.5 s (rewards.timeout_s)",
+    ]
+    assert "6 errors, 1 timeouts in this group of 2" in lines[0]
+    assert sum("cut this producer's throughput" in line for line in lines) == 1
