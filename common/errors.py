@@ -20,6 +20,11 @@ class SnapshotError(AsyncGRPOError, ValueError):
     """A snapshot file that is missing, partial or whose hash does not match its manifest."""
 
 
+class SnapshotMismatch(SnapshotError):
+    """A snapshot whose tensors do not fit the model (names or shapes): its bytes are fine, the
+    model is wrong, so no retry can help."""
+
+
 class WireError(AsyncGRPOError, ValueError):
     """A message that cannot be accepted. `reason` is a short code (a metrics key)."""
 

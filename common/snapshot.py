@@ -59,7 +59,7 @@ from pathlib import Path
 import blake3
 from safetensors import SafetensorError, safe_open
 
-from common.errors import SnapshotError
+from common.errors import SnapshotError, SnapshotMismatch
 
 WEIGHTS_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
@@ -437,4 +437,4 @@ def check_fits(
     if not file_shapes:
         problems.insert(0, "no tensors (no *.safetensors file, or an empty one)")
     if problems:
-        raise SnapshotError(f"snapshot {where} does not fit the model ({'; '.join(problems)})")
+        raise SnapshotMismatch(f"snapshot {where} does not fit the model ({'; '.join(problems)})")

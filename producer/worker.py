@@ -32,7 +32,9 @@ for long (a consumer that restarts with `--resume` within that time is rejoined)
 Invariants: a lease starts generating only once the loaded weights are at least its
 `min_version` (the staleness bound by construction); every finished group stays in the outbox
 until acknowledged; a reward that raises or hangs scores 0 and is counted (producer/rewards.py);
-a snapshot that fails verification is never loaded (the producer keeps its weights and says so).
+a snapshot that fails verification is never loaded (the producer keeps its weights and says so);
+a verified snapshot that does not fit the model (names, shapes) ends the producer with one clear
+error (exit 2): that cannot get better by retrying.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ import zmq.asyncio
 from common import snapshot as snap
 from common import wire
 from common.config import Config, RewardSpec
-from common.errors import ConfigError, SnapshotError
+from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from common.keys import load_keys
 from common.sockets import client_socket, endpoint_with_port
 from producer.backoff import Backoff
@@ -419,6 +421,11 @@ class Producer:
                 self.state.count("reload_s", time.perf_counter() - t0)
                 log.info("loaded weights v%d", target.version)
                 self.state.changed.bump()
+            except SnapshotMismatch as exc:  # the model is wrong: retrying can never help
+                raise ConfigError(
+                    f"the learner's weights can never load into this producer's model ({exc}): "
+                    + self._whose_model()
+                ) from exc
             except (SnapshotError, Rejected, TimeoutError) as exc:
                 if self.state.target is not target:
                     # A newer snapshot was announced meanwhile; the consumer keeps only the last
@@ -525,6 +532,13 @@ class Producer:
             self.lease_tasks.pop(lease.lease_id, None)
             self.state.in_flight.discard(lease.lease_id)
             self.state.changed.bump()
+
+    def _whose_model(self) -> str:
+        if self.cfg.producer.model:
+            return (f"this producer's --model {self.cfg.producer.model!r} must be a copy of "
+                    "the learner's model (same architecture and tokenizer)")  # fmt: skip
+        return ("the model the consumer announced differs on this host: pass --model with a "
+                "copy of the learner's model")  # fmt: skip
 
     def _busy(self, delta: int) -> None:
         """Track time with at least one lease generating or scoring (counter busy_s)."""

@@ -114,3 +114,21 @@ def test_model_demo_is_the_demo_model_of_the_producers_host(monkeypatch, tiny_mo
     result = CliRunner().invoke(app, ["producer", "--model", "demo"])
     assert result.exit_code == 0, result.output
     assert seen["model"] == str(tiny_model_dir)
+
+
+async def test_the_hf_engine_refuses_weights_of_another_shape_as_a_mismatch(
+    tiny_model_dir, tmp_path
+):
+    from tiny_models import build_tiny_model
+
+    from common.errors import SnapshotMismatch
+    from producer.engine_hf import HFEngine
+
+    other = build_tiny_model(tmp_path / "wide", hidden=32)
+    engine = HFEngine(tiny_model_dir, device="cpu", seed=0)
+    try:
+        with pytest.raises(SnapshotMismatch, match="does not fit the model"):
+            await engine.load_weights(other, 1)
+        assert engine.version == -1  # its weights untouched
+    finally:
+        await engine.close()

@@ -16,12 +16,13 @@ import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import pytest
 import zmq
 import zmq.asyncio
 
 from common import config as C
 from common import wire
-from common.errors import SnapshotError
+from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from consumer.server import run_spec
 from producer.client import Outbox
 from producer.engine import FakeEngine, FakeRewards
@@ -150,3 +151,16 @@ async def test_same_version_from_a_new_incarnation_is_reloaded() -> None:
         await run_weights_loop_until(producer, lambda: producer.state.weights_run == "run-1")
         assert producer.fetched == [12, 12]
         assert producer.state.counters["reloads"] == 2
+
+
+async def test_weights_that_can_never_fit_the_model_end_the_producer_with_one_error() -> None:
+    def wrong_model(producer: Producer, v: int) -> None:
+        raise SnapshotMismatch("snapshot /s does not fit the model (wrong shape: w [4] != [8])")
+
+    async with scripted_producer() as producer:
+        producer.script = wrong_model
+        producer.state.target = info(1)
+        with pytest.raises(ConfigError, match=r"can never load into this producer's model \("
+                           r"snapshot /s does not fit .*pass --model with a copy"):  # fmt: skip
+            await run_weights_loop_until(producer, lambda: bool(producer.fetched))
+        assert producer.fetched == [1]  # no retry: it cannot get better
