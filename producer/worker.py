@@ -602,6 +602,8 @@ class Producer:
         self.state.count(f"snapshots_fetched_{outcome.file}")
         self.state.count("fetch_bytes", outcome.num_bytes)
         self.state.count("fetch_s", time.perf_counter() - t0)
+        log.info("snapshot v%d fetched over the network (%d bytes in %.2f s), BLAKE3 hash verified",
+                 info.version, info.num_bytes, time.perf_counter() - t0)  # fmt: skip
         self._prune_cache()
         return directory
 
