@@ -72,7 +72,8 @@ def test_the_former_flat_layout_still_loads_for_both_roles(tmp_path):
     assert load_keys(tmp_path, "client").directory == tmp_path
 
 
-def test_a_secret_readable_by_others_is_warned_about(tmp_path, caplog):
+def test_a_secret_readable_by_others_is_warned_about(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("asyncgrpo.keys"), "disabled", False)
     create_keys(tmp_path, ["gpu1"])
     (tmp_path / "server" / "server.key_secret").chmod(0o644)
     with caplog.at_level(logging.WARNING, logger="asyncgrpo.keys"):
@@ -80,7 +81,10 @@ def test_a_secret_readable_by_others_is_warned_about(tmp_path, caplog):
     assert "readable by other users: chmod 600" in caplog.text
 
 
-def test_the_allowlist_admits_listed_hosts_and_a_deleted_file_revokes_one(tmp_path, caplog):
+def test_the_allowlist_admits_listed_hosts_and_a_deleted_file_revokes_one(
+    tmp_path, caplog, monkeypatch
+):
+    monkeypatch.setattr(logging.getLogger("asyncgrpo.consumer"), "disabled", False)
     create_keys(tmp_path, ["gpu1", "gpu2"])
     gpu1 = load_keys(tmp_path / "producers" / "gpu1", "client").public
     gpu2 = load_keys(tmp_path / "producers" / "gpu2", "client").public

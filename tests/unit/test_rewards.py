@@ -179,7 +179,9 @@ def test_fake_rewards_are_a_seeded_coin_per_completion_that_follows_the_lease():
     assert not np.array_equal(rewards.score(8, 4000), first)
 
 
-async def test_every_kind_of_reward_failure_is_logged_with_what_went_wrong(caplog):
+async def test_every_kind_of_reward_failure_is_logged_with_what_went_wrong(caplog, monkeypatch):
+    # a logging.config call elsewhere in the session (import-linter's) may have disabled it
+    monkeypatch.setattr(logging.getLogger("asyncgrpo.producer"), "disabled", False)
     specs = [RewardSpec(f"reward_fixtures:{b}") for b in ("raises", "nan", "not_a_number")]
     specs.append(RewardSpec("reward_fixtures:hangs_on_hang"))
     with caplog.at_level(logging.WARNING, logger="asyncgrpo.producer"):

@@ -77,7 +77,8 @@ def test_status_and_the_report_summary_tell_where_a_run_stands(tmp_path):
         "p1 5/1, p2 2/0;" in summary  # fmt: skip
 
 
-def test_a_consumer_run_by_hand_logs_progress_lines(tmp_path, caplog):
+def test_a_consumer_run_by_hand_logs_progress_lines(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("asyncgrpo.progress"), "disabled", False)
     run_dir = _run_dir(tmp_path)
     progress = Progress(run_dir, 50, every_s=0.01)
     with caplog.at_level(logging.INFO, logger="asyncgrpo.progress"):
