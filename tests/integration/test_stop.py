@@ -41,8 +41,9 @@ def _start(tmp_path: Path) -> tuple[Path, list]:
         for s in ("fake.reward_p=0.0", "fake.latency_s=0.01", "net.heartbeat_s=0.2"):
             args += ["--set", s]
         procs.append(cli(*args, log=tmp_path / f"{name}.log"))
-    wait_for(lambda: _dropped(run_dir) >= 20, timeout_s=120, what="20 dropped groups",
-             procs=procs)  # fmt: skip
+    registered = lambda: all(f"producer {n} registered" in _log(tmp_path) for n in ("p1", "p2"))  # noqa: E731
+    wait_for(lambda: registered() and _dropped(run_dir) >= 20, timeout_s=120,
+             what="both producers and 20 dropped groups", procs=procs)  # fmt: skip
     return run_dir, procs
 
 
