@@ -725,6 +725,16 @@ async def main(cfg: Config) -> int:
         ctx.term()
 
 
+async def run(producer: Producer) -> int:
+    """Register, prepare and run `producer`'s tasks until the consumer says it is finished or the
+    calling task is cancelled (goodbye, 0); `EXIT_CONSUMER_LOST` when the consumer went silent.
+    Closes the producer's sockets, not its context (many producers may share one)."""
+    current = asyncio.current_task()
+    assert current is not None
+    code, _ = await serve_run(producer, current)
+    return code
+
+
 async def serve_run(
     producer: Producer, current: asyncio.Task[int]
 ) -> tuple[int, KeptEngine | None]:

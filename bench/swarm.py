@@ -1,0 +1,324 @@
+"""Is the control plane flat in the number of producers? N producers in one process against a
+real consumer, for several N, with the largest N's throughput as a ratio of the one at 64.
+
+    python bench/swarm.py [--producers 1,64,256,1024] [--seconds 15] [--json PATH]
+
+- consumer: `asyncgrpo consumer` in its own process with a simulated learner step
+  (`train.simulate_step_s`, 1 ms by default: no model), real sockets, leases, ledger, a small
+  snapshot published every step.
+- producers: N copies of the project's own `Producer` (`producer/worker.py`: registration,
+  heartbeats, lease loop, weight reloads, outbox) with the fake engine, all in this process on
+  one event loop and one ZeroMQ context (groups of G x T tokens, generated at once unless
+  `--latency-s`).
+
+Each N is measured over a window of `--seconds` that starts `--warmup-s` after the last
+producer registered; then the consumer is stopped (SIGINT: final snapshot, ledger checked,
+producers told) and must exit 0. Reported per N (JSON keys in brackets):
+- trained groups/s and completion tokens/s from the consumer's metrics.jsonl
+  [`trained_groups_per_s`, `tokens_per_s`];
+- lease request round trips seen by the producers, p50/p99 [`lease_p50_s`, `lease_p99_s`],
+  heartbeat round trips [`heartbeat_p99_s`], requests that got no reply within the producer's
+  timeout [`control_timeouts`];
+- registration: from starting the producers to the last one registered [`registration_s`],
+  and the p99 of one registration's round trip [`register_p99_s`];
+- the consumer's CPU (user + system seconds per second of the window: 1.0 = one core busy)
+  [`consumer_cpu`], its resident memory at the end of the window and its peak
+  [`consumer_rss_mib`, `consumer_rss_peak_mib`];
+- lease replies that granted nothing, per second and per producer per second
+  [`empty_lease_replies_per_s`, `empty_lease_replies_per_producer_s`];
+- the mean size of a metrics.jsonl line [`metrics_line_bytes`] and whether the ledger balanced
+  and the consumer exited 0 [`consumer_ok`].
+Top level: `ratio_groups_per_s_largest_vs_64` (trained groups/s at the largest N over the figure
+at 64, the same run; null when 64 is not among the Ns), `largest_producers`, the machine's load
+average before and after (`load_1m_start`, `load_1m_end`) and the settings. This process runs
+the producers on the same machine as the consumer, so on a small machine the figures at large N
+include the cost of simulating the swarm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import config as C
+from common import wire
+from common.metrics import read_steps
+from producer.worker import Producer
+from producer.worker import run as run_producer
+
+BASELINE_N = 64
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Probe:
+    """What the producers saw, with the monotonic time of each observation."""
+
+    lease: list[tuple[float, float]] = field(default_factory=list)  # (at, round trip s)
+    heartbeat: list[tuple[float, float]] = field(default_factory=list)
+    register: list[float] = field(default_factory=list)  # round trip s of each registration
+    registered: dict[str, float] = field(default_factory=dict)  # producer -> first Welcome at
+    empty: list[float] = field(default_factory=list)  # when a lease reply granted nothing
+    timeouts: list[float] = field(default_factory=list)
+
+
+def instrument(producer: Producer, probe: Probe) -> None:
+    """Time `producer`'s control requests (its own client, wrapped: nothing else changes)."""
+    request = producer.control.request
+    pid = producer.state.producer_id
+
+    async def timed(msg: wire.Message, *, timeout_s: float) -> wire.Message:
+        t0 = time.monotonic()
+        try:
+            reply = await request(msg, timeout_s=timeout_s)
+        except TimeoutError:
+            probe.timeouts.append(time.monotonic())
+            raise
+        t1 = time.monotonic()
+        if isinstance(msg, wire.LeaseRequest):
+            probe.lease.append((t1, t1 - t0))
+            if isinstance(reply, wire.LeaseGrant) and not reply.leases:
+                probe.empty.append(t1)
+        elif isinstance(msg, wire.Heartbeat):
+            probe.heartbeat.append((t1, t1 - t0))
+        elif isinstance(msg, wire.Register):
+            probe.register.append(t1 - t0)
+            probe.registered.setdefault(pid, t1)
+        return reply
+
+    setattr(producer.control, "request", timed)  # noqa: B010 (an instance's method, wrapped)
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """The `q` quantile (nearest rank) of `values`; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def proc_mem_mib(pid: int) -> tuple[float, float]:
+    """(resident, peak resident) MiB of process `pid` (Linux /proc)."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values.get("VmRSS", 0.0), values.get("VmHWM", 0.0)
+
+
+def consumer_args(run: Path, prompts: Path, a: argparse.Namespace) -> list[str]:
+    sets = [
+        f"train.simulate_step_s={a.step_s}", f"train.prompts_per_step={a.prompts_per_step}",
+        f"sampling.group_size={a.group_size}", f"sampling.max_new_tokens={a.tokens}",
+        f"staleness.max_staleness={a.max_staleness}", "train.drop_zero_variance=false",
+        "task.source=jsonl", f"task.path={prompts}", "net.control_port=0",
+        f"net.max_message_mib={a.max_message_mib}",
+    ]  # fmt: skip
+    args = [sys.executable, "-m", "launch.cli", "consumer", "--run-dir", str(run), "--steps", "0"]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def producer_config(endpoint: str, i: int, a: argparse.Namespace) -> C.Config:
+    return C.override(
+        C.Config(),
+        {
+            "net.connect": endpoint, "producer.id": f"swarm-{i:04d}",
+            "producer.engine": "fake", "producer.max_in_flight": a.in_flight,
+            "fake.min_tokens": a.tokens, "fake.max_tokens": a.tokens,
+            "fake.latency_s": a.latency_s, "net.max_message_mib": a.max_message_mib,
+            "run.seed": i,
+        },
+    )  # fmt: skip
+
+
+async def swarm(
+    n: int, run: Path, consumer: subprocess.Popen[bytes], a: argparse.Namespace
+) -> dict[str, Any]:
+    """Run `n` producers against the consumer at `run`; the figures of one window."""
+    while not (run / "endpoints.json").exists():
+        if consumer.poll() is not None:
+            raise RuntimeError(f"the consumer exited with {consumer.returncode} before listening")
+        await asyncio.sleep(0.05)
+    endpoint = json.loads((run / "endpoints.json").read_text())["control"]
+    ctx = zmq.asyncio.Context()
+    ctx.set(zmq.MAX_SOCKETS, max(1024, 8 * n))
+    probe = Probe()
+    producers = [Producer(producer_config(endpoint, i, a), ctx) for i in range(n)]
+    for p in producers:
+        instrument(p, probe)
+    t_start = time.monotonic()
+    tasks = [asyncio.create_task(run_producer(p), name=p.state.producer_id) for p in producers]
+    try:
+        while len(probe.registered) < n:
+            if all(t.done() for t in tasks) or time.monotonic() - t_start > a.register_timeout_s:
+                raise RuntimeError(f"only {len(probe.registered)} of {n} producers registered")
+            await asyncio.sleep(0.05)
+        registration_s = max(probe.registered.values()) - t_start
+        await asyncio.sleep(a.warmup_s)
+        t_a, unix_a, cpu_a = time.monotonic(), time.time(), proc_cpu_s(consumer.pid)
+        await asyncio.sleep(a.seconds)
+        t_b, unix_b, cpu_b = time.monotonic(), time.time(), proc_cpu_s(consumer.pid)
+        rss, peak = proc_mem_mib(consumer.pid)
+        consumer.send_signal(signal.SIGINT)  # final snapshot, ledger checked, producers told
+        _, pending = await asyncio.wait(tasks, timeout=a.stop_timeout_s)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        ctx.destroy(linger=0)
+    code = await asyncio.to_thread(consumer.wait, 120)
+    span = t_b - t_a
+
+    def within(stamps: list[tuple[float, float]]) -> list[float]:
+        return [v for at, v in stamps if t_a <= at <= t_b]
+
+    steps = [r for r in read_steps(run / "metrics.jsonl") if unix_a <= r.unix_time <= unix_b]
+    trained = tokens = 0.0
+    if len(steps) >= 2:
+        wall = steps[-1].unix_time - steps[0].unix_time
+        trained = (steps[-1].groups_trained - steps[0].groups_trained) / wall
+        tokens = sum(r.num_completion_tokens for r in steps[1:]) / wall
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    ledger = json.loads((run / "ledger.json").read_text())
+    empty = sum(t_a <= at <= t_b for at in probe.empty) / span
+    return {
+        "producers": n,
+        "window_s": span,
+        "steps": len(steps),
+        "trained_groups_per_s": trained,
+        "tokens_per_s": tokens,
+        "lease_requests": len(within(probe.lease)),
+        "lease_p50_s": quantile(within(probe.lease), 0.5),
+        "lease_p99_s": quantile(within(probe.lease), 0.99),
+        "heartbeat_p99_s": quantile(within(probe.heartbeat), 0.99),
+        "control_timeouts": len(probe.timeouts),
+        "registration_s": registration_s,
+        "register_p99_s": quantile(probe.register, 0.99),
+        "consumer_cpu": (cpu_b - cpu_a) / span,
+        "consumer_rss_mib": rss,
+        "consumer_rss_peak_mib": peak,
+        "empty_lease_replies_per_s": empty,
+        "empty_lease_replies_per_producer_s": empty / n,
+        "metrics_line_bytes": sum(map(len, lines)) / max(len(lines), 1),
+        "consumer_ok": code == 0 and bool(ledger["balance"]["ok"]),
+        "producers_unfinished": len(pending),
+    }
+
+
+def measure(n: int, a: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="swarm-") as tmp:
+        run, prompts = Path(tmp) / "run", Path(tmp) / "prompts.jsonl"
+        prompts.write_text(
+            "".join(json.dumps({"prompt": f"p{i}", "answer": "a"}) + "\n" for i in range(4096))
+        )
+        log = open(Path(tmp) / "consumer.log", "wb")  # noqa: SIM115 (closed below)
+        consumer = subprocess.Popen(consumer_args(run, prompts, a), stdout=log, stderr=log)
+        try:
+            return asyncio.run(swarm(n, run, consumer, a))
+        except BaseException:
+            consumer.kill()
+            consumer.wait()
+            log.close()
+            sys.stderr.write((Path(tmp) / "consumer.log").read_text()[-4000:])
+            raise
+        finally:
+            log.close()
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    by_n = {r["producers"]: r for r in runs}
+    largest = max(by_n)
+    base = by_n.get(BASELINE_N)
+    ratio = None
+    if base is not None and base["trained_groups_per_s"] > 0:
+        ratio = by_n[largest]["trained_groups_per_s"] / base["trained_groups_per_s"]
+    return {"largest_producers": largest, "ratio_groups_per_s_largest_vs_64": ratio}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--producers", default="1,64,256,1024", help="comma-separated Ns (1-1024)")
+    ap.add_argument("--seconds", type=float, default=15.0, help="measured window per N")
+    ap.add_argument("--warmup-s", type=float, default=3.0, help="after the last registration")
+    ap.add_argument("--step-s", type=float, default=0.001, help="simulated learner step")
+    ap.add_argument("--prompts-per-step", type=int, default=64)
+    ap.add_argument("--max-staleness", type=int, default=3)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64, help="completion tokens per sample")
+    ap.add_argument("--in-flight", type=int, default=1, help="leases per producer")
+    ap.add_argument("--latency-s", type=float, default=0.0, help="fake generation per group")
+    ap.add_argument("--max-message-mib", type=float, default=64.0)
+    ap.add_argument("--register-timeout-s", type=float, default=120.0)
+    ap.add_argument("--stop-timeout-s", type=float, default=60.0)
+    ap.add_argument("--json", type=Path, help="write the results here")
+    a = ap.parse_args(argv)
+    ns = [int(x) for x in a.producers.split(",") if x.strip()]
+    if not ns or any(not 1 <= n <= 1024 for n in ns):
+        ap.error("--producers: each N must be within 1..1024")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16 * max(ns) + 1024)), hard))
+    load_start = os.getloadavg()[0]
+    runs = []
+    for n in ns:
+        r = measure(n, a)
+        runs.append(r)
+        p50, p99 = r["lease_p50_s"], r["lease_p99_s"]
+        print(
+            f"N={n:5d}  trained {r['trained_groups_per_s']:8.1f} groups/s "
+            f"{r['tokens_per_s']:10.0f} tok/s  lease p50/p99 "
+            f"{(p50 or 0) * 1e3:7.1f}/{(p99 or 0) * 1e3:7.1f} ms  "
+            f"reg {r['registration_s']:6.2f} s  cpu {r['consumer_cpu']:4.2f}  "
+            f"rss {r['consumer_rss_mib']:7.1f} MiB  empty {r['empty_lease_replies_per_s']:8.1f}/s"
+            f"  line {r['metrics_line_bytes']:8.0f} B  timeouts {r['control_timeouts']}"
+            f"  ok {r['consumer_ok']}",
+            flush=True,
+        )
+    out = {
+        "bench": "swarm",
+        "load_1m_start": load_start,
+        "load_1m_end": os.getloadavg()[0],
+        "cpu_count": os.cpu_count(),
+        "settings": {k: v for k, v in vars(a).items() if k != "json"},
+        "runs": runs,
+        **summarise(runs),
+    }
+    ratio = out["ratio_groups_per_s_largest_vs_64"]
+    if ratio is not None:
+        print(f"ratio trained groups/s N={out['largest_producers']} vs N={BASELINE_N}: {ratio:.3f}")
+    print(f"load average (1 min): {load_start:.1f} before, {out['load_1m_end']:.1f} after")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1, sort_keys=True))
+    return 0 if all(r["consumer_ok"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
