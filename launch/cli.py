@@ -574,8 +574,9 @@ def stress(
         str,
         typer.Option(
             help="Comma-separated seeds; every setting runs once per seed (prompt order, "
-            "initialisation, each lease's sampling seed). A max_staleness = 0 setting repeats "
-            "exactly; in asynchronous ones which weights sample which group follows timing."
+            "initialisation, each lease's sampling seed). A max_staleness = 0 setting repeats its "
+            "tokens and rewards (weights to float rounding); in asynchronous ones which "
+            "weights sample which group follows timing."
         ),
     ] = "0",
     target_reward: Annotated[
