@@ -5,7 +5,8 @@ learner. `StepRecord` is its one typed definition: the learner builds one per st
 or missing name is a `TypeError` there, at once, not a silently empty plot later) and every
 reader (the live dashboard, `asyncgrpo report`, the stress sweep, the benchmarks) reads lines
 back with `read_steps` / `StepRecord.from_json` and uses its attributes. Values are numbers, or
-small dicts (histograms, per-producer views); NaN/inf are written as null.
+small dicts of a fixed size (histograms, producers by state; each producer's own view is in
+producers.json, consumer/roster.py); NaN/inf are written as null.
 
 On disk a line is `to_json()`: every field, except the optional ones that are None (what the
 stand-in trainer or a step without evaluation does not measure), keys sorted.
@@ -54,9 +55,13 @@ class StepRecord:
     groups_expired: int
     leases_open: int
     rejected_messages: int  # messages the consumer refused (rejected.<reason> in the ledger)
-    producers: dict[str, dict[str, Any]]  # {producer: {"version": loaded, "state": ...}}
-    producer_counters: dict[str, dict[str, float]]  # {producer: its heartbeat counters}
     # -- absent from runs older than the field -------------------------------------------------
+    producers_live: int | None = None  # producers registered and neither gone nor left
+    producers_by_state: dict[str, int] | None = None  # {state: producers}, as of the last
+    # write of producers.json (every few seconds, consumer/roster.py: each producer's view)
+    # -- only in runs older than producers.json: every producer's view in every line ------------
+    producers: dict[str, dict[str, Any]] | None = None  # {producer: {"version", "state"}}
+    producer_counters: dict[str, dict[str, float]] | None = None  # {producer: its counters}
     world_size: int | None = None  # learner ranks (torchrun); 1 = one process
     # -- the publisher (absent from runs older than the field) ---------------------------------
     snapshots_superseded: int | None = None  # snapshots skipped for a newer one, so far

@@ -7,7 +7,8 @@ this (main) thread runs the training loop and never touches a socket. One step:
     collect P admitted groups (gate: stale → dropped_stale, all-equal rewards →
     dropped_zero_variance, both finalized at once so their lease slots are re-granted)
     → trainer.step → version += 1 → leases finalized as trained → snapshot every publish_every
-    → one metrics.jsonl line → checkpoint every checkpoint_every steps.
+    → one metrics.jsonl line (aggregates only: each producer's state is in producers.json,
+    consumer/roster.py) → checkpoint every checkpoint_every steps.
 
 Start: the first snapshot (version 0) is published; with `run.wait_for_producers = N` no lease is
 granted, and the clock of `metrics.jsonl` (`time_s`) does not start, until N producers are
@@ -256,8 +257,8 @@ class Learner:
         now = time.perf_counter()
         rewards = np.concatenate([g.rewards for g in got.kept])
         tokens = sum(g.num_tokens for g in got.kept)
-        view = self.server.view()
-        balance = self.server.balance()
+        books = self.server.step_summary()  # its size does not grow with the producers
+        balance = books["balance"]
         return {
             "step": self.version,
             "world_size": self.trainer.world_size,
@@ -284,12 +285,9 @@ class Learner:
             "groups_rejected_invalid": balance["rejected_invalid"],
             "groups_expired": balance["expired"],
             "leases_open": balance["open"],
-            "rejected_messages": view["counters"].get("rejected", 0),
-            "producers": {
-                p: {"version": pv["loaded_version"], "state": pv["state"]}
-                for p, pv in view["producers"].items()
-            },
-            "producer_counters": {p: pv["counters"] for p, pv in view["producers"].items()},
+            "rejected_messages": books["rejected"],
+            "producers_live": books["producers_live"],
+            "producers_by_state": books["producers_by_state"],
             **metrics,
         }
 

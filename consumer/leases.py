@@ -294,6 +294,12 @@ class LeaseBook:
             ok = ok and held == sum(c[k] for k in OUTCOMES) + open_by_producer[p]
         return {"issued": issued, **finals, "open": len(self.open), "ok": int(ok)}
 
+    def totals(self) -> dict[str, int]:
+        """Counts by state in total (`balance` without its per-producer check: its cost does
+        not grow with the number of producers)."""
+        finals = {k: self.counts[k] for k in OUTCOMES}
+        return {"issued": self.counts["issued"], **finals, "open": len(self.open)}
+
     def take_finished(self) -> list[dict[str, Any]]:
         out = [asdict(r) for r in self.finished]
         self.finished.clear()

@@ -37,6 +37,10 @@ Invariants:
 - Built with `hold_grants`, the server grants no lease until `open_grants()` (the learner waits
   for `run.wait_for_producers` ready producers first: `ready_producers`).
 - `ledger.json` names the host of every producer that held a lease (`hosts`).
+- Nothing per step grows with the number of producers: a settled step appends its finished
+  leases to leases.jsonl; ledger.json (counts, per producer) and the producers' files
+  (consumer/roster.py) are rewritten by housekeeping at most every `_BOOKS_EVERY_S`, and at
+  once by `flush_ledger` / `checkpoint_state`; `step_summary` is a fixed-size answer.
 """
 
 from __future__ import annotations
@@ -71,10 +75,12 @@ from consumer.fanout import FanOut
 from consumer.identity import Identities
 from consumer.leases import LeaseBook
 from consumer.prompts import PromptOrder, PromptSource
+from consumer.roster import Roster
 
 log = logging.getLogger("asyncgrpo.consumer")
 T = TypeVar("T")
 _FORGET_AFTER_S = 600.0  # a producer record that left or went silent, holding no lease
+_BOOKS_EVERY_S = 2.0  # ledger.json and the producers' files: rewritten at most this often
 
 
 def peer_key(frame: zmq.Frame) -> str:
@@ -214,6 +220,8 @@ class Server:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="consumer-net", daemon=True)
         self._ledger_dirty = True
+        self._ledger_due = 0.0  # monotonic time ledger.json may be rewritten again
+        self._roster = Roster(run_dir, every_s=_BOOKS_EVERY_S)
         self.error: BaseException | None = None  # why the network thread died, if it did
 
     # -- API for other threads -----------------------------------------------------------------
@@ -255,8 +263,8 @@ class Server:
 
     def settle_trained(self, groups: Sequence[wire.Group], *, trained_step: int) -> None:
         """The optimizer step `trained_step` consumed `groups`: end their leases as trained,
-        move the policy version to `trained_step + 1` (new leases follow it) and write the
-        ledger, all at once."""
+        move the policy version to `trained_step + 1` (new leases follow it) and append them
+        to leases.jsonl, all at once (ledger.json follows within `_BOOKS_EVERY_S`)."""
 
         def settle() -> None:
             for g in groups:
@@ -268,7 +276,8 @@ class Server:
                     num_tokens=g.num_tokens,
                 )
             self.policy_version = trained_step + 1
-            self._flush_ledger()
+            self._append_finished()
+            self._ledger_dirty = True
 
         self._call(settle).result()
 
@@ -305,8 +314,29 @@ class Server:
         self._call(lambda: self._book.expire_all(reason)).result()
 
     def flush_ledger(self) -> None:
-        """Append finished leases to leases.jsonl and rewrite ledger.json."""
-        self._call(self._flush_ledger).result()
+        """Append finished leases to leases.jsonl, rewrite ledger.json and the producers'
+        files (consumer/roster.py)."""
+
+        def flush() -> None:
+            self._flush_ledger()
+            self._roster.write(self.producers)
+
+        self._call(flush).result()
+
+    def step_summary(self) -> dict[str, Any]:
+        """What a step's metrics line needs, its size independent of the number of
+        producers: the ledger's counts in total (`balance`: LeaseBook.totals), messages refused
+        so far (`rejected`), and the producers by state as of the last roster write
+        (`producers_live`, `producers_by_state`)."""
+
+        def summary() -> dict[str, Any]:
+            return {
+                "balance": self._book.totals(),
+                "rejected": self.counters.get("rejected", 0),
+                **self._roster.summary,
+            }
+
+        return self._call(summary).result()
 
     def balance(self) -> dict[str, int]:
         """The ledger's counts by state; `ok` is 1 when they add up (see LeaseBook.balance)."""
@@ -392,6 +422,7 @@ class Server:
                     next_housekeeping = now + 0.25
             self._run_calls()
             self._flush_ledger()
+            self._roster.write(self.producers)
         except BaseException as exc:
             log.exception("network thread failed")
             self.error = exc
@@ -483,8 +514,13 @@ class Server:
             self._book.forget_acks(p)
             self._identities.forget(p)
             self.told_finished.discard(p)
-        if expired or self._ledger_dirty:
+        if expired:
+            self._append_finished()
+            self._ledger_dirty = True
+        if self._ledger_dirty and now >= self._ledger_due:
             self._flush_ledger()
+            self._ledger_due = now + _BOOKS_EVERY_S
+        self._roster.maybe_write(self.producers, now)
 
     # -- rollouts ------------------------------------------------------------------------------
     def _on_group_frames(self, frames: list[zmq.Frame]) -> None:
@@ -744,12 +780,17 @@ class Server:
         self.snapshot = info
         self.announce.send(wire.encode(wire.Announce(self.run_id, self.policy_version, info)))
 
-    def _flush_ledger(self) -> None:
-        """Append finished leases to leases.jsonl and rewrite ledger.json (atomically)."""
+    def _append_finished(self) -> None:
+        """Append the leases finished since the last call to leases.jsonl (incremental: the
+        cost of a call is the leases it writes)."""
         finished = self._book.take_finished()
         if finished:
             with open(self.run_dir / "leases.jsonl", "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in finished)
+
+    def _flush_ledger(self) -> None:
+        """Append finished leases to leases.jsonl and rewrite ledger.json (atomically)."""
+        self._append_finished()
         summary = {
             "balance": self._book.balance(),
             "by_producer": {p: dict(c) for p, c in self._book.by_producer.items()},

@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from common.metrics import StepRecord
+from consumer.roster import latest_views
 
 
 class MetricsTail:
@@ -57,27 +59,33 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return str(value)
 
 
-def reward_failures(rec: StepRecord | None) -> tuple[int, int]:
+def reward_failures(views: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
     """(reward calls that failed, that timed out) so far, over every producer's heartbeat
-    counters (a restarted producer counts from 0 again)."""
-    counters = rec.producer_counters.values() if rec is not None else ()
+    counters in `views` (consumer/roster.py `latest_views`; a restarted producer counts from 0
+    again)."""
+    counters = [v.get("counters", {}) for v in views.values()]
     errors = sum(int(c.get("reward_errors", 0)) for c in counters)
     timeouts = sum(int(c.get("reward_timeouts", 0)) for c in counters)
     return errors, timeouts
 
 
 def summary_line(
-    rec: StepRecord | None, steps: int, elapsed_s: float, ledger: dict[str, Any] | None = None
+    rec: StepRecord | None,
+    steps: int,
+    elapsed_s: float,
+    ledger: dict[str, Any] | None = None,
+    views: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """One plain progress line; before the first step, the ledger's counts (`ledger.json`'s
-    balance) say whether groups arrive and why none was trained."""
+    balance) say whether groups arrive and why none was trained; `views` (the producers'
+    latest, consumer/roster.py) add reward failures."""
     if rec is None:
         seen = {k: v for k, v in (ledger or {}).items() if k not in ("ok", "open") and v}
         return f"[{elapsed_s:6.0f}s] waiting for the first step…" + (
             " ledger " + " ".join(f"{k} {v}" for k, v in sorted(seen.items())) if seen else ""
         )
     acc = rec.heldout_accuracy
-    errors, timeouts = reward_failures(rec)
+    errors, timeouts = reward_failures(views or {})
     return (
         f"[{elapsed_s:6.0f}s] step {rec.step}/{steps} reward {rec.reward_mean:.3f}"
         + (f" heldout {acc:.3f}" if acc is not None else "")
@@ -117,7 +125,8 @@ class Progress:
             tail.poll()
             rec = tail.records[-1] if tail.records else None
             ledger = read_ledger(self.run_dir).get("balance")
-            log.info("%s", summary_line(rec, self.steps, time.monotonic() - t0, ledger))
+            views = latest_views(self.run_dir, rec)
+            log.info("%s", summary_line(rec, self.steps, time.monotonic() - t0, ledger, views))
 
 
 def status(run_dir: Path) -> str:
@@ -129,15 +138,16 @@ def status(run_dir: Path) -> str:
     final = run_dir / "final.json"
     steps = _configured_steps(run_dir)
     lines = [f"run {run_dir}: " + ("finished" if final.exists() else "not finished (or running)")]
-    lines.append(summary_line(rec, steps, rec.time_s if rec else 0.0, ledger.get("balance")))
+    views = latest_views(run_dir, rec)
+    lines.append(summary_line(rec, steps, rec.time_s if rec else 0.0, ledger.get("balance"), views))
     if ledger:
         balance = ledger.get("balance", {})
         lines.append("ledger: " + " ".join(f"{k} {v}" for k, v in sorted(balance.items())))
         rejected = {k: v for k, v in ledger.get("counters", {}).items() if "rejected." in k}
         if rejected:
             lines.append("refused messages: " + " ".join(f"{k} {v}" for k, v in rejected.items()))
-    for name, view in sorted((rec.producers if rec else {}).items()):
-        counters = rec.producer_counters.get(name, {}) if rec else {}
+    for name, view in sorted(views.items()):
+        counters = view.get("counters", {})
         lines.append(
             f"producer {name}: weights v{view.get('version')} {view.get('state')}, "
             f"groups sent {int(counters.get('groups_sent', 0))}, reward errors "
@@ -160,6 +170,7 @@ def _configured_steps(run_dir: Path) -> int:
 
 def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[str, int]) -> Group:
     rec = tail.records[-1] if tail.records else None
+    views = latest_views(tail.path.parent, rec)
     done = rec.step if rec else 0
     acc = next(
         (r.heldout_accuracy for r in reversed(tail.records) if r.heldout_accuracy is not None),
@@ -198,13 +209,13 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
             "",
             "",
         )
-        errors, timeouts = reward_failures(rec)
+        errors, timeouts = reward_failures(views)
         if errors or timeouts:
             top.add_row(
                 "reward failures", f"errors {errors} · timeouts {timeouts}", "", "", style="yellow"
             )
     prods = Table("producer", "weights", "state", "restarts", box=None, pad_edge=False)
-    for name, view in sorted((rec.producers if rec else {}).items()):
+    for name, view in sorted(views.items()):
         prods.add_row(
             name, f"v{view.get('version')}", str(view.get("state")), str(restarts.get(name, 0))
         )

@@ -25,6 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from common.metrics import StepRecord, read_jsonl, read_steps
+from consumer.roster import latest_views, read_history
 
 
 def _series(
@@ -111,13 +112,29 @@ def plot_throughput(records: list[StepRecord], out: Path) -> Path:
     return save_figure(fig, out / "throughput.png")
 
 
-def plot_lag(records: list[StepRecord], out: Path) -> Path:
+def weight_versions(
+    records: list[StepRecord], history: list[dict[str, Any]]
+) -> dict[str, list[tuple[float, int]]]:
+    """{producer: [(time_s, loaded weight version)]} on the metrics' clock: from
+    producers.jsonl (`history`, consumer/roster.py), or, in a run older than that file, from the
+    per-producer fields of every metrics line."""
+    out: dict[str, list[tuple[float, int]]] = {}
+    if history and records:
+        offset = records[0].time_s - records[0].unix_time  # unix time -> time_s
+        for row in history:
+            out.setdefault(row["producer"], []).append((row["unix_time"] + offset, row["version"]))
+        return out
+    for r in records:
+        for name, view in (r.producers or {}).items():
+            out.setdefault(name, []).append((r.time_s, view["version"]))
+    return out
+
+
+def plot_lag(records: list[StepRecord], history: list[dict[str, Any]], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     t = [r.time_s for r in records]
     ax.plot(t, [r.step for r in records], label="learner version", linewidth=2)
-    names = sorted({p for r in records for p in r.producers})
-    for name in names:
-        pts = [(r.time_s, r.producers[name]["version"]) for r in records if name in r.producers]
+    for name, pts in sorted(weight_versions(records, history).items()):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{name} weights", alpha=0.7)
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("version")
@@ -126,14 +143,15 @@ def plot_lag(records: list[StepRecord], out: Path) -> Path:
     return save_figure(fig, out / "lag.png")
 
 
-def reward_failures_line(last: StepRecord) -> str:
-    """Reward calls that failed or timed out (scored 0), in total and per producer."""
+def reward_failures_line(views: dict[str, dict[str, Any]]) -> str:
+    """Reward calls that failed or timed out (scored 0), in total and per producer (`views`:
+    consumer/roster.py `latest_views`)."""
     from launch.dashboard import reward_failures
 
-    errors, timeouts = reward_failures(last)
+    errors, timeouts = reward_failures(views)
     per = {
         name: (int(c.get("reward_errors", 0)), int(c.get("reward_timeouts", 0)))
-        for name, c in sorted(last.producer_counters.items())
+        for name, c in sorted((n, v.get("counters", {})) for n, v in views.items())
     }
     shown = ", ".join(f"{n} {e}/{t}" for n, (e, t) in per.items() if e or t)
     return f"- reward failures (scored 0): errors {errors}, timeouts {timeouts}" + (
@@ -166,7 +184,7 @@ def summarize(run_dir: Path) -> str:
             "- completion tokens/s (mean): "
             f"{sum(r.tokens_per_s for r in records) / len(records):.0f}",
             f"- first step at {first.time_s:.1f} s",
-            reward_failures_line(last),
+            reward_failures_line(latest_views(run_dir, last)),
         ]
     if ev:
         lines += [
@@ -200,7 +218,7 @@ def report(run_dir: Path) -> list[Path]:
             plot_reward(records, out),
             plot_tis(records, out),
             plot_throughput(records, out),
-            plot_lag(records, out),
+            plot_lag(records, read_history(run_dir), out),
         ]
     written.append(plot_staleness(leases, out))
     (run_dir / "summary.md").write_text(summarize(run_dir))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from common.metrics import StepRecord, read_jsonl, read_steps
+from consumer.roster import latest_views
 
 WINDOW = 10  # steps over which rewards are averaged
 COLUMNS = [
@@ -103,9 +104,9 @@ def measure(
     stale = [r for r in leases if r["state"] == "dropped_stale"]
     lags = [r["trained_step"] - r["behavior_version"] for r in trained]
     busy = uptime = 0.0
-    for view in (metrics[-1].producer_counters if metrics else {}).values():
-        busy += view.get("busy_s", 0.0)
-        uptime += view.get("uptime_s", 0.0)
+    for view in latest_views(run_dir, metrics[-1] if metrics else None).values():
+        busy += view.get("counters", {}).get("busy_s", 0.0)
+        uptime += view.get("counters", {}).get("uptime_s", 0.0)
     curve = smoothed_rewards(everything, start)
     t_equal = wall if t_sync_s is None else t_sync_s
     at_equal, reached = reward_at(curve, t_equal), first_reaching(curve, target_reward)

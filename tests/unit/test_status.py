@@ -9,6 +9,7 @@ import logging
 from typer.testing import CliRunner
 
 from common import metrics as M
+from consumer.roster import latest_views
 from launch.cli import app
 from launch.dashboard import MetricsTail, Progress, render, reward_failures, status, summary_line
 from launch.report import summarize
@@ -38,12 +39,29 @@ def _run_dir(tmp_path, records=(RECORD,)):
     return run_dir
 
 
-def test_reward_failures_are_summed_over_producers_and_shown_in_the_progress_line():
-    rec = M.StepRecord.from_json(RECORD)
-    assert reward_failures(rec) == (7, 1)
-    assert summary_line(rec, 50, 12.0).endswith("reward errors 7 timeouts 1")
+def test_reward_failures_are_summed_over_producers_and_shown_in_the_progress_line(tmp_path):
+    rec = M.StepRecord.from_json(RECORD)  # a run older than producers.json: from its line
+    views = latest_views(tmp_path, rec)
+    assert reward_failures(views) == (7, 1)
+    assert summary_line(rec, 50, 12.0, views=views).endswith("reward errors 7 timeouts 1")
     quiet = M.StepRecord.from_json({**RECORD, "producer_counters": {"p1": {}}})
-    assert "reward" not in summary_line(quiet, 50, 1.0).split("reward 0.250")[1]
+    line = summary_line(quiet, 50, 1.0, views=latest_views(tmp_path, quiet))
+    assert "reward" not in line.split("reward 0.250")[1]
+
+
+def test_a_run_with_producers_json_is_read_from_it_not_from_its_metrics_lines(tmp_path):
+    """A metrics line holds aggregates only; each producer's view is in producers.json."""
+    new = {k: v for k, v in RECORD.items() if k not in ("producers", "producer_counters")}
+    run_dir = _run_dir(tmp_path, [{**new, "producers_live": 1, "producers_by_state": {"idle": 1}}])
+    view = {"host": "h", "pid": 1, "engine": "fake", "version": 4, "state": "generating",
+            "num_in_flight": 2, "counters": {"reward_errors": 3, "groups_sent": 11}}  # fmt: skip
+    (run_dir / "producers.json").write_text(
+        json.dumps({"unix_time": 1.0, "producers": {"q": view}})
+    )
+    text = status(run_dir)
+    assert "producer q: weights v4 generating, groups sent 11, reward errors 3 timeouts 0" in text
+    assert "producer p1" not in text
+    assert "errors 3, timeouts 0" in summarize(run_dir)
 
 
 def test_before_the_first_step_the_line_says_what_the_ledger_saw():

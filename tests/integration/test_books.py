@@ -1,0 +1,150 @@
+"""A step's bookkeeping does not grow with the number of producers (consumer/server.py with
+consumer/roster.py): real sockets on loopback, scripted producers.
+
+- what the learner reads per step (`Server.step_summary`) has the same keys and size at 1 and
+  at 200 producers; each producer's view goes to producers.json / producers.jsonl instead, a
+  history line only when its version or state changed;
+- a settled step appends its leases to leases.jsonl and does not rewrite ledger.json (that is
+  housekeeping's, at most every few seconds, or a forced flush's).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import zmq
+
+from common import config as C
+from common import wire
+from consumer import server as server_mod
+from consumer.prompts import make_source
+from consumer.roster import Roster, aggregate, read_current, read_history
+from consumer.server import ProducerView, Server, run_spec
+
+G = 2
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    # after the first write, ledger.json and the producers' files wait for a forced flush
+    monkeypatch.setattr(server_mod, "_BOOKS_EVERY_S", 3600.0)
+    cfg = C.apply_overrides(
+        C.Config(),
+        ["net.control_port=0", f"sampling.group_size={G}", "train.prompts_per_step=4",
+         "staleness.max_staleness=0"],
+    )  # fmt: skip
+    ctx = zmq.Context()
+    spec = run_spec(cfg, vocab_size=32, model="")
+    srv = Server(
+        cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=spec, run_dir=tmp_path, keys=None
+    )
+    srv.start()
+    control = ctx.socket(zmq.DEALER)
+    control.connect(f"tcp://127.0.0.1:{srv.ports['control']}")
+    yield srv, ctx, control
+    control.close(linger=0)
+    srv.stop()
+    ctx.destroy(linger=0)
+
+
+def request(sock: zmq.Socket, msg: wire.Message) -> wire.Message:
+    sock.send(wire.encode(msg))
+    assert sock.poll(10_000), "no reply from the server"
+    return wire.decode(sock.recv(), wire.Limits())
+
+
+def register(control: zmq.Socket, names: list[str]) -> None:
+    for i, name in enumerate(names):
+        assert isinstance(
+            request(control, wire.Register(i + 1, name, "h", i, "fake", -1)), wire.Welcome
+        )
+
+
+def test_the_step_summary_is_the_same_size_at_1_and_200_producers(server, tmp_path):
+    srv, _, control = server
+    register(control, ["p0000"])
+    srv.flush_ledger()
+    one = srv.step_summary()
+    register(control, [f"p{i:04d}" for i in range(1, 200)])
+    srv.flush_ledger()
+    many = srv.step_summary()
+    assert one["producers_live"] == 1
+    assert many["producers_live"] == 200
+    assert many["producers_by_state"] == {"registered": 200}
+    assert set(one) == set(many)
+    assert len(json.dumps(many)) - len(json.dumps(one)) <= 4  # a few more digits, nothing more
+    current = read_current(tmp_path)
+    assert len(current) == 200
+    assert current["p0123"]["state"] == "registered"
+    assert len(read_history(tmp_path)) == 200  # one line each, at their first write
+    srv.flush_ledger()
+    assert len(read_history(tmp_path)) == 200  # nothing changed: no new line
+    request(control, wire.Heartbeat(900, "p0007", 3, "generating", 1, {"groups_sent": 2.0}))
+    srv.flush_ledger()
+    (row,) = read_history(tmp_path)[200:]
+    assert (row["producer"], row["version"], row["state"]) == ("p0007", 3, "generating")
+    assert read_current(tmp_path)["p0007"]["counters"] == {"groups_sent": 2.0}
+
+
+def test_a_settled_step_appends_its_leases_and_leaves_ledger_json_to_housekeeping(server, tmp_path):
+    srv, ctx, control = server
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{srv.ports['rollouts']}")
+    register(control, ["p"])
+    srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))
+    grant = request(control, wire.LeaseRequest(10, "p", 4, 0))
+    assert isinstance(grant, wire.LeaseGrant)
+    assert len(grant.leases) == 4
+    for lease in grant.leases:
+        group = wire.Group(
+            lease_id=lease.lease_id, producer_id="p", prompt_index=lease.prompt_index,
+            behavior_version=0, prompt_ids=np.array([1, 2], np.int32),
+            completion_ids=np.array([3, 4], np.int32), completion_lens=np.ones(G, np.int32),
+            behavior_logp=np.full(2, -1.0, np.float32), token_versions=np.zeros(0, np.int32),
+            rewards=np.array([1.0, 0.0], np.float32), finish_reasons=("stop",) * G,
+            temperature=1.0,
+        )  # fmt: skip
+        push.send(wire.encode(group))
+    got = [srv.next_group(timeout_s=10) for _ in grant.leases]
+    assert all(g is not None for g in got)
+    srv.flush_ledger()
+    ledger = tmp_path / "ledger.json"
+    before = ledger.stat().st_ino, ledger.read_text()
+    lines_before = (
+        (tmp_path / "leases.jsonl").read_text().splitlines()
+        if (tmp_path / "leases.jsonl").exists()
+        else []
+    )
+    srv.settle_trained([g for g in got if g is not None], trained_step=0)
+    lines = (tmp_path / "leases.jsonl").read_text().splitlines()
+    assert len(lines) == len(lines_before) + 4  # appended at once, whole lines
+    assert {json.loads(x)["state"] for x in lines[-4:]} == {"trained"}
+    assert srv.step_summary()["balance"]["trained"] == 4
+    assert (ledger.stat().st_ino, ledger.read_text()) == before  # not rewritten by the step
+    srv.flush_ledger()
+    written = json.loads(ledger.read_text())
+    assert written["balance"]["trained"] == 4
+    assert written["balance"]["ok"] == 1
+    push.close(linger=0)
+
+
+def test_the_roster_writes_at_most_every_few_seconds_and_aggregates_states(tmp_path):
+    views = {
+        "a": ProducerView("h", 1, "fake", 0, state="idle"),
+        "b": ProducerView("h", 2, "fake", 0, state="gone"),
+    }
+    roster = Roster(tmp_path, every_s=2.0)
+    assert roster.maybe_write(views, now=100.0)
+    assert roster.summary == aggregate(views) == {
+        "producers_live": 1, "producers_by_state": {"gone": 1, "idle": 1},
+    }  # fmt: skip
+    views["a"].loaded_version = 5
+    assert not roster.maybe_write(views, now=101.9)
+    assert read_current(tmp_path)["a"]["version"] == 0
+    assert roster.maybe_write(views, now=102.0)
+    assert read_current(tmp_path)["a"]["version"] == 5
+    assert [(r["producer"], r["version"]) for r in read_history(tmp_path)] == [
+        ("a", 0), ("b", 0), ("a", 5),
+    ]  # fmt: skip
