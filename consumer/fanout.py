@@ -145,15 +145,7 @@ class FanOut:
         if name is None:
             raise WireError("bad_value", "file must be weights or delta")
         path = snap.snapshot_dir(self.root, msg.version) / name
-        try:
-            with open(path, "rb") as f:
-                total = f.seek(0, 2)
-                if not 0 <= msg.offset <= total:
-                    raise WireError("bad_offset", f"offset {msg.offset} outside [0, {total}]")
-                f.seek(msg.offset)
-                data = f.read(max(0, min(msg.max_bytes, limit)))
-        except OSError:
-            raise WireError("snapshot_gone", f"version {msg.version} is no longer kept") from None
+        total, data = read_chunk(path, msg.version, msg.offset, min(msg.max_bytes, limit))
         self._count("chunk_bytes_served", len(data))
         return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
 
@@ -204,3 +196,17 @@ class FanOut:
             if now - slot.since > LEASE_S:
                 del self._slots[producer_id]
                 self._count("fetch_expired", 1)
+
+
+def read_chunk(path: Path, version: int, offset: int, max_bytes: int) -> tuple[int, bytes]:
+    """(file size in bytes, up to `max_bytes` bytes from `offset`) of a kept snapshot file;
+    `WireError` `bad_offset` outside the file, `snapshot_gone` when it is no longer kept."""
+    try:
+        with open(path, "rb") as f:
+            total = f.seek(0, 2)
+            if not 0 <= offset <= total:
+                raise WireError("bad_offset", f"offset {offset} outside [0, {total}]")
+            f.seek(offset)
+            return total, f.read(max(0, max_bytes))
+    except OSError:
+        raise WireError("snapshot_gone", f"version {version} is no longer kept") from None

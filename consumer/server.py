@@ -71,7 +71,7 @@ from common.keys import Keys
 from common.log_limit import LogLimiter
 from common.sockets import server_socket
 from consumer.distribution import snapshot_chunk_bytes
-from consumer.fanout import FanOut
+from consumer.fanout import FanOut, read_chunk
 from consumer.identity import Identities
 from consumer.leases import LeaseBook
 from consumer.prompts import PromptOrder, PromptSource
@@ -758,15 +758,7 @@ class Server:
         limit = min(
             int(self.cfg.snapshot.chunk_mib * (1 << 20)), self.spec.max_message_bytes - 4096
         )
-        try:
-            with open(path, "rb") as f:
-                total = f.seek(0, 2)
-                if not 0 <= msg.offset <= total:
-                    raise WireError("bad_offset", f"offset {msg.offset} outside [0, {total}]")
-                f.seek(msg.offset)
-                data = f.read(max(0, min(msg.max_bytes, limit)))
-        except OSError:
-            raise WireError("snapshot_gone", f"version {msg.version} is no longer kept") from None
+        total, data = read_chunk(path, msg.version, msg.offset, min(msg.max_bytes, limit))
         with self._lock:
             self.counters["chunk_bytes_served"] += len(data)
         return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
