@@ -2,6 +2,7 @@
 real consumer, for several N, with the largest N's throughput as a ratio of the one at 64.
 
     python bench/swarm.py [--producers 1,64,256,1024] [--seconds 15] [--json PATH]
+    python bench/swarm.py --producers 1024 --group-size 16 --tokens 8192   # 1 MiB groups
 
 - consumer: `asyncgrpo consumer` in its own process with a simulated learner step
   (`train.simulate_step_s`, 1 ms by default: no model), real sockets, leases, ledger, a small
@@ -134,9 +135,10 @@ def consumer_args(run: Path, prompts: Path, a: argparse.Namespace) -> list[str]:
         f"sampling.group_size={a.group_size}", f"sampling.max_new_tokens={a.tokens}",
         f"staleness.max_staleness={a.max_staleness}", "train.drop_zero_variance=false",
         "task.source=jsonl", f"task.path={prompts}", "net.control_port=0",
-        f"net.max_message_mib={a.max_message_mib}",
+        f"net.max_message_mib={a.max_message_mib}", *a.set,
     ]  # fmt: skip
-    args = [sys.executable, "-m", "launch.cli", "consumer", "--run-dir", str(run), "--steps", "0"]
+    steps = str(a.steps)
+    args = [sys.executable, "-m", "launch.cli", "consumer", "--run-dir", str(run), "--steps", steps]
     for s in sets:
         args += ["--set", s]
     return args
@@ -153,6 +155,21 @@ def producer_config(endpoint: str, i: int, a: argparse.Namespace) -> C.Config:
             "run.seed": i,
         },
     )  # fmt: skip
+
+
+async def run_producers(
+    n: int, endpoint: str, a: argparse.Namespace, *, timeout_s: float
+) -> list[int]:
+    """Run `n` producers against the consumer at `endpoint` until its run ends (it stops after
+    `--steps`); their exit codes. Raises TimeoutError after `timeout_s`."""
+    ctx = zmq.asyncio.Context()
+    ctx.set(zmq.MAX_SOCKETS, max(1024, 8 * n))
+    producers = [Producer(producer_config(endpoint, i, a), ctx) for i in range(n)]
+    try:
+        async with asyncio.timeout(timeout_s):
+            return list(await asyncio.gather(*(run_producer(p) for p in producers)))
+    finally:
+        ctx.destroy(linger=0)
 
 
 async def swarm(
@@ -262,7 +279,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"largest_producers": largest, "ratio_groups_per_s_largest_vs_64": ratio}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -280,6 +297,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--register-timeout-s", type=float, default=120.0)
     ap.add_argument("--stop-timeout-s", type=float, default=60.0)
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="another consumer setting, e.g. net.max_queued_mib=512 (repeatable)",
+    )  # fmt: skip
+    ap.add_argument("--steps", type=int, default=0, help="consumer steps (0 = until stopped)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_args(argv)
     ns = [int(x) for x in a.producers.split(",") if x.strip()]
     if not ns or any(not 1 <= n <= 1024 for n in ns):

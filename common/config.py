@@ -298,6 +298,15 @@ class NetConfig:
         "the moment leases free up (0 = answer at once, empty).",
     )
     resend_after_s: float = _f(60.0, "Producer re-sends a group not acknowledged in this time.")
+    max_queued_mib: float = _f(
+        256.0,
+        "Consumer: groups received and waiting for the learner take at most this many MiB "
+        "(encoded); beyond it producers hold their finished groups until told there is room. "
+        "At least net.max_message_mib.",
+    )
+    max_queued_groups: int = _f(
+        1024, "Consumer: at most this many groups wait for the learner (as net.max_queued_mib)."
+    )
     handshake_timeout_s: float = _f(60.0, "How long a producer waits for the consumer's welcome.")
     consumer_timeout_s: float = _f(
         300.0,
@@ -655,6 +664,12 @@ def problems(cfg: Config) -> list[str]:
         "net.producer_timeout_s must exceed two heartbeats (net.heartbeat_s)",
     )
     need(net.max_message_mib > 0, "net.max_message_mib must be > 0")
+    need(
+        net.max_queued_mib >= net.max_message_mib,
+        f"net.max_queued_mib = {net.max_queued_mib:g} < net.max_message_mib = "
+        f"{net.max_message_mib:g}: the largest group could never be admitted; raise it",
+    )
+    need(net.max_queued_groups >= 1, "net.max_queued_groups must be >= 1")
     need(
         0 <= net.lease_wait_s <= 5,
         "net.lease_wait_s must be in [0, 5] (a producer gives up on a request after 10 s)",

@@ -63,6 +63,15 @@ class StepRecord:
     producers: dict[str, dict[str, Any]] | None = None  # {producer: {"version", "state"}}
     producer_counters: dict[str, dict[str, float]] | None = None  # {producer: its counters}
     world_size: int | None = None  # learner ranks (torchrun); 1 = one process
+    # -- backpressure (consumer/admission.py; absent from runs older than the fields) ----------
+    queued_groups: int | None = None  # admitted groups waiting for the learner, at step end
+    queued_bytes: int | None = None  # their encoded bytes (bounded by net.max_queued_mib)
+    queued_groups_peak: int | None = None  # the most waiting at once since the previous step
+    queued_bytes_peak: int | None = None
+    groups_held: int | None = None  # finished groups producers hold until told to send
+    holds: int | None = None  # times a producer was told to hold a group, so far
+    hold_s_mean: float | None = None  # told to hold -> admitted, over the groups admitted so far
+    hold_s_max: float | None = None
     # -- the publisher (absent from runs older than the field) ---------------------------------
     snapshots_superseded: int | None = None  # snapshots skipped for a newer one, so far
     # -- the trainer (None when the stand-in trainer does not measure it) ----------------------

@@ -56,6 +56,9 @@ Conventions and invariants:
   chunks come as `file_chunk_req` → `chunk` from any source, and each is accepted only if it
   hashes to its digest; `fetch_done` reports the outcome, the sources that misbehaved, and
   whether the producer now serves the file as a relay.
+- Acks: a group is acknowledged with its lease's final outcome (`OUTCOMES`); a consumer
+  without room for it says `hold` (the producer keeps it and does not re-send it on its own
+  timer) and later `send` (re-send it now).
 - `behavior_version` is the oldest weight version that produced any token of the group;
   `token_versions` is empty unless the weights changed mid-generation (then one int32 per token).
 """
@@ -83,6 +86,9 @@ OUTCOMES = (
     "rejected_invalid",
     "expired",
 )
+# Acks that are not outcomes (the lease stays open): the consumer had no room for the group, so
+# its producer keeps it (`hold`), until told to send it again (`send`): consumer/admission.py.
+HOLD, SEND = "hold", "send"
 _ARRAY_DTYPES: dict[str, np.dtype[Any]] = {  # fields of `Group` only
     "prompt_ids": np.dtype("<i4"),
     "completion_ids": np.dtype("<i4"),
@@ -122,7 +128,7 @@ class SnapshotInfo:
 @dataclass(frozen=True, slots=True)
 class Ack:
     lease_id: int
-    outcome: str  # one of OUTCOMES
+    outcome: str  # one of OUTCOMES (final), or HOLD / SEND (backpressure; the lease stays open)
 
 
 @dataclass(frozen=True, slots=True)

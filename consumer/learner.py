@@ -288,6 +288,7 @@ class Learner:
             "rejected_messages": books["rejected"],
             "producers_live": books["producers_live"],
             "producers_by_state": books["producers_by_state"],
+            **books["admission"],
             **metrics,
         }
 

@@ -4,7 +4,8 @@ A lease hands one prompt to one producer for one intended optimizer step `step`,
 weight version it may be sampled with, `min_version = step - max_staleness`. Life of a lease:
 
     issued ──receive──▶ received ──finalize──▶ trained | dropped_stale | dropped_zero_variance
-       │                                        | rejected_invalid
+       │  ▲   │              ▲                   | rejected_invalid
+       │  │   └─hold──▶ held ┘ (no room: the producer keeps the group, re-sends when told)
        └──expire (producer silent, lease overdue, producer re-registered without it)──▶ expired
 
 Invariants:
@@ -25,6 +26,9 @@ Invariants:
   a duplicate and never reaches the trainer; a group for an expired lease is late and is dropped.
 - Lease ids carry the consumer's incarnation in their high bits (`incarnation << 40 | n`), so a
   restarted consumer never mistakes an old group for a lease it issued anew.
+- A `held` lease (its group arrived when the consumer had no room: consumer/admission.py) never
+  times out: its producer holds the finished group and re-sends it when told; it expires only
+  with its producer (silent, or re-registered or left without it).
 - Prompts of expired and stale-dropped leases go back to the retry queue (nothing silently lost);
   rejected_invalid prompts are not retried (the same prompt may produce the same bad output).
 - Acks (lease id + outcome) queue per producer and leave with that producer's next reply. A
@@ -41,10 +45,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from common.wire import OUTCOMES, Ack
+from common.wire import HOLD, OUTCOMES, SEND, Ack
 from consumer.prompts import PromptOrder
 
-OPEN_STATES = ("issued", "received")
+OPEN_STATES = ("issued", "held", "received")
 RETRY_OUTCOMES = ("expired", "dropped_stale")
 MAX_ACKS = 1 << 14  # per producer: ~1.6 MB of acks at most
 ACKS_PER_REPLY = 1 << 10  # ~5 msgpack values each: far below wire.Limits.max_objects
@@ -209,6 +213,19 @@ class LeaseBook:
         self._ack(producer_id, Ack(lease_id, final))
         return "late" if final == "expired" else "duplicate"
 
+    def hold(self, lease_id: int) -> None:
+        """The group of an accepted lease (`receive`) was not admitted: its producer holds it
+        (the lease stays open and does not time out) until told to send it again."""
+        rec = self.open[lease_id]
+        assert rec.state in ("received", "held"), rec.state
+        rec.state = "held"
+        self._ack(rec.producer_id, Ack(lease_id, HOLD))
+
+    def release(self, lease_id: int) -> None:
+        """Tell the producer of a held lease to send its group now (room is kept for it)."""
+        rec = self.open[lease_id]
+        self._ack(rec.producer_id, Ack(lease_id, SEND))
+
     def _ack(self, producer_id: str, ack: Ack) -> None:
         queue = self.acks[producer_id]
         if len(queue) == MAX_ACKS:
@@ -246,6 +263,15 @@ class LeaseBook:
             del self.acks[producer_id]
         return out
 
+    def requeue_acks(self, producer_id: str, acks: tuple[Ack, ...]) -> None:
+        """Put acks taken for a reply that could not be sent back at the head of the queue."""
+        queue = self.acks[producer_id]
+        for ack in reversed(acks):
+            if len(queue) == MAX_ACKS:
+                self.acks_dropped += 1
+                queue.pop()
+            queue.appendleft(ack)
+
     def forget_acks(self, producer_id: str) -> None:
         """Drop the acks queued for a producer that will not come back."""
         self.acks.pop(producer_id, None)
@@ -256,12 +282,13 @@ class LeaseBook:
 
     # -- expiry --------------------------------------------------------------------------------
     def expire(self, *, now: float, lease_timeout_s: float, gone: set[str]) -> list[LeaseRecord]:
-        """Expire issued (not yet delivered) leases that are overdue or whose producer is gone."""
+        """Expire issued (not yet delivered) leases that are overdue, and issued or held ones
+        whose producer is gone (a held group is waiting for room, not late)."""
         doomed = [
             r.lease_id
             for r in self.open.values()
-            if r.state == "issued"
-            and (r.producer_id in gone or now - r.issued_at > lease_timeout_s)
+            if (r.state == "issued" and now - r.issued_at > lease_timeout_s)
+            or (r.state in ("issued", "held") and r.producer_id in gone)
         ]
         return [self.finalize(i, "expired", reason="timeout") for i in doomed]
 
@@ -273,7 +300,9 @@ class LeaseBook:
         doomed = [
             r.lease_id
             for r in self.open.values()
-            if r.producer_id == producer_id and r.state == "issued" and r.lease_id not in held
+            if r.producer_id == producer_id
+            and r.state in ("issued", "held")
+            and r.lease_id not in held
         ]
         return [self.finalize(i, "expired", reason=reason) for i in doomed]
 

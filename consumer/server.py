@@ -9,7 +9,12 @@ Invariants:
   the server builds it, restores it on resume and hands out only copies of its state). Other
   threads use the typed methods under "API for other threads" (each runs its work here, between
   socket events, through a queue of callables answered by futures) and receive admitted groups
-  through `next_group` (a queue bounded by construction: one group per open lease).
+  through `next_group`: a queue bounded in groups and bytes (`net.max_queued_groups`,
+  `net.max_queued_mib`; consumer/admission.py). A valid group that does not fit is not
+  admitted: its lease is `held` and its producer told to hold it, then to send it when the
+  learner has made room (acks `hold` / `send`; a `send` is pushed to the producer at once, a
+  status reply with req 0 over its control connection, not left for its next request). The
+  rollouts socket is always read, so ZeroMQ's queues never grow with a slow learner.
 - A bad message is counted under `rejected.<reason>` (`control_rejected.<reason>` on control)
   and never raises out of the loop: whatever handling a message raises, even a bug of ours, is
   counted as `rejected.internal_error` (and `internal_error.<exception type>`), logged with its
@@ -70,6 +75,7 @@ from common.errors import WireError
 from common.keys import Keys
 from common.log_limit import LogLimiter
 from common.sockets import server_socket
+from consumer.admission import Admission
 from consumer.distribution import snapshot_chunk_bytes
 from consumer.fanout import FanOut, read_chunk
 from consumer.identity import Identities
@@ -198,7 +204,9 @@ class Server:
             max_completion_tokens=s.max_new_tokens,
         )
         self.control_limits = wire.Limits(max_message_bytes=1 << 20, max_items=1 << 16)
-        self._groups: queue.Queue[wire.Group] = queue.Queue()
+        self._admission = Admission(
+            max_bytes=int(net.max_queued_mib * (1 << 20)), max_groups=net.max_queued_groups
+        )
         self.policy_version = policy_version
         self.snapshot: wire.SnapshotInfo | None = None
         self.accepting = True  # False once the learner needs no more groups
@@ -216,6 +224,7 @@ class Server:
         self._wake_recv.setblocking(False)
         self._wake_send.setblocking(False)
         self._parked: dict[str, _Parked] = {}  # by producer id, oldest first
+        self._routes: dict[str, bytes] = {}  # producer id -> ROUTER identity of its last request
         self._lock = threading.Lock()  # guards counters/producers copies for other threads
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="consumer-net", daemon=True)
@@ -248,10 +257,7 @@ class Server:
 
     def next_group(self, timeout_s: float) -> wire.Group | None:
         """The next admitted group, or None after `timeout_s` without one."""
-        try:
-            return self._groups.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
+        return self._admission.get(timeout_s)
 
     def drop(self, group: wire.Group, outcome: str) -> None:
         """End `group`'s lease as `outcome` (a dropped_* state) without waiting: its slot is
@@ -326,14 +332,16 @@ class Server:
     def step_summary(self) -> dict[str, Any]:
         """What a step's metrics line needs, its size independent of the number of
         producers: the ledger's counts in total (`balance`: LeaseBook.totals), messages refused
-        so far (`rejected`), and the producers by state as of the last roster write
-        (`producers_live`, `producers_by_state`)."""
+        so far (`rejected`), the producers by state as of the last roster write
+        (`producers_live`, `producers_by_state`) and the backpressure figures since the last
+        summary (`Admission.summary`)."""
 
         def summary() -> dict[str, Any]:
             return {
                 "balance": self._book.totals(),
                 "rejected": self.counters.get("rejected", 0),
                 **self._roster.summary,
+                "admission": self._admission.summary(reset=True),
             }
 
         return self._call(summary).result()
@@ -417,6 +425,7 @@ class Server:
                 now = time.monotonic()
                 if self._parked:
                     self._serve_parked(now)
+                self._release(self._admission.release())  # the learner made room
                 if now >= next_housekeeping:
                     self._housekeeping(now)
                     next_housekeeping = now + 0.25
@@ -513,10 +522,12 @@ class Server:
                 self._hosts.pop(p, None)
             self._book.forget_acks(p)
             self._identities.forget(p)
+            self._routes.pop(p, None)
             self.told_finished.discard(p)
         if expired:
             self._append_finished()
             self._ledger_dirty = True
+        self._admission.prune(self._book.open)  # held groups whose lease ended otherwise
         if self._ledger_dirty and now >= self._ledger_due:
             self._flush_ledger()
             self._ledger_due = now + _BOOKS_EVERY_S
@@ -542,10 +553,13 @@ class Server:
         verdict = self._book.receive(msg.lease_id, msg.producer_id)
         if verdict == "wrong_producer":
             return self._reject_group(WireError("wrong_producer", "another producer's lease"), key)
+        if verdict == "accept" and not self._admission.offer(
+            msg, len(frames[0].buffer), now=time.monotonic()
+        ):
+            self._book.hold(msg.lease_id)  # no room: its producer keeps it until told to send
+            verdict = "held"
         with self._lock:
             self.counters[f"groups_{verdict}"] += 1
-        if verdict == "accept":
-            self._groups.put(msg)
 
     def _reject_group(self, exc: WireError, key: str) -> None:
         """Count a refused group message; one that parsed but failed a check ends its lease
@@ -557,7 +571,7 @@ class Server:
         rec = self._book.open.get(exc.lease_id) if exc.lease_id is not None else None
         if (
             rec is not None
-            and rec.state == "issued"
+            and rec.state in ("issued", "held")
             and rec.producer_id == exc.producer_id
             and self._identities.allows(rec.producer_id, key)
             and exc.reason not in ("not_registered", "wrong_key", "wrong_producer")
@@ -645,6 +659,7 @@ class Server:
             raise WireError("not_registered", "register first (the consumer may have restarted)")
         if not self._identities.allows(msg.producer_id, key):
             raise WireError("wrong_key", "this producer id is registered with another key")
+        self._routes[msg.producer_id] = identity
         with self._lock:
             view.last_seen = now
             if isinstance(msg, wire.Heartbeat):
@@ -678,6 +693,25 @@ class Server:
                     self.counters["lease_replies_empty"] += 1
             return wire.LeaseGrant(msg.req, leases, self._status(msg.producer_id))
         return wire.StatusReply(msg.req, self._status(msg.producer_id))
+
+    def _release(self, released: list[tuple[str, int]]) -> None:
+        """Tell the producers of `released` (producer id, lease id) to send those groups now:
+        a status pushed over each one's control connection (its acks put back if that fails,
+        for its next request to take)."""
+        for lease_id in (lease for _, lease in released):
+            self._book.release(lease_id)
+        for producer_id in dict.fromkeys(p for p, _ in released):
+            identity = self._routes.get(producer_id)
+            if identity is None:
+                continue
+            status = self._status(producer_id)
+            try:
+                push = wire.StatusReply(0, status)
+                self.control.send_multipart([identity, wire.encode(push)], zmq.NOBLOCK)
+            except zmq.ZMQError:  # it reconnected or its pipe is full: its next request
+                self._book.requeue_acks(producer_id, status.acks)
+                with self._lock:
+                    self.counters["control_push_undeliverable"] += 1
 
     def _unpark(self, producer_id: str) -> None:
         """Answer `producer_id`'s parked lease request, if any, empty."""
@@ -788,6 +822,7 @@ class Server:
             "by_producer": {p: dict(c) for p, c in self._book.by_producer.items()},
             "hosts": {p: self._hosts.get(p, "") for p in self._book.by_producer},
             "counters": dict(self.counters),
+            "admission": self._admission.summary(),
             "policy_version": self.policy_version,
         }
         tmp = self.run_dir / "ledger.json.tmp"

@@ -8,12 +8,17 @@ announcements.
   (`watch_link`) follows the connection's events: `link` says what it has seen (nothing
   listening, connected, a failing security handshake) for "waiting for the consumer" lines,
   and a key the consumer's authenticator refuses fails every request with `KeyRefused` at once.
+  A status the consumer pushes unasked (req 0: room for held groups) goes to `on_pushed`.
   `download_snapshot` fetches a snapshot's weights in chunks over the same socket, several in
   flight, writing and hashing each as it lands; the file takes its name only once its size and
   BLAKE3 hash match the announcement (`SnapshotError` otherwise).
 - `Outbox` owns the PUSH socket and every finished group until the consumer acknowledges it:
   at-least-once delivery. A group is re-sent when the consumer restarted (new run id) or when no
-  ack came within `resend_after_s`; the consumer's ledger makes duplicates harmless.
+  ack came within `resend_after_s`; the consumer's ledger makes duplicates harmless. A group the
+  consumer had no room for (ack `hold`: backpressure, consumer/admission.py) is held here, not
+  re-sent, until the consumer says `send` (or, should that word be lost, `resend_after_s`
+  later); held groups count against the producer's leases (`num_held`), so a full consumer
+  stops new generation instead of filling memory anywhere.
 - `announcements` yields `Announce` messages from the SUB socket (hints: a missed one only costs
   latency, because every control reply carries the newest snapshot too).
 """
@@ -24,7 +29,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +74,7 @@ class ControlClient:
         self.link = "nothing listens there yet"  # what the connection has seen, for the operator
         self.refused: KeyRefused | None = None
         self._monitor = self.sock.get_monitor_socket()
+        self.on_pushed: Callable[[wire.Status], None] | None = None
 
     async def request(self, msg: wire.Message, *, timeout_s: float) -> wire.Message:
         """Send `msg` (its `req` field is replaced) and await the matching reply. Raises
@@ -167,6 +173,8 @@ class ControlClient:
             fut = self._waiting.get(req)
             if fut is not None and not fut.done():
                 fut.set_result(reply)
+            elif req == 0 and isinstance(reply, wire.StatusReply) and self.on_pushed is not None:
+                self.on_pushed(reply.status)
             elif isinstance(reply, wire.Reject) and req == 0:
                 # The consumer could not parse a request well enough to know its id.
                 log.warning("consumer rejected a request: %s %s", reply.reason, reply.detail)
@@ -225,6 +233,8 @@ def _discard(incoming: snap.IncomingFile) -> None:
 class _Pending:
     data: bytes
     sent_at: float
+    held_since: float = 0.0  # monotonic seconds it was first told to hold; 0 = not held
+    release: bool = False  # told to send it again
 
 
 class Outbox:
@@ -235,7 +245,19 @@ class Outbox:
         self.resend_after_s = resend_after_s
         self.pending: dict[int, _Pending] = {}
         self.num_sent = self.num_resent = 0
+        self.num_told_hold = 0  # `hold` acks received
+        self.hold_s = 0.0  # seconds groups spent held, summed when they are sent again
         self.outcomes: dict[str, int] = {}
+
+    @property
+    def num_held(self) -> int:
+        """Groups the consumer told us to hold and we have not sent again yet."""
+        return sum(1 for item in self.pending.values() if item.held_since and not item.release)
+
+    @property
+    def num_released(self) -> int:
+        """Held groups the consumer has room for: `resend` sends them."""
+        return sum(1 for item in self.pending.values() if item.release)
 
     async def send(self, group: wire.Group) -> None:
         data = wire.encode(group)
@@ -244,17 +266,31 @@ class Outbox:
         self.num_sent += 1
 
     def acknowledge(self, acks: tuple[wire.Ack, ...]) -> None:
+        """Apply the consumer's acks: a final outcome forgets the group, `hold` keeps it
+        unsent, `send` marks it for `resend`."""
+        now = time.monotonic()
         for ack in acks:
-            if self.pending.pop(ack.lease_id, None) is not None:
+            if ack.outcome == wire.HOLD:
+                if (item := self.pending.get(ack.lease_id)) is not None:
+                    self.num_told_hold += 1
+                    item.held_since = item.held_since or now
+                    item.release = False
+            elif ack.outcome == wire.SEND:
+                if (item := self.pending.get(ack.lease_id)) is not None:
+                    item.release = True
+            elif self.pending.pop(ack.lease_id, None) is not None:
                 self.outcomes[ack.outcome] = self.outcomes.get(ack.outcome, 0) + 1
 
     async def resend(self, *, everything: bool = False) -> int:
-        """Re-send groups unacknowledged for `resend_after_s` (or all of them)."""
+        """Re-send the groups the consumer has room for, those unacknowledged for
+        `resend_after_s` (held or not), or all of them."""
         now = time.monotonic()
         count = 0
         for item in list(self.pending.values()):
-            if everything or now - item.sent_at > self.resend_after_s:
-                item.sent_at = now
+            if everything or item.release or now - item.sent_at > self.resend_after_s:
+                if item.held_since:
+                    self.hold_s += now - item.held_since
+                item.sent_at, item.held_since, item.release = now, 0.0, False
                 await self.sock.send(item.data)
                 count += 1
         self.num_resent += count

@@ -14,7 +14,10 @@ closes every socket and the engine:
   page cache serves both processes, so reading and hashing it again would only add latency;
   the engine then reads it straight away, from the producer's own pinned link to the very file
   that was checked (`common.snapshot.pin_local`), never the consumer's path again;
-- `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task. A request
+- `release`: sends the held groups the consumer has made room for, the moment it says so
+  (a status it pushes unasked; `producer/client.py`'s `Outbox`);
+- `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task (a finished
+  group the consumer told it to hold keeps its lease's slot until sent: backpressure). A request
   that cannot be granted waits at the consumer until leases free up (`net.lease_wait_s`); after
   an empty reply the producer pauses (`producer/backoff.py`: jittered, doubling from 50 ms to
   1 s) before asking again, and sooner when a newer snapshot is announced, so a starved
@@ -175,6 +178,7 @@ class Producer:
         self.control = ControlClient(
             ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes
         )
+        self.control.on_pushed = self._on_pushed
         self.session: Session | None = None
         self.cache = Path(tempfile.mkdtemp(prefix="asyncgrpo-snapshots-"))
         self.relay = (
@@ -349,6 +353,12 @@ class Producer:
             await self._reregister()
         return reply
 
+    def _on_pushed(self, status: wire.Status) -> None:
+        """A status the consumer sent unasked (room for groups it told us to hold): applied
+        unless it comes from another consumer run (the next reply handles a restart)."""
+        if status.run_id == self.state.run_id:
+            self._on_status(status)
+
     async def _reregister(self) -> None:
         if self._registering.locked():  # another task is already at it
             async with self._registering:
@@ -390,6 +400,13 @@ class Producer:
             if self.session is not None:
                 self.state.count("groups_resent", await self.session.outbox.resend())
             await asyncio.sleep(beat)
+
+    async def release_loop(self, outbox: Outbox) -> None:
+        """Send the held groups the consumer has room for as soon as it says so."""
+        while True:
+            await self.state.changed.wait_for(lambda: outbox.num_released > 0, 60.0)
+            if outbox.num_released:
+                self.state.count("groups_resent", await outbox.resend())
 
     async def announce_loop(self, spec: wire.RunSpec) -> None:
         sub = self._socket(zmq.SUB, spec.announce_port)
@@ -450,15 +467,17 @@ class Producer:
         state = self.state
         backoff = Backoff(_BACKOFF_FIRST_S, _BACKOFF_CAP_S, self.rng)
 
+        def free() -> int:  # a group the consumer told us to hold takes its lease's slot
+            return limit - len(state.in_flight) - session.outbox.num_held
+
         def may_ask() -> bool:
-            return state.finished or (len(state.in_flight) < limit and state.target is not None)
+            return state.finished or (free() > 0 and state.target is not None)
 
         while not state.finished:
             if not may_ask():  # every slot taken, or no snapshot announced yet
                 await state.changed.wait_for(may_ask, 1.0)
                 continue
-            free = limit - len(state.in_flight)
-            msg = wire.LeaseRequest(0, state.producer_id, free, session.engine.version)
+            msg = wire.LeaseRequest(0, state.producer_id, free(), session.engine.version)
             reply = await self._request_status(msg)
             leases = reply.leases if isinstance(reply, wire.LeaseGrant) else ()
             for lease in leases:
@@ -629,6 +648,8 @@ class Producer:
         if self.session is not None:
             outbox = self.session.outbox
             out["unacked"] = len(outbox.pending)
+            out["held"] = outbox.num_held
+            out["told_hold"], out["hold_s"] = outbox.num_told_hold, outbox.hold_s
             out.update({f"acked_{k}": v for k, v in outbox.outcomes.items()})
         out.update(self.fetcher.counters)
         if self.relay is not None:
@@ -751,6 +772,7 @@ async def serve_run(
             background = [
                 heartbeat,
                 tg.create_task(producer.announce_loop(spec), name="announce"),
+                tg.create_task(producer.release_loop(session.outbox), name="release"),
                 tg.create_task(producer.weights_loop(session.engine), name="weights"),
                 *([tg.create_task(producer.relay.serve(), name="relay")] if producer.relay else []),
             ]

@@ -247,6 +247,8 @@ PROBLEMS = [
     (["net.heartbeat_s=20"], "must exceed two heartbeats", "net.producer_timeout_s"),
     (["net.max_message_mib=0"], "max_message_mib must be > 0", "net.max_message_mib"),
     (["net.lease_wait_s=6"], "lease_wait_s must be in [0, 5]", "net.lease_wait_s"),
+    (["net.max_queued_mib=32"], "largest group could never be admitted", "net.max_queued_mib"),
+    (["net.max_queued_groups=0"], "max_queued_groups must be >= 1", "net.max_queued_groups"),
     (["net.consumer_timeout_s=1"], "or exceed two heartbeats", "net.consumer_timeout_s"),
     (["net.bind_host=0.0.0.0"], "is not a loopback address", "net.bind_host"),
     (["net.connect=tcp://10.0.0.2:5555"], "leaves this machine", "net.connect"),
