@@ -28,7 +28,10 @@ producers told) and must exit 0. Reported per N (JSON keys in brackets):
 - lease replies that granted nothing, per second and per producer per second
   [`empty_lease_replies_per_s`, `empty_lease_replies_per_producer_s`];
 - the mean size of a metrics.jsonl line [`metrics_line_bytes`] and whether the ledger balanced
-  and the consumer exited 0 [`consumer_ok`].
+  and the consumer exited 0 [`consumer_ok`];
+- backpressure over the whole run (ledger.json's `admission`; null for a consumer without it):
+  the most MiB of groups queued for the learner at once [`queued_mib_peak`], times producers
+  were told to hold a group [`holds`] and the longest hold [`hold_s_max`].
 Top level: `ratio_groups_per_s_largest_vs_64` (trained groups/s at the largest N over the figure
 at 64, the same run; null when 64 is not among the Ns), `largest_producers`, the machine's load
 average before and after (`load_1m_start`, `load_1m_end`) and the settings. This process runs
@@ -225,6 +228,8 @@ async def swarm(
     lines = (run / "metrics.jsonl").read_text().splitlines()
     ledger = json.loads((run / "ledger.json").read_text())
     empty = sum(t_a <= at <= t_b for at in probe.empty) / span
+    admission = ledger.get("admission", {})
+    peak = admission.get("queued_bytes_max")
     return {
         "producers": n,
         "window_s": span,
@@ -246,6 +251,9 @@ async def swarm(
         "metrics_line_bytes": sum(map(len, lines)) / max(len(lines), 1),
         "consumer_ok": code == 0 and bool(ledger["balance"]["ok"]),
         "producers_unfinished": len(pending),
+        "queued_mib_peak": None if peak is None else peak / (1 << 20),
+        "holds": admission.get("holds"),
+        "hold_s_max": admission.get("hold_s_max"),
     }
 
 
@@ -326,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
             f"reg {r['registration_s']:6.2f} s  cpu {r['consumer_cpu']:4.2f}  "
             f"rss {r['consumer_rss_mib']:7.1f} MiB  empty {r['empty_lease_replies_per_s']:8.1f}/s"
             f"  line {r['metrics_line_bytes']:8.0f} B  timeouts {r['control_timeouts']}"
-            f"  ok {r['consumer_ok']}",
+            f"  ok {r['consumer_ok']}  peak rss {r['consumer_rss_peak_mib']:.0f} MiB"
+            f"  queued peak {r['queued_mib_peak'] or 0:.1f} MiB  holds {r['holds']}",
             flush=True,
         )
     out = {

@@ -145,6 +145,15 @@ class Admission:
         )
         return out
 
+    def run_summary(self) -> dict[str, float]:
+        """`summary` with the whole run's peaks (`queued_bytes_max`, `queued_groups_max`)
+        in place of those since the last reset (for ledger.json)."""
+        out = self.summary()
+        del out["queued_bytes_peak"], out["queued_groups_peak"]
+        with self._lock:
+            out.update(queued_bytes_max=self.max_seen_bytes, queued_groups_max=self.max_seen_groups)
+        return out
+
     def _fits(self, num_bytes: int) -> bool:
         with self._lock:
             return (

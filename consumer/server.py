@@ -822,7 +822,7 @@ class Server:
             "by_producer": {p: dict(c) for p, c in self._book.by_producer.items()},
             "hosts": {p: self._hosts.get(p, "") for p in self._book.by_producer},
             "counters": dict(self.counters),
-            "admission": self._admission.summary(),
+            "admission": self._admission.run_summary(),
             "policy_version": self.policy_version,
         }
         tmp = self.run_dir / "ledger.json.tmp"

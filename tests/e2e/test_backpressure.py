@@ -87,7 +87,7 @@ def test_a_slow_learner_holds_producers_back_within_its_bound_and_loses_nothing(
     assert steps[-1].hold_s_max is not None
     assert steps[-1].hold_s_max > 0
     admission = json.loads((run / "ledger.json").read_text())["admission"]
-    assert 0 < admission["queued_bytes_peak"] <= max_bytes  # over the whole run
+    assert 0 < admission["queued_bytes_max"] <= max_bytes  # over the whole run
     assert admission["holds"] >= steps[-1].holds
 
 

@@ -18,7 +18,7 @@ KEYS = {
     "lease_p50_s", "lease_p99_s", "heartbeat_p99_s", "control_timeouts", "registration_s",
     "register_p99_s", "consumer_cpu", "consumer_rss_mib", "consumer_rss_peak_mib",
     "empty_lease_replies_per_s", "empty_lease_replies_per_producer_s", "metrics_line_bytes",
-    "consumer_ok", "producers_unfinished",
+    "consumer_ok", "producers_unfinished", "queued_mib_peak", "holds", "hold_s_max",
 }  # fmt: skip
 
 
@@ -82,4 +82,5 @@ def test_a_few_producers_against_a_real_consumer(tmp_path):
     assert run["lease_p50_s"] <= run["lease_p99_s"]
     assert run["consumer_rss_mib"] > 0
     assert run["consumer_rss_peak_mib"] >= run["consumer_rss_mib"]
+    assert 0 < run["queued_mib_peak"] <= 256  # net.max_queued_mib
     assert "N=    3" in out.stdout

@@ -69,7 +69,8 @@ def test_a_released_group_that_grew_waits_again_at_the_head():
 
 
 def test_a_held_lease_never_times_out_and_expires_only_with_its_producer():
-    book = LeaseBook(PromptOrder(10, seed=0, shuffle=False, epochs=0), prompts_per_step=4, max_staleness=1)
+    order = PromptOrder(10, seed=0, shuffle=False, epochs=0)
+    book = LeaseBook(order, prompts_per_step=4, max_staleness=1)
     a, b = book.grant("p", 2, policy_version=0, published_version=0, now=0.0)
     for rec in (a, b):
         assert book.receive(rec.lease_id, "p") == "accept"
