@@ -229,7 +229,7 @@ async def swarm(
     ledger = json.loads((run / "ledger.json").read_text())
     empty = sum(t_a <= at <= t_b for at in probe.empty) / span
     admission = ledger.get("admission", {})
-    peak = admission.get("queued_bytes_max")
+    queued_peak = admission.get("queued_bytes_max")
     return {
         "producers": n,
         "window_s": span,
@@ -251,7 +251,7 @@ async def swarm(
         "metrics_line_bytes": sum(map(len, lines)) / max(len(lines), 1),
         "consumer_ok": code == 0 and bool(ledger["balance"]["ok"]),
         "producers_unfinished": len(pending),
-        "queued_mib_peak": None if peak is None else peak / (1 << 20),
+        "queued_mib_peak": None if queued_peak is None else queued_peak / (1 << 20),
         "holds": admission.get("holds"),
         "hold_s_max": admission.get("hold_s_max"),
     }
