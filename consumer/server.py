@@ -557,7 +557,7 @@ class Server:
             msg, len(frames[0].buffer), now=time.monotonic()
         ):
             self._book.hold(msg.lease_id)  # no room: its producer keeps it until told to send
-            verdict = "held"
+            verdict = "not_admitted"  # counted as groups_not_admitted
         with self._lock:
             self.counters[f"groups_{verdict}"] += 1
 
