@@ -11,7 +11,12 @@ Anything else is `"module:function"`, imported with importlib (`resolve`).
 
 `RewardRunner.score(completions, answer)` scores one group in one round trip to a process pool
 (spawn context: a worker never inherits the producer's torch threads or CUDA state; spawn
-workers do inherit `sys.path`). The reward of completion i is `sum_k weight_k * fn_k(c_i, answer)`.
+workers do inherit `sys.path`). When every reward is a bounded built-in (`INLINE`:
+`exact_match`, `boxed_format`: a string compare and a linear regex on a completion of at most
+`sampling.max_new_tokens` tokens, which can neither hang nor crash the process), the group is
+scored in the producer itself and no pool is started: the same values, counters and log lines,
+without a process round trip per group (~0.8 ms of wall and ~1 ms of the producer's CPU).
+The reward of completion i is `sum_k weight_k * fn_k(c_i, answer)`.
 Invariants:
 - A call that raises, or returns a non-number (bool counts as 0/1) or a non-finite value, scores
   0 for that (completion, fn) and counts as an error; the other calls are unaffected.
@@ -100,6 +105,7 @@ BUILTINS: dict[str, RewardFn] = {
     "math_verify": math_verify,
     "boxed_format": boxed_format,
 }
+INLINE = frozenset({"exact_match", "boxed_format"})  # bounded: scored without a worker pool
 
 
 def resolve(spec: str) -> RewardFn:
@@ -159,17 +165,23 @@ def _init_worker(specs: list[str]) -> None:
         resolve(spec)
 
 
-def _call(fn: RewardFn, completion: str, answer: str, timeout_s: float) -> tuple[float, int, str]:
-    """One reward call under its own timer: (value, _OK | _ERROR | _TIMEOUT, what went wrong)."""
+def _call(
+    fn: RewardFn, completion: str, answer: str, timeout_s: float | None
+) -> tuple[float, int, str]:
+    """One reward call, under its own timer unless `timeout_s` is None (an inline built-in):
+    (value, _OK | _ERROR | _TIMEOUT, what went wrong)."""
     global _armed
     try:
-        _armed = True
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
-        try:
+        if timeout_s is None:
             value = fn(completion, answer)
-        finally:
-            _armed = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
+        else:
+            _armed = True
+            signal.setitimer(signal.ITIMER_REAL, timeout_s)
+            try:
+                value = fn(completion, answer)
+            finally:
+                _armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
     except _CallTimeout:
         return 0.0, _TIMEOUT, f"timed out after {timeout_s:g} s (rewards.timeout_s)"
     except (Exception, SystemExit) as exc:  # a user's reward failing is data, not a crash
@@ -188,10 +200,11 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 def _score_in_worker(
-    specs: list[str], completions: list[str], answer: str, timeout_s: float
+    specs: list[str], completions: list[str], answer: str, timeout_s: float | None
 ) -> tuple[list[list[float]], int, int, list[tuple[str, str, str]]]:
     """Every spec on every completion: (table [spec][completion], errors, timeouts, the first
-    failure of each kind per spec as (spec, outcome, what went wrong))."""
+    failure of each kind per spec as (spec, outcome, what went wrong)). `timeout_s` None: no
+    timer (the inline built-ins, called in the producer's own thread)."""
     table, outcomes, failures = [], [], {}
     for spec in specs:
         fn = resolve(spec)
@@ -211,7 +224,8 @@ def _score_in_worker(
 
 
 class RewardRunner:
-    """Scores groups in a pool of `workers` spawn processes; see the module docstring."""
+    """Scores groups in a pool of `workers` spawn processes, or inline when every reward is in
+    `INLINE`; see the module docstring."""
 
     def __init__(
         self,
@@ -236,7 +250,11 @@ class RewardRunner:
         self._slots = asyncio.Semaphore(workers)
         self._log = LogLimiter(log)
         self._closed = False
-        self._pool, self._ready = self._start_pool()
+        self.inline = all(s.fn in INLINE for s in self.specs)
+        self._pool: ProcessPoolExecutor | None = None
+        self._ready: Future[int] | None = None
+        if not self.inline:
+            self._pool, self._ready = self._start_pool()
 
     def _start_pool(self) -> tuple[ProcessPoolExecutor, Future[int]]:
         """A new pool, and a future done once a worker has started (imports included)."""
@@ -252,7 +270,10 @@ class RewardRunner:
         assert not self._closed, "score() after close()"
         calls = len(self.specs) * len(completions)
         self.num_calls += calls
-        if calls:
+        if calls and self.inline:
+            specs = [s.fn for s in self.specs]
+            table, errors, timeouts, failures = _score_in_worker(specs, completions, answer, None)
+        elif calls:
             async with self._slots:
                 table, errors, timeouts, failures = await self._round_trip(
                     completions, answer, calls
@@ -295,6 +316,8 @@ class RewardRunner:
         zeros = [[0.0] * len(completions) for _ in self.specs]
         specs = [s.fn for s in self.specs]
         for _ in range(2):  # a second try only if another group's failure replaced the pool
+            assert self._pool is not None, "a pool runner"
+            assert self._ready is not None, "a pool runner"
             if not self._ready.done():  # the deadline measures the group's work, not a start-up
                 await asyncio.to_thread(futures.wait, [self._ready], POOL_START_S)
             if self._closed:
@@ -329,7 +352,8 @@ class RewardRunner:
         A group still in flight scores 0 with its calls counted as errors.
         """
         self._closed = True
-        _kill(self._pool)
+        if self._pool is not None:
+            _kill(self._pool)
 
     async def __aenter__(self) -> RewardRunner:
         return self

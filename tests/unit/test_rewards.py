@@ -197,3 +197,22 @@ async def test_every_kind_of_reward_failure_is_logged_with_what_went_wrong(caplo
     ]
     assert "6 errors, 1 timeouts in this group of 2" in lines[0]
     assert sum("cut this producer's throughput" in line for line in lines) == 1
+
+
+async def test_bounded_builtins_score_inline_with_no_pool_and_the_pools_values():
+    texts, answer = ["7", " 7 ", "77", "\\boxed{7}", ""], "7"
+    inline_specs = [RewardSpec("exact_match", 2.0), RewardSpec("boxed_format", 0.5)]
+    pooled_specs = [*inline_specs, RewardSpec("reward_fixtures:length", 0.0)]
+    async with asyncio.timeout(60), RewardRunner(inline_specs, timeout_s=5, workers=1) as inline:
+        assert inline.inline
+        assert inline._pool is None
+        got = await inline.score(texts, answer)
+    async with asyncio.timeout(60), RewardRunner(pooled_specs, timeout_s=5, workers=1) as pooled:
+        assert not pooled.inline
+        assert pooled._pool is not None
+        want = await pooled.score(texts, answer)
+    np.testing.assert_array_equal(got.rewards, want.rewards)
+    for name in ("exact_match", "boxed_format"):
+        np.testing.assert_array_equal(got.parts[name], want.parts[name])
+    np.testing.assert_array_equal(got.parts["exact_match"], [1, 1, 0, 0, 0])
+    assert (inline.num_calls, inline.num_errors, inline.num_timeouts) == (10, 0, 0)
