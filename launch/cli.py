@@ -410,6 +410,7 @@ def launch(
     from launch import local
 
     cfg, producers = _split_cores(cfg, config, set_, producers)
+    cfg = local.local_config(cfg, _given_keys(config, set_))
 
     model_dir = None
     if not cfg.train.simulate_step_s:

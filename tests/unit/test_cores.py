@@ -44,3 +44,13 @@ def test_launch_keeps_what_the_user_gave_and_says_so(capsys):
 def test_other_engines_keep_two_producers_and_their_threads():
     base = C.load(cli.DEMO_CONFIG, ["producer.engine=fake"])
     assert cli._split_cores(base, None, None, None) == (base, 2)
+
+
+def test_a_local_run_makes_no_deltas_unless_the_user_asks():
+    from launch import local
+
+    base = C.load(cli.DEMO_CONFIG)
+    assert base.snapshot.anchor_every > 0
+    assert local.local_config(base, set()).snapshot.anchor_every == 0
+    given = C.load(cli.DEMO_CONFIG, ["snapshot.anchor_every=5"])
+    assert local.local_config(given, {"snapshot.anchor_every"}).snapshot.anchor_every == 5
