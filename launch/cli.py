@@ -587,6 +587,14 @@ def stress(
     resume: Annotated[
         bool, typer.Option("--resume", help="Finish an interrupted sweep: skip finished settings.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Start a new sweep in an --out that holds another one (deletes its sweep.json, "
+            "runs/, results.csv, summary.md and plots/).",
+        ),
+    ] = False,
     external_producers: Annotated[
         int,
         typer.Option(
@@ -696,7 +704,7 @@ def stress(
             err=True,
         )
     try:
-        rows, interrupted = S.run_sweep(base, out, todo, sweep, resume=resume)
+        rows, interrupted = S.run_sweep(base, out, todo, sweep, resume=resume, force=force)
     except ConfigError as exc:  # a directory holding another sweep
         _fail(str(exc))
     for r in rows:

@@ -206,20 +206,40 @@ def fingerprint(base: C.Config, sweep: Sweep) -> dict[str, Any]:
     }
 
 
-def check_resume(out: Path, base: C.Config, sweep: Sweep, *, resume: bool) -> None:
-    """Refuse to mix two different sweeps in one directory (`ConfigError` saying why)."""
+# what a sweep writes into --out; `--force` removes these and nothing else
+SWEEP_OUTPUTS = (SWEEP_FILE, "runs", "results.csv", "summary.md", "plots")
+
+
+def check_resume(
+    out: Path, base: C.Config, sweep: Sweep, *, resume: bool, force: bool = False
+) -> None:
+    """Refuse to mix two different sweeps in one directory (`ConfigError` saying why); with
+    `force`, remove an earlier sweep's outputs (`SWEEP_OUTPUTS`) and start afresh."""
+    if resume and force:
+        raise ConfigError("--resume finishes the sweep in --out and --force deletes it: pass one")
     path = out / SWEEP_FILE
+    if force:
+        for name in SWEEP_OUTPUTS:
+            gone = out / name
+            if gone.is_dir() and not gone.is_symlink():
+                shutil.rmtree(gone)
+            elif gone.exists() or gone.is_symlink():
+                gone.unlink()
     now = fingerprint(base, sweep)
     if not path.exists():
         if any((out / "runs").glob(f"*/{RESULT_FILE}")):
-            raise ConfigError(f"{out} holds results of another sweep: choose another --out")
+            raise ConfigError(
+                f"{out} holds results of another sweep: pass --force to replace them, or "
+                "choose another --out"
+            )
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(now, indent=1))
         return
     if not resume:
         raise ConfigError(
             f"{out} already holds a sweep: pass --resume to finish it (finished settings are "
-            "kept), or choose another --out"
+            "kept), or --force to start a new one there (deletes its results and runs), or "
+            "choose another --out"
         )
     before = json.loads(path.read_text())
     changed = sorted(k for k in now if before.get(k) != now[k])
@@ -348,11 +368,12 @@ def run_sweep(
     sweep: Sweep,
     *,
     resume: bool = False,
+    force: bool = False,
     live: bool = False,
     notes: list[str] = (),  # type: ignore[assignment]
 ) -> tuple[list[dict[str, Any]], bool]:
     """Run the settings (see the module docstring); (rows, interrupted by Ctrl-C)."""
-    check_resume(out, base, sweep, resume=resume)
+    check_resume(out, base, sweep, resume=resume, force=force)
 
     def on_row(rows: list[dict[str, Any]]) -> None:
         write_outputs(out, rows, list(notes))

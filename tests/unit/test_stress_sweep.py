@@ -173,3 +173,20 @@ def test_the_target_is_reached_at_the_first_step_at_or_above_it():
     assert first_reaching(CURVE, 0.4) == (2.0, 2)
     assert first_reaching(CURVE, 0.7) is None
     assert first_reaching(CURVE, None) is None
+
+
+def test_force_replaces_an_earlier_sweep_and_touches_nothing_else(tmp_path):
+    base, sweep = C.Config(), Sweep(engine="fake", steps=8)
+    check_resume(tmp_path, base, sweep, resume=False)
+    (tmp_path / "runs" / "ms0-p2-off-s0").mkdir(parents=True)
+    (tmp_path / "runs" / "ms0-p2-off-s0" / "result.json").write_text("{}")
+    (tmp_path / "results.csv").write_text("old")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="pass one"):
+        check_resume(tmp_path, base, sweep, resume=True, force=True)
+    other = Sweep(engine="fake", steps=9)  # a different sweep: --resume would refuse it
+    check_resume(tmp_path, base, other, resume=False, force=True)
+    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "results.csv").exists()
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    check_resume(tmp_path, base, other, resume=True)  # the new sweep is the one recorded
