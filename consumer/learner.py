@@ -107,6 +107,7 @@ class Learner:
             cfg, self.ctx, prompts=make_source(cfg.task, seed=cfg.run.seed), spec=spec,
             run_dir=run_dir, keys=keys, policy_version=self.version, book_state=book_state,
             hold_grants=cfg.run.wait_for_producers > 0,
+            refused_keys=(lambda: self.auth.refused) if self.auth is not None else None,
         )  # fmt: skip
         self.run_id = self.server.run_id
         if cfg.run.resume:

@@ -160,8 +160,10 @@ class Server:
         policy_version: int = 0,
         book_state: dict[str, Any] | None = None,
         hold_grants: bool = False,
+        refused_keys: Callable[[], int] | None = None,
     ) -> None:
         self.cfg, self.prompts = cfg, prompts
+        self._refused_keys = refused_keys  # CurveZMQ connections refused (consumer/key_gate.py)
         self.snapshot_root, self.run_dir = run_dir / "snapshots", run_dir
         order = PromptOrder(
             len(prompts), seed=cfg.run.seed, shuffle=cfg.task.shuffle, epochs=cfg.task.epochs
@@ -821,7 +823,7 @@ class Server:
             "balance": self._book.balance(),
             "by_producer": {p: dict(c) for p, c in self._book.by_producer.items()},
             "hosts": {p: self._hosts.get(p, "") for p in self._book.by_producer},
-            "counters": dict(self.counters),
+            "counters": self._counters_now(),
             "admission": self._admission.run_summary(),
             "policy_version": self.policy_version,
         }
@@ -829,6 +831,14 @@ class Server:
         tmp.write_text(json.dumps(summary, indent=1, sort_keys=True))
         tmp.replace(self.run_dir / "ledger.json")
         self._ledger_dirty = False
+
+    def _counters_now(self) -> dict[str, int]:
+        """The server's counters, with the key gate's refusals as `rejected.unknown_key`."""
+        counters = dict(self.counters)
+        refused = self._refused_keys() if self._refused_keys is not None else 0
+        if refused:
+            counters["rejected.unknown_key"] = refused
+        return counters
 
 
 def _size(path: Path) -> int:

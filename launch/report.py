@@ -200,6 +200,10 @@ def summarize(run_dir: Path) -> str:
             json.dumps(ledger.get("balance", {}), sort_keys=True),
             "```",
         ]
+        refused = {k: v for k, v in ledger.get("counters", {}).items() if "rejected." in k}
+        if refused:
+            shown = ", ".join(f"{k} {v}" for k, v in sorted(refused.items()))
+            lines += ["", f"Refused messages and connections: {shown}."]
     lines += ["", "## Plots", ""] + [
         f"![{p.stem}](plots/{p.name})" for p in sorted((run_dir / "plots").glob("*.png"))
     ]

@@ -273,4 +273,6 @@ def test_curve_keys_admit_producers_with_keys_and_shut_out_those_without(tmp_pat
         )
     finally:
         stop(*procs)
-    assert json.loads((run_dir / "ledger.json").read_text())["balance"]["trained"] == 6
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert ledger["balance"]["trained"] == 6
+    assert ledger["counters"]["rejected.unknown_key"] >= 1  # the stranger's refused handshakes
