@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +42,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-initialised 2-layer Qwen2 with a character tokenizer (float32, ~100k params)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(autouse=True)
+def asyncgrpo_loggers_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `logging.config` call in this process (import-linter's, run in-process by the packaging
+    test) disables every logger that exists at that moment; the project's loggers are enabled
+    again for each test, so a test that captures their records does not depend on the order."""
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith("asyncgrpo") and isinstance(logger, logging.Logger) and logger.disabled:
+            monkeypatch.setattr(logger, "disabled", False)
