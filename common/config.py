@@ -239,9 +239,9 @@ class SnapshotConfig:
     dtype: SnapshotDtype = _f("bfloat16", "Snapshot weight dtype.")
     keep_last: int = _f(3, "Snapshots kept on disk (older ones are deleted).")
     chunk_mib: float = _f(
-        1.0,
-        "Chunk size (and per-chunk hash) when producers fetch snapshots over the network; the "
-        "consumer holds at most fanout x 4 chunks of requests ahead of a lease request.",
+        4.0,
+        "Chunk size (and per-chunk hash) when producers fetch snapshots over the network "
+        "(served on the data socket, never ahead of a control request).",
     )
     anchor_every: int = _f(
         10,
@@ -276,6 +276,7 @@ class NetConfig:
     )
     rollouts_port: int = _f(0, "Rollouts (PULL) port; 0 = pick a free one.")
     announce_port: int = _f(0, "Announce (PUB) port; 0 = pick a free one.")
+    data_port: int = _f(0, "Data (ROUTER: snapshot chunks) port; 0 = pick a free one.")
     connect: str = _f("tcp://127.0.0.1:5555", "Producer: the consumer's control endpoint.")
     connect_file: str = _f(
         "",

@@ -1,7 +1,8 @@
 """ZeroMQ sockets per role: high-water marks, message-size limits, linger, CurveZMQ.
 
-Roles (DESIGN.md): the consumer binds `control` (ROUTER), `rollouts` (PULL) and `announce` (PUB);
-producers connect a DEALER, a PUSH and a SUB. Invariants:
+Roles (DESIGN.md): the consumer binds `control` (ROUTER), `rollouts` (PULL), `announce` (PUB)
+and `data` (ROUTER, snapshot chunks); producers connect a DEALER, a PUSH, a SUB and a DEALER.
+Invariants:
 - Every socket gets ZMQ_MAXMSGSIZE (libzmq drops the connection of a peer that sends more) and
   LINGER 0 (closing never blocks shutdown; unacknowledged groups are re-sent, not lingered).
 - ROUTER sets ROUTER_MANDATORY, so a reply to a vanished producer raises instead of vanishing.

@@ -1,4 +1,4 @@
-"""Wire schema v1: the only module that knows the bytes.
+"""Wire schema v2: the only module that knows the bytes.
 
 Every message is one msgpack map whose first key is `schema` (= SCHEMA_VERSION) and second `kind`.
 Everyone else sees the frozen dataclasses below; nobody builds message dicts by hand.
@@ -10,17 +10,17 @@ Everyone else sees the frozen dataclasses below; nobody builds message dicts by 
 | heartbeat   | control, producer → consumer     | req, producer_id, loaded_version, state,       |
 |             |                                  | num_in_flight, counters                        |
 | lease_req   | control, producer → consumer     | req, producer_id, max_leases, loaded_version   |
-| chunk_req   | control, producer → consumer     | req, version, offset, max_bytes                |
 | goodbye     | control, producer → consumer     | req, producer_id, held_leases                  |
 | fetch_req   | control, producer → consumer     | req, producer_id, version, held_version,       |
 |             |                                  | held_hash, relay (Source)                      |
 | fetch_done  | control, producer → consumer     | req, producer_id, version, file, ok, num_bytes,|
 |             |                                  | bad_sources (BadSource…), serving              |
-| file_chunk_req | control or a relay, fetcher → | req, version, file, offset, max_bytes          |
+| file_chunk_req | data or a relay, fetcher →    | req, version, file, offset, max_bytes          |
 | welcome     | control, reply to register       | req, spec (RunSpec), status (Status)           |
 | status      | control, reply to heartbeat etc. | req, status                                    |
 | lease_grant | control, reply to lease_req      | req, leases (Lease…), status                   |
-| chunk       | reply to chunk_req/file_chunk_req| req, version, offset, total_bytes, data        |
+| chunk_head  | reply to file_chunk_req          | req, version, offset, total_bytes, num_bytes   |
+|             | (frame 1 of 2; frame 2: the bytes)|                                               |
 | fetch_plan  | control, reply to fetch_req      | req, version, file, base_version, num_bytes,   |
 |             |                                  | hash, result_hash, chunk_bytes, chunk_hashes,  |
 |             |                                  | sources (Source…), wait_s                      |
@@ -52,10 +52,14 @@ Conventions and invariants:
 - Fetching a snapshot over the network (producer/fetch.py, consumer/fanout.py): `fetch_req`
   asks the consumer how; `fetch_plan` names the file (`weights`, or `delta` on `base_version`),
   its per-chunk BLAKE3 digests (`chunk_hashes`: 32 raw bytes per chunk) and where to fetch
-  (`sources`, in order; a `Source` with endpoint "" is the consumer's own control socket);
-  chunks come as `file_chunk_req` → `chunk` from any source, and each is accepted only if it
-  hashes to its digest; `fetch_done` reports the outcome, the sources that misbehaved, and
-  whether the producer now serves the file as a relay.
+  (`sources`, in order; a `Source` with endpoint "" is the consumer's data socket, at
+  `RunSpec.data_port`); chunks come as `file_chunk_req` → a two-frame reply from any source,
+  and each is accepted only if it hashes to its digest; `fetch_done` reports the outcome, the
+  sources that misbehaved, and whether the producer now serves the file as a relay.
+- A chunk reply is two ZeroMQ frames (`encode_chunk` / `decode_reply`): a `chunk_head` message
+  (decoded like any other, bounded) and the chunk's bytes, raw, so neither side copies them into
+  or out of a msgpack map; `num_bytes` must equal the second frame's length. Any other reply on
+  the data path (a `reject`) is one frame.
 - Acks: a group is acknowledged with its lease's final outcome (`OUTCOMES`); a consumer
   without room for it says `hold` (the producer keeps it and does not re-send it on its own
   timer) and later `send` (re-send it now).
@@ -77,7 +81,7 @@ import numpy as np
 from common import msgpack_reader as mp
 from common.errors import WireError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: snapshot chunks moved to the data socket (`chunk_head` + bytes)
 FINISH_REASONS = ("stop", "length", "abort")
 OUTCOMES = (
     "trained",
@@ -165,6 +169,7 @@ class RunSpec:
     max_message_bytes: int
     reward_fns: tuple[RewardWeight, ...]
     reward_timeout_s: float
+    data_port: int  # the consumer's data socket (snapshot chunks: consumer/dataplane.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,17 +215,8 @@ class LeaseRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class ChunkRequest:
-    KIND: ClassVar[str] = "chunk_req"
-    req: int
-    version: int
-    offset: int
-    max_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
 class Source:
-    """Where a fetcher may take chunks: "" = the consumer's control socket, else a relay's
+    """Where a fetcher may take chunks: "" = the consumer's data socket, else a relay's
     endpoint (`tcp://host:port`) and its CurveZMQ public key (z85; "" without keys)."""
 
     endpoint: str
@@ -315,13 +311,27 @@ class LeaseGrant:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkHead:
+    """The first frame of a chunk reply; the second frame holds exactly `num_bytes` bytes."""
+
+    KIND: ClassVar[str] = "chunk_head"
+    req: int
+    version: int
+    offset: int
+    total_bytes: int  # size of the whole file
+    num_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
-    KIND: ClassVar[str] = "chunk"
+    """A chunk reply as its reader sees it (not a message kind: `ChunkHead` + the data frame).
+    `data` is whatever buffer the transport gave (a zero-copy view of a received frame)."""
+
     req: int
     version: int
     offset: int
     total_bytes: int
-    data: bytes
+    data: bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +390,6 @@ Message = Union[  # noqa: UP007 (a runtime alias, used by isinstance-free dispat
     Register,
     Heartbeat,
     LeaseRequest,
-    ChunkRequest,
     Goodbye,
     FetchRequest,
     FetchDone,
@@ -389,7 +398,7 @@ Message = Union[  # noqa: UP007 (a runtime alias, used by isinstance-free dispat
     Welcome,
     StatusReply,
     LeaseGrant,
-    Chunk,
+    ChunkHead,
     Reject,
     Group,
     Announce,
@@ -426,8 +435,35 @@ def _to_wire(obj: Any) -> Any:
     return obj
 
 
+def encode_chunk(chunk: Chunk) -> list[bytes | memoryview]:
+    """The two frames of a chunk reply: the `ChunkHead` message, then the bytes (not copied)."""
+    head = ChunkHead(chunk.req, chunk.version, chunk.offset, chunk.total_bytes, len(chunk.data))
+    return [encode(head), chunk.data]
+
+
 # ---------------------------------------------------------------------------------------------
 # Decoding
+
+
+def decode_reply(frames: list[memoryview], limits: Limits = Limits()) -> Message | Chunk:
+    """A reply on the data path: one frame is a message (`decode`); two frames are a chunk
+    (`ChunkHead` + data, lengths cross-checked; `data` is `frames[1]`, not copied). Raises only
+    `WireError`."""
+    if len(frames) == 1:
+        msg = decode(frames[0], limits)
+        if isinstance(msg, ChunkHead):
+            raise WireError("multipart", "a chunk head without its data frame")
+        return msg
+    if len(frames) != 2:
+        raise WireError("multipart", f"{len(frames)} frames")
+    head = decode(frames[0], limits)
+    if not isinstance(head, ChunkHead):
+        raise WireError("unexpected_kind", f"{type(head).__name__} before a data frame")
+    if head.num_bytes != len(frames[1]):
+        raise WireError(
+            "length_mismatch", f"head says {head.num_bytes} bytes, frame has {len(frames[1])}"
+        )
+    return Chunk(head.req, head.version, head.offset, head.total_bytes, frames[1])
 
 
 def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:

@@ -24,7 +24,8 @@ fetch but never change its bytes. A reported bad source (`wrong_bytes`, `truncat
 out for that version; a source reported `MAX_BAD_REPORTS` times is never given out again.
 (A hostile producer may report an honest relay: that costs the relay its children, nothing else.)
 
-No sockets, no threads: the server calls `plan`, `done` and `chunk` on its network thread.
+No sockets, no threads: the server calls `plan` and `done` on its network thread; the chunks
+themselves are served by the data socket's thread (consumer/dataplane.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import chunk_manifest as cm
-from common import delta as D
 from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError, WireError
@@ -48,7 +48,6 @@ LEASE_S = 300.0  # a fetcher that never reports frees its slot after this long
 WAIT_S = 0.1  # how long a fetcher waits before asking again when every source is busy
 MAX_BAD_REPORTS = 3  # a source reported this often is never given out again
 _KEEP_VERSIONS = 8  # relay records and cached manifests of this many newest versions
-_FILE_NAMES = {"weights": snap.WEIGHTS_FILE, "delta": D.DELTA_FILE}
 
 
 @dataclass(slots=True)
@@ -139,16 +138,6 @@ class FanOut:
             for file in files:
                 entry.holders.setdefault(file, {})[relay.endpoint] = relay
 
-    def chunk(self, msg: wire.FileChunkRequest, limit: int) -> wire.Chunk:
-        """A chunk of one of the consumer's snapshot files (`WireError` when it is not kept)."""
-        name = _FILE_NAMES.get(msg.file)
-        if name is None:
-            raise WireError("bad_value", "file must be weights or delta")
-        path = snap.snapshot_dir(self.root, msg.version) / name
-        total, data = read_chunk(path, msg.version, msg.offset, min(msg.max_bytes, limit))
-        self._count("chunk_bytes_served", len(data))
-        return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
-
     # -- state ---------------------------------------------------------------------------------
     def _version(self, version: int) -> _Version | None:
         """What is known of `version`; None while its chunk manifest is not written yet."""
@@ -196,17 +185,3 @@ class FanOut:
             if now - slot.since > LEASE_S:
                 del self._slots[producer_id]
                 self._count("fetch_expired", 1)
-
-
-def read_chunk(path: Path, version: int, offset: int, max_bytes: int) -> tuple[int, bytes]:
-    """(file size in bytes, up to `max_bytes` bytes from `offset`) of a kept snapshot file;
-    `WireError` `bad_offset` outside the file, `snapshot_gone` when it is no longer kept."""
-    try:
-        with open(path, "rb") as f:
-            total = f.seek(0, 2)
-            if not 0 <= offset <= total:
-                raise WireError("bad_offset", f"offset {offset} outside [0, {total}]")
-            f.seek(offset)
-            return total, f.read(max(0, max_bytes))
-    except OSError:
-        raise WireError("snapshot_gone", f"version {version} is no longer kept") from None

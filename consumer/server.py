@@ -1,8 +1,10 @@
 """The consumer's network side: one thread that owns every socket and the lease book.
 
-Sockets (all bound here): `control` ROUTER (register, heartbeat, lease requests, snapshot chunks,
-fetch plans and reports (consumer/fanout.py), goodbye), `rollouts` PULL (groups), `announce` PUB
-(new snapshot versions, hints only).
+Sockets (all bound here): `control` ROUTER (register, heartbeat, lease requests, fetch plans
+and reports (consumer/fanout.py), goodbye), `rollouts` PULL (groups), `announce` PUB (new
+snapshot versions, hints only). Snapshot chunks are served on the `data` ROUTER by its own
+thread (consumer/dataplane.py, started and stopped with this one), so control never waits
+behind bulk bytes.
 
 Invariants:
 - Only this thread touches the sockets and the lease book (`LeaseBook`, private to this module:
@@ -68,7 +70,6 @@ from typing import Any, TypeVar
 
 import zmq
 
-from common import snapshot as snap
 from common import wire
 from common.config import Config
 from common.errors import WireError
@@ -76,8 +77,9 @@ from common.keys import Keys
 from common.log_limit import LogLimiter
 from common.sockets import server_socket
 from consumer.admission import Admission
+from consumer.dataplane import DataPlane
 from consumer.distribution import snapshot_chunk_bytes
-from consumer.fanout import FanOut, read_chunk
+from consumer.fanout import FanOut
 from consumer.identity import Identities
 from consumer.leases import LeaseBook
 from consumer.prompts import PromptOrder, PromptSource
@@ -138,6 +140,7 @@ def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
         max_message_bytes=int(cfg.net.max_message_mib * (1 << 20)),
         reward_fns=tuple(wire.RewardWeight(r.fn, r.weight) for r in cfg.rewards.fns),
         reward_timeout_s=cfg.rewards.timeout_s,
+        data_port=0,
     )
 
 
@@ -192,9 +195,18 @@ class Server:
             ctx, zmq.PULL, port=net.rollouts_port, **common
         )
         self.announce, announce_port = server_socket(ctx, zmq.PUB, port=net.announce_port, **common)
-        self.ports = {"control": control_port, "rollouts": rollouts_port, "announce": announce_port}
+        self.counters: Counter[str] = Counter()
+        self._lock = threading.Lock()  # guards counters/producers copies for other threads
+        self.data = DataPlane(
+            ctx, self.snapshot_root, host=net.bind_host, port=net.data_port, keys=keys,
+            insecure=net.insecure, chunk_limit=snapshot_chunk_bytes(cfg), count=self._count,
+        )  # fmt: skip
+        self.ports = {
+            "control": control_port, "rollouts": rollouts_port, "announce": announce_port,
+            "data": self.data.port,
+        }  # fmt: skip
         self.spec = dataclasses.replace(
-            spec, rollouts_port=rollouts_port, announce_port=announce_port
+            spec, rollouts_port=rollouts_port, announce_port=announce_port, data_port=self.data.port
         )
         s = cfg.sampling
         self.group_limits = wire.Limits(
@@ -215,7 +227,6 @@ class Server:
         self.granting = not hold_grants  # False until open_grants() when held
         self._hosts: dict[str, str] = {}  # producer id -> host it registered from
         self.told_finished: set[str] = set()  # producers whose last reply said finished
-        self.counters: Counter[str] = Counter()
         self._fanout = FanOut(
             self.snapshot_root, max_children=cfg.snapshot.fanout, count=self._count
         )
@@ -227,7 +238,6 @@ class Server:
         self._wake_send.setblocking(False)
         self._parked: dict[str, _Parked] = {}  # by producer id, oldest first
         self._routes: dict[str, bytes] = {}  # producer id -> ROUTER identity of its last request
-        self._lock = threading.Lock()  # guards counters/producers copies for other threads
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="consumer-net", daemon=True)
         self._ledger_dirty = True
@@ -237,6 +247,7 @@ class Server:
 
     # -- API for other threads -----------------------------------------------------------------
     def start(self) -> None:
+        self.data.start()
         self._thread.start()
 
     def _call(self, fn: Callable[[], T]) -> Future[T]:
@@ -256,6 +267,7 @@ class Server:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        self.data.stop()
 
     def next_group(self, timeout_s: float) -> wire.Group | None:
         """The next admitted group, or None after `timeout_s` without one."""
@@ -647,10 +659,6 @@ class Server:
                 msg.engine,
             )
             return wire.Welcome(msg.req, self.spec, self._status(msg.producer_id))
-        if isinstance(msg, wire.ChunkRequest):
-            return self._chunk(msg)
-        if isinstance(msg, wire.FileChunkRequest):
-            return self._fanout.chunk(msg, snapshot_chunk_bytes(self.cfg))
         if not isinstance(
             msg,
             wire.Heartbeat | wire.LeaseRequest | wire.Goodbye | wire.FetchRequest | wire.FetchDone,
@@ -787,17 +795,6 @@ class Server:
         if out:
             self._ledger_dirty = True
         return tuple(out)
-
-    def _chunk(self, msg: wire.ChunkRequest) -> wire.Message:
-        path = snap.snapshot_dir(self.snapshot_root, msg.version) / snap.WEIGHTS_FILE
-        # a chunk must fit the producer's message limit too (with room for the envelope)
-        limit = min(
-            int(self.cfg.snapshot.chunk_mib * (1 << 20)), self.spec.max_message_bytes - 4096
-        )
-        total, data = read_chunk(path, msg.version, msg.offset, min(msg.max_bytes, limit))
-        with self._lock:
-            self.counters["chunk_bytes_served"] += len(data)
-        return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
 
     # -- on this thread ------------------------------------------------------------------------
     def _count(self, key: str, n: float) -> None:

@@ -1,5 +1,5 @@
-"""The producer's end of the sockets: control requests, snapshot downloads, the group sender,
-announcements.
+"""The producer's end of the sockets: control requests, the group sender, announcements
+(snapshot chunks: producer/chunk_client.py).
 
 - `ControlClient` owns the DEALER. Requests carry `req` ids; one reader task matches replies to
   waiting futures, so several coroutines may have requests in flight. A request without a reply
@@ -9,9 +9,6 @@ announcements.
   listening, connected, a failing security handshake) for "waiting for the consumer" lines,
   and a key the consumer's authenticator refuses fails every request with `KeyRefused` at once.
   A status the consumer pushes unasked (req 0: room for held groups) goes to `on_pushed`.
-  `download_snapshot` fetches a snapshot's weights in chunks over the same socket, several in
-  flight, writing and hashing each as it lands; the file takes its name only once its size and
-  BLAKE3 hash match the announcement (`SnapshotError` otherwise).
 - `Outbox` owns the PUSH socket and every finished group until the consumer acknowledges it:
   at-least-once delivery. A group is re-sent when the consumer restarted (new run id) or when no
   ack came within `resend_after_s`; the consumer's ledger makes duplicates harmless. A group the
@@ -31,14 +28,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
-from common import snapshot as snap
 from common import wire
-from common.errors import ConfigError, SnapshotError, WireError
+from common.errors import ConfigError, WireError
 from common.keys import Keys
 from common.log_limit import LogLimiter
 from common.sockets import client_socket
@@ -95,68 +90,6 @@ class ControlClient:
         if isinstance(reply, wire.Reject):
             raise Rejected(reply.reason, reply.detail)
         return reply
-
-    async def download_snapshot(
-        self,
-        info: wire.SnapshotInfo,
-        directory: Path,
-        *,
-        timeout_s: float,
-        chunk_bytes: int,
-        window: int = 4,
-    ) -> Path:
-        """`directory/model.safetensors` holding `info`'s weights, fetched in chunks of at most
-        `chunk_bytes` (the consumer may send less) with `window` requests in flight. Each chunk
-        is written at its offset and hashed as soon as the bytes before it are in
-        (`common.snapshot.IncomingFile`), so the file is verified when its last chunk lands; it
-        takes its final name only then (a failed download leaves nothing behind).
-
-        Raises `SnapshotError` (inconsistent chunks, wrong size or hash), `Rejected` (e.g. the
-        snapshot was rotated away) or `TimeoutError` (a chunk had no reply in `timeout_s`)."""
-
-        async def fetch(offset: int, size: int) -> tuple[int, int, bytes]:
-            msg = wire.ChunkRequest(0, info.version, offset, size)
-            reply = await self.request(msg, timeout_s=timeout_s)
-            if (
-                not isinstance(reply, wire.Chunk)
-                or reply.total_bytes != info.num_bytes
-                or reply.offset != offset
-                or not 0 < len(reply.data) <= size
-            ):
-                raise SnapshotError(
-                    f"snapshot v{info.version}: inconsistent chunk from the consumer"
-                )
-            return offset, size, reply.data
-
-        path = directory / snap.WEIGHTS_FILE
-        part = path.with_name(path.name + ".part")
-        incoming = await asyncio.to_thread(_incoming, part, info)
-        todo = [
-            (o, min(chunk_bytes, info.num_bytes - o)) for o in range(0, info.num_bytes, chunk_bytes)
-        ]
-        todo.reverse()  # lowest offset first
-        running: set[asyncio.Task[tuple[int, int, bytes]]] = set()
-        try:
-            while todo or running:
-                while todo and len(running) < window:
-                    running.add(asyncio.ensure_future(fetch(*todo.pop())))
-                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                failed = [e for e in (t.exception() for t in done) if e is not None]
-                if failed:
-                    raise failed[0]
-                for task in done:
-                    offset, size, data = task.result()
-                    await asyncio.to_thread(incoming.add, offset, data)
-                    if len(data) < size:  # the consumer's chunk limit: ask for the rest
-                        todo.append((offset + len(data), size - len(data)))
-            await asyncio.to_thread(incoming.finish)
-        except BaseException:
-            for task in running:
-                task.cancel()
-            await asyncio.shield(asyncio.to_thread(_discard, incoming))
-            raise
-        await asyncio.to_thread(part.replace, path)
-        return path
 
     async def read_replies(self) -> None:
         """The reader task: runs until cancelled."""
@@ -217,16 +150,6 @@ class ControlClient:
         self.sock.disable_monitor()
         self._monitor.close(linger=0)
         self.sock.close(linger=0)
-
-
-def _incoming(part: Path, info: wire.SnapshotInfo) -> snap.IncomingFile:
-    part.parent.mkdir(parents=True, exist_ok=True)
-    return snap.IncomingFile(part, expected_hash=info.hash, expected_bytes=info.num_bytes)
-
-
-def _discard(incoming: snap.IncomingFile) -> None:
-    incoming.close()
-    incoming.path.unlink(missing_ok=True)
 
 
 @dataclass

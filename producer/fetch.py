@@ -9,9 +9,13 @@ sources it names, check each against its hash, and apply a delta on exactly its 
    (consumer/fanout.py): the full weights, or a delta when `held` is exactly its base; per-chunk
    digests; sources in order (a relay, then the consumer). A plan with `wait_s` means every
    source is busy: ask again after that long.
-2. Chunks are fetched with `window` requests in flight, written at their offsets and hashed as a
-   whole file as they land (common/snapshot.py `IncomingFile`); a chunk is accepted only if it
-   hashes to its digest (common/chunk_manifest.py). A relay that sends wrong bytes, a short
+2. Chunks are fetched with `window` requests in flight per fetch (producer/chunk_client.py: the
+   consumer's data socket, consumer/dataplane.py, or a relay), written at their offsets and
+   hashed as a whole file as they land (common/snapshot.py `IncomingFile`); the received frame
+   is written and hashed as it is, never copied. A relay's chunk is accepted only if it hashes
+   to its digest (common/chunk_manifest.py); the consumer's chunks skip that second hash, as a
+   wrong byte from the consumer fails the whole-file hash, which ends the fetch just as a
+   failed chunk digest from the consumer would. A relay that sends wrong bytes, a short
    chunk, refuses, or does not answer within `relay_timeout_s` is dropped for the rest of the
    fetch (`wire.BadSource`, counted) and its chunks are fetched from the next source; the
    consumer is the last source, and an error from it ends the fetch as before. At most
@@ -44,6 +48,7 @@ from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError
 from common.sockets import Keys
+from producer.chunk_client import ChunkClient
 from producer.client import ControlClient, Rejected
 from producer.relay import Relay
 
@@ -81,6 +86,7 @@ class Fetcher:
         control: ControlClient,
         ctx: zmq.asyncio.Context,
         *,
+        data_endpoint: str,
         producer_id: str,
         keys: Keys | None,
         max_message_bytes: int,
@@ -90,6 +96,7 @@ class Fetcher:
         relay_timeout_s: float = 5.0,
     ) -> None:
         self.control, self.ctx, self.keys = control, ctx, keys
+        self.data_endpoint = data_endpoint  # the consumer's data socket (consumer/dataplane.py)
         self.producer_id, self.relay = producer_id, relay
         self.max_message_bytes = max_message_bytes
         self.window, self.timeout_s, self.relay_timeout_s = window, timeout_s, relay_timeout_s
@@ -187,17 +194,16 @@ class Fetcher:
             snap.IncomingFile, part, expected_hash=plan.hash, expected_bytes=plan.num_bytes
         )
         sources = list(plan.sources)
-        clients: dict[str, ControlClient] = {}
-        readers: list[asyncio.Task[None]] = []
+        clients: dict[str, ChunkClient] = {}
         todo = deque(range(chunks.num_chunks))
-        running: dict[asyncio.Task[bytes], tuple[int, wire.Source]] = {}
+        running: dict[asyncio.Task[bytes | memoryview], tuple[int, wire.Source]] = {}
         try:
             while todo or running:
                 ahead = incoming.hashed // max(chunks.chunk_bytes, 1) + 2 * self.window
                 while todo and len(running) < self.window and todo[0] < ahead:
                     index, source = todo.popleft(), sources[0]
                     task = asyncio.ensure_future(
-                        self._chunk(plan, chunks, index, source, clients, readers)
+                        self._chunk(plan, chunks, index, source, clients, incoming)
                     )
                     running[task] = (index, source)
                 if not running:  # the next chunks wait for the prefix: cannot happen
@@ -217,7 +223,7 @@ class Fetcher:
                         todo.appendleft(index)
                         continue
                     offset, _ = chunks.span(index)
-                    await asyncio.to_thread(incoming.add, offset, data)
+                    await asyncio.to_thread(incoming.follow, offset, data)  # the file's hash
                     outcome.num_bytes += len(data)
                     self._count(
                         "chunks_from_consumer" if not source.endpoint else "chunks_from_relay"
@@ -231,8 +237,6 @@ class Fetcher:
             part.unlink(missing_ok=True)
             raise
         finally:
-            for reader in readers:
-                reader.cancel()
             for client in clients.values():
                 client.close()
 
@@ -242,43 +246,47 @@ class Fetcher:
         chunks: cm.ChunkHashes,
         index: int,
         source: wire.Source,
-        clients: dict[str, ControlClient],
-        readers: list[asyncio.Task[None]],
-    ) -> bytes:
+        clients: dict[str, ChunkClient],
+        incoming: snap.IncomingFile,
+    ) -> bytes | memoryview:
+        """Chunk `index` from `source`, checked and written at its offset (the whole file's hash
+        follows in `_download`): checked against its digest when it comes from a relay; from
+        the consumer only its place and length (a wrong byte from the consumer fails the
+        whole-file hash at the end, which ends the fetch just as a failed digest would)."""
         offset, size = chunks.span(index)
         msg = wire.FileChunkRequest(0, plan.version, plan.file, offset, size)
-        if source.endpoint == CONSUMER:
-            reply = await self.control.request(msg, timeout_s=self.timeout_s)
-        else:
-            client = clients.get(source.endpoint)
-            if client is None:
-                client = clients[source.endpoint] = self._relay_client(source)
-                readers.append(asyncio.ensure_future(client.read_replies()))
-            try:
-                reply = await client.request(msg, timeout_s=self.relay_timeout_s)
-            except TimeoutError:
-                raise _BadChunk("stalled") from None
-            except Rejected:
-                raise _BadChunk("refused") from None
-        if (
-            not isinstance(reply, wire.Chunk)
-            or reply.offset != offset
-            or reply.version != plan.version
-        ):
+        client = clients.get(source.endpoint)
+        if client is None:
+            client = clients[source.endpoint] = self._client(source)
+        relay = source.endpoint != CONSUMER
+        try:
+            reply = await client.chunk(
+                msg, timeout_s=self.relay_timeout_s if relay else self.timeout_s
+            )
+        except TimeoutError:
+            if not relay:
+                raise
+            raise _BadChunk("stalled") from None
+        except Rejected:
+            if not relay:
+                raise
+            raise _BadChunk("refused") from None
+        if reply.offset != offset or reply.version != plan.version:
             raise _BadChunk("wrong_reply")
-        if len(reply.data) < size:
+        if len(reply.data) != size:
             raise _BadChunk("truncated")
-        if not await asyncio.to_thread(chunks.matches, index, reply.data):  # BLAKE3 frees the GIL
+        if not await asyncio.to_thread(
+            _check_and_write, chunks, index, reply.data, incoming, relay
+        ):
             raise _BadChunk("wrong_bytes")
         return reply.data
 
-    def _relay_client(self, source: wire.Source) -> ControlClient:
-        keys = self.keys
-        if keys is not None:
+    def _client(self, source: wire.Source) -> ChunkClient:
+        """A client of the consumer's data socket ("") or of a relay (its own server key)."""
+        keys, endpoint = self.keys, source.endpoint or self.data_endpoint
+        if keys is not None and source.endpoint:
             keys = dataclasses.replace(keys, server_public=source.server_key.encode())
-        return ControlClient(
-            self.ctx, source.endpoint, keys=keys, max_message_bytes=self.max_message_bytes
-        )
+        return ChunkClient(self.ctx, endpoint, keys=keys, max_message_bytes=self.max_message_bytes)
 
     def _drop(
         self, source: wire.Source, reason: str, sources: list[wire.Source], outcome: Outcome
@@ -293,3 +301,18 @@ class Fetcher:
 
     def _count(self, key: str, n: float = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
+
+
+def _check_and_write(
+    chunks: cm.ChunkHashes,
+    index: int,
+    data: bytes | memoryview,
+    incoming: snap.IncomingFile,
+    check: bool,
+) -> bool:
+    """Off the event loop (BLAKE3 and `pwrite` free the interpreter lock): False if `check`
+    and `data` is not chunk `index`; else write it at its offset, True."""
+    if check and not chunks.matches(index, data):
+        return False
+    incoming.write(chunks.span(index)[0], data)
+    return True

@@ -1,7 +1,8 @@
 """A producer serving the snapshot files it holds to other producers (a relay of the fan-out).
 
 `Relay` owns one ROUTER socket bound at `producer.relay_host:relay_port` and answers
-`wire.FileChunkRequest` with `wire.Chunk` from files `offer`ed to it: only files this producer
+`wire.FileChunkRequest` with a chunk (`wire.encode_chunk`: head and bytes in two frames, as the
+consumer's data socket does) from files `offer`ed to it: only files this producer
 fetched and verified completely (producer/fetch.py), kept in its private cache. A file that is
 gone (the cache keeps the two newest versions) or not offered is refused (`Reject`,
 `snapshot_gone`); a malformed request is refused with its reason and counted. Nothing a peer
@@ -74,13 +75,13 @@ class Relay:
                 if not isinstance(msg, wire.FileChunkRequest):
                     raise WireError("unexpected_kind", type(msg).__name__)
                 req = msg.req
-                reply: wire.Message = await self._chunk(msg)
+                reply = wire.encode_chunk(await self._chunk(msg))
             except WireError as exc:
                 self._count(f"relay_rejected.{exc.reason}")
                 self._log.log(exc.reason, logging.INFO, "relay refused a request: %s", exc)
-                reply = wire.Reject(req, exc.reason, exc.detail)
+                reply = [wire.encode(wire.Reject(req, exc.reason, exc.detail))]
             try:
-                await self.sock.send_multipart([identity, wire.encode(reply)], zmq.NOBLOCK)
+                await self.sock.send_multipart([identity, *reply], zmq.NOBLOCK, copy=False)
             except zmq.ZMQError:  # the fetcher is gone or its pipe is full: it times out
                 self._count("relay_reply_undeliverable")
 

@@ -8,7 +8,8 @@ closes every socket and the engine:
 - `heartbeat`: every `heartbeat_s`, reports state and takes acks, the newest snapshot and the
   consumer's run id (a new run id = the consumer restarted: register again, re-send unacked);
 - `announce`: listens for new snapshots; `weights`: fetches (shared filesystem when the file is
-  there and its hash matches, else in chunks over control: `ControlClient.download_snapshot`),
+  there and its hash matches, else over the network: producer/fetch.py, chunks from the
+  consumer's data socket or relays),
   verifies and loads the newest one. A file the consumer wrote on this very host is taken on its
   manifest's hash (`producer.trust_local_hash`): the writer hashed the memory it wrote, and one
   page cache serves both processes, so reading and hashing it again would only add latency;
@@ -190,7 +191,7 @@ class Producer:
             else None
         )  # fmt: skip
         self.fetcher = Fetcher(
-            self.control, ctx, producer_id=self.state.producer_id, keys=self.keys,
+            self.control, ctx, data_endpoint="", producer_id=self.state.producer_id, keys=self.keys,
             max_message_bytes=self.max_bytes, relay=self.relay, timeout_s=_REQUEST_TIMEOUT_S,
         )  # fmt: skip
         self.held: Held | None = None  # the newest snapshot file fetched and verified here
@@ -243,6 +244,8 @@ class Producer:
                 await asyncio.sleep(net.heartbeat_s)
                 continue
             self._on_status(reply.status)
+            # the consumer's data socket (snapshot chunks); a restarted consumer may move it
+            self.fetcher.data_endpoint = endpoint_with_port(net.connect, reply.spec.data_port)
             return reply
 
     async def setup(self) -> wire.RunSpec:
@@ -594,7 +597,7 @@ class Producer:
         engine then loads: the consumer's own file when this host sees it, pinned so that the
         bytes loaded are the bytes verified (`common.snapshot.pin_local`; taken on its
         manifest when written here, see `producer.trust_local_hash`; else hashed), else
-        downloaded over control."""
+        fetched over the network (producer/fetch.py)."""
         t0 = time.perf_counter()
         local = Path(info.path)
         directory = self.cache / f"v{info.version:06d}"

@@ -78,6 +78,10 @@ class Consumer:
     def endpoint(self) -> str:
         return f"tcp://127.0.0.1:{self.server.ports['control']}"
 
+    @property
+    def data_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.server.ports['data']}"
+
     def counters(self) -> dict[str, float]:
         return dict(self.server.view()["counters"])
 
@@ -115,8 +119,8 @@ async def fetcher_of(
             msg = wire.Register(0, name, "h", os.getpid(), "fake", -1, ())
             await control.request(msg, timeout_s=10)
             yield Fetcher(
-                control, ctx, producer_id=name, keys=None, max_message_bytes=MAX_MESSAGE,
-                relay=server, relay_timeout_s=relay_timeout_s,
+                control, ctx, data_endpoint=consumer.data_endpoint, producer_id=name, keys=None,
+                max_message_bytes=MAX_MESSAGE, relay=server, relay_timeout_s=relay_timeout_s,
             )  # fmt: skip
     finally:
         for task in tasks:
@@ -231,7 +235,7 @@ async def hostile_relay(
             if mode == "truncated":
                 chunk = chunk[:-1]
             reply = wire.Chunk(msg.req, msg.version, msg.offset, len(data), chunk)
-            await sock.send_multipart([identity, wire.encode(reply)])
+            await sock.send_multipart([identity, *wire.encode_chunk(reply)])
     finally:
         sock.close(linger=0)
 

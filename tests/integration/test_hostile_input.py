@@ -52,17 +52,18 @@ def _group(**changes: object) -> wire.Group:
 
 DEEP = b"\x81\xa6schema" + b"\x91" * 1000 + b"\xc0"  # 1,009 bytes
 WIDE = b"\x81\xa6schema\xdd" + struct.pack(">I", 983_000) + b"\x90" * 983_000
-DUPLICATE = b"\x83\xa6schema\x01\xa4kind\xa5group\xa6schema\x01"
+DUPLICATE = b"\x83\xa6schema\x02\xa4kind\xa5group\xa6schema\x02"
 COSTLY = msgpack.packb(  # a heartbeat of 500 tiny counters: 5 bytes each, ~170 in Python
-    {"schema": 1, "kind": "heartbeat", "req": 1, "producer_id": "x", "loaded_version": 0,
-     "state": "idle", "num_in_flight": 0, "counters": {f"{i:03}": i for i in range(500)}}
+    {"schema": wire.SCHEMA_VERSION, "kind": "heartbeat", "req": 1, "producer_id": "x",
+     "loaded_version": 0, "state": "idle", "num_in_flight": 0,
+     "counters": {f"{i:03}": i for i in range(500)}}
 )  # fmt: skip
 # Frames for the rollouts socket that fail before anyone's identity matters, by reason.
 GARBAGE = {
     "not_msgpack": [os.urandom(64), wire.encode(_group())[:40], b"\xc1", DEEP, WIDE,
                     b"\x81\xa6schema\xdb\xff\xff\xff\xff"],  # a 4 GiB string, claimed
     "not_a_map": [b"\x93\x01\x02\x03"],
-    "schema_version": [b"\x82\xa6schema\x02\xa4kind\xa5group"],
+    "schema_version": [b"\x82\xa6schema\x01\xa4kind\xa5group"],  # an older build
     "duplicate_key": [DUPLICATE],
     "over_budget": [COSTLY],
     "unexpected_kind": [wire.encode(wire.Heartbeat(1, "intruder", 0, "idle", 0))],
@@ -140,13 +141,14 @@ def test_hostile_frames_on_both_sockets_are_counted_and_the_run_completes_with_h
             "not_msgpack": [os.urandom(32), DEEP],
             "duplicate_key": [DUPLICATE],
             "over_budget": [COSTLY],
-            "unexpected_kind": [wire.encode(_group())],
+            "unexpected_kind": [  # chunks are for the data socket
+                wire.encode(_group()), wire.encode(wire.FileChunkRequest(5, 0, "weights", 0, 1)),
+            ],
             "not_registered": [wire.encode(wire.Heartbeat(1, "ghost", 0, "idle", 0))],
             "wrong_key": [wire.encode(m) for m in (  # p1 is bound to the honest key
                 wire.Register(1, "p1", "h", 1, "fake", -1), wire.Heartbeat(2, "p1", 0, "idle", 0),
                 wire.LeaseRequest(3, "p1", 8, 0), wire.Goodbye(4, "p1", ()),
             )],
-            "snapshot_gone": [wire.encode(wire.ChunkRequest(5, 999, 0, 1024))],
         }  # fmt: skip
         for reason, payloads in control_expect.items():
             for payload in payloads:

@@ -2,13 +2,11 @@
 
 The training thread's whole view of the network thread is `Server`'s methods; these tests drive
 one lease from grant to trained, a drop, the end of the run, a failure on the network thread
-surfacing on the caller's thread, and a producer's chunked snapshot download
-(`producer.client.ControlClient.download_snapshot`) against the server's chunk replies.
+surfacing on the caller's thread (the data socket's chunks: test_dataplane.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 
@@ -18,12 +16,9 @@ import zmq
 import zmq.asyncio
 
 from common import config as C
-from common import snapshot as snap
 from common import wire
-from common.errors import SnapshotError
 from consumer.prompts import make_source
 from consumer.server import Server, run_spec
-from producer.client import ControlClient, Rejected
 
 G = 2
 
@@ -127,43 +122,6 @@ def test_a_failed_drop_reaches_the_training_thread_through_check(server):
     with pytest.raises(RuntimeError, match="network thread failed") as info:
         srv.check()
     assert isinstance(info.value.__cause__, KeyError)  # the lease was never open
-
-
-async def test_a_snapshot_downloads_in_chunks_and_is_verified_before_it_is_written(
-    server, tmp_path
-):
-    srv, _ = server
-    data = bytes(range(256)) * 41  # 10 496 bytes: several chunks of 4 KiB
-    weights = snap.snapshot_dir(tmp_path / "snapshots", 3) / snap.WEIGHTS_FILE
-    weights.parent.mkdir(parents=True)
-    weights.write_bytes(data)
-    info = wire.SnapshotInfo(3, len(data), snap.hash_bytes(data), "/not/shared")
-    ctx = zmq.asyncio.Context()
-    client = ControlClient(
-        ctx, f"tcp://127.0.0.1:{srv.ports['control']}", keys=None, max_message_bytes=1 << 20
-    )
-    reader = asyncio.create_task(client.read_replies())
-    try:
-        async with asyncio.timeout(30):
-            path = await client.download_snapshot(
-                info, tmp_path / "got", timeout_s=10, chunk_bytes=4096
-            )
-            assert path.read_bytes() == data
-            bad = wire.SnapshotInfo(3, len(data), snap.hash_bytes(b"other"), "/not/shared")
-            with pytest.raises(SnapshotError, match="hash"):
-                await client.download_snapshot(
-                    bad, tmp_path / "bad", timeout_s=10, chunk_bytes=4096
-                )
-            assert not (tmp_path / "bad" / snap.WEIGHTS_FILE).exists()
-            gone = wire.SnapshotInfo(4, len(data), info.hash, "/not/shared")
-            with pytest.raises(Rejected, match="snapshot_gone"):
-                await client.download_snapshot(
-                    gone, tmp_path / "gone", timeout_s=10, chunk_bytes=4096
-                )
-    finally:
-        reader.cancel()
-        client.close()
-        ctx.destroy(linger=0)
 
 
 def _wait(predicate, what: str, timeout_s: float = 30.0):

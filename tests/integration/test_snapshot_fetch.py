@@ -1,5 +1,5 @@
 """How a producer gets a published snapshot: the consumer's own file on this host (taken on the
-writer's hash, or hashed), or a pipelined chunked download over control (real sockets)."""
+writer's hash, or hashed), or a fetch over the network (real sockets)."""
 
 from __future__ import annotations
 
@@ -118,25 +118,10 @@ async def test_without_trust_the_local_file_is_hashed(served):
 
 async def test_a_corrupt_local_file_is_never_taken(served):
     """Written elsewhere (the manifest names another host): the file is hashed, found corrupt,
-    and the download over control serves the same corrupt bytes: refused, nothing kept."""
+    and the fetch over the network serves the same corrupt bytes: refused, nothing kept."""
     server, info = served
     disown_and_corrupt(info)
     async with producer_of(server) as producer:
         with pytest.raises(SnapshotError, match="hash"):
             await producer._fetch(info)
         assert leftovers(producer.cache) == []
-
-
-@pytest.mark.parametrize("window", [1, 4])
-async def test_a_download_asks_for_more_than_the_consumer_sends_and_still_completes(
-    tmp_path, served, window
-):
-    """The consumer answers at most 64 KiB per chunk; the producer asks for 100 KiB at a time
-    with `window` requests in flight, and asks again for what each reply left out."""
-    server, info = served
-    async with producer_of(server) as producer:
-        path = await producer.control.download_snapshot(
-            info, tmp_path / "got", timeout_s=10, chunk_bytes=100 << 10, window=window
-        )
-    assert same_bytes(path, Path(info.path))
-    assert server.view()["counters"]["chunk_bytes_served"] == info.num_bytes

@@ -1,7 +1,8 @@
-"""Wire schema v1: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
+"""Wire schema v2: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tracemalloc
 import typing
@@ -51,6 +52,7 @@ SPEC = wire.RunSpec(
     max_message_bytes=1 << 20,
     reward_fns=(wire.RewardWeight("exact_match", 1.0), wire.RewardWeight("m:f", 0.5)),
     reward_timeout_s=5.0,
+    data_port=5558,
 )
 LEASE = wire.Lease(
     lease_id=(1 << 40) | 5, prompt_index=9, step=4, min_version=3, prompt="2+2=", answer="4"
@@ -89,7 +91,6 @@ MESSAGES: dict[str, typing.Any] = {
         counters={"groups_sent": 5.0, "reward_errors": 0.0},
     ),
     "lease_req": wire.LeaseRequest(req=3, producer_id="p0", max_leases=4, loaded_version=3),
-    "chunk_req": wire.ChunkRequest(req=4, version=3, offset=0, max_bytes=4096),
     "goodbye": wire.Goodbye(req=5, producer_id="p0", held_leases=(7,)),
     "fetch_req": wire.FetchRequest(
         req=7, producer_id="p0", version=3, held_version=2, held_hash="ab12",
@@ -110,7 +111,7 @@ MESSAGES: dict[str, typing.Any] = {
     "welcome": wire.Welcome(req=1, spec=SPEC, status=STATUS),
     "status": wire.StatusReply(req=2, status=wire.Status("a1b2-0", 3, None, (), True)),
     "lease_grant": wire.LeaseGrant(req=3, leases=(LEASE,), status=STATUS),
-    "chunk": wire.Chunk(req=4, version=3, offset=0, total_bytes=6, data=b"\x00\x01\xfe\xff\n7"),
+    "chunk_head": wire.ChunkHead(req=4, version=3, offset=0, total_bytes=6, num_bytes=6),
     "reject": wire.Reject(req=6, reason="not_registered", detail="register first"),
     "group": group(),
     "announce": wire.Announce(run_id="a1b2-0", policy_version=3, snapshot=SNAPSHOT),
@@ -120,93 +121,42 @@ MESSAGES: dict[str, typing.Any] = {
 # changed: that is a schema change, so bump wire.SCHEMA_VERSION (old and new peers can't talk).
 GOLDEN_HEX = {
     "register": (
-        "89a6736368656d6101a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
+        "89a6736368656d6102a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
         "a27030a4686f7374a168a37069642aa6656e67696e65a466616b65ae6c6f616465645f7665727369"
         "6f6e03ab68656c645f6c6561736573920708"
     ),
     "heartbeat": (
-        "88a6736368656d6101a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
+        "88a6736368656d6102a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
         "64a27030ae6c6f616465645f76657273696f6e03a57374617465aa67656e65726174696e67ad6e75"
         "6d5f696e5f666c6967687402a8636f756e7465727382ab67726f7570735f73656e74cb4014000000"
         "000000ad7265776172645f6572726f7273cb0000000000000000"
     ),
     "lease_req": (
-        "86a6736368656d6101a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
+        "86a6736368656d6102a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
         "64a27030aa6d61785f6c656173657304ae6c6f616465645f76657273696f6e03"
     ),
-    "chunk_req": (
-        "86a6736368656d6101a46b696e64a96368756e6b5f726571a372657104a776657273696f6e03a66f"
-        "666673657400a96d61785f6279746573cd1000"
-    ),
     "goodbye": (
-        "85a6736368656d6101a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
+        "85a6736368656d6102a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
         "7030ab68656c645f6c65617365739107"
     ),
-    "welcome": (
-        "85a6736368656d6101a46b696e64a777656c636f6d65a372657101a4737065638faa67726f75705f"
-        "73697a6502aa766f6361625f73697a6510ad6d61785f7374616c656e65737301ab74656d70657261"
-        "74757265cb3fe8000000000000a5746f705f70cb3ff0000000000000a5746f705f6b00ae6d61785f"
-        "6e65775f746f6b656e7304ad70726f6d70745f666f726d6174a3726177a56d6f64656ca464656d6f"
-        "ad726f6c6c6f7574735f706f7274cd15b4ad616e6e6f756e63655f706f7274cd15b5ab6865617274"
-        "626561745f73cb3ff0000000000000b16d61785f6d6573736167655f6279746573ce00100000aa72"
-        "65776172645f666e739282a2666eab65786163745f6d61746368a6776569676874cb3ff000000000"
-        "000082a2666ea36d3a66a6776569676874cb3fe0000000000000b07265776172645f74696d656f75"
-        "745f73cb4014000000000000a673746174757385a672756e5f6964a6613162322d30ae706f6c6963"
-        "795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f6279746573cd"
-        "0400a468617368a461663133a470617468ac2f722f763030303030332f6da461636b739282a86c65"
-        "6173655f696407a76f7574636f6d65a7747261696e656482a86c656173655f696408a76f7574636f"
-        "6d65a765787069726564a866696e6973686564c2"
-    ),
-    "status": (
-        "84a6736368656d6101a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
-        "64a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f74c0a461636b7390"
-        "a866696e6973686564c3"
-    ),
-    "lease_grant": (
-        "85a6736368656d6101a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739186"
-        "a86c656173655f6964cf0000010000000005ac70726f6d70745f696e64657809a47374657004ab6d"
-        "696e5f76657273696f6e03a670726f6d7074a4322b323da6616e73776572a134a673746174757385"
-        "a672756e5f6964a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f7484"
-        "a776657273696f6e03a96e756d5f6279746573cd0400a468617368a461663133a470617468ac2f72"
-        "2f763030303030332f6da461636b739282a86c656173655f696407a76f7574636f6d65a774726169"
-        "6e656482a86c656173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2"
-    ),
-    "chunk": (
-        "87a6736368656d6101a46b696e64a56368756e6ba372657104a776657273696f6e03a66f66667365"
-        "7400ab746f74616c5f627974657306a464617461c4060001feff0a37"
-    ),
-    "reject": (
-        "85a6736368656d6101a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
-        "6769737465726564a664657461696cae7265676973746572206669727374"
-    ),
-    "group": (
-        "de0010a6736368656d6101a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
-        "725f6964a27030ac70726f6d70745f696e64657809b06265686176696f725f76657273696f6e02aa"
-        "70726f6d70745f696473c40c010000000200000003000000ae636f6d706c6574696f6e5f696473c4"
-        "0c040000000500000006000000af636f6d706c6574696f6e5f6c656e73c4080100000002000000ad"
-        "6265686176696f725f6c6f6770c40c000000bf000080bf000000c0ae746f6b656e5f76657273696f"
-        "6e73c400a772657761726473c4080000803f00000000ae66696e6973685f726561736f6e7392a473"
-        "746f70a66c656e677468ab74656d7065726174757265cb3fe8000000000000b16e756d5f72657761"
-        "72645f6572726f727300a567656e5f73cb3fd0000000000000"
-    ),
     "fetch_req": (
-        "88a6736368656d6101a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
+        "88a6736368656d6102a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
         "64a27030a776657273696f6e03ac68656c645f76657273696f6e02a968656c645f68617368a46162"
         "3132a572656c617982a8656e64706f696e74b37463703a2f2f31302e302e302e323a36303030aa73"
         "65727665725f6b6579a16b"
     ),
     "fetch_done": (
-        "8aa6736368656d6101a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
+        "8aa6736368656d6102a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
         "6964a27030a776657273696f6e03a466696c65a564656c7461a26f6bc3a96e756d5f627974657306"
         "ab6261645f736f75726365739182a8656e64706f696e74b37463703a2f2f31302e302e302e333a36"
         "303030a6726561736f6eab77726f6e675f6279746573a773657276696e67c3"
     ),
     "file_chunk_req": (
-        "87a6736368656d6101a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
+        "87a6736368656d6102a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
         "6f6e03a466696c65a777656967687473a66f666673657400a96d61785f6279746573cd1000"
     ),
     "fetch_plan": (
-        "8da6736368656d6101a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
+        "8da6736368656d6102a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
         "66696c65a564656c7461ac626173655f76657273696f6e02a96e756d5f627974657306a468617368"
         "a463643334ab726573756c745f68617368a461663133ab6368756e6b5f627974657304ac6368756e"
         "6b5f686173686573c440000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d"
@@ -215,8 +165,55 @@ GOLDEN_HEX = {
         "5f6b6579a16b82a8656e64706f696e74a0aa7365727665725f6b6579a0a6776169745f73cb000000"
         "0000000000"
     ),
+    "welcome": (
+        "85a6736368656d6102a46b696e64a777656c636f6d65a372657101a473706563de0010aa67726f75"
+        "705f73697a6502aa766f6361625f73697a6510ad6d61785f7374616c656e65737301ab74656d7065"
+        "726174757265cb3fe8000000000000a5746f705f70cb3ff0000000000000a5746f705f6b00ae6d61"
+        "785f6e65775f746f6b656e7304ad70726f6d70745f666f726d6174a3726177a56d6f64656ca46465"
+        "6d6fad726f6c6c6f7574735f706f7274cd15b4ad616e6e6f756e63655f706f7274cd15b5ab686561"
+        "7274626561745f73cb3ff0000000000000b16d61785f6d6573736167655f6279746573ce00100000"
+        "aa7265776172645f666e739282a2666eab65786163745f6d61746368a6776569676874cb3ff00000"
+        "0000000082a2666ea36d3a66a6776569676874cb3fe0000000000000b07265776172645f74696d65"
+        "6f75745f73cb4014000000000000a9646174615f706f7274cd15b6a673746174757385a672756e5f"
+        "6964a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f7484a776657273"
+        "696f6e03a96e756d5f6279746573cd0400a468617368a461663133a470617468ac2f722f76303030"
+        "3030332f6da461636b739282a86c656173655f696407a76f7574636f6d65a7747261696e656482a8"
+        "6c656173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2"
+    ),
+    "status": (
+        "84a6736368656d6102a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
+        "64a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f74c0a461636b7390"
+        "a866696e6973686564c3"
+    ),
+    "lease_grant": (
+        "85a6736368656d6102a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739186"
+        "a86c656173655f6964cf0000010000000005ac70726f6d70745f696e64657809a47374657004ab6d"
+        "696e5f76657273696f6e03a670726f6d7074a4322b323da6616e73776572a134a673746174757385"
+        "a672756e5f6964a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f7484"
+        "a776657273696f6e03a96e756d5f6279746573cd0400a468617368a461663133a470617468ac2f72"
+        "2f763030303030332f6da461636b739282a86c656173655f696407a76f7574636f6d65a774726169"
+        "6e656482a86c656173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2"
+    ),
+    "chunk_head": (
+        "87a6736368656d6102a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
+        "6f666673657400ab746f74616c5f627974657306a96e756d5f627974657306"
+    ),
+    "reject": (
+        "85a6736368656d6102a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
+        "6769737465726564a664657461696cae7265676973746572206669727374"
+    ),
+    "group": (
+        "de0010a6736368656d6102a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
+        "725f6964a27030ac70726f6d70745f696e64657809b06265686176696f725f76657273696f6e02aa"
+        "70726f6d70745f696473c40c010000000200000003000000ae636f6d706c6574696f6e5f696473c4"
+        "0c040000000500000006000000af636f6d706c6574696f6e5f6c656e73c4080100000002000000ad"
+        "6265686176696f725f6c6f6770c40c000000bf000080bf000000c0ae746f6b656e5f76657273696f"
+        "6e73c400a772657761726473c4080000803f00000000ae66696e6973685f726561736f6e7392a473"
+        "746f70a66c656e677468ab74656d7065726174757265cb3fe8000000000000b16e756d5f72657761"
+        "72645f6572726f727300a567656e5f73cb3fd0000000000000"
+    ),
     "announce": (
-        "85a6736368656d6101a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
+        "85a6736368656d6102a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
         "6c6963795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f627974"
         "6573cd0400a468617368a461663133a470617468ac2f722f763030303030332f6d"
     ),
@@ -366,7 +363,7 @@ def test_a_group_costs_about_eight_bytes_per_completion_token():
 # Rejections: every reason
 
 
-GROUP_BODY_PREFIX = b"\x83\xa6schema\x01\xa4kind\xa5group\xaecompletion_ids"
+GROUP_BODY_PREFIX = b"\x83\xa6schema\x02\xa4kind\xa5group\xaecompletion_ids"
 REJECTIONS = [
     # (reason, id, data, limits)
     ("too_large", "over_the_limit", wire.encode(group()), wire.Limits(max_message_bytes=64)),
@@ -384,7 +381,7 @@ REJECTIONS = [
     ("not_a_map", "list", pack([1, 2, 3]), RUN),
     ("not_a_map", "int", pack(5), RUN),
     ("not_a_map", "str", pack("register"), RUN),
-    ("schema_version", "two", edited(MESSAGES["register"], "schema", value=2), RUN),
+    ("schema_version", "one", edited(MESSAGES["register"], "schema", value=1), RUN),
     ("schema_version", "missing", without(MESSAGES["register"], "schema"), RUN),
     ("schema_version", "bool", edited(MESSAGES["register"], "schema", value=True), RUN),
     ("schema_version", "float", edited(MESSAGES["register"], "schema", value=1.0), RUN),
@@ -403,10 +400,10 @@ REJECTIONS = [
     ("missing_field", "group_array", without(group(), "rewards"), RUN),
     ("bad_type", "bool_for_int", edited(MESSAGES["register"], "req", value=True), RUN),
     ("bad_type", "float_for_int", edited(MESSAGES["register"], "pid", value=42.0), RUN),
-    ("bad_type", "str_for_int", edited(MESSAGES["chunk_req"], "offset", value="0"), RUN),
+    ("bad_type", "str_for_int", edited(MESSAGES["file_chunk_req"], "offset", value="0"), RUN),
     ("bad_type", "bool_in_list", edited(MESSAGES["goodbye"], "held_leases", value=[True]), RUN),
     ("bad_type", "int_for_list", edited(MESSAGES["goodbye"], "held_leases", value=7), RUN),
-    ("bad_type", "str_for_bytes", edited(MESSAGES["chunk"], "data", value="abc"), RUN),
+    ("bad_type", "str_for_bytes", edited(MESSAGES["fetch_plan"], "chunk_hashes", value="abc"), RUN),
     ("bad_type", "list_for_bytes", edited(group(), "completion_ids", value=[4, 5, 6]), RUN),
     ("bad_type", "bool_for_group_int", edited(group(), "lease_id", value=True), RUN),
     ("bad_type", "str_for_float", edited(group(), "temperature", value="hot"), RUN),
@@ -462,7 +459,7 @@ REJECTIONS = [
     # Nesting sidesteps max_items; 1,009 bytes once reached a RecursionError through repr().
     ("not_msgpack", "deep_schema_value", b"\x81\xa6schema" + b"\x91" * 1000 + b"\xc0", RUN),
     ("not_msgpack", "too_many_values", pack([[0] * 8] * 8), wire.Limits(max_objects=60)),
-    ("duplicate_key", "top", b"\x83\xa6schema\x01\xa4kind\xa5group\xa6schema\x01", RUN),
+    ("duplicate_key", "top", b"\x83\xa6schema\x02\xa4kind\xa5group\xa6schema\x02", RUN),
     ("duplicate_key", "nested", bytes.fromhex(GOLDEN_HEX["announce"][:-2]).replace(
         b"\x84\xa7version", b"\x85\xa7version\x03\xa7version") + b"m", RUN),
     ("duplicate_key", "counter", edited(MESSAGES["heartbeat"], "counters", value={"a": 1})
@@ -480,11 +477,11 @@ DETAILS = {
     "not_a_map-list": "list",
     "not_a_map-int": "int",
     "not_a_map-str": "str",
-    "schema_version-two": "got 2, this build speaks 1",
-    "schema_version-missing": "got None, this build speaks 1",
-    "schema_version-bool": "got True, this build speaks 1",
-    "schema_version-float": "got 1.0, this build speaks 1",
-    "schema_version-str": "got '1', this build speaks 1",
+    "schema_version-one": "got 1, this build speaks 2",
+    "schema_version-missing": "got None, this build speaks 2",
+    "schema_version-bool": "got True, this build speaks 2",
+    "schema_version-float": "got 1.0, this build speaks 2",
+    "schema_version-str": "got '1', this build speaks 2",
     "unknown_kind-name": "",
     "unknown_kind-missing": "",
     "unknown_kind-bytes": "",
@@ -498,10 +495,10 @@ DETAILS = {
     "missing_field-group_array": "Group.rewards",
     "bad_type-bool_for_int": "Register.req: expected int",
     "bad_type-float_for_int": "Register.pid: expected int",
-    "bad_type-str_for_int": "ChunkRequest.offset: expected int",
+    "bad_type-str_for_int": "FileChunkRequest.offset: expected int",
     "bad_type-bool_in_list": "Goodbye.held_leases[]: expected int",
     "bad_type-int_for_list": "Goodbye.held_leases is not a list",
-    "bad_type-str_for_bytes": "Chunk.data: expected bytes",
+    "bad_type-str_for_bytes": "FetchPlan.chunk_hashes: expected bytes",
     "bad_type-list_for_bytes": "Group.completion_ids: expected raw bytes",
     "bad_type-bool_for_group_int": "Group.lease_id: expected int",
     "bad_type-str_for_float": "Group.temperature: expected float",
@@ -591,7 +588,40 @@ def test_every_reason_that_decode_can_raise_has_a_rejection_case():
 
     source = inspect.getsource(wire) + inspect.getsource(msgpack_reader)
     raised = set(re.findall(r'WireError\(\s*"(\w+)"', source))
-    assert raised | {"not_msgpack"} <= {reason for reason, *_ in REJECTIONS}
+    tested = {reason for reason, *_ in REJECTIONS} | {reason for reason, *_ in REPLY_REJECTIONS}
+    assert raised | {"not_msgpack"} <= tested
+
+
+CHUNK = wire.Chunk(req=4, version=3, offset=0, total_bytes=6, data=b"\x00\x01\xfe\xff\n7")
+REPLY_REJECTIONS = [
+    ("multipart", "head_alone", [wire.encode(MESSAGES["chunk_head"])]),
+    ("multipart", "three_frames", [*wire.encode_chunk(CHUNK), b""]),
+    ("multipart", "no_frames", []),
+    ("unexpected_kind", "data_after_a_reject", [wire.encode(MESSAGES["reject"]), b"x"]),
+    ("length_mismatch", "data_shorter_than_its_head", [wire.encode_chunk(CHUNK)[0], b"\x00"]),
+    ("not_msgpack", "head_is_garbage", [b"\xc1", b"x"]),
+]
+
+
+def test_a_chunk_reply_is_a_head_and_its_bytes_and_the_bytes_are_not_copied():
+    frames = [memoryview(f) for f in wire.encode_chunk(CHUNK)]
+    assert wire.decode(frames[0]) == MESSAGES["chunk_head"]
+    got = wire.decode_reply(frames)
+    assert got == CHUNK
+    assert isinstance(got, wire.Chunk)
+    assert got.data is frames[1]
+    reject = MESSAGES["reject"]
+    assert wire.decode_reply([memoryview(wire.encode(reject))]) == reject
+
+
+@pytest.mark.parametrize(
+    ("reason", "frames"),
+    [pytest.param(r, f, id=f"{r}-{name}") for r, name, f in REPLY_REJECTIONS],
+)
+def test_a_malformed_chunk_reply_is_refused_with_its_reason(reason, frames):
+    with pytest.raises(WireError) as exc:
+        wire.decode_reply([memoryview(f) for f in frames])
+    assert exc.value.reason == reason
 
 
 def test_the_samples_pass_the_checks_the_rejection_cases_break():
@@ -827,9 +857,9 @@ def test_a_map_of_exactly_max_items_is_accepted():
 
 
 def test_strings_and_bytes_as_long_as_the_message_allows_are_accepted():
-    chunk = wire.Chunk(req=1, version=0, offset=0, total_bytes=100, data=b"\xff" * 100)
-    data = wire.encode(chunk)
-    assert wire.decode(data, wire.Limits(max_message_bytes=len(data))) == chunk
+    plan = dataclasses.replace(MESSAGES["fetch_plan"], chunk_hashes=b"\xff" * 100)
+    data = wire.encode(plan)
+    assert wire.decode(data, wire.Limits(max_message_bytes=len(data))) == plan
     reject = wire.Reject(req=1, reason="r" * 100, detail="")
     data = wire.encode(reject)
     assert wire.decode(data, wire.Limits(max_message_bytes=len(data))) == reject

@@ -1,0 +1,86 @@
+"""The fetcher's end of a data socket: chunk requests to the consumer's data socket or a relay.
+
+`ChunkClient` owns one DEALER connected to one source (consumer/dataplane.py or
+producer/relay.py). `chunk(msg)` sends a `wire.FileChunkRequest` and awaits its reply; several
+may be in flight, matched by `req` id. The reply's bytes are the received ZeroMQ frame itself
+(`copy=False`: a read-only view, never copied by this client); decoding is bounded
+(`wire.decode_reply`). A reply that does not decode is counted (`num_bad_replies`) and dropped,
+so its request times out; a `Reject` raises `Rejected`; no reply in `timeout_s` raises
+`TimeoutError`. What to do about either (drop a relay, give up) is the fetcher's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+import zmq
+import zmq.asyncio
+
+from common import wire
+from common.errors import WireError
+from common.keys import Keys
+from common.log_limit import LogLimiter
+from common.sockets import client_socket
+from producer.client import Rejected
+
+log = logging.getLogger("asyncgrpo.producer")
+
+
+class ChunkClient:
+    def __init__(
+        self, ctx: zmq.asyncio.Context, endpoint: str, *, keys: Keys | None, max_message_bytes: int
+    ) -> None:
+        self.endpoint = endpoint
+        self.sock = client_socket(
+            ctx, zmq.DEALER, endpoint, keys=keys, max_message_bytes=max_message_bytes
+        )
+        self.limits = wire.Limits(max_message_bytes=max_message_bytes)
+        self._next = 1
+        self._waiting: dict[int, asyncio.Future[wire.Chunk]] = {}
+        self.num_bad_replies = 0
+        self._log = LogLimiter(log)
+        self._reader: asyncio.Task[None] | None = None
+
+    async def chunk(self, msg: wire.FileChunkRequest, *, timeout_s: float) -> wire.Chunk:
+        """Send `msg` (its `req` is replaced) and await its chunk. Raises `Rejected` or
+        `TimeoutError`."""
+        if self._reader is None:
+            self._reader = asyncio.ensure_future(self._read())
+        req = self._next
+        self._next += 1
+        fut: asyncio.Future[wire.Chunk] = asyncio.get_running_loop().create_future()
+        self._waiting[req] = fut
+        try:
+            async with asyncio.timeout(timeout_s):  # send too: a DEALER with no peer blocks
+                await self.sock.send(wire.encode(dataclasses.replace(msg, req=req)))
+                return await fut
+        finally:
+            self._waiting.pop(req, None)
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
+            try:
+                reply = wire.decode_reply([f.buffer for f in frames], self.limits)
+            except WireError as exc:
+                self.num_bad_replies += 1
+                self._log.log(
+                    exc.reason, logging.WARNING, "bad reply from %s: %s", self.endpoint, exc
+                )
+                continue
+            fut = self._waiting.get(getattr(reply, "req", 0))
+            if fut is None or fut.done():
+                continue  # a reply to a request that timed out: dropped
+            if isinstance(reply, wire.Chunk):
+                fut.set_result(reply)
+            elif isinstance(reply, wire.Reject):
+                fut.set_exception(Rejected(reply.reason, reply.detail))
+            else:
+                fut.set_exception(Rejected("unexpected_kind", type(reply).__name__))
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        self.sock.close(linger=0)
