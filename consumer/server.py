@@ -198,7 +198,7 @@ class Server:
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()  # guards counters/producers copies for other threads
         self.data = DataPlane(
-            ctx, self.snapshot_root, host=net.bind_host, port=net.data_port, keys=keys,
+            self.snapshot_root, host=net.bind_host, port=net.data_port, keys=keys,
             insecure=net.insecure, chunk_limit=snapshot_chunk_bytes(cfg), count=self._count,
         )  # fmt: skip
         self.ports = {
