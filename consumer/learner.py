@@ -398,7 +398,7 @@ def _reuse_ports(cfg: Config, run_dir: Path) -> Config:
     net = cfg.net
     ports = {
         f"net.{k}_port": old[k]
-        for k in ("control", "rollouts", "announce")
+        for k in ("control", "rollouts", "announce", "data")
         if getattr(net, f"{k}_port") == 0 and k in old
     }
     return config_mod.override(cfg, ports)
