@@ -91,7 +91,7 @@ class Fetcher:
         keys: Keys | None,
         max_message_bytes: int,
         relay: Relay | None = None,
-        window: int = 4,
+        window: int = 8,
         timeout_s: float = 10.0,
         relay_timeout_s: float = 5.0,
     ) -> None:
