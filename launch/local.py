@@ -31,7 +31,10 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from common.config import Config
 
 log = logging.getLogger("asyncgrpo.launch")
 _PR_SET_PDEATHSIG = 1
@@ -195,7 +198,7 @@ class Supervisor:
         return code
 
 
-def local_config(cfg: Any, given: set[str]) -> Any:
+def local_config(cfg: Config, given: set[str]) -> Config:
     """A `launch` run's snapshot settings: every producer reads the learner's files on this
     host and none fetches over the network, so the sparse deltas network fetchers would take
     are not made (`snapshot.anchor_every = 0`: ~4 ms of the writer thread's CPU per version on

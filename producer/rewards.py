@@ -199,7 +199,7 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _score_in_worker(
+def _score_group(
     specs: list[str], completions: list[str], answer: str, timeout_s: float | None
 ) -> tuple[list[list[float]], int, int, list[tuple[str, str, str]]]:
     """Every spec on every completion: (table [spec][completion], errors, timeouts, the first
@@ -272,7 +272,7 @@ class RewardRunner:
         self.num_calls += calls
         if calls and self.inline:
             specs = [s.fn for s in self.specs]
-            table, errors, timeouts, failures = _score_in_worker(specs, completions, answer, None)
+            table, errors, timeouts, failures = _score_group(specs, completions, answer, None)
         elif calls:
             async with self._slots:
                 table, errors, timeouts, failures = await self._round_trip(
@@ -324,7 +324,7 @@ class RewardRunner:
                 break
             pool = self._pool
             try:
-                job = pool.submit(_score_in_worker, specs, completions, answer, self.timeout_s)
+                job = pool.submit(_score_group, specs, completions, answer, self.timeout_s)
                 async with asyncio.timeout(self.timeout_s * calls + self.hard_margin_s):
                     return await asyncio.wrap_future(job)
             except TimeoutError:
