@@ -125,12 +125,14 @@ class Batch:
         self.num_forwards = 0  # decode forwards (one per token step) plus prefills
         self.num_rows_forwarded = 0  # rows summed over those forwards
         self._next_tokens_B = self.pos_B  # the tokens `forward` feeds (set by `sample`)
-        self._keep_last = (
-            {"logits_to_keep": 1} if "logits_to_keep" in signature(model.forward).parameters else {}
-        )
+        params = signature(model.forward).parameters
+        self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # The cache's name: `cache` since transformers 5.24 (`past_key_values` is deprecated
+        # there, to be removed in 5.40), `past_key_values` before.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         with torch.inference_mode():  # which cache this model builds: one token tells
             one = torch.zeros((1, 1), dtype=torch.long, device=device)
-            layers = getattr(model(input_ids=one, use_cache=True).past_key_values, "layers", None)
+            layers = getattr(_cache_of(model(input_ids=one, use_cache=True)), "layers", None)
         # Caches merge only for plain full-attention layers (other layers keep more state).
         self.mergeable = layers is not None and all(type(x) is DynamicLayer for x in layers)
 
@@ -167,7 +169,7 @@ class Batch:
         self._count(len(requests))
         repeat = torch.tensor([r.n for r in requests], device=self.device)
         index = torch.repeat_interleave(torch.arange(len(requests), device=self.device), repeat)
-        cache = out.past_key_values
+        cache = _cache_of(out)
         cache.batch_select_indices(index)
         logits = out.logits[:, -1][index]
         mask = mask_kP[index]
@@ -228,11 +230,11 @@ class Batch:
             input_ids=tokens_B[:, None],
             attention_mask=self.mask_BS,
             position_ids=self.pos_B[:, None],
-            past_key_values=self.cache,
             use_cache=True,
+            **{self._cache_kw: self.cache},
         )
         self._count(self.num_rows)
-        self.cache, self.logits_BV = out.past_key_values, out.logits[:, -1]
+        self.cache, self.logits_BV = _cache_of(out), out.logits[:, -1]
         self.pos_B = self.pos_B + 1
 
     @torch.inference_mode()
@@ -278,6 +280,11 @@ class Batch:
     def _count(self, rows: int) -> None:
         self.num_forwards += 1
         self.num_rows_forwarded += rows
+
+
+def _cache_of(out: Any) -> Any:
+    """The KV cache a forward returned: `out.cache` (transformers >= 5.24) or `past_key_values`."""
+    return out["cache"] if "cache" in out else out["past_key_values"]
 
 
 def _gumbel_max(

@@ -14,7 +14,7 @@ import math
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -196,6 +196,20 @@ class Probe:
     def resume(self) -> None:
         self._go.set()
 
+    async def wait_paused(self, *requests: asyncio.Task[Any]) -> None:
+        """Wait until the thread pauses; a request that ends first (the engine failed) raises.
+
+        Without this a forward that raised before the pause (say, a library warning turned into
+        an error) left the test waiting out its whole timeout with no hint of the cause.
+        """
+        paused = asyncio.ensure_future(self.paused.wait())
+        done, _ = await asyncio.wait({paused, *requests}, return_when=asyncio.FIRST_COMPLETED)
+        if paused not in done:
+            paused.cancel()
+            ended = done.pop()
+            ended.result()  # the engine's own error
+            raise AssertionError("a request finished before the engine reached the pause")
+
 
 async def test_a_request_cancelled_mid_batch_leaves_it_and_the_others_are_unaffected(
     engine: HFEngine,
@@ -209,7 +223,7 @@ async def test_a_request_cancelled_mid_batch_leaves_it_and_the_others_are_unaffe
         want = await alone(engine, cases)
         probe = Probe(engine, at=2)
         tasks = [asyncio.create_task(engine.generate(p, params)) for p, params in cases]
-        await probe.paused.wait()
+        await probe.wait_paused(*tasks)
         assert len(engine.batch.members) == 3
         tasks[1].cancel()
         await asyncio.wait([tasks[1]])  # its cancellation has reached the engine
@@ -238,7 +252,7 @@ async def test_a_request_made_mid_batch_joins_once_its_rows_match_those_in_fligh
         want = await alone(engine, cases)
         probe = Probe(engine, at=2)
         first = asyncio.create_task(engine.generate(*cases[0]))
-        await probe.paused.wait()
+        await probe.wait_paused(first)
         running = engine.num_rows
         probe.handed_over.clear()
         second = asyncio.create_task(engine.generate(*cases[1]))
@@ -275,7 +289,7 @@ async def test_a_reload_waits_for_the_rows_in_flight_and_never_overlaps_a_forwar
     async with asyncio.timeout(60):
         probe = Probe(engine, at=2)
         before = asyncio.create_task(engine.generate(*old_case))
-        await probe.paused.wait()
+        await probe.wait_paused(before)
         probe.handed_over.clear()
         reload = asyncio.create_task(engine.load_weights(new_dir, 1))
         after = asyncio.create_task(engine.generate(*new_case))
