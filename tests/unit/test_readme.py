@@ -27,5 +27,6 @@ def test_readme_opens_with_the_two_commands() -> None:
     assert "asyncgrpo launch" in head
     assert "bash .ci/run" in head
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
-    assert "torch==2.13.0" in ci
+    assert "-c .ci/lock.txt" in ci  # CI installs the locked stack ...
+    assert "pip install -c .ci/lock.txt -e . && asyncgrpo launch" in head  # ... and so does a user
     assert "pytest" in ci
