@@ -7,8 +7,9 @@ Invariants:
   LINGER 0 (closing never blocks shutdown; unacknowledged groups are re-sent, not lingered).
 - ROUTER sets ROUTER_MANDATORY, so a reply to a vanished producer raises instead of vanishing.
   Data that must not be lost never rides PUB: announcements are hints, every reply repeats them.
-- `bind` refuses a non-loopback address without keys unless `insecure` (config validation says
-  the same earlier, with the key to change); ports are read back, never guessed.
+- `bind` refuses a non-loopback address without keys unless `insecure` (the rule is
+  common/endpoints.py's; config validation says the same earlier, with the key to change);
+  ports are read back, never guessed.
 - With keys (common/keys.py), all traffic is CurveZMQ-encrypted and only clients whose public
   key is in the consumer's allowlist are accepted (consumer/key_gate.py, a ZAP authenticator
   thread owned by the consumer's context).
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 
 import zmq
 
-from common.config import is_loopback
+from common.endpoints import is_loopback
 from common.errors import ConfigError
 from common.keys import Keys
 
