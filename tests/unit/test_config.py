@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+import textwrap
 import tomllib
 import typing
 from pathlib import Path
@@ -214,7 +216,7 @@ def test_an_unknown_key_in_a_file_gets_a_suggestion(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Validation: every message of problems() is reachable and names its key
+# Validation: every message of the sections' problems() is reachable and names its key
 
 # (overrides, a fragment of exactly one message, the key that message must name)
 PROBLEMS = [
@@ -270,9 +272,18 @@ def test_each_impossible_setting_is_refused_naming_its_key(sets, fragment, key):
 
 
 def test_every_check_in_problems_has_a_case():
-    # One `need(...)` per check: a new check needs a new row in PROBLEMS.
-    num_checks = inspect.getsource(C.problems).count("need(") - 1  # minus the definition
+    # One `(holds, message)` argument of `failed(...)` per check, in each section's problems():
+    # a new check needs a new row in PROBLEMS.
+    num_checks = 0
+    for cls in C._section_types().values():
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.problems)))
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        num_checks += sum(len(n.args) for n in calls if getattr(n.func, "id", "") == "failed")
     assert len({fragment for _, fragment, _ in PROBLEMS}) == num_checks
+
+
+def test_problems_are_gathered_from_every_section_once():
+    assert sorted(C.CHECK_ORDER) == sorted(C.SECTIONS)
 
 
 @pytest.mark.parametrize(
@@ -401,7 +412,7 @@ def test_every_field_has_a_simple_type_and_a_default_of_that_type():
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
             value = getattr(instance, f.name)
-            if C.choices(tp):  # a mode: a Literal of strings, declared once in common/config.py
+            if C.choices(tp):  # a mode: a Literal of strings, declared once (config/fields.py)
                 assert value in C.choices(tp), f"{name}.{f.name}"
                 continue
             expected = typing.get_origin(tp) or tp

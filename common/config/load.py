@@ -1,0 +1,190 @@
+"""Reading, overriding and writing a `Config`: TOML files, `--set` text, typed values.
+
+Values come from, in order: defaults, a TOML file (`load`), `--set section.key=value` text
+(`apply_overrides`, parsed as TOML), then typed values from code and command-line flags
+(`override`, no text in between). Every value is checked against its field's type and choices
+as it arrives (an unknown key gets a suggestion); `load` then checks the whole (`validate`).
+`load_given` also says which keys the user gave, so no caller reads the file again to learn it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import tomli_w
+
+from common.config.fields import choices
+from common.config.tree import Config, _section_types, validate
+from common.errors import ConfigError
+
+
+class Loaded(NamedTuple):
+    """A loaded config and the `section.key` names the user gave: in the file (not a fallback
+    file), in the `--set` text and in the typed values."""
+
+    config: Config
+    given: frozenset[str]
+
+
+def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
+    """Merge a nested dict (TOML layout) over `base` (defaults). Unknown keys are errors."""
+    base = base or Config()
+    sections = _section_types()
+    updates = {}
+    for name, values in data.items():
+        if name not in sections:
+            raise ConfigError(f"unknown section [{name}]{_suggest(name, sections)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        current = getattr(base, name)
+        changes = {k: _coerce(sections[name], k, v, f"{name}.{k}") for k, v in values.items()}
+        updates[name] = dataclasses.replace(current, **changes)
+    return dataclasses.replace(base, **updates)
+
+
+def load(
+    path: str | Path | None,
+    overrides: Iterable[str] = (),
+    values: Mapping[str, object] | None = None,
+) -> Config:
+    """Defaults, then the TOML file (if any), then `section.key=value` text overrides, then
+    typed `values` (`override`); validated."""
+    return load_given(path, overrides, values).config
+
+
+def load_given(
+    path: str | Path | None,
+    overrides: Iterable[str] = (),
+    values: Mapping[str, object] | None = None,
+    *,
+    fallback: str | Path | None = None,
+) -> Loaded:
+    """`load`, and the keys the user gave. `fallback` is the file read when `path` is not
+    given (`asyncgrpo launch`'s built-in demo config): its keys are defaults, not given."""
+    cfg, given = Config(), set[str]()
+    file = path or fallback
+    if file:
+        data = _read_toml(file)
+        cfg = from_dict(data, cfg)
+        if path:
+            given |= {f"{section}.{key}" for section, table in data.items() for key in table}
+    overrides = list(overrides)
+    cfg = apply_overrides(cfg, overrides)
+    given |= {item.partition("=")[0].strip() for item in overrides}
+    cfg = override(cfg, values or {})
+    given |= set(values or {})
+    validate(cfg)
+    return Loaded(cfg, frozenset(given))
+
+
+def _read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def override(cfg: Config, values: Mapping[str, object]) -> Config:
+    """`cfg` with `{"section.key": value}` replaced, typed: the values are Python values (paths
+    become strings), checked like a TOML file's (type, choices, unknown keys), never turned into
+    text and parsed back. Not validated as a whole (`validate` does that)."""
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        section, dot, name = key.partition(".")
+        if not dot or not section or not name:
+            raise ConfigError(f"a config key is section.key, got {key!r}")
+        nested.setdefault(section, {})[name] = (
+            os.fspath(value) if isinstance(value, os.PathLike) else value
+        )
+    return from_dict(nested, cfg)
+
+
+def apply_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
+    """Apply `section.key=value` strings; values are parsed as TOML, else taken as strings.
+
+    For a string or bool key, a value that TOML reads as another type is taken as written:
+    `producer.id=1e3` is "1e3" (not "1000.0"), `run.dir=2024-01-01` is a name (not a date),
+    `run.resume=1` is true (as "1" would be)."""
+    sections = _section_types()
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"--set expects section.key=value, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        tp = typing.get_type_hints(sections[section]).get(name) if section in sections else None
+        if choices(tp):
+            tp = str
+        if tp in (str, bool) and not isinstance(value, str | tp):
+            value = raw.strip()
+        cfg = from_dict({section: {name: value}}, cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_toml(cfg: Config) -> str:
+    return tomli_w.dumps(to_dict(cfg))
+
+
+def write(cfg: Config, path: Path) -> None:
+    path.write_text(to_toml(cfg))
+
+
+def _suggest(name: str, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _coerce(section_cls: type[Any], key: str, value: Any, where: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(section_cls)}
+    if key not in fields:
+        raise ConfigError(f"unknown key {where}{_suggest(key, fields)}")
+    tp = typing.get_type_hints(section_cls)[key]
+    allowed = choices(tp)
+    out = _coerce_value(type(allowed[0]) if allowed else tp, value, where)
+    if allowed and out not in allowed:
+        raise ConfigError(f"{where} = {out!r} is not one of {', '.join(map(repr, allowed))}")
+    return out
+
+
+def _coerce_value(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list")
+        return [_coerce_value(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table")
+        return tp(**{k: _coerce(tp, k, v, f"{where}.{k}") for k, v in value.items()})
+    if origin in (typing.Union, types.UnionType):
+        raise AssertionError(f"{where}: optional config fields are not used")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    elif tp is str and isinstance(value, str | int | float) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"{where} must be {tp.__name__}, got {value!r}")

@@ -1,0 +1,145 @@
+"""What a run is: its directory and length, the model, the prompts and the rewards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.config.fields import (
+    EvalMode,
+    LearnerAttention,
+    ModelDtype,
+    PromptFormat,
+    TaskSource,
+    _f,
+    _meta,
+    failed,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """`[run]`: where the run's files go, its seed and length, who it waits for."""
+
+    dir: str = _f(
+        "", "Run directory; empty = runs/TIMESTAMP. Holds config, metrics, ledger, snapshots."
+    )
+    seed: int = _f(0, "Seed for prompts order, sampling and initialisation.")
+    steps: int = _f(
+        200, "Optimizer steps the learner takes before it stops (0 = until prompts run out)."
+    )
+    resume: bool = _f(
+        False,
+        "Continue from the run directory's checkpoint (model, optimizer, RNG, cursor, ledger).",
+    )
+    wait_for_producers: int = _f(
+        0,
+        "Grant no lease (and start no clock) until this many producers are registered and hold "
+        "the run's first snapshot (0 = start with whoever comes).",
+    )
+    wait_for_producers_s: float = _f(
+        600.0,
+        "Give up after this long waiting for wait_for_producers (the consumer exits with the "
+        "count it got; 0 = wait for ever).",
+    )
+
+    def problems(self) -> list[str]:
+        """This section's impossible settings (messages name the key)."""
+        return failed(
+            (self.steps >= 0, "run.steps must be >= 0"),
+            (
+                self.wait_for_producers >= 0 and self.wait_for_producers_s >= 0,
+                "run.wait_for_producers and run.wait_for_producers_s must be >= 0",
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """`[model]`: the policy the learner trains and how it holds it."""
+
+    path: str = _f(
+        "demo", "HF model directory or name to train and sample; 'demo' = the embedded tiny model."
+    )
+    dtype: ModelDtype = _f("float32", "Learner parameter dtype.")
+    device: str = _f("auto", "Learner device: auto (cuda if available), cpu, cuda, cuda:N.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    attention: LearnerAttention = _f(
+        "auto",
+        "Learner attention: rows packed without padding (flash = flash-attn varlen, flex = "
+        "torch flex_attention with a document mask, sdpa_packed = a dense block mask: exact but "
+        "O(S^2), for small batches and tests) or padded (SDPA, no mask for equal-length rows). "
+        "auto: flash if installed, else flex, on CUDA; padded on a CPU.",
+    )
+    compile: bool = _f(
+        False, "torch.compile each decoder layer of the learner (in place; off until measured)."
+    )
+    torch_threads: int = _f(0, "torch intra-op threads for the learner (0 = torch default).")
+
+    def problems(self) -> list[str]:
+        """None beyond the field types (the model directory is checked where it is loaded)."""
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class TaskConfig:
+    """`[task]`: where prompts come from (and the held-out split)."""
+
+    source: TaskSource = _f("synthetic", "Prompt source.")
+    path: str = _f("", "JSONL file of prompts (source = jsonl).")
+    prompt_field: str = _f("prompt", "JSONL field holding the prompt text.")
+    answer_field: str = _f("answer", "JSONL field holding the reference answer given to rewards.")
+    prompt_format: PromptFormat = _f("raw", "raw text, or the tokenizer's chat template.")
+    shuffle: bool = _f(True, "Shuffle prompt order each epoch (seeded).")
+    epochs: int = _f(0, "Passes over the prompts (0 = unlimited).")
+    eval_path: str = _f(
+        "",
+        "Held-out JSONL (fields as task.path) that `asyncgrpo stress` scores each setting's "
+        "model on with rewards.fns; empty = none (the synthetic task has its own held-out split).",
+    )
+    eval_mode: EvalMode = _f(
+        "greedy",
+        "eval_path completions: greedy, or one sample per prompt at sampling.temperature.",
+    )
+
+    def problems(self) -> list[str]:
+        """This section's impossible settings (messages name the key)."""
+        return failed(
+            (
+                self.source != "jsonl" or bool(self.path),
+                "task.path is required when task.source = 'jsonl'",
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RewardSpec:
+    """One reward function of `rewards.fns` and its weight in the sum."""
+
+    fn: str = _f("exact_match", "Built-in reward name or 'module:function'.")
+    weight: float = _f(1.0, "Weight of this reward in the sum.")
+
+
+@dataclass(frozen=True, slots=True)
+class RewardsConfig:
+    """`[rewards]`: the verifiable rewards a producer scores completions with."""
+
+    fns: list[RewardSpec] = field(
+        default_factory=lambda: [RewardSpec()],
+        metadata=_meta("Rewards summed with weights ([[rewards.fns]] tables)."),
+    )
+    timeout_s: float = _f(
+        5.0, "Seconds a reward call may take; slower calls score 0 and are counted."
+    )
+    workers: int = _f(
+        1, "Reward worker processes per producer (a hung reward is killed, not waited for)."
+    )
+
+    def problems(self) -> list[str]:
+        """This section's impossible settings (messages name the key)."""
+        return failed(
+            (len(self.fns) >= 1, "rewards.fns needs at least one reward"),
+            (
+                self.timeout_s > 0 and self.workers >= 1,
+                "rewards.timeout_s must be > 0 and rewards.workers >= 1",
+            ),
+        )

@@ -1,0 +1,208 @@
+"""The algorithm: how groups are sampled, how the learner steps, the loss, the staleness bound,
+and the sharded learner's settings.
+
+Invariants kept by the checks (besides per-field ranges):
+- `staleness.publish_every <= staleness.max_staleness + 1`: otherwise no snapshot recent enough
+  to start a lease would ever exist and producers would starve.
+- `sampling.top_p == 1` and `sampling.top_k == 0`: the learner computes log-probs over the full
+  vocabulary, so truncated sampling would bias every importance ratio.
+- `sampling.group_size >= 2`: a group of one has no variance to learn from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from common.config.fields import (
+    AdvScale,
+    AggMode,
+    KLKind,
+    ReduceDtype,
+    TISLevel,
+    TISMode,
+    _f,
+    _meta,
+    failed,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingConfig:
+    """`[sampling]`: how producers sample a group (the learner uses the same temperature)."""
+
+    group_size: int = _f(8, "G: completions sampled per prompt.")
+    temperature: float = _f(
+        1.0, "Sampling temperature; the learner divides logits by the same value."
+    )
+    top_p: float = _f(1.0, "Must stay 1.0 (full-vocabulary log-probs on both sides).")
+    top_k: int = _f(0, "Must stay 0 (full-vocabulary log-probs on both sides).")
+    max_new_tokens: int = _f(16, "Maximum completion length in tokens.")
+    max_prompt_tokens: int = _f(1024, "Longer prompts are refused by the consumer.")
+
+    def problems(self) -> list[str]:
+        """This section's impossible settings (messages name the key)."""
+        return failed(
+            (
+                self.group_size >= 2,
+                f"sampling.group_size = {self.group_size}: GRPO needs G >= 2 "
+                "(advantages are relative within a group)",
+            ),
+            (
+                math.isfinite(self.temperature) and self.temperature > 0,  # the wire refuses others
+                "sampling.temperature must be finite and > 0 "
+                "(log-probs are of logits / temperature)",
+            ),
+            (
+                self.top_p == 1.0,
+                "sampling.top_p must be 1.0: the learner computes full-vocabulary log-probs, "
+                "so top-p sampling would bias every importance ratio",
+            ),
+            (
+                self.top_k == 0,
+                "sampling.top_k must be 0: the learner computes full-vocabulary log-probs, "
+                "so top-k sampling would bias every importance ratio",
+            ),
+            (self.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    """`[train]`: one optimizer step: batch, optimizer, memory budgets, checkpoints."""
+
+    prompts_per_step: int = _f(
+        8, "Groups (prompts) per optimizer step; B = prompts_per_step * G rows."
+    )
+    lr: float = _f(1e-5, "AdamW learning rate.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=_meta("AdamW betas."))
+    warmup_steps: int = _f(0, "Linear learning-rate warm-up steps.")
+    grad_clip: float = _f(1.0, "Global gradient-norm clip (0 = off).")
+    micro_batch_tokens: int = _f(
+        16384,
+        "Token budget of one forward/backward micro-batch: real tokens when rows are packed, "
+        "rows x longest row when padded.",
+    )
+    logprob_chunk_mib: float = _f(
+        256.0,
+        "The LM head runs on as many completion positions at a time as have float32 logits of "
+        "this size (MiB); the log-prob/entropy part peaks at a few times this.",
+    )
+    updates_per_batch: int = _f(
+        1, "Optimizer steps per batch (1 = old_logp is logp.detach(), no extra forward)."
+    )
+    drop_zero_variance: bool = _f(
+        True, "Skip groups whose rewards are all equal (they carry no signal)."
+    )
+    checkpoint_every: int = _f(0, "Steps between checkpoints (0 = only at shutdown).")
+    eval_every: int = _f(
+        0, "Steps between held-out greedy evaluations in the learner (synthetic task; 0 = off)."
+    )
+    eval_size: int = _f(200, "Held-out problems per periodic evaluation.")
+    simulate_step_s: float = _f(
+        0.0, "Stress testing only: replace the model step by sleeping this long."
+    )
+
+    def problems(self) -> list[str]:
+        """This section's impossible settings (messages name the key)."""
+        return failed(
+            (self.prompts_per_step >= 1, "train.prompts_per_step must be >= 1"),
+            (self.lr > 0, "train.lr must be > 0"),
+            (self.micro_batch_tokens >= 1, "train.micro_batch_tokens must be >= 1"),
+            (
+                math.isfinite(self.logprob_chunk_mib) and self.logprob_chunk_mib > 0,
+                "train.logprob_chunk_mib must be > 0",
+            ),
+            (self.updates_per_batch >= 1, "train.updates_per_batch must be >= 1"),
+            (
+                len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+                "train.betas must be two numbers in [0, 1)",
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LossConfig:
+    """`[loss]`: advantages, PPO clipping, the TIS correction, aggregation, KL."""
+
+    adv_scale: AdvScale = _f("group", "Advantage std scaling.")
+    adv_eps: float = _f(1e-6, "eps in (r - mean) / (std + eps).")
+    clip_low: float = _f(0.2, "PPO clip: ratio >= 1 - clip_low.")
+    clip_high: float = _f(0.2, "PPO clip: ratio <= 1 + clip_high.")
+    dual_clip: float = _f(0.0, "Dual-clip constant c > 1 for negative advantages (0 = off).")
+    tis: bool = _f(True, "Truncated importance sampling correction of behaviour != learner.")
+    tis_level: TISLevel = _f("token", "TIS ratio per token or per sequence.")
+    tis_mode: TISMode = _f("truncate", "Clamp weights to the cap, or zero tokens outside.")
+    tis_cap: float = _f(2.0, "C: upper cap of the TIS weight.")
+    tis_cap_min: float = _f(0.0, "Lower cap of the TIS weight (0 = none).")
+    agg: AggMode = _f("token-mean", "Loss aggregation.")
+    norm_const: float = _f(0.0, "Constant for seq-mean-token-sum-norm (0 = max_new_tokens).")
+    beta: float = _f(0.0, "KL penalty weight to the reference (initial) policy.")
+    kl: KLKind = _f("k3", "KL estimator.")
+
+    def problems(self) -> list[str]:
+        """This section's impossible settings (messages name the key)."""
+        return failed(
+            (
+                0 <= self.clip_low < 1 and self.clip_high >= 0,
+                "loss.clip_low must be in [0, 1) and loss.clip_high >= 0",
+            ),
+            (self.dual_clip == 0 or self.dual_clip > 1, "loss.dual_clip must be 0 (off) or > 1"),
+            (
+                self.tis_cap > 0 and 0 <= self.tis_cap_min < self.tis_cap,
+                "loss.tis_cap must be > 0 and > loss.tis_cap_min >= 0",
+            ),
+            (self.beta >= 0, "loss.beta must be >= 0"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StalenessConfig:
+    """`[staleness]`: the off-policy bound and how often weights are published."""
+
+    max_staleness: int = _f(
+        2, "Largest learner_version - behavior_version trained (0 = synchronous on-policy)."
+    )
+    publish_every: int = _f(1, "Steps between weight snapshots (<= max_staleness + 1).")
+
+    def problems(self) -> list[str]:
+        """This section's impossible settings (messages name the key)."""
+        return failed(
+            (
+                self.max_staleness >= 0,
+                "staleness.max_staleness must be >= 0 (0 = synchronous on-policy)",
+            ),
+            (self.publish_every >= 1, "staleness.publish_every must be >= 1"),
+            (
+                self.publish_every <= self.max_staleness + 1,
+                f"staleness.publish_every = {self.publish_every} > "
+                f"max_staleness + 1 = {self.max_staleness + 1}: "
+                "producers could never load weights recent enough to start a lease; "
+                "lower publish_every or raise max_staleness",
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DistConfig:
+    """`[dist]`: the sharded learner under torchrun (FSDP2)."""
+
+    timeout_s: float = _f(
+        300.0,
+        "Sharded learner (torchrun, world size > 1): a collective that waits longer than this "
+        "means another rank died or hangs, and the learner stops with an error.",
+    )
+    reshard_after_forward: bool = _f(
+        True,
+        "FSDP2: free each decoder layer's gathered parameters after its forward and gather them "
+        "again in backward (less memory, more communication).",
+    )
+    reduce_dtype: ReduceDtype = _f(
+        "float32",
+        "FSDP2: dtype gradients are reduced in across ranks when model.dtype = bfloat16 (CUDA).",
+    )
+
+    def problems(self) -> list[str]:
+        """This section's impossible settings (messages name the key)."""
+        return failed((self.timeout_s > 0, "dist.timeout_s must be > 0"))

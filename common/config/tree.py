@@ -1,0 +1,87 @@
+"""The whole tree: one `Config` of the frozen sections, its checks as a whole, its help rows.
+
+Each section lists its own impossible settings (`problems()`, beside its fields); `problems`
+here gathers them in `CHECK_ORDER`, the order users see them in (the first is the one
+`validate` raises).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.config.fields import choices
+from common.config.producer import FakeEngineConfig, ProducerConfig, VllmConfig
+from common.config.run import ModelConfig, RewardsConfig, RunConfig, TaskConfig
+from common.config.training import (
+    DistConfig,
+    LossConfig,
+    SamplingConfig,
+    StalenessConfig,
+    TrainConfig,
+)
+from common.config.transport import NetConfig, SnapshotConfig
+from common.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The configuration: one frozen section per TOML table (`[run]`, `[model]`, ...)."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+    producer: ProducerConfig = field(default_factory=ProducerConfig)
+    fake: FakeEngineConfig = field(default_factory=FakeEngineConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+
+
+SECTIONS: dict[str, type[Any]] = {f.name: f.type for f in dataclasses.fields(Config)}  # type: ignore[misc]
+# The sections in the order their problems are reported (every section, once).
+CHECK_ORDER = ("sampling", "staleness", "train", "run", "loss", "task", "rewards", "snapshot",
+               "net", "producer", "dist", "fake", "model", "vllm")  # fmt: skip
+
+
+def _section_types() -> dict[str, type[Any]]:
+    hints = typing.get_type_hints(Config)
+    return {name: hints[name] for name in SECTIONS}
+
+
+def validate(cfg: Config) -> None:
+    """Raise `ConfigError` naming the key for every impossible setting (first one found)."""
+    for problem in problems(cfg):
+        raise ConfigError(problem)
+
+
+def problems(cfg: Config) -> list[str]:
+    """Every impossible setting, as a message that names the key and says why."""
+    return [message for name in CHECK_ORDER for message in getattr(cfg, name).problems()]
+
+
+def field_help() -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, help) for every field, in declaration order."""
+    rows = []
+    defaults = Config()
+    for name, cls in _section_types().items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            help_text = f.metadata.get("help", "")
+            allowed = choices(hints[f.name])
+            if allowed:
+                help_text += " One of: " + ", ".join(map(str, allowed)) + "."
+            tp = type(allowed[0]) if allowed else hints[f.name]
+            tname = getattr(tp, "__name__", str(tp))
+            rows.append(
+                (f"{name}.{f.name}", tname, getattr(getattr(defaults, name), f.name), help_text)
+            )
+    return rows
