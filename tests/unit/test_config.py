@@ -472,3 +472,23 @@ def test_every_mode_is_declared_once_as_a_literal_and_listed_as_the_choices():
     assert rows["loss.agg"].endswith("One of: " + ", ".join(C.choices(C.AggMode)) + ".")
     assert C.choices(C.TISMode) == ("truncate", "mask")
     assert C.choices(str) == ()
+
+
+def test_load_given_names_the_keys_of_the_file_the_sets_and_the_values(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[run]\nsteps = 3\n[[rewards.fns]]\nfn = "exact_match"\n')
+    loaded = C.load_given(path, [" sampling.group_size = 4"], {"run.dir": "x"})
+    assert loaded.config == C.load(path, [" sampling.group_size = 4"], {"run.dir": "x"})
+    assert loaded.given == {"run.steps", "rewards.fns", "sampling.group_size", "run.dir"}
+
+
+def test_a_fallback_files_keys_are_defaults_not_given(tmp_path):
+    fallback = tmp_path / "demo.toml"
+    fallback.write_text("[run]\nsteps = 3\n")
+    loaded = C.load_given(None, ["run.seed=1"], fallback=fallback)
+    assert (loaded.config.run.steps, loaded.config.run.seed) == (3, 1)
+    assert loaded.given == {"run.seed"}
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[train]\nlr = 0.1\n")
+    loaded = C.load_given(mine, fallback=fallback)  # the user's file replaces the fallback
+    assert (loaded.config.run.steps, loaded.given) == (C.RunConfig().steps, {"train.lr"})
