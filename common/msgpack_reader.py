@@ -1,10 +1,10 @@
-"""Reading msgpack from untrusted bytes within a memory and work budget (used by common/wire.py).
+"""Reading msgpack from untrusted bytes within a memory and work budget (for common/wire/codec).
 
 msgpack's own unpacker builds the whole object tree before anyone can look at it: an empty array
 is one byte on the wire and a Python list of ~60, so a message of nested empty arrays costs ~64x
 its size, and a hostile message decides how much the receiver allocates. This reader is the other
-way round: the schema (common/wire.py) asks for the value it expects at a position, and only
-that value is built. Everything here raises only `WireError`.
+way round: the schema (common/wire/messages.py) asks for the value it expects at a position,
+and only that value is built. Everything here raises only `WireError`.
 
 - `Reader.skip(pos)` walks one value without building anything: it checks that the bytes are
   well-formed msgpack (no reserved byte, no ext type, no length past the end, map keys str or

@@ -582,11 +582,12 @@ def test_every_reason_that_decode_can_raise_has_a_rejection_case():
     import re
 
     if "MUTANT_UNDER_TEST" in os.environ:  # set by mutmut, also for its clean run
-        pytest.skip("reads wire.py's source text, which a mutation run rewrites")
+        pytest.skip("reads the wire's source text, which a mutation run rewrites")
 
     from common import msgpack_reader
 
-    source = inspect.getsource(wire) + inspect.getsource(msgpack_reader)
+    modules = (wire, wire.codec, wire.messages, msgpack_reader)
+    source = "".join(inspect.getsource(m) for m in modules)
     raised = set(re.findall(r'WireError\(\s*"(\w+)"', source))
     tested = {reason for reason, *_ in REJECTIONS} | {reason for reason, *_ in REPLY_REJECTIONS}
     assert raised | {"not_msgpack"} <= tested
