@@ -659,8 +659,10 @@ def stress(
     reward and held-out score at equal steps and at the synchronous setting's wall-clock, time
     to --target-reward, placement, hosts). Ctrl-C keeps finished settings; --resume goes on.
     """
-    from launch import stress as S
     from launch.placement import placements
+    from launch.stress import plan as S
+    from launch.stress.results import row_line
+    from launch.stress.run import run_sweep
 
     modes = [m.strip() for m in is_modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in S.IS_MODES]
@@ -704,11 +706,11 @@ def stress(
             err=True,
         )
     try:
-        rows, interrupted = S.run_sweep(base, out, todo, sweep, resume=resume, force=force)
+        rows, interrupted = run_sweep(base, out, todo, sweep, resume=resume, force=force)
     except ConfigError as exc:  # a directory holding another sweep
         _fail(str(exc))
     for r in rows:
-        typer.echo(S.row_line(r))
+        typer.echo(row_line(r))
     typer.echo(f"wrote {out / 'results.csv'}, {out / 'summary.md'} and {out / 'plots'}")
     if interrupted:
         typer.echo("interrupted: run the same command with --resume to finish", err=True)

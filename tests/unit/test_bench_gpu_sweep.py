@@ -11,7 +11,7 @@ from types import ModuleType
 
 from common import config as C
 from launch.placement import plan
-from launch.stress_results import COLUMNS, write_csv
+from launch.stress.results import COLUMNS, write_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from common import config as C
 from launch.cli import load_config
-from launch.stress import IS_MODES, Scenario, build_config, is_overrides
+from launch.stress.plan import IS_MODES, Scenario, build_config, is_overrides
 
 QUOTED = 'runs/it\'s "quoted" \\ dir'
 

@@ -13,8 +13,9 @@ import pytest
 from common import config as C
 from common.errors import ConfigError
 from launch.placement import plan
-from launch.stress import Setting, Sweep, check_resume, run_all, settings
-from launch.stress_results import first_reaching, reward_at
+from launch.stress.plan import Setting, Sweep, settings
+from launch.stress.results import first_reaching, reward_at
+from launch.stress.run import check_resume, run_all
 
 # -- placement -------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Plots of a staleness sweep (rows of launch/stress_results.py): one PNG per question a user
+"""Plots of a staleness sweep (rows of launch/stress/results.py): one PNG per question a user
 asks. Settings repeated over seeds are drawn as their mean with the range as an error bar
 (`aggregate`); failed settings are left out."""
 
@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from launch.report import save_figure
-from launch.stress_results import aggregate
+from launch.stress.results import aggregate
 
 
 def _lines(ax: Any, aggs: list[dict[str, Any]], key: str, label: str) -> None:

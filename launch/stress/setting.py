@@ -1,10 +1,10 @@
 """One setting of a staleness sweep as real processes, and the row it ends as.
 
-`make_runner(base, sweep)` gives launch/stress.py's `run_all` its `run_setting`: the setting's
+`make_runner(base, sweep)` gives launch/stress/run.py's `run_all` its `run_setting`: the setting's
 config (`build_config`), the consumer and local producers on their devices (launch/local.py,
 launch/placement.py) or the consumer alone waiting for external producers, the watcher that
 keeps the snapshots to evaluate and stops an asynchronous run at the synchronous setting's
-wall-clock (launch/stress_watch.py), then the row: launch/stress_results.py's numbers and the
+wall-clock (launch/stress/watch.py), then the row: launch/stress/results.py's numbers and the
 held-out scores of launch/heldout.py. A setting that cannot finish (bad config, a process that
 exits non-zero, every producer gone, an unreadable run) becomes a "failed" row with the reason;
 Ctrl-C (the `stop` event) ends it cleanly and returns None.
@@ -20,15 +20,15 @@ from typing import Any
 
 from common import config as C
 from common.errors import ConfigError
-from launch.stress import (
+from launch.stress.plan import (
     RunSetting,
     Setting,
     Sweep,
     build_config,
-    failed,
     producer_args,
     threads_for,
 )
+from launch.stress.results import failed
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ def last_error(run_dir: Path) -> str:
 def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
     """`run_setting` for `run_all`: one setting as real processes (launch/local.py)."""
     from launch import local
-    from launch.stress_results import measure
-    from launch.stress_watch import SettingFailed, Watcher
+    from launch.stress.results import measure
+    from launch.stress.watch import SettingFailed, Watcher
 
     def run_setting(
         setting: Setting, run_dir: Path, t_sync: float | None, stop: threading.Event
@@ -112,7 +112,7 @@ def heldout_columns(
     """Held-out scores of the snapshots kept at equal steps and at equal wall-clock (the
     synchronous setting's own end is both)."""
     from launch import heldout
-    from launch.stress_watch import AT_STEPS, AT_SYNC_TIME
+    from launch.stress.watch import AT_STEPS, AT_SYNC_TIME
 
     if not heldout.has_heldout(cfg):
         return {"heldout": ""}

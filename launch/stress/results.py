@@ -14,7 +14,7 @@ which starts when every producer holds the first snapshot):
   synchronous setting's `wall_s` (for the synchronous setting itself, at its end);
   `time_to_target_s` / `steps_to_target`: the first step at which it reaches `target_reward`
   (over the whole run; empty = never).
-- held-out scores (launch/stress_setting.py): `final_accuracy` of snapshot `final_version`
+- held-out scores (launch/stress/setting.py): `final_accuracy` of snapshot `final_version`
   (version `steps`, or the newest written before it when a newer one superseded its write) and
   `accuracy_at_equal_time` of `equal_time_version` (the newest by `t_sync_s`).
 - `hosts`: {host: [producer ids]} of the producers that held leases (the ledger's record).
@@ -248,3 +248,22 @@ def summary(rows: list[dict[str, Any]], plots: list[Path], notes: list[str]) -> 
         ]
     lines += ["", "## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def row_line(r: dict[str, Any]) -> str:
+    """One line per setting for the terminal."""
+    if r["status"] != "ok":
+        return f"{r['setting']:<32} FAILED: {r['error']}"
+    sph, speedup = r.get("steps_per_hour") or 0, r.get("speedup_vs_sync") or 0
+    reward = r.get("reward_at_equal_time")
+    return (
+        f"{r['setting']:<32} steps/h {sph:9.0f}  speedup {speedup:5.2f}x  "
+        f"learner idle {r.get('learner_idle_frac') or 0:.2f}  "
+        f"staleness max {r.get('staleness_max_trained')}  "
+        f"reward at sync time {'-' if reward is None else format(reward, '.3f')}"
+    )
+
+
+def failed(error: str) -> dict[str, Any]:
+    """The row of a setting that could not finish, saying why."""
+    return {"status": "failed", "error": error}

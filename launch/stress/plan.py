@@ -1,0 +1,198 @@
+"""A staleness sweep's plan: what it varies and what its settings' configs are.
+
+`Sweep` is what every setting of one sweep shares (engine, steps, the injected `Scenario`,
+placements, the keys the user gave), `Setting` one run of it (max_staleness, producers, IS
+mode, seed; `settings` orders them, each synchronous baseline first), and `build_config` the
+setting's config: the user's own with only what the setting varies overridden. Pure: nothing
+here starts a process or touches a file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args
+
+from common import config as C
+from common.errors import ConfigError
+from launch.placement import Placement
+
+# "off", then every TIS level-mode pair of the config ("token-truncate", ...).
+IS_MODES = (
+    "off",
+    *(f"{level}-{mode}" for level in get_args(C.TISLevel) for mode in get_args(C.TISMode)),
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Heterogeneity injected into every setting of a sweep."""
+
+    gen_s: float = 0.5  # fake engine: seconds per group
+    step_s: float = 0.5  # fake engine: simulated learner step
+    slow_factor: float = 1.0  # producer p1 generates this many times slower
+    jitter: float = 0.0
+    long_tail: float = 0.0
+    stall_s: float = 0.0  # producer p2 stalls this long after stall_after_s
+    stall_after_s: float = 5.0
+    publish_delay_s: float = 0.0
+    max_in_flight: int = 8  # leases a producer may hold (the staleness bound still caps them)
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One run of the sweep."""
+
+    ms: int  # staleness.max_staleness
+    producers: int
+    is_mode: str  # an IS_MODES entry
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"ms{self.ms}-p{self.producers}-{self.is_mode}-s{self.seed}"
+
+    def sync(self) -> Setting:
+        """The synchronous setting this one is compared with at equal wall-clock."""
+        return Setting(0, self.producers, self.is_mode, self.seed)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What is the same for every setting of one sweep."""
+
+    engine: str  # fake, hf or vllm
+    steps: int  # optimizer steps per setting (equal steps)
+    scenario: Scenario = field(default_factory=Scenario)
+    target_reward: float | None = None
+    external: int = 0  # producers started elsewhere (0 = local producers)
+    bind: str = ""  # external: host:port every setting's consumer binds
+    placements: dict[int, Placement] = field(default_factory=dict)  # local: by producer count
+    heldout: bool = True  # score snapshots on the held-out split (when the config has one)
+    given: frozenset[str] = frozenset()  # keys the user set (kept over the cores rule)
+
+
+def settings(
+    staleness: list[int], producers: list[int], is_modes: list[str], seeds: list[int]
+) -> list[Setting]:
+    """Every combination, each synchronous baseline before the settings compared with it."""
+    ordered = sorted(dict.fromkeys(staleness), key=lambda ms: ms != 0)
+    return [
+        Setting(ms, n, mode, seed)
+        for seed, n, mode, ms in itertools.product(seeds, producers, is_modes, ordered)
+    ]
+
+
+def is_label(cfg: C.Config) -> str:
+    """The IS mode a config already has ("off", "token-truncate", ...)."""
+    return f"{cfg.loss.tis_level}-{cfg.loss.tis_mode}" if cfg.loss.tis else "off"
+
+
+def is_overrides(is_mode: str) -> dict[str, object]:
+    if is_mode == "off":
+        return {"loss.tis": False}
+    level, mode = is_mode.split("-")
+    return {"loss.tis": True, "loss.tis_level": level, "loss.tis_mode": mode}
+
+
+def build_config(
+    base: C.Config,
+    *,
+    ms: int,
+    is_mode: str,
+    engine: str,
+    steps: int,
+    sc: Scenario,
+    run_dir: Path,
+    open_ended: bool = False,
+    wait_for: int = 0,
+    bind: str = "",
+    threads: dict[str, int] | None = None,
+) -> C.Config:
+    """One setting's config. `open_ended`: no step limit (the sweep stops the run once it has
+    taken `steps` steps and run as long as the synchronous setting); `wait_for`: producers the
+    consumer waits for before its first lease; `bind`: a fixed host:port (external producers);
+    `threads`: torch thread counts (`threads_for`)."""
+    values: dict[str, object] = {
+        "staleness.max_staleness": ms, "run.steps": 0 if open_ended else steps,
+        "run.seed": sc.seed, "run.dir": run_dir, "run.resume": False, "net.control_port": 0,
+        "run.wait_for_producers": wait_for, "snapshot.delay_s": sc.publish_delay_s,
+        "producer.engine": engine, **is_overrides(is_mode), **(threads or {}),
+    }  # fmt: skip
+    if base.staleness.publish_every > ms + 1:
+        values["staleness.publish_every"] = ms + 1  # the tightest bound the config allows
+    if engine == "fake":
+        values |= {
+            "train.simulate_step_s": sc.step_s, "producer.max_in_flight": sc.max_in_flight,
+            "fake.latency_s": sc.gen_s, "fake.jitter": sc.jitter, "fake.long_tail": sc.long_tail,
+        }  # fmt: skip
+    if bind:
+        host, _, port = bind.removeprefix("tcp://").rpartition(":")
+        values |= {"net.bind_host": host, "net.control_port": int(port)}
+    return C.override(base, values)
+
+
+def threads_for(base: C.Config, sweep: Sweep, setting: Setting) -> dict[str, int]:
+    """hf engine: the learner's and producers' torch threads by the cores rule
+    (launch/cores.py) for the setting's producer count, except the keys the user set."""
+    if sweep.engine != "hf":
+        return {}
+    from launch import cores
+
+    split = cores.plan(
+        cores.usable_cores(), max_staleness=setting.ms,
+        prompts_per_step=base.train.prompts_per_step, producers=setting.producers,
+    )  # fmt: skip
+    rule = {
+        "model.torch_threads": split.learner_threads,
+        "producer.torch_threads": split.producer_threads,
+    }
+    return {k: v for k, v in rule.items() if k not in sweep.given}
+
+
+def producer_args(index: int, sc: Scenario) -> list[str]:
+    """Per-producer injections: p1 is the slow one, p2 the one that stalls."""
+    args: list[str] = []
+    if index == 0 and sc.slow_factor != 1.0:
+        args += ["--set", f"producer.slow_factor={sc.slow_factor}"]
+    if index == 1 and sc.stall_s > 0:
+        args += [
+            "--set",
+            f"producer.stall_s={sc.stall_s}",
+            "--set",
+            f"producer.stall_after_s={sc.stall_after_s}",
+        ]
+    return args
+
+
+def check_settings(base: C.Config, sweep: Sweep, todo: list[Setting]) -> None:
+    """Every setting's config is valid (a `ConfigError` naming the first that is not), before
+    anything starts."""
+    if not todo:
+        raise ConfigError("no setting to run: give --max-staleness, --seeds and --producers")
+    if sweep.steps < 1:
+        raise ConfigError("--steps must be >= 1")
+    if sweep.external:
+        host, _, port = sweep.bind.removeprefix("tcp://").rpartition(":")
+        if not host or not port.isdigit() or int(port) == 0:
+            raise ConfigError(f"--bind: expected HOST:PORT with a fixed port, got {sweep.bind!r}")
+    for s in todo:
+        try:
+            C.validate(
+                build_config(
+                    base, ms=s.ms, is_mode=s.is_mode, engine=sweep.engine, steps=sweep.steps,
+                    sc=sweep.scenario, run_dir=Path("."), bind=sweep.bind,
+                    threads=threads_for(base, sweep, s),
+                )
+            )  # fmt: skip
+        except ConfigError as exc:
+            raise ConfigError(f"setting {s.name}: {exc}") from None
+
+
+# How one setting is run (launch/stress/setting.py `make_runner`): its row, or None once the
+# stop event is set (Ctrl-C).
+RunSetting = Callable[[Setting, Path, "float | None", threading.Event], "dict[str, Any] | None"]
