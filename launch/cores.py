@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 KEYS = ("model.torch_threads", "producer.torch_threads", "producer.max_in_flight")
@@ -56,7 +57,7 @@ def plan(
     return CorePlan(cores, producers, learner, threads, leases)
 
 
-def describe(chosen: CorePlan, *, given: set[str]) -> str:
+def describe(chosen: CorePlan, *, given: AbstractSet[str]) -> str:
     """One line for the start of a run: the split, and which parts the user gave."""
 
     def mark(key: str) -> str:

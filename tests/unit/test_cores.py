@@ -6,6 +6,7 @@ import pytest
 
 from common import config as C
 from launch import cli, cores
+from launch.cli import run
 
 
 @pytest.mark.parametrize(
@@ -28,22 +29,30 @@ def test_a_given_producer_count_splits_the_leases_and_the_threads():
 
 
 def test_launch_keeps_what_the_user_gave_and_says_so(capsys):
-    sets = ["producer.max_in_flight=5"]
-    base = C.load(cli.DEMO_CONFIG, sets)
-    cfg, n = cli._split_cores(base, None, sets, None)
+    base, given = C.load_given(None, ["producer.max_in_flight=5"], fallback=cli.DEMO_CONFIG)
+    cfg, n = run._split_cores(base, given, None)
     line = capsys.readouterr().err
     assert cfg.producer.max_in_flight == 5
     assert "5 leases in flight each (given)" in line
     assert f"cores: {cores.usable_cores()} usable" in line
     assert n == cores.plan(cores.usable_cores(), max_staleness=2, prompts_per_step=8).producers
-    _, n = cli._split_cores(base, None, None, 3)
+    _, n = run._split_cores(base, frozenset(), 3)
     assert n == 3
     assert "3 producers (given)" in capsys.readouterr().err
 
 
+def test_the_demo_configs_own_keys_are_not_given_so_the_cores_rule_sets_them(capsys):
+    base, given = C.load_given(None, fallback=cli.DEMO_CONFIG)
+    assert base.producer.max_in_flight == 4  # the demo file's value ...
+    cfg, _ = run._split_cores(base, given, None)
+    rule = cores.plan(cores.usable_cores(), max_staleness=2, prompts_per_step=8)
+    assert cfg.producer.max_in_flight == rule.max_in_flight  # ... replaced by the rule
+    assert "(given)" not in capsys.readouterr().err
+
+
 def test_other_engines_keep_two_producers_and_their_threads():
     base = C.load(cli.DEMO_CONFIG, ["producer.engine=fake"])
-    assert cli._split_cores(base, None, None, None) == (base, 2)
+    assert run._split_cores(base, frozenset(), None) == (base, 2)
 
 
 def test_a_local_run_makes_no_deltas_unless_the_user_asks():

@@ -1,0 +1,132 @@
+"""The `asyncgrpo` typer app and what its commands share: the common options, loading the
+config, one-line errors, logging, the run directory and the model directory.
+
+The commands themselves live one family per module (launch/cli/__init__.py registers them).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from common import config as C
+from common.errors import ConfigError
+
+app = typer.Typer(
+    help=(
+        "Asynchronous off-policy GRPO. A consumer (the learner) leases prompts to producers, which "
+        "sample G completions per prompt, score them with verifiable rewards and stream the groups "
+        "back over ZeroMQ; the learner trains with a TIS-corrected GRPO loss and publishes weight "
+        "snapshots that producers reload. Start with `asyncgrpo launch` (the embedded demo)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="markdown",  # docstring paragraphs are re-flowed to the terminal width
+    pretty_exceptions_enable=False,
+)
+
+# The embedded demo's config: what `launch` (and `stress --engine demo`) run without --config.
+DEMO_CONFIG = Path(__file__).parent.parent / "configs" / "demo.toml"
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="TOML config file (see `asyncgrpo config show`)."),
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override one key: section.key=value (repeatable)."),
+]
+KeysOpt = Annotated[
+    Path | None, typer.Option("--keys", help="CurveZMQ keys directory (`asyncgrpo keys DIR`).")
+]
+InsecureOpt = Annotated[
+    bool, typer.Option("--insecure", help="Allow non-loopback traffic without CurveZMQ.")
+]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Start a new run in a run directory that holds another one (deletes its metrics, "
+        "ledger, snapshots, checkpoints and logs).",
+    ),
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")]
+StepsOpt = Annotated[int | None, typer.Option(help="run.steps: optimizer steps to take.")]
+MaxStalenessOpt = Annotated[
+    int | None, typer.Option(help="staleness.max_staleness (0 = synchronous).")
+]
+EngineOpt = Annotated[str | None, typer.Option(help="producer.engine: hf, vllm or fake.")]
+
+
+def fail(message: str) -> NoReturn:
+    """End the command with `error: MESSAGE` on stderr and exit code 2."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def load_given(
+    config: Path | None,
+    sets: list[str] | None,
+    flags: Mapping[str, object],
+    *,
+    fallback: Path | None = None,
+) -> C.Loaded:
+    """Defaults < TOML file (`fallback` when none is given) < --set < explicit flags (None = not
+    given); validated, with the keys the user gave. Flags are typed values (`C.override`): a
+    path with quotes or backslashes arrives as written."""
+    values = {k: v for k, v in flags.items() if v is not None}
+    try:
+        return C.load_given(config, sets or [], values, fallback=fallback)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def load_config(
+    config: Path | None, sets: list[str] | None, flags: Mapping[str, object]
+) -> C.Config:
+    """`load_given`'s config."""
+    return load_given(config, sets, flags).config
+
+
+def setup_logging(run_dir: Path | None, name: str, verbose: bool = False) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if run_dir is not None:
+        handlers.append(logging.FileHandler(run_dir / f"{name}.log"))
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format=f"%(asctime)s {name} %(levelname)s %(message)s",
+        handlers=handlers,
+        force=True,
+    )
+
+
+def resolve_model(path: str) -> Path:
+    """`model.path` as a local model directory: 'demo' is the embedded tiny model (built once
+    into the cache, about 30 s), anything else must be a Hugging Face model directory."""
+    if path == "demo":
+        from launch.demo_model import ensure_demo_model
+
+        return ensure_demo_model()
+    from consumer.learner import local_model_dir
+
+    try:
+        return local_model_dir(path)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def make_run_dir(cfg: C.Config, force: bool = False) -> Path:
+    """The run directory, created; one holding another run needs --resume or --force."""
+    from launch.run_dir import claim
+
+    run_dir = Path(cfg.run.dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        return claim(run_dir, resume=cfg.run.resume, force=force)
+    except ConfigError as exc:
+        fail(str(exc))

@@ -1,0 +1,358 @@
+"""`asyncgrpo launch`, `consumer` and `producer`: the processes of a run.
+
+A run is prepared by whoever starts it: its directory claimed (one holding another run needs
+--resume or --force), the model directory made ready (the demo model is built the first time)
+and the resolved config written to RUN_DIR/config.toml (`prepare_run`). Under torchrun rank 0
+prepares it and the other ranks take the run directory and the model from rank 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from common import config as C
+from common.errors import ConfigError
+from launch.cli.app import (
+    DEMO_CONFIG,
+    ConfigOpt,
+    EngineOpt,
+    ForceOpt,
+    InsecureOpt,
+    KeysOpt,
+    MaxStalenessOpt,
+    SetOpt,
+    StepsOpt,
+    VerboseOpt,
+    fail,
+    load_config,
+    load_given,
+    make_run_dir,
+    resolve_model,
+    setup_logging,
+)
+
+
+def prepare_run(cfg: C.Config, out: Path, values: dict[str, object] | None = None) -> C.Config:
+    """`cfg` for the run in `out` (already claimed): `run.dir = out`, the model directory made
+    ready (unless the learner step is simulated) and `values`; written to OUT/config.toml, the
+    config every process of the run reads."""
+    resolved: dict[str, object] = {"run.dir": out, **(values or {})}
+    if not cfg.train.simulate_step_s:
+        resolved["model.path"] = resolve_model(cfg.model.path)
+    cfg = C.override(cfg, resolved)
+    C.write(cfg, out / "config.toml")
+    return cfg
+
+
+def _consumer_run(cfg: C.Config, force: bool) -> tuple[Path, C.Config]:
+    """The run directory and the config of this consumer's run, prepared here."""
+    out = make_run_dir(cfg, force)
+    return out, prepare_run(cfg, out)
+
+
+def _join_ranks(cfg: C.Config, force: bool) -> tuple[Path, C.Config, str]:
+    """Under torchrun: join the process group; rank 0 prepares the run directory and the model
+    (the demo model is built once), the other ranks take both from it. Returns the run
+    directory, the config and the log's name (consumer, consumer-rank1, ...)."""
+    import json
+
+    from common.device import resolve_device
+    from consumer import distributed as D
+
+    world = D.World.from_env()
+    cuda = resolve_device(cfg.model.device).type == "cuda"
+    D.init(world, cuda=cuda, timeout_s=cfg.dist.timeout_s)
+    if world.main:
+        out, cfg = _consumer_run(cfg, force)
+        D.share_text(json.dumps({"run.dir": str(out), "model.path": cfg.model.path}))
+        return out, cfg, "consumer"
+    values = json.loads(D.share_text(None))
+    return Path(values["run.dir"]), C.override(cfg, values), f"consumer-rank{world.rank}"
+
+
+def _exec_torchrun(nproc: int) -> None:
+    """Become `torchrun --standalone --nproc-per-node N -m launch.cli consumer ...` (the same
+    arguments, less --nproc-per-node)."""
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not arg.startswith("--nproc-per-node="):
+            args.append(arg)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "launch.cli", *args]  # fmt: skip
+    typer.echo(f"starting {nproc} learner processes: {' '.join(cmd[1:])}", err=True)
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)
+
+
+CONSUMER_EPILOG = (
+    "Example, one machine (then start producers with `asyncgrpo producer`):\n\n"
+    "`asyncgrpo consumer --run-dir runs/mine --model demo --steps 200`\n\n"
+    "Across machines (CurveZMQ keys from `asyncgrpo keys keys/`):\n\n"
+    "`asyncgrpo consumer --bind 0.0.0.0 --keys keys/ --model /models/qwen`\n\n"
+    "Sharded over 4 GPUs of this machine (FSDP2 under torchrun):\n\n"
+    "`asyncgrpo consumer --nproc-per-node 4 --model /models/qwen`\n\n"
+    "Every config key: `asyncgrpo config show`."
+)
+NprocOpt = Annotated[
+    int,
+    typer.Option(
+        "--nproc-per-node",
+        help="Learner processes on this machine: N > 1 starts `torchrun --standalone "
+        "--nproc-per-node N` with the other arguments (one policy sharded with FSDP2, one GPU "
+        "per process on CUDA). Several machines: start torchrun yourself (README).",
+    ),
+]
+
+
+def consumer(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run_dir: Annotated[
+        str | None,
+        typer.Option("--run-dir", help="run.dir: where metrics, ledger and snapshots go."),
+    ] = None,
+    steps: StepsOpt = None,
+    model: Annotated[
+        str | None, typer.Option(help="model.path: HF model directory, or 'demo'.")
+    ] = None,
+    max_staleness: MaxStalenessOpt = None,
+    bind: Annotated[str | None, typer.Option(help="net.bind_host: address to listen on.")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="net.control_port: the port producers --connect to.")
+    ] = None,
+    keys: KeysOpt = None,
+    insecure: InsecureOpt = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the run directory's checkpoint.")
+    ] = False,
+    force: ForceOpt = False,
+    nproc_per_node: NprocOpt = 1,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run the learner: lease prompts, receive groups, train, publish snapshots."""
+    flags = {
+        "run.dir": run_dir, "run.steps": steps, "model.path": model,
+        "staleness.max_staleness": max_staleness, "net.bind_host": bind, "net.control_port": port,
+        "net.keys_dir": keys, "net.insecure": insecure or None, "run.resume": resume or None,
+    }  # fmt: skip
+    cfg = load_config(config, set_, flags)
+    if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
+        _exec_torchrun(nproc_per_node)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        out, cfg, name = _join_ranks(cfg, force)
+    else:
+        (out, cfg), name = _consumer_run(cfg, force), "consumer"
+    setup_logging(out, name, verbose)
+    from consumer.learner import main as learner_main
+    from launch.dashboard import Progress
+
+    progress = Progress(out, cfg.run.steps)  # a line every 10 s (`asyncgrpo status` any time)
+    if name == "consumer":  # rank 0 alone under torchrun
+        progress.start()
+    try:
+        code = learner_main(cfg, out)
+    except ConfigError as exc:
+        fail(str(exc))
+    finally:
+        progress.stop()
+    raise typer.Exit(code)
+
+
+PRODUCER_EPILOG = (
+    "The sampling settings, G, the rewards and the model come from the consumer.\n\n"
+    "`asyncgrpo producer --connect tcp://127.0.0.1:5555 --engine hf`\n\n"
+    "`asyncgrpo producer --connect tcp://10.0.0.1:5555 --keys keys/ --engine vllm`"
+)
+ConnectFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="net.connect_file: wait for a consumer's RUN_DIR/endpoints.json and connect "
+        "to it (start producers before their consumer; shared filesystems)."
+    ),
+]
+FollowOpt = Annotated[
+    bool,
+    typer.Option(
+        "--follow",
+        help="producer.follow: after a run, serve the next consumer at the same address "
+        "(a sweep's --external-producers).",
+    ),
+]
+
+
+def producer(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    connect: Annotated[
+        str | None,
+        typer.Option(help="net.connect: the consumer's control endpoint, tcp://HOST:PORT."),
+    ] = None,
+    connect_file: ConnectFileOpt = None,
+    engine: EngineOpt = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="producer.model: local model dir (default: the consumer's), or 'demo'."),
+    ] = None,
+    max_in_flight: Annotated[
+        int | None, typer.Option(help="producer.max_in_flight: prompts held at once.")
+    ] = None,
+    producer_id: Annotated[
+        str | None, typer.Option("--id", help="producer.id: name in logs and ledger.")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="producer.device for the hf engine.")] = None,
+    follow: FollowOpt = False,
+    keys: KeysOpt = None,
+    insecure: InsecureOpt = False,
+    log_file: Annotated[Path | None, typer.Option(help="Also log to this file.")] = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run a producer: sample groups for the consumer's leases; reload its snapshots."""
+    flags = {
+        "net.connect": connect, "net.connect_file": connect_file, "producer.engine": engine,
+        "producer.model": model,
+        "producer.max_in_flight": max_in_flight, "producer.id": producer_id,
+        "producer.device": device, "net.keys_dir": keys, "net.insecure": insecure or None,
+        "producer.follow": follow or None,
+    }  # fmt: skip
+    cfg = load_config(config, set_, flags)
+    if cfg.producer.model == "demo":  # the embedded demo model, built on this host
+        cfg = C.override(cfg, {"producer.model": resolve_model("demo")})
+    setup_logging(None, "producer", verbose)
+    if log_file is not None:
+        logging.getLogger().addHandler(logging.FileHandler(log_file))
+    from producer.worker import main as worker_main
+
+    try:
+        code = asyncio.run(worker_main(cfg))
+    except ConfigError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+ProducersOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Producer processes to start (default: hf producers by the cores rule, "
+        "printed at start; 2 for other engines).",
+        min=1,
+    ),
+]
+LiveOpt = Annotated[
+    bool | None,
+    typer.Option("--live/--no-live", help="Live dashboard (default: when stderr is a terminal)."),
+]
+EvalOpt = Annotated[
+    bool,
+    typer.Option(
+        "--eval/--no-eval", help="Evaluate the start and final models on the held-out split."
+    ),
+]
+
+
+def launch(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    run_dir: Annotated[
+        str | None, typer.Option("--run-dir", help="Run directory (default: runs/TIMESTAMP).")
+    ] = None,
+    steps: StepsOpt = None,
+    producers: ProducersOpt = None,
+    engine: EngineOpt = None,
+    max_staleness: MaxStalenessOpt = None,
+    live: LiveOpt = None,
+    evaluate: EvalOpt = True,
+    force: ForceOpt = False,
+) -> None:
+    """Run the whole pipeline here: one consumer and N producers, supervised.
+
+    Without --config it trains the embedded demo (a tiny model this project builds itself) on the
+    synthetic arithmetic task, shows live progress, evaluates the starting model and the final
+    snapshot on the held-out split, and writes plots. Ctrl-C stops cleanly (final snapshot).
+    """
+    flags = {
+        "run.dir": run_dir, "run.steps": steps, "producer.engine": engine,
+        "staleness.max_staleness": max_staleness,
+    }  # fmt: skip
+    cfg, given = load_given(config, set_, flags, fallback=DEMO_CONFIG)
+    out = make_run_dir(cfg, force)
+    from launch import local
+
+    cfg, producers = _split_cores(cfg, given, producers)
+    cfg = local.local_config(cfg, given)
+    if not cfg.train.simulate_step_s:
+        typer.echo(
+            f"model: {cfg.model.path} (building it the first time can take a minute)", err=True
+        )
+    cfg = prepare_run(cfg, out.resolve(), {"net.control_port": 0})
+    model_dir = None if cfg.train.simulate_step_s else Path(cfg.model.path)
+    typer.echo(f"run directory: {out}", err=True)
+    show = sys.stderr.isatty() if live is None else live
+    code = local.run(
+        out / "config.toml", out, steps=cfg.run.steps, num_producers=producers, live=show
+    )
+    if evaluate and model_dir is not None and cfg.task.source == "synthetic":
+        _evaluate_run(out, model_dir)
+    from launch.report import report as write_report
+
+    for path in write_report(out):
+        typer.echo(f"wrote {path}", err=True)
+    raise typer.Exit(code)
+
+
+def _split_cores(
+    cfg: C.Config, given: frozenset[str], producers: int | None
+) -> tuple[C.Config, int]:
+    """Producers and torch threads by the cores rule (launch/cores.py) for hf producers, the
+    keys the user gave kept; prints the split. Other engines: 2 producers unless given."""
+    if cfg.producer.engine != "hf":
+        return cfg, producers or 2
+    from launch import cores
+
+    kept = given & set(cores.KEYS)
+    chosen = cores.plan(
+        cores.usable_cores(),
+        max_staleness=cfg.staleness.max_staleness,
+        prompts_per_step=cfg.train.prompts_per_step,
+        producers=producers,
+    )
+    values = {
+        "model.torch_threads": chosen.learner_threads,
+        "producer.torch_threads": chosen.producer_threads,
+        "producer.max_in_flight": chosen.max_in_flight,
+    }
+    cfg = C.override(cfg, {k: v for k, v in values.items() if k not in kept})
+    shown = cores.CorePlan(
+        chosen.cores, chosen.producers, cfg.model.torch_threads, cfg.producer.torch_threads,
+        cfg.producer.max_in_flight,
+    )  # fmt: skip
+    typer.echo(
+        cores.describe(shown, given=kept | ({"producers"} if producers else set())), err=True
+    )
+    return cfg, chosen.producers
+
+
+def _evaluate_run(run_dir: Path, model_dir: Path) -> None:
+    from consumer.evaluate import evaluate_run
+
+    r = evaluate_run(run_dir, model_dir)
+    if r is None:
+        typer.echo("no snapshot to evaluate", err=True)
+        return
+    start, final = r["initial_accuracy"], r["final_accuracy"]
+    typer.secho(
+        f"held-out greedy accuracy: start {start:.1%} → final (v{r['final_version']}) "
+        f"{final:.1%} on {r['heldout_size']} problems",
+        fg=typer.colors.GREEN if final > start else typer.colors.YELLOW,
+        err=True,
+    )
