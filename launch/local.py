@@ -3,6 +3,9 @@
 `Supervisor` starts the children through the same CLI a user would type (`python -m launch.cli
 consumer …`, `… producer …`), each in its own process group and with a parent-death signal
 (Linux), so they never outlive the launcher. Invariants:
+- The run is prepared before (RUN_DIR/config.toml written by `launch` or the stress sweep, with
+  the run directory claimed and the model directory resolved): the consumer is started with
+  `--prepared` and takes that config as it is.
 - Processes are tracked by PID/process group, never found or killed by name.
 - A producer that fails (non-zero exit) while the consumer still runs is restarted under the same
   producer id (the consumer then expires the leases it lost at once), at most `max_restarts`
@@ -28,6 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,7 +124,7 @@ class Supervisor:
         endpoints.unlink(missing_ok=True)
         self.consumer = Child(
             "consumer",
-            self._cli("consumer", "--config", str(self.config_path)),
+            self._cli("consumer", "--config", str(self.config_path), "--prepared"),
             self.run_dir / "consumer.stdout.log",
             env=self.consumer_env,
         )
@@ -198,7 +202,7 @@ class Supervisor:
         return code
 
 
-def local_config(cfg: Config, given: set[str]) -> Config:
+def local_config(cfg: Config, given: AbstractSet[str]) -> Config:
     """A `launch` run's snapshot settings: every producer reads the learner's files on this
     host and none fetches over the network, so the sparse deltas network fetchers would take
     are not made (`snapshot.anchor_every = 0`: ~4 ms of the writer thread's CPU per version on

@@ -1,9 +1,12 @@
 """`asyncgrpo launch`, `consumer` and `producer`: the processes of a run.
 
-A run is prepared by whoever starts it: its directory claimed (one holding another run needs
---resume or --force), the model directory made ready (the demo model is built the first time)
-and the resolved config written to RUN_DIR/config.toml (`prepare_run`). Under torchrun rank 0
-prepares it and the other ranks take the run directory and the model from rank 0.
+A run is prepared once, by whoever starts it: its directory claimed (one holding another run
+needs --resume or --force), the model directory made ready (the demo model is built the first
+time) and the resolved config written to RUN_DIR/config.toml (`prepare_run`). `launch` prepares
+it and starts its consumer with `--prepared` (launch/local.py): that consumer takes the written
+config as it is and neither claims the directory nor resolves the model again. A consumer
+started by hand prepares its own run; under torchrun rank 0 prepares it and the other ranks take
+the run directory and the model from rank 0.
 """
 
 from __future__ import annotations
@@ -51,13 +54,18 @@ def prepare_run(cfg: C.Config, out: Path, values: dict[str, object] | None = Non
     return cfg
 
 
-def _consumer_run(cfg: C.Config, force: bool) -> tuple[Path, C.Config]:
-    """The run directory and the config of this consumer's run, prepared here."""
+def _consumer_run(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.Config]:
+    """The run directory and the config of this consumer's run: as written when the launcher
+    prepared it (`--prepared`), else prepared here."""
+    if prepared:
+        if not cfg.run.dir:
+            fail("--prepared needs the run's own config.toml (run.dir is empty)")
+        return Path(cfg.run.dir), cfg
     out = make_run_dir(cfg, force)
     return out, prepare_run(cfg, out)
 
 
-def _join_ranks(cfg: C.Config, force: bool) -> tuple[Path, C.Config, str]:
+def _join_ranks(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.Config, str]:
     """Under torchrun: join the process group; rank 0 prepares the run directory and the model
     (the demo model is built once), the other ranks take both from it. Returns the run
     directory, the config and the log's name (consumer, consumer-rank1, ...)."""
@@ -70,7 +78,7 @@ def _join_ranks(cfg: C.Config, force: bool) -> tuple[Path, C.Config, str]:
     cuda = resolve_device(cfg.model.device).type == "cuda"
     D.init(world, cuda=cuda, timeout_s=cfg.dist.timeout_s)
     if world.main:
-        out, cfg = _consumer_run(cfg, force)
+        out, cfg = _consumer_run(cfg, force, prepared)
         D.share_text(json.dumps({"run.dir": str(out), "model.path": cfg.model.path}))
         return out, cfg, "consumer"
     values = json.loads(D.share_text(None))
@@ -113,6 +121,8 @@ NprocOpt = Annotated[
         "per process on CUDA). Several machines: start torchrun yourself (README).",
     ),
 ]
+# Not in --help: the launcher's consumers (launch/local.py) take their run as it was prepared.
+PreparedOpt = Annotated[bool, typer.Option("--prepared", hidden=True)]
 
 
 def consumer(
@@ -139,6 +149,7 @@ def consumer(
     force: ForceOpt = False,
     nproc_per_node: NprocOpt = 1,
     verbose: VerboseOpt = False,
+    prepared: PreparedOpt = False,
 ) -> None:
     """Run the learner: lease prompts, receive groups, train, publish snapshots."""
     flags = {
@@ -150,9 +161,9 @@ def consumer(
     if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
         _exec_torchrun(nproc_per_node)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        out, cfg, name = _join_ranks(cfg, force)
+        out, cfg, name = _join_ranks(cfg, force, prepared)
     else:
-        (out, cfg), name = _consumer_run(cfg, force), "consumer"
+        (out, cfg), name = _consumer_run(cfg, force, prepared), "consumer"
     setup_logging(out, name, verbose)
     from consumer.learner import main as learner_main
     from launch.dashboard import Progress

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from common import config as C
 from common.errors import ConfigError
 from launch.cli import app
 from launch.run_dir import claim, previous_run
@@ -64,3 +65,30 @@ def test_the_consumer_command_refuses_a_used_run_directory_in_one_line(tmp_path)
     assert lines[0].startswith("error: ")
     assert "--resume" in lines[0]
     assert "--force" in lines[0]
+
+
+def test_a_prepared_consumer_takes_the_run_as_the_launcher_wrote_it(tmp_path, monkeypatch):
+    """`launch` claimed the directory, resolved the model and wrote config.toml; the consumer it
+    starts (`--prepared`) neither claims the directory again nor resolves or rewrites."""
+    import consumer.learner
+    from launch.cli import run
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("")  # a second claim would call this another run
+    cfg = C.override(
+        C.Config(), {"run.dir": run_dir, "model.path": str(tmp_path / "nowhere"), "run.steps": 3}
+    )
+    config = run_dir / "config.toml"
+    config.write_text("# as the launcher wrote it\n" + C.to_toml(cfg))
+    learned = []
+    monkeypatch.setattr(consumer.learner, "main", lambda c, out: learned.append((c, out)) or 0)
+    monkeypatch.setattr(run, "setup_logging", lambda *args: None)
+    result = CliRunner().invoke(app, ["consumer", "--config", str(config), "--prepared"])
+    assert result.exit_code == 0, result.output
+    assert learned == [(cfg, run_dir)]
+    assert config.read_text().startswith("# as the launcher wrote it")
+    unprepared = CliRunner().invoke(app, ["consumer", "--config", str(config)])
+    assert unprepared.exit_code == 2
+    assert "already holds a run" in unprepared.output
+    assert learned == [(cfg, run_dir)]
