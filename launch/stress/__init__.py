@@ -6,7 +6,8 @@ setting varies overridden: `staleness.max_staleness`, the importance correction,
 the number of producers. plan.py builds the settings, run.py runs them one after another
 (setting.py: one setting as processes; watch.py: while it runs) and keeps what each one ended
 as; the numbers come from the runs' files (results.py) and the plots from the rows (plots.py).
-The modules import one way: run -> setting -> watch | results -> plan.
+Imports point one way: run imports setting, results and plots; setting imports watch,
+results and plan; nothing here imports run.
 
 Settings: every (seed, producers, IS mode, max_staleness), the `max_staleness = 0` setting of
 each (seed, producers, IS mode) first: it is the synchronous baseline whose wall-clock time to
