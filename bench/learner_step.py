@@ -11,7 +11,7 @@
   differ in length), the decoder forward, log-softmax of the completion positions only (float32,
   at the temperature), their mean as the loss, backward, gradient clipping, AdamW (fused on
   CUDA); bf16 autocast on CUDA.
-- ours: `consumer.trainer.Trainer.step` on the same groups (advantages, micro-batch planning,
+- ours: `consumer.train.trainer.Trainer.step` on the same groups (advantages, micro-batch planning,
   packing, the chunked log-prob head, TIS-GRPO loss, metrics, clipping, AdamW), same settings.
 
 Shapes: `demo` (the embedded demo model, built on first use) or `qwen05` (Qwen2.5-0.5B's shape,
@@ -56,9 +56,9 @@ from shapes import build_qwen05
 
 from common import config as C
 from common import wire
-from consumer.distributed import World
-from consumer.sharded_trainer import ShardedTrainer, make_trainer
-from consumer.trainer import Trainer
+from consumer.train.ranks import World
+from consumer.train.sharded import ShardedTrainer, make_trainer
+from consumer.train.trainer import Trainer
 
 # per shape: defaults, and the length mix (prompt range, completion range and median)
 SHAPES: dict[str, dict[str, Any]] = {
@@ -168,7 +168,7 @@ def head_memory(trainer: Trainer, n: int, device: torch.device) -> dict[str, flo
     """Peak memory (MiB above the start) of log-probs + entropy + backward on n positions:
     the trainer's chunked head vs full float32 logits, bf16 matmul under autocast."""
     from common.logprobs import entropy_from_logits, sampled_logprobs
-    from consumer.chunked_head import chunked_logprobs
+    from consumer.train.lm_head import chunked_logprobs
 
     head = trainer.model.get_output_embeddings()
     hidden = head.weight.shape[1]

@@ -105,9 +105,9 @@ def run(
     """`steps` steps per case (from the checkpoint's step + 1 with `resume`, a run directory);
     with `save_at`, a checkpoint of each case after that step in `out/<case>/run`; `sets`
     override every case's config (`model.device`, `model.dtype`, ...)."""
-    from consumer import checkpoint
-    from consumer.distributed import World
-    from consumer.sharded_trainer import make_trainer
+    from consumer.train import checkpoint
+    from consumer.train.ranks import World
+    from consumer.train.sharded import make_trainer
 
     world = World.from_env()
     for name, overrides in CASES:

@@ -14,9 +14,9 @@ import torch
 from common import config as C
 from common import wire
 from common.logprobs import entropy_from_logits, sampled_logprobs
-from consumer import attention as A
-from consumer.chunked_head import chunk_rows_for, chunked_logprobs
-from consumer.trainer import Trainer
+from consumer.train import attention as A
+from consumer.train.lm_head import chunk_rows_for, chunked_logprobs
+from consumer.train.trainer import Trainer
 
 pytestmark = pytest.mark.gpu
 V, H = 151936, 896  # Qwen2.5-0.5B's head

@@ -1,5 +1,5 @@
-"""A step's bookkeeping does not grow with the number of producers (consumer/server.py with
-consumer/roster.py): real sockets on loopback, scripted producers.
+"""A step's bookkeeping does not grow with the number of producers (consumer/server/server.py with
+consumer/server/roster.py): real sockets on loopback, scripted producers.
 
 - what the learner reads per step (`Server.step_summary`) has the same keys and size at 1 and
   at 200 producers; each producer's view goes to producers.json / producers.jsonl instead, a
@@ -18,10 +18,10 @@ import zmq
 
 from common import config as C
 from common import wire
-from consumer import server as server_mod
-from consumer.prompts import make_source
-from consumer.roster import Roster, aggregate, read_current, read_history
-from consumer.server import ProducerView, Server, run_spec
+from consumer.server.prompts import make_source
+from consumer.server.roster import Roster, aggregate, read_current, read_history
+from consumer.server.server import ProducerView, Server, run_spec
+from consumer.server import server as server_mod
 
 G = 2
 

@@ -2,7 +2,7 @@
 
 Log-probs are checked against an independent full-sequence forward of the same weights (a model
 loaded separately, `log_softmax(logits / T)` written out here) and against the learner's own
-recomputation (`consumer.trainer.Trainer.logprobs`), float32, |Δ| < 1e-4.
+recomputation (`consumer.train.trainer.Trainer.logprobs`), float32, |Δ| < 1e-4.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tiny_models import full_forward_logprobs, reference_model, write_snapshot
 from common import config as C
 from common import wire
 from common.errors import SnapshotError
-from consumer.publisher import Publisher
+from consumer.snapshots.publisher import Publisher
 from producer.engine import SamplingParams
 from producer.engine_hf import HFEngine
 
@@ -50,7 +50,7 @@ async def test_logprobs_equal_an_independent_full_sequence_forward(
 
 
 async def test_behaviour_logprobs_equal_the_learners_recomputed_logprobs(tiny_model_dir, tmp_path):
-    from consumer.trainer import Trainer
+    from consumer.train.trainer import Trainer
 
     cfg = C.Config()
     cfg = dataclasses.replace(

@@ -16,11 +16,11 @@ import torch
 from common import config as C
 from common import wire
 from common.logprobs import entropy_from_logits, sampled_logprobs
-from consumer import attention as A
-from consumer import loss as L
-from consumer.batching import Row, collate, rows_of
-from consumer.completion_forward import CompletionForward, check_plain_head, compile_layers
-from consumer.trainer import Trainer, loss_options
+from consumer.train import attention as A
+from consumer.train import loss as L
+from consumer.train.batching import Row, collate, rows_of
+from consumer.train.forward import CompletionForward, check_plain_head, compile_layers
+from consumer.train.trainer import Trainer, loss_options
 
 CPU = torch.device("cpu")
 PADDED = A.choose_attention("padded", device_type="cpu", half_precision=False, flash_impl=None,
@@ -291,7 +291,7 @@ def test_compiled_layers_give_the_same_log_probs_and_keep_their_names(tiny_model
 
 
 def test_model_compile_reaches_the_policy_and_the_reference(tiny_model_dir, monkeypatch):
-    import consumer.trainer as T
+    import consumer.train.trainer as T
 
     compiled: list[object] = []
     monkeypatch.setattr(T, "compile_layers", lambda model: compiled.append(model))
@@ -309,7 +309,7 @@ def test_model_compile_reaches_the_policy_and_the_reference(tiny_model_dir, monk
 def test_a_compiled_trainer_has_the_eager_log_probs_and_steps(tiny_model_dir, monkeypatch):
     """`model.compile` through the trainer, with dynamo's eager backend (its tracing takes 10-20 s
     on this CPU, hence slow)."""
-    import consumer.trainer as T
+    import consumer.train.trainer as T
 
     monkeypatch.setattr(T, "compile_layers", lambda model: compile_layers(model, backend="eager"))
     groups = _groups(seed=8)

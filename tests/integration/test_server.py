@@ -1,4 +1,5 @@
-"""consumer/server.py through its typed handle: real sockets on loopback, a scripted producer.
+"""consumer/server/server.py through its typed handle: real sockets on loopback, a scripted
+producer.
 
 The training thread's whole view of the network thread is `Server`'s methods; these tests drive
 one lease from grant to trained, a drop, the end of the run, a failure on the network thread
@@ -17,8 +18,8 @@ import zmq.asyncio
 
 from common import config as C
 from common import wire
-from consumer.prompts import make_source
-from consumer.server import Server, run_spec
+from consumer.server.prompts import make_source
+from consumer.server.server import Server, run_spec
 
 G = 2
 

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from consumer import checkpoint
+from consumer.train import checkpoint
 
 
 def make_trainer(seed: int) -> SimpleNamespace:

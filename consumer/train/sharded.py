@@ -3,11 +3,11 @@
 What it owns: sharding the model (`torch.distributed.fsdp.fully_shard`), the data-parallel
 split of each step, the orders that keep the other ranks in step with rank 0 (`follow`), the
 full state dict gathered for publication and evaluation, and the checkpoint save/restore
-orders (their format: consumer/sharded_checkpoint.py). What it does not do: sockets, leases,
+orders (their format: consumer/train/sharded_checkpoint.py). What it does not do: sockets, leases,
 metrics files, evaluation (rank 0's learner does all of that, consumer/learner.py).
 
 Sharding: `fully_shard` on each decoder layer, then on the root, `CompletionForward` (the
-decoder plus the chunked LM head, consumer/completion_forward.py), which keeps the embeddings,
+decoder plus the chunked LM head, consumer/train/forward.py), which keeps the embeddings,
 the final norm and the LM head (tied or not) in one group gathered in the root's own forward.
 Parameters and AdamW state live sharded (fp32 DTensors, the master weights); with
 `model.dtype = "bfloat16"` on CUDA they are gathered in bf16 for compute and gradients reduced
@@ -15,7 +15,7 @@ in `dist.reduce_dtype` (fp32 by default). The reference model (beta > 0) is shar
 
 One step, N ranks (= one process on the whole batch, to float summation order):
 - rank 0 computes the advantages and sends every rank the rows as tensors
-  (consumer/distributed.py `share_rows`); `split_by_tokens` gives each rank its rows;
+  (consumer/train/ranks.py `share_rows`); `split_by_tokens` gives each rank its rows;
 - the loss of every micro-batch is normalised by the whole batch's tokens and rows (the
   trainer's global normalisers), and gradients are summed across ranks, not averaged
   (`set_gradient_divide_factor(1)`), so the sum of the ranks' gradients is the full gradient;
@@ -43,11 +43,11 @@ from torch.distributed.tensor import DTensor
 
 from common.config import Config
 from common.wire import Group
-from consumer import distributed as D
-from consumer import sharded_checkpoint
-from consumer.batching import Row, split_by_tokens
-from consumer.completion_forward import CompletionForward
-from consumer.trainer import Trainer
+from consumer.train import ranks as D
+from consumer.train import sharded_checkpoint
+from consumer.train.batching import Row, split_by_tokens
+from consumer.train.forward import CompletionForward
+from consumer.train.trainer import Trainer
 
 log = logging.getLogger("asyncgrpo.consumer")
 

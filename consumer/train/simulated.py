@@ -15,7 +15,7 @@ import torch
 
 from common.config import Config
 from common.wire import Group
-from consumer.weights_buffer import Fence
+from consumer.snapshots.weights_buffer import Fence
 
 VOCAB_SIZE = 32_000
 

@@ -2,7 +2,7 @@
 
 What it owns: the policy (fp32 master weights), AdamW with linear warm-up, gradient clipping,
 micro-batching by a token budget, an optional frozen reference model (beta > 0). What it does not
-do: sockets, staleness decisions, snapshots on disk (consumer/publisher.py), checkpoints.
+do: sockets, staleness decisions, snapshots on disk (consumer/snapshots/publisher.py), checkpoints.
 
 Publication: `weights()` are the live tensors the publisher copies; on a GPU that copy is only
 enqueued, and `hold_weights(fence)` makes the next optimizer step (the first thing that changes
@@ -11,7 +11,7 @@ a weight) wait for it on the GPU — the training thread itself never waits.
 Conventions:
 - Log-probs are of the sampling distribution, the rule of `common.logprobs.sampled_logprobs`
   (logits divided by `sampling.temperature`, exactly as the producers' engines do), computed from
-  hidden states by consumer/chunked_head.py.
+  hidden states by consumer/train/lm_head.py.
 - `model.dtype = "bfloat16"` runs forward/backward under CUDA autocast in bf16 with fp32 master
   weights and optimizer state (CPU runs stay fp32).
 - `updates_per_batch = 1` (default): one optimizer step consumes the batch, `old_logp` is
@@ -19,11 +19,11 @@ Conventions:
   the rows are split into k mini-batches and `old_logp` is computed once, before the first one.
 - Micro-batch losses use global normalisers (`batching.loss_normalisers` of the whole update),
   so accumulating their gradients equals the gradient of the full-batch loss.
-- The forward (consumer/completion_forward.py) runs the decoder, then the LM head only at the
+- The forward (consumer/train/forward.py) runs the decoder, then the LM head only at the
   positions that predict completion tokens, chunk by chunk (`train.logprob_chunk_mib`): no
   full-vocabulary logits of the whole micro-batch ever exist.
 - Layout: rows packed without padding (flash-attn varlen or flex_attention) or right-padded
-  (SDPA; no mask when a micro-batch's rows have equal length), per consumer/attention.py; the
+  (SDPA; no mask when a micro-batch's rows have equal length), per consumer/train/attention.py; the
   choice is logged once and reported in every step's metrics (`attention`, `padding_frac`).
   Micro-batches are planned by real tokens when packed, by padded size when padded.
 """
@@ -43,9 +43,10 @@ import torch
 from common.config import Config
 from common.device import resolve_device
 from common.wire import Group
-from consumer import attention as A
-from consumer import loss as L
-from consumer.batching import (
+from consumer.snapshots.weights_buffer import Fence
+from consumer.train import attention as A
+from consumer.train import loss as L
+from consumer.train.batching import (
     MicroBatch,
     Row,
     collate,
@@ -53,8 +54,7 @@ from consumer.batching import (
     plan_micro_batches,
     rows_of,
 )
-from consumer.completion_forward import CompletionForward, check_plain_head, compile_layers
-from consumer.weights_buffer import Fence
+from consumer.train.forward import CompletionForward, check_plain_head, compile_layers
 
 log = logging.getLogger("asyncgrpo.consumer")
 
@@ -76,7 +76,7 @@ def loss_options(cfg: Config) -> L.LossOptions:
 
 
 class Trainer:
-    world_size = 1  # ranks training this policy together (consumer/sharded_trainer.py: more)
+    world_size = 1  # ranks training this policy together (consumer/train/sharded.py: more)
 
     def __init__(self, cfg: Config, model_dir: Path) -> None:
         from transformers import AutoModelForCausalLM
@@ -206,7 +206,7 @@ class Trainer:
         self.scheduler.step()
         return passes, grad_norm
 
-    # -- what a sharded learner changes (consumer/sharded_trainer.py) ----------------------------
+    # -- what a sharded learner changes (consumer/train/sharded.py) ----------------------------
     def _micro_batches(self, rows: list[Row], row_ids: list[int]) -> list[tuple[list[int], bool]]:
         """The forward/backward passes over `rows` (indices into it) and whether each counts:
         here every row, each pass real. `row_ids` are the rows' indices in the whole batch."""

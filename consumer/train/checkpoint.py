@@ -16,8 +16,8 @@ kill between the two renames left none). Directories that `LATEST` does not name
 of an interrupted save or superseded checkpoints, removed by the next save.
 
 A sharded learner (torchrun, world size > 1) writes `dcp/` and `rank<r>.pt` instead of
-`model.safetensors` and `trainer.pt` (consumer/sharded_checkpoint.py); either layout resumes at
-any world size.
+`model.safetensors` and `trainer.pt` (consumer/train/sharded_checkpoint.py); either layout resumes
+at any world size.
 
 `--resume` (run.resume) restores all of it: the learner continues with the same weights,
 optimizer moments and RNG streams; producers notice the new incarnation and re-register by
@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from common.errors import ConfigError
 from common.snapshot import fsync_path, sync_dir
-from consumer import sharded_checkpoint
+from consumer.train import sharded_checkpoint
 
 ROOT = "checkpoints"
 POINTER = "LATEST"
@@ -55,7 +55,9 @@ def save(run_dir: Path, *, trainer: Any, version: int, book_state: dict[str, Any
     tmp = root / f".tmp-{name}"
     tmp.mkdir()
     if getattr(trainer, "world_size", 1) > 1:
-        trainer.save_sharded(tmp)  # every rank writes its shards (consumer/sharded_checkpoint.py)
+        trainer.save_sharded(
+            tmp
+        )  # every rank writes its shards (consumer/train/sharded_checkpoint.py)
     elif trainer.model is not None:
         state = {k: v.detach().cpu().contiguous() for k, v in trainer.model.state_dict().items()}
         save_file(_dedup(state), tmp / "model.safetensors")

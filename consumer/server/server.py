@@ -1,9 +1,9 @@
 """The consumer's network side: one thread that owns every socket and the lease book.
 
 Sockets (all bound here): `control` ROUTER (register, heartbeat, lease requests, fetch plans
-and reports (consumer/fanout.py), goodbye), `rollouts` PULL (groups), `announce` PUB (new
+and reports (consumer/snapshots/fanout.py), goodbye), `rollouts` PULL (groups), `announce` PUB (new
 snapshot versions, hints only). Snapshot chunks are served on the `data` ROUTER by its own
-thread (consumer/dataplane.py, started and stopped with this one), so control never waits
+thread (consumer/snapshots/dataplane.py, started and stopped with this one), so control never waits
 behind bulk bytes.
 
 Invariants:
@@ -12,7 +12,7 @@ Invariants:
   threads use the typed methods under "API for other threads" (each runs its work here, between
   socket events, through a queue of callables answered by futures) and receive admitted groups
   through `next_group`: a queue bounded in groups and bytes (`net.max_queued_groups`,
-  `net.max_queued_mib`; consumer/admission.py). A valid group that does not fit is not
+  `net.max_queued_mib`; consumer/server/admission.py). A valid group that does not fit is not
   admitted: its lease is `held` and its producer told to hold it, then to send it when the
   learner has made room (acks `hold` / `send`; a `send` is pushed to the producer at once, a
   status reply with req 0 over its control connection, not left for its next request). The
@@ -25,8 +25,8 @@ Invariants:
   A group that parsed but failed validation ends its lease as `rejected_invalid` and the
   producer is told (ack with that outcome). Replies are sent without blocking; a lost reply only
   delays acks.
-- Identity (consumer/identity.py): a registration binds its producer id to the CurveZMQ key of
-  its connection; heartbeats, lease requests, goodbyes and groups for that id are accepted only
+- Identity (consumer/server/identity.py): a registration binds its producer id to the CurveZMQ key
+  of its connection; heartbeats, lease requests, goodbyes and groups for that id are accepted only
   with that key (`wrong_key`), and only from a registered id (`not_registered`). A group for an
   open lease of another producer is refused (`rejected.wrong_producer`): it is neither trained
   nor credited, and the lease stays with its holder. Records of producers that left or went
@@ -46,7 +46,7 @@ Invariants:
 - `ledger.json` names the host of every producer that held a lease (`hosts`).
 - Nothing per step grows with the number of producers: a settled step appends its finished
   leases to leases.jsonl; ledger.json (counts, per producer) and the producers' files
-  (consumer/roster.py) are rewritten by housekeeping at most every `_BOOKS_EVERY_S`, and at
+  (consumer/server/roster.py) are rewritten by housekeeping at most every `_BOOKS_EVERY_S`, and at
   once by `flush_ledger` / `checkpoint_state`; `step_summary` is a fixed-size answer.
 """
 
@@ -76,14 +76,14 @@ from common.errors import WireError
 from common.keys import Keys
 from common.log_limit import LogLimiter
 from common.sockets import server_socket
-from consumer.admission import Admission
-from consumer.dataplane import DataPlane
-from consumer.distribution import snapshot_chunk_bytes
-from consumer.fanout import FanOut
-from consumer.identity import Identities
-from consumer.leases import LeaseBook
-from consumer.prompts import PromptOrder, PromptSource
-from consumer.roster import Roster
+from consumer.server.admission import Admission
+from consumer.server.identity import Identities
+from consumer.server.leases import LeaseBook
+from consumer.server.prompts import PromptOrder, PromptSource
+from consumer.server.roster import Roster
+from consumer.snapshots.dataplane import DataPlane
+from consumer.snapshots.fanout import FanOut
+from consumer.snapshots.fetch_files import snapshot_chunk_bytes
 
 log = logging.getLogger("asyncgrpo.consumer")
 T = TypeVar("T")
@@ -335,7 +335,7 @@ class Server:
 
     def flush_ledger(self) -> None:
         """Append finished leases to leases.jsonl, rewrite ledger.json and the producers'
-        files (consumer/roster.py)."""
+        files (consumer/server/roster.py)."""
 
         def flush() -> None:
             self._flush_ledger()

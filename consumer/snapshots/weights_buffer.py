@@ -18,8 +18,8 @@ Invariants:
   the compute stream. Whoever changes the weights next (the optimizer step) must first call
   `Fence.hold_stream()` (a GPU-side wait: the host does not block). Whoever reads the buffer
   (the writer thread) first calls `Fence.wait()`.
-- A buffer is never written while it is being read: `consumer/publisher.py` hands each buffer
-  either to the copier or to the writer, never to both.
+- A buffer is never written while it is being read: `consumer/snapshots/publisher.py` hands each
+  buffer either to the copier or to the writer, never to both.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Checkpoints of a sharded learner (torch.distributed.checkpoint), and resuming across world sizes.
 
-Layout inside a checkpoint directory (consumer/checkpoint.py owns the directory, its
+Layout inside a checkpoint directory (consumer/train/checkpoint.py owns the directory, its
 crash-safe rename and `state.json`):
 - `dcp/`: one torch.distributed.checkpoint (DCP) of `{"model": ..., "optim": ...}`, the state
   dicts of `get_model_state_dict` / `get_optimizer_state_dict` keyed by the model's own
@@ -10,7 +10,7 @@ crash-safe rename and `state.json`):
   Python, numpy); a rank that has none (more ranks than wrote the checkpoint) takes rank 0's.
 
 The single-device learner writes `model.safetensors` + `trainer.pt` instead
-(consumer/checkpoint.py). Every pairing resumes:
+(consumer/train/checkpoint.py). Every pairing resumes:
 - sharded -> sharded, any world size, and sharded -> one process: `load` (DCP reshards; with no
   process group it reads every shard into the one process);
 - one process -> sharded: `load_full` (rank 0 reads the full weights and optimizer state,
