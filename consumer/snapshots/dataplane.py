@@ -69,7 +69,7 @@ class DataPlane:
         keys: Keys | None,
         insecure: bool,
         chunk_limit: int,
-        count: Callable[[str, float], None],
+        count: Callable[[str, int], None],
     ) -> None:
         self.root, self.chunk_limit, self._count = root, chunk_limit, count
         self.ctx: zmq.Context[Any] = zmq.Context()
