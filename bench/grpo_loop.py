@@ -12,7 +12,8 @@ sockets, no staleness), per step:
 3. rewards by the config's reward functions (`producer.rewards`, called in-process);
 4. groups whose rewards are all equal are dropped and replaced by new prompts when
    `train.drop_zero_variance` (as the learner does), until `train.prompts_per_step` groups;
-5. one `consumer.train.trainer.Trainer.step` (advantages, TIS-GRPO loss, AdamW) on them, in order;
+5. one `consumer.train.trainer.DeviceTrainer.step` (advantages, TIS-GRPO loss, AdamW) on them,
+   in order;
 6. every `train.eval_every` steps the learner's periodic evaluation (`consumer.evaluate`, the same
    held-out problems, greedy, `sampling.max_new_tokens`).
 Writes one JSON line per step: step, unix_time (when the step ended, before any evaluation),
@@ -39,7 +40,7 @@ from common.tasks import make_examples
 from consumer.evaluate import accuracy_of
 from consumer.server.prompts import PromptOrder, make_source
 from consumer.staleness import zero_variance
-from consumer.train.trainer import Trainer
+from consumer.train.trainer import DeviceTrainer
 from launch.demo_model import ensure_demo_model
 from producer.rewards import resolve
 
@@ -113,7 +114,7 @@ def run(cfg: C.Config, out: Path, *, threads: int) -> None:
     if threads:
         torch.set_num_threads(threads)
     model_dir = ensure_demo_model() if cfg.model.path == "demo" else Path(cfg.model.path)
-    trainer = Trainer(cfg, model_dir)
+    trainer = DeviceTrainer(cfg, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     sampler = Sampler(trainer.model, tokenizer, cfg)

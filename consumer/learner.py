@@ -46,6 +46,7 @@ from common import metrics as M
 from common import snapshot as snap
 from common import wire
 from common.config import Config
+from common.errors import ConfigError
 from common.keys import load_keys
 from consumer.key_gate import start_key_gate
 from consumer.server.prompts import make_source
@@ -54,6 +55,7 @@ from consumer.snapshots.fetch_files import FetchFiles, snapshot_chunk_bytes
 from consumer.snapshots.publisher import Publisher
 from consumer.staleness import lag, verdict, zero_variance
 from consumer.train import checkpoint
+from consumer.train.protocol import Trainer
 
 log = logging.getLogger("asyncgrpo.consumer")
 # After a stop request, the longest wait for producers of a previous incarnation to hear the end
@@ -83,9 +85,9 @@ class Learner:
         if self.model_dir is None:
             from consumer.train.simulated import SimulatedTrainer
 
-            self.trainer: Any = SimulatedTrainer(cfg)
+            self.trainer: Trainer = SimulatedTrainer(cfg)
         else:  # one device, or this rank's part of a sharded learner (torchrun)
-            from consumer.train.sharded import make_trainer
+            from consumer.train import make_trainer
 
             self.trainer = make_trainer(cfg, self.model_dir)
         self.version = 0
@@ -101,13 +103,13 @@ class Learner:
             (run_dir / snap.FINAL_FILE).unlink(missing_ok=True)
         self.ctx = zmq.Context()
         keys = load_keys(cfg.net.keys_dir, "server") if cfg.net.keys_dir else None
-        self.auth = start_key_gate(self.ctx, keys) if keys else None
+        auth = self.auth = start_key_gate(self.ctx, keys) if keys else None
         spec = run_spec(cfg, vocab_size=self.trainer.vocab_size, model=str(self.model_dir or ""))
         self.server = Server(
             cfg, self.ctx, prompts=make_source(cfg.task, seed=cfg.run.seed), spec=spec,
             run_dir=run_dir, keys=keys, policy_version=self.version, book_state=book_state,
             hold_grants=cfg.run.wait_for_producers > 0,
-            refused_keys=(lambda: self.auth.refused) if self.auth is not None else None,
+            refused_keys=(lambda: auth.refused) if auth is not None else None,
         )  # fmt: skip
         self.run_id = self.server.run_id
         if cfg.run.resume:
@@ -187,7 +189,7 @@ class Learner:
             self.trainer.idle()  # a sharded learner's other ranks wait with us
             now = time.monotonic()
             if limit_s and now - t0 > limit_s:
-                raise config_mod.ConfigError(
+                raise ConfigError(
                     f"only {len(ready)} of run.wait_for_producers = {need} producers were ready "
                     f"within run.wait_for_producers_s = {limit_s:g} s "
                     f"({', '.join(sorted(ready)) or 'none'}): are they started, pointed at this "
@@ -409,7 +411,7 @@ def local_model_dir(path: str) -> Path:
     already turned 'demo' into the embedded model's directory)."""
     p = Path(path).expanduser()
     if not (p / "config.json").exists():
-        raise config_mod.ConfigError(
+        raise ConfigError(
             f"model.path = {path!r} is not a local Hugging Face model directory on the "
             "consumer's host (no config.json); models cannot be downloaded here: pass a directory"
         )
@@ -439,7 +441,7 @@ def main(cfg: Config, run_dir: Path) -> int:
 
     world = World.from_env()
     if world.size > 1 and cfg.train.simulate_step_s:
-        raise config_mod.ConfigError(
+        raise ConfigError(
             "train.simulate_step_s replaces the model: run it as one process, not under torchrun"
         )
     try:

@@ -65,9 +65,7 @@ class _Version:
 
 
 class FanOut:
-    def __init__(
-        self, root: Path, *, max_children: int, count: Callable[[str, int], None]
-    ) -> None:
+    def __init__(self, root: Path, *, max_children: int, count: Callable[[str, int], None]) -> None:
         self.root = root
         self.max_children = max(1, max_children)
         self._count = count

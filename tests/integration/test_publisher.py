@@ -237,10 +237,10 @@ class RecordingFence(Fence):
 def test_the_trainer_holds_a_pending_copy_before_its_optimizer_changes_the_weights(
     tiny_model_dir,
 ):
-    from consumer.train.trainer import Trainer
+    from consumer.train.trainer import DeviceTrainer
 
     cfg = C.override(C.Config(), {"model.device": "cpu", "sampling.group_size": 4})
-    trainer = Trainer(cfg, tiny_model_dir)
+    trainer = DeviceTrainer(cfg, tiny_model_dir)
     events: list[str] = []
     trainer.optimizer.register_step_pre_hook(lambda *_: events.append("step"))
     rng = np.random.default_rng(0)

@@ -72,11 +72,11 @@ def test_a_reader_names_a_missing_field_and_ignores_names_it_does_not_know():
 
 def test_every_metric_the_loss_and_both_trainers_report_has_a_field(tiny_model_dir):
     from consumer.train.simulated import SimulatedTrainer
-    from consumer.train.trainer import Trainer
+    from consumer.train.trainer import DeviceTrainer
 
     assert set(L.METRIC_KEYS) <= FIELDS
     cfg = C.override(C.Config(), {"model.device": "cpu", "sampling.group_size": 4})
-    real = Trainer(cfg, tiny_model_dir).step(_groups())
+    real = DeviceTrainer(cfg, tiny_model_dir).step(_groups())
     assert "tis_ess" in real
     M.StepRecord(**LEARNER, **real)
     fake = SimulatedTrainer(C.override(cfg, {"train.simulate_step_s": 0.001})).step(_groups())
