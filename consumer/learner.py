@@ -1,6 +1,7 @@
-"""The consumer process: wires receiver, gate, trainer, publisher and checkpoints; owns shutdown.
+"""The consumer process: wires its rooms (server/, train/, snapshots/) and checkpoints, runs the
+step loop, owns shutdown.
 
-Threads: the network thread (consumer/server/server.py) owns every socket and the lease book, and
+Threads: the network thread (consumer/server/) owns every socket and the lease book, and
 this thread reaches it only through `Server`'s typed methods; the publisher thread writes snapshots;
 this (main) thread runs the training loop and never touches a socket. One step:
 

@@ -318,7 +318,7 @@ async def test_a_version_whose_chunk_hashes_are_not_written_yet_makes_fetchers_w
     info = consumer.publish(0)
     chunks = Path(info.path).parent / cm.CHUNKS_FILE
     kept = read(chunks)
-    chunks.unlink()  # as between the announcement and the distribution files
+    chunks.unlink()  # as between the announcement and the fetch files
     async with fetcher_of(consumer, "a", relay=False) as a:
         plan = await a.control.request(wire.FetchRequest(0, "a", 0, -1, "", None), timeout_s=10)
         assert isinstance(plan, wire.FetchPlan)
