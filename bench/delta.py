@@ -7,10 +7,10 @@ A tiny Qwen2-shaped causal LM (random init, fp32 master weights, tied embeddings
 AdamW on next-token prediction of a learnable synthetic sequence task (each sequence counts up
 from a random start, modulo the vocabulary), one run per learning rate, from the same start.
 After every optimizer step the weights are copied into a bf16 publication buffer exactly as the
-learner publishes them (consumer/weights_buffer.py) and diffed bitwise against the previous step's
-(common/delta.py). Adam's update is about `lr` per element whatever the loss, so the fraction of
-bf16 values that move per step depends mostly on the learning rate and the weights' magnitudes:
-that is what this measures; the GRPO loss itself is not run here.
+learner publishes them (consumer/snapshots/weights_buffer.py) and diffed bitwise against the
+previous step's (common/delta.py). Adam's update is about `lr` per element whatever the loss, so the
+fraction of bf16 values that move per step depends mostly on the learning rate and the weights'
+magnitudes: that is what this measures; the GRPO loss itself is not run here.
 
 Reported per learning rate (`lr_<value>`):
 - `ratio_per_step`: delta file bytes / snapshot bytes, step 1..N (the delta of step s is on s-1).
@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import delta as D
 from common import snapshot as snap
-from consumer.weights_buffer import HostCopier, HostWeights, table_for, unique_tensors
+from consumer.snapshots.weights_buffer import HostCopier, HostWeights, table_for, unique_tensors
 
 
 def build_model(hidden: int, layers: int, vocab: int) -> torch.nn.Module:

@@ -28,7 +28,7 @@ CUDA is initialised in that process; results in $OUT/<phase>.json, logs in $OUT/
      change in this model's log-probs, the floor under any vLLM (bf16) vs learner gap.
   b) tokens/s through `VLLMEngine.generate` (many concurrent groups, streamed deltas) vs the
      same AsyncLLM driven directly with FINAL_ONLY outputs, same settings and prompts.
-  c) publish + reload: `consumer.publisher.Publisher` on the learner's CUDA weights (the
+  c) publish + reload: `consumer.snapshots.publisher.Publisher` on the learner's CUDA weights (the
      training thread's submit, the copy into pinned memory, the writer), then `load_weights`
      with requests in flight.
 - `demo`: a) on the embedded demo model (launch/demo_model.py), built (with its perturbed copy)
@@ -362,7 +362,7 @@ _PUBLISHERS: dict[Path, Any] = {}
 
 
 def publish(model: Any, root: Path, version: int, base_dir: Path) -> tuple[Path, dict]:
-    """What the learner does for one snapshot (consumer/publisher.py), each part timed:
+    """What the learner does for one snapshot (consumer/snapshots/publisher.py), each part timed:
     `submit_s` the training thread's block (the copy is only enqueued on a side stream),
     `copy_s` until the copy into the pinned buffer is complete, `writer_s` the writer's write +
     hash + finalize, `publish_s` submit until the snapshot is announced. One publisher for every
@@ -370,7 +370,7 @@ def publish(model: Any, root: Path, version: int, base_dir: Path) -> tuple[Path,
     import torch
 
     from common import snapshot as snap
-    from consumer.publisher import Publisher
+    from consumer.snapshots.publisher import Publisher
 
     if root not in _PUBLISHERS:
         _PUBLISHERS[root] = Publisher(root, base_dir, keep_last=3, on_published=lambda info: None)

@@ -5,9 +5,9 @@ and through a relay tree, every chunk verified; a probe producer's lease latency
                            [--json PATH]
 
 The consumer in its own process, as deployed: its real network and data threads
-(consumer/server.py plans fetches on control, consumer/dataplane.py serves chunks on the data
-socket; ZeroMQ on loopback) serving a snapshot of `--mib` MiB written by the real publisher
-(bf16, chunk hashes), and N fetchers (producer/fetch.py, each with its own DEALERs and, in
+(consumer/server/server.py plans fetches on control, consumer/snapshots/dataplane.py serves chunks
+on the data socket; ZeroMQ on loopback) serving a snapshot of `--mib` MiB written by the real
+publisher (bf16, chunk hashes), and N fetchers (producer/fetch.py, each with its own DEALERs and, in
 relay mode, its own relay ROUTER) in one asyncio loop, all started at once. Every fetcher
 writes its own file (`--dir`; a tmpfs keeps the disk out of it) and verifies it.
 
@@ -53,10 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
 from common import snapshot as snap
 from common import wire
-from consumer.distribution import Distribution
-from consumer.prompts import make_source
-from consumer.publisher import Publisher
-from consumer.server import Server, run_spec
+from consumer.server.prompts import make_source
+from consumer.server.server import Server, run_spec
+from consumer.snapshots.fetch_files import FetchFiles
+from consumer.snapshots.publisher import Publisher
 from producer.client import ControlClient
 from producer.fetch import Fetcher
 from producer.relay import Relay
@@ -81,10 +81,8 @@ def start_consumer(
     snaps = run_dir / "snapshots"
     infos: list[wire.SnapshotInfo] = []
     if not (snaps / "v000000").exists():
-        dist = Distribution(chunk_bytes=int(chunk_mib * (1 << 20)), anchor_every=0, max_ratio=0.5)
-        publisher = Publisher(
-            snaps, None, keep_last=2, on_published=infos.append, distribution=dist
-        )
+        dist = FetchFiles(chunk_bytes=int(chunk_mib * (1 << 20)), anchor_every=0, max_ratio=0.5)
+        publisher = Publisher(snaps, None, keep_last=2, on_published=infos.append, fetch_files=dist)
         weights = torch.randn(mib << 19, generator=torch.Generator().manual_seed(0))
         publisher.submit({"w": weights}, version=0, step=0, dtype=torch.bfloat16)
         publisher.close()

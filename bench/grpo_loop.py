@@ -6,13 +6,14 @@
 What a user would write instead of our pipeline, with our own math so that only the system
 differs: one process, one model (sampling and training share the weights: no snapshots, no
 sockets, no staleness), per step:
-1. the next prompts of the run's prompt order (`consumer.prompts`, the consumer's own order);
+1. the next prompts of the run's prompt order (`consumer.server.prompts`, the consumer's own order);
 2. one batched `model.generate(do_sample=True)` of prompts x G rows (left-padded), behaviour
    log-probs from its scores, log_softmax(logits / T) (the sampling rule of both sides);
 3. rewards by the config's reward functions (`producer.rewards`, called in-process);
 4. groups whose rewards are all equal are dropped and replaced by new prompts when
    `train.drop_zero_variance` (as the learner does), until `train.prompts_per_step` groups;
-5. one `consumer.trainer.Trainer.step` (advantages, TIS-GRPO loss, AdamW) on them, in order;
+5. one `consumer.train.trainer.DeviceTrainer.step` (advantages, TIS-GRPO loss, AdamW) on them,
+   in order;
 6. every `train.eval_every` steps the learner's periodic evaluation (`consumer.evaluate`, the same
    held-out problems, greedy, `sampling.max_new_tokens`).
 Writes one JSON line per step: step, unix_time (when the step ended, before any evaluation),
@@ -37,9 +38,9 @@ from common import config as C
 from common import wire
 from common.tasks import make_examples
 from consumer.evaluate import accuracy_of
-from consumer.prompts import PromptOrder, make_source
+from consumer.server.prompts import PromptOrder, make_source
 from consumer.staleness import zero_variance
-from consumer.trainer import Trainer
+from consumer.train.trainer import DeviceTrainer
 from launch.demo_model import ensure_demo_model
 from producer.rewards import resolve
 
@@ -113,7 +114,7 @@ def run(cfg: C.Config, out: Path, *, threads: int) -> None:
     if threads:
         torch.set_num_threads(threads)
     model_dir = ensure_demo_model() if cfg.model.path == "demo" else Path(cfg.model.path)
-    trainer = Trainer(cfg, model_dir)
+    trainer = DeviceTrainer(cfg, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     sampler = Sampler(trainer.model, tokenizer, cfg)

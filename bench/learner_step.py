@@ -11,8 +11,9 @@
   differ in length), the decoder forward, log-softmax of the completion positions only (float32,
   at the temperature), their mean as the loss, backward, gradient clipping, AdamW (fused on
   CUDA); bf16 autocast on CUDA.
-- ours: `consumer.trainer.Trainer.step` on the same groups (advantages, micro-batch planning,
-  packing, the chunked log-prob head, TIS-GRPO loss, metrics, clipping, AdamW), same settings.
+- ours: `consumer.train.trainer.DeviceTrainer.step` on the same groups (advantages, micro-batch
+  planning, packing, the chunked log-prob head, TIS-GRPO loss, metrics, clipping, AdamW), same
+  settings.
 
 Shapes: `demo` (the embedded demo model, built on first use) or `qwen05` (Qwen2.5-0.5B's shape,
 random weights, built here: no download). Lengths: `equal` (every prompt `--prompt-tokens`,
@@ -56,9 +57,10 @@ from shapes import build_qwen05
 
 from common import config as C
 from common import wire
-from consumer.distributed import World
-from consumer.sharded_trainer import ShardedTrainer, make_trainer
-from consumer.trainer import Trainer
+from consumer.train import make_trainer
+from consumer.train.ranks import World
+from consumer.train.sharded import ShardedTrainer
+from consumer.train.trainer import DeviceTrainer
 
 # per shape: defaults, and the length mix (prompt range, completion range and median)
 SHAPES: dict[str, dict[str, Any]] = {
@@ -164,11 +166,11 @@ def timed(fn: Any, device: torch.device) -> tuple[float, float]:
     return dt, (torch.cuda.max_memory_allocated() - base) if cuda else float("nan")
 
 
-def head_memory(trainer: Trainer, n: int, device: torch.device) -> dict[str, float]:
+def head_memory(trainer: DeviceTrainer, n: int, device: torch.device) -> dict[str, float]:
     """Peak memory (MiB above the start) of log-probs + entropy + backward on n positions:
     the trainer's chunked head vs full float32 logits, bf16 matmul under autocast."""
     from common.logprobs import entropy_from_logits, sampled_logprobs
-    from consumer.chunked_head import chunked_logprobs
+    from consumer.train.lm_head import chunked_logprobs
 
     head = trainer.model.get_output_embeddings()
     hidden = head.weight.shape[1]
@@ -219,8 +221,8 @@ def run_case(a: argparse.Namespace, model_dir: Path, lengths: str, device: torch
     }
     cfg = C.override(C.Config(), sets)
     if a.fsdp:  # the sharded learner alone in a world of one (torchrun --nproc-per-node 1)
-        trainer: Trainer = ShardedTrainer(cfg, model_dir, World.from_env())
-    else:  # what `asyncgrpo consumer` builds: the one-device Trainer at world size 1
+        trainer: DeviceTrainer = ShardedTrainer(cfg, model_dir, World.from_env())
+    else:  # what `asyncgrpo consumer` builds: the one-device DeviceTrainer at world size 1
         trainer = make_trainer(cfg, model_dir)
     n = a.groups or shape["groups"]
     batch = groups(

@@ -3,7 +3,7 @@
     python bench/publish.py [--hidden 768 --layers 12 --vocab 32000] [--repeats 5] [--json PATH]
 
 A Llama-shaped model (default ~110M parameters, fp32 master weights, tied embeddings) is
-published as bf16 snapshots through `consumer.publisher.Publisher`, as the learner does:
+published as bf16 snapshots through `consumer.snapshots.publisher.Publisher`, as the learner does:
 - `block_over_copy`: the training thread's time in `Publisher.submit` (the writer idle) over a
   bare copy of the same bytes: one `copy_` of one flat fp32 tensor holding as many elements into
   a preallocated bf16 tensor (same bytes read, same bytes written, same conversion, no per-tensor
@@ -39,8 +39,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import snapshot as snap
-from consumer.publisher import Publisher
-from consumer.weights_buffer import table_for, unique_tensors
+from consumer.snapshots.publisher import Publisher
+from consumer.snapshots.weights_buffer import table_for, unique_tensors
 
 
 def build_state(hidden: int, layers: int, vocab: int) -> dict[str, torch.Tensor]:

@@ -5,8 +5,8 @@
 Two hosts as network namespaces joined by veth pairs (tests/netns.py): host a serves, host b
 fetches; CurveZMQ on both sides unless --insecure.
 - ours: the path every producer without a shared filesystem takes. A registered producer's
-  `Fetcher` (producer/fetch.py) asks the consumer (consumer/server.py) for a fetch plan over
-  control, then takes the chunks from the consumer's data socket (consumer/dataplane.py):
+  `Fetcher` (producer/fetch.py) asks the consumer (consumer/server/server.py) for a fetch plan over
+  control, then takes the chunks from the consumer's data socket (consumer/snapshots/dataplane.py):
   several requests in flight, each chunk written at its offset and the file BLAKE3-hashed as
   it lands, renamed once the hash matches. The snapshot (MIB MiB of random bytes, chunks of
   `--chunk-mib`, the consumer's default) is laid out as the publisher writes it: file,
@@ -50,8 +50,8 @@ def serve(directory: Path, host: str, mib: float, chunk_mib: float, keys: str) -
     from common import wire
     from common.keys import load_keys
     from consumer.key_gate import start_key_gate
-    from consumer.prompts import make_source
-    from consumer.server import Server, run_spec
+    from consumer.server.prompts import make_source
+    from consumer.server.server import Server, run_spec
 
     chunk = int(chunk_mib * (1 << 20))
     data = os.urandom(int(mib * (1 << 20)))

@@ -112,7 +112,7 @@ def load_model(model_dir: Path, snapshot: Path | None = None) -> tuple[Any, Any]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if snapshot is not None:
         load_snapshot(model, snapshot)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return model, tokenizer
 
 

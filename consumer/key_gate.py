@@ -12,7 +12,7 @@ public key is one of the `*.key` files in the allowlist directory (`DIR/clients/
   retrying with a wrong key writes one line every 10 s, not one per attempt. libzmq then sends
   the client an ERROR (ZAP status 400), which a producer reports as a refused key
   (producer/client.py) instead of waiting for a consumer that seems to be down.
-- Which producer id a key may speak for is another question (consumer/identity.py).
+- Which producer id a key may speak for is another question (consumer/server/identity.py).
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
-"""The consumer process: wires receiver, gate, trainer, publisher and checkpoints; owns shutdown.
+"""The consumer process: wires its rooms (server/, train/, snapshots/) and checkpoints, runs the
+step loop, owns shutdown.
 
-Threads: the network thread (consumer/server.py) owns every socket and the lease book, and this
-thread reaches it only through `Server`'s typed methods; the publisher thread writes snapshots;
+Threads: the network thread (consumer/server/) owns every socket and the lease book, and
+this thread reaches it only through `Server`'s typed methods; the publisher thread writes snapshots;
 this (main) thread runs the training loop and never touches a socket. One step:
 
     collect P admitted groups (gate: stale → dropped_stale, all-equal rewards →
     dropped_zero_variance, both finalized at once so their lease slots are re-granted)
     → trainer.step → version += 1 → leases finalized as trained → snapshot every publish_every
     → one metrics.jsonl line (aggregates only: each producer's state is in producers.json,
-    consumer/roster.py) → checkpoint every checkpoint_every steps.
+    consumer/server/roster.py) → checkpoint every checkpoint_every steps.
 
 Start: the first snapshot (version 0) is published; with `run.wait_for_producers = N` no lease is
 granted, and the clock of `metrics.jsonl` (`time_s`) does not start, until N producers are
@@ -46,14 +47,16 @@ from common import metrics as M
 from common import snapshot as snap
 from common import wire
 from common.config import Config
+from common.errors import ConfigError
 from common.keys import load_keys
-from consumer import checkpoint
-from consumer.distribution import Distribution, snapshot_chunk_bytes
 from consumer.key_gate import start_key_gate
-from consumer.prompts import make_source
-from consumer.publisher import Publisher
-from consumer.server import Server, run_spec
+from consumer.server.prompts import make_source
+from consumer.server.server import Server, run_spec
+from consumer.snapshots.fetch_files import FetchFiles, snapshot_chunk_bytes
+from consumer.snapshots.publisher import Publisher
 from consumer.staleness import lag, verdict, zero_variance
+from consumer.train import checkpoint
+from consumer.train.protocol import Trainer
 
 log = logging.getLogger("asyncgrpo.consumer")
 # After a stop request, the longest wait for producers of a previous incarnation to hear the end
@@ -81,11 +84,11 @@ class Learner:
         self.started = time.monotonic()
         self.model_dir = local_model_dir(cfg.model.path) if not cfg.train.simulate_step_s else None
         if self.model_dir is None:
-            from consumer.simulated import SimulatedTrainer
+            from consumer.train.simulated import SimulatedTrainer
 
-            self.trainer: Any = SimulatedTrainer(cfg)
+            self.trainer: Trainer = SimulatedTrainer(cfg)
         else:  # one device, or this rank's part of a sharded learner (torchrun)
-            from consumer.sharded_trainer import make_trainer
+            from consumer.train import make_trainer
 
             self.trainer = make_trainer(cfg, self.model_dir)
         self.version = 0
@@ -101,13 +104,13 @@ class Learner:
             (run_dir / snap.FINAL_FILE).unlink(missing_ok=True)
         self.ctx = zmq.Context()
         keys = load_keys(cfg.net.keys_dir, "server") if cfg.net.keys_dir else None
-        self.auth = start_key_gate(self.ctx, keys) if keys else None
+        auth = self.auth = start_key_gate(self.ctx, keys) if keys else None
         spec = run_spec(cfg, vocab_size=self.trainer.vocab_size, model=str(self.model_dir or ""))
         self.server = Server(
             cfg, self.ctx, prompts=make_source(cfg.task, seed=cfg.run.seed), spec=spec,
             run_dir=run_dir, keys=keys, policy_version=self.version, book_state=book_state,
             hold_grants=cfg.run.wait_for_producers > 0,
-            refused_keys=(lambda: self.auth.refused) if self.auth is not None else None,
+            refused_keys=(lambda: auth.refused) if auth is not None else None,
         )  # fmt: skip
         self.run_id = self.server.run_id
         if cfg.run.resume:
@@ -121,7 +124,7 @@ class Learner:
             keep_last=cfg.snapshot.keep_last,
             delay_s=cfg.snapshot.delay_s,
             fsync=cfg.snapshot.fsync,
-            distribution=Distribution(
+            fetch_files=FetchFiles(
                 chunk_bytes=snapshot_chunk_bytes(cfg),
                 anchor_every=cfg.snapshot.anchor_every,
                 max_ratio=cfg.snapshot.delta_max_ratio,
@@ -187,7 +190,7 @@ class Learner:
             self.trainer.idle()  # a sharded learner's other ranks wait with us
             now = time.monotonic()
             if limit_s and now - t0 > limit_s:
-                raise config_mod.ConfigError(
+                raise ConfigError(
                     f"only {len(ready)} of run.wait_for_producers = {need} producers were ready "
                     f"within run.wait_for_producers_s = {limit_s:g} s "
                     f"({', '.join(sorted(ready)) or 'none'}): are they started, pointed at this "
@@ -409,7 +412,7 @@ def local_model_dir(path: str) -> Path:
     already turned 'demo' into the embedded model's directory)."""
     p = Path(path).expanduser()
     if not (p / "config.json").exists():
-        raise config_mod.ConfigError(
+        raise ConfigError(
             f"model.path = {path!r} is not a local Hugging Face model directory on the "
             "consumer's host (no config.json); models cannot be downloaded here: pass a directory"
         )
@@ -435,16 +438,16 @@ def install_signal_handlers(stop: threading.Event, hurry: threading.Event) -> No
 def main(cfg: Config, run_dir: Path) -> int:
     """The consumer; under torchrun (world size > 1) rank 0 runs it and the other ranks follow
     rank 0's orders. A rank that died or hangs ends it with one line and exit code 1."""
-    from consumer.distributed import RankFailure, World
+    from consumer.train.ranks import RankFailure, World
 
     world = World.from_env()
     if world.size > 1 and cfg.train.simulate_step_s:
-        raise config_mod.ConfigError(
+        raise ConfigError(
             "train.simulate_step_s replaces the model: run it as one process, not under torchrun"
         )
     try:
         if not world.main:
-            from consumer.sharded_trainer import follow
+            from consumer.train.sharded import follow
 
             return follow(cfg, run_dir, world)
         learner = Learner(cfg, run_dir)

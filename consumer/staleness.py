@@ -5,7 +5,7 @@ that produced any token of the group (per-token versions when weights changed mi
 A group is trained at version v only if `0 <= lag <= max_staleness`; otherwise it is dropped
 and counted (`dropped_stale`). A negative lag happens only after a resume from an older
 checkpoint: those weights were never part of this run's history. Leases already keep the bound
-by construction (consumer/leases.py); this gate is what makes it a guarantee even when groups
+by construction (consumer/server/leases.py); this gate is what makes it a guarantee even when groups
 overtake each other in flight.
 
 A group whose rewards are all equal has zero advantage for every completion, so it carries no

@@ -25,7 +25,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from common.metrics import StepRecord
-from consumer.roster import latest_views
+from consumer.server.roster import latest_views
 
 
 class MetricsTail:

@@ -46,7 +46,7 @@ def describe(cfg: Config) -> str:
 
 def examples(cfg: Config) -> list[tuple[str, str]]:
     """(prompt, answer) pairs of `task.eval_path` (a `ConfigError` with the line if malformed)."""
-    from consumer.prompts import JsonlSource
+    from consumer.server.prompts import JsonlSource
 
     source = JsonlSource(
         Path(cfg.task.eval_path),

@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from common.metrics import StepRecord, read_jsonl, read_steps
-from consumer.roster import latest_views, read_history
+from consumer.server.roster import latest_views, read_history
 
 
 def _series(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common.wire import OUTCOMES
-from consumer.leases import LeaseBook
+from consumer.server.leases import LeaseBook
 
 
 def assert_balanced(

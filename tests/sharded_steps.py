@@ -5,9 +5,10 @@ tests that hold a sharded learner equal to one process.
         [--cases token-mean,token-sum] [--save-at 2] [--resume EARLIER_OUT_DIR]
 
 For every case of `CASES` (aggregation modes, layouts, extra passes), a learner built by
-`make_trainer` (the single-device `Trainer` at world size 1, else the FSDP2 one) takes `--steps`
-steps on the batches of `batch(step)`; after each step in `--record`, rank 0 writes the full
-weights to `OUT/<case>/step<k>.safetensors` and the step's metrics to `OUT/<case>/step<k>.json`.
+`make_trainer` (the single-device `DeviceTrainer` at world size 1, else the FSDP2 one) takes
+`--steps` steps on the batches of `batch(step)`; after each step in `--record`, rank 0 writes the
+full weights to `OUT/<case>/step<k>.safetensors` and the step's metrics to
+`OUT/<case>/step<k>.json`.
 """
 
 from __future__ import annotations
@@ -105,9 +106,8 @@ def run(
     """`steps` steps per case (from the checkpoint's step + 1 with `resume`, a run directory);
     with `save_at`, a checkpoint of each case after that step in `out/<case>/run`; `sets`
     override every case's config (`model.device`, `model.dtype`, ...)."""
-    from consumer import checkpoint
-    from consumer.distributed import World
-    from consumer.sharded_trainer import make_trainer
+    from consumer.train import checkpoint, make_trainer
+    from consumer.train.ranks import World
 
     world = World.from_env()
     for name, overrides in CASES:

@@ -72,7 +72,7 @@ def _join_ranks(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.Con
     import json
 
     from common.device import resolve_device
-    from consumer import distributed as D
+    from consumer.train import ranks as D
 
     world = D.World.from_env()
     cuda = resolve_device(cfg.model.device).type == "cuda"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from common.metrics import StepRecord, read_jsonl, read_steps
-from consumer.roster import latest_views
+from consumer.server.roster import latest_views
 
 WINDOW = 10  # steps over which rewards are averaged
 COLUMNS = [

@@ -103,12 +103,12 @@ def test_a_short_cpu_run_compares_both_steps_and_writes_the_stable_keys(
 def test_a_step_that_runs_out_of_memory_is_a_result(bench, tiny_model_dir, monkeypatch):
     """On CUDA an out-of-memory step is reported (`ours_oom`), the other step still measured,
     and the JSON holds null for what does not exist."""
-    from consumer.trainer import Trainer
+    from consumer.train.trainer import DeviceTrainer
 
     def oom(self, groups):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(Trainer, "step", oom)
+    monkeypatch.setattr(DeviceTrainer, "step", oom)
     a = bench.parse_args(["--model", str(tiny_model_dir), "--groups", "1", "--repeats", "1"])
     a.dtype, a.warmup = "float32", 1
     res = bench.run_case(a, tiny_model_dir, "equal", torch.device("cpu"))

@@ -18,7 +18,7 @@ import pytest
 from procs import endpoint, read_jsonl, stop
 
 from common import config as C
-from consumer.prompts import make_source
+from consumer.server.prompts import make_source
 from producer.rewards import RewardRunner
 
 ROOT = Path(__file__).parents[2]

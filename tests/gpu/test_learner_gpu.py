@@ -14,9 +14,9 @@ import torch
 from common import config as C
 from common import wire
 from common.logprobs import entropy_from_logits, sampled_logprobs
-from consumer import attention as A
-from consumer.chunked_head import chunk_rows_for, chunked_logprobs
-from consumer.trainer import Trainer
+from consumer.train import attention as A
+from consumer.train.lm_head import chunk_rows_for, chunked_logprobs
+from consumer.train.trainer import DeviceTrainer
 
 pytestmark = pytest.mark.gpu
 V, H = 151936, 896  # Qwen2.5-0.5B's head
@@ -93,13 +93,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("learner-gpu"), hidden=128, layers=2)
 
 
-def _trainer(model_dir: Path, attention: str, dtype: str) -> Trainer:
+def _trainer(model_dir: Path, attention: str, dtype: str) -> DeviceTrainer:
     cfg = C.override(
         C.Config(),
         {"model.device": "cuda", "model.attention": attention, "model.dtype": dtype,
          "train.micro_batch_tokens": 1024},
     )  # fmt: skip
-    return Trainer(cfg, model_dir)
+    return DeviceTrainer(cfg, model_dir)
 
 
 PACKED = ["flex"] + (["flash"] if A.installed_flash() else [])

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from common.wire import SnapshotInfo
-from consumer.publisher import Publisher
+from consumer.snapshots.publisher import Publisher
 
 pytestmark = pytest.mark.gpu
 

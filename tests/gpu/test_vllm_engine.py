@@ -176,7 +176,7 @@ async def test_a_snapshot_the_publisher_wrote_from_cuda_weights_loads_in_vllm(
     import torch
 
     from common.wire import SnapshotInfo
-    from consumer.publisher import Publisher
+    from consumer.snapshots.publisher import Publisher
 
     published: list[SnapshotInfo] = []
     publisher = Publisher(tmp_path, model_dirs[1], keep_last=2, on_published=published.append)

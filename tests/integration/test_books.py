@@ -1,5 +1,5 @@
-"""A step's bookkeeping does not grow with the number of producers (consumer/server.py with
-consumer/roster.py): real sockets on loopback, scripted producers.
+"""A step's bookkeeping does not grow with the number of producers (consumer/server/server.py with
+consumer/server/roster.py): real sockets on loopback, scripted producers.
 
 - what the learner reads per step (`Server.step_summary`) has the same keys and size at 1 and
   at 200 producers; each producer's view goes to producers.json / producers.jsonl instead, a
@@ -18,10 +18,11 @@ import zmq
 
 from common import config as C
 from common import wire
-from consumer import server as server_mod
-from consumer.prompts import make_source
-from consumer.roster import Roster, aggregate, read_current, read_history
-from consumer.server import ProducerView, Server, run_spec
+from consumer.server import books
+from consumer.server.prompts import make_source
+from consumer.server.roster import Roster, aggregate, read_current, read_history
+from consumer.server.server import Server, run_spec
+from consumer.server.state import ProducerView
 
 G = 2
 
@@ -29,7 +30,7 @@ G = 2
 @pytest.fixture
 def server(tmp_path, monkeypatch):
     # after the first write, ledger.json and the producers' files wait for a forced flush
-    monkeypatch.setattr(server_mod, "_BOOKS_EVERY_S", 3600.0)
+    monkeypatch.setattr(books, "_BOOKS_EVERY_S", 3600.0)
     cfg = C.apply_overrides(
         C.Config(),
         ["net.control_port=0", f"sampling.group_size={G}", "train.prompts_per_step=4",

@@ -1,6 +1,6 @@
-"""consumer/dataplane.py through real sockets: chunks on their own socket and thread, so control
-is answered while the data socket is stuck or flooded; the same CurveZMQ allowlist as control;
-every malformed request refused with its reason and counted, and the thread serving on."""
+"""consumer/snapshots/dataplane.py through real sockets: chunks on their own socket and thread, so
+control is answered while the data socket is stuck or flooded; the same CurveZMQ allowlist as
+control; every malformed request refused with its reason and counted, and the thread serving on."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from common import config as C
 from common import snapshot as snap
 from common import wire
 from common.keys import Keys, load_keys
-from consumer.dataplane import DataPlane
 from consumer.key_gate import start_key_gate
-from consumer.prompts import make_source
-from consumer.server import Server, run_spec
+from consumer.server.prompts import make_source
+from consumer.server.server import Server, run_spec
+from consumer.snapshots.dataplane import DataPlane
 
 CHUNK = 64 << 10
 DATA = bytes(range(256)) * 1000  # 256,000 bytes: 4 chunks of 64 KiB

@@ -10,15 +10,15 @@ import torch
 from common import chunk_manifest as cm
 from common import delta as D
 from common import snapshot as snap
-from consumer.distribution import Distribution
-from consumer.publisher import Publisher
+from consumer.snapshots.fetch_files import FetchFiles
+from consumer.snapshots.publisher import Publisher
 
 
 def publish(tmp_path, states, *, anchor_every, max_ratio=0.5, chunk_bytes=1000):
     published = []
-    dist = Distribution(chunk_bytes=chunk_bytes, anchor_every=anchor_every, max_ratio=max_ratio)
+    dist = FetchFiles(chunk_bytes=chunk_bytes, anchor_every=anchor_every, max_ratio=max_ratio)
     publisher = Publisher(
-        tmp_path / "snaps", None, keep_last=10, on_published=published.append, distribution=dist
+        tmp_path / "snaps", None, keep_last=10, on_published=published.append, fetch_files=dist
     )
     for version, state in enumerate(states):
         publisher.submit(state, version=version, step=version, dtype=torch.bfloat16)

@@ -2,7 +2,7 @@
 
 Log-probs are checked against an independent full-sequence forward of the same weights (a model
 loaded separately, `log_softmax(logits / T)` written out here) and against the learner's own
-recomputation (`consumer.trainer.Trainer.logprobs`), float32, |Δ| < 1e-4.
+recomputation (`consumer.train.trainer.DeviceTrainer.logprobs`), float32, |Δ| < 1e-4.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tiny_models import full_forward_logprobs, reference_model, write_snapshot
 from common import config as C
 from common import wire
 from common.errors import SnapshotError
-from consumer.publisher import Publisher
+from consumer.snapshots.publisher import Publisher
 from producer.engine import SamplingParams
 from producer.engine_hf import HFEngine
 
@@ -50,7 +50,7 @@ async def test_logprobs_equal_an_independent_full_sequence_forward(
 
 
 async def test_behaviour_logprobs_equal_the_learners_recomputed_logprobs(tiny_model_dir, tmp_path):
-    from consumer.trainer import Trainer
+    from consumer.train.trainer import DeviceTrainer
 
     cfg = C.Config()
     cfg = dataclasses.replace(
@@ -58,7 +58,7 @@ async def test_behaviour_logprobs_equal_the_learners_recomputed_logprobs(tiny_mo
         model=dataclasses.replace(cfg.model, device="cpu"),
         sampling=dataclasses.replace(cfg.sampling, temperature=0.7),
     )
-    trainer = Trainer(cfg, tiny_model_dir)
+    trainer = DeviceTrainer(cfg, tiny_model_dir)
     published: list[wire.SnapshotInfo] = []  # the learner's own publication path
     publisher = Publisher(tmp_path, tiny_model_dir, keep_last=1, on_published=published.append)
     publisher.submit(trainer.weights(), version=3, step=3, dtype=torch.float32)

@@ -20,10 +20,10 @@ from common import chunk_manifest as cm
 from common import config as C
 from common import snapshot as snap
 from common import wire
-from consumer.distribution import Distribution
-from consumer.prompts import make_source
-from consumer.publisher import Publisher
-from consumer.server import Server, run_spec
+from consumer.server.prompts import make_source
+from consumer.server.server import Server, run_spec
+from consumer.snapshots.fetch_files import FetchFiles
+from consumer.snapshots.publisher import Publisher
 from producer.client import ControlClient
 from producer.fetch import Fetcher, Held
 from producer.relay import Relay
@@ -52,9 +52,9 @@ class Consumer:
         )  # fmt: skip
         self.server.start()
         self.infos: dict[int, wire.SnapshotInfo] = {}
-        dist = Distribution(chunk_bytes=CHUNK, anchor_every=10, max_ratio=0.5)
+        dist = FetchFiles(chunk_bytes=CHUNK, anchor_every=10, max_ratio=0.5)
         self.publisher = Publisher(
-            run_dir / "snapshots", None, keep_last=10, distribution=dist,
+            run_dir / "snapshots", None, keep_last=10, fetch_files=dist,
             on_published=self._published,
         )  # fmt: skip
         g = torch.Generator().manual_seed(0)
@@ -318,7 +318,7 @@ async def test_a_version_whose_chunk_hashes_are_not_written_yet_makes_fetchers_w
     info = consumer.publish(0)
     chunks = Path(info.path).parent / cm.CHUNKS_FILE
     kept = read(chunks)
-    chunks.unlink()  # as between the announcement and the distribution files
+    chunks.unlink()  # as between the announcement and the fetch files
     async with fetcher_of(consumer, "a", relay=False) as a:
         plan = await a.control.request(wire.FetchRequest(0, "a", 0, -1, "", None), timeout_s=10)
         assert isinstance(plan, wire.FetchPlan)

@@ -18,10 +18,10 @@ import zmq.auth
 from common import config as C
 from common import wire
 from common.keys import Keys, load_keys
-from consumer.identity import Identities
 from consumer.key_gate import start_key_gate
-from consumer.prompts import make_source
-from consumer.server import Server, run_spec
+from consumer.server.identity import Identities
+from consumer.server.prompts import make_source
+from consumer.server.server import Server, run_spec
 
 G = 2
 

@@ -16,11 +16,11 @@ import torch
 from common import config as C
 from common import wire
 from common.logprobs import entropy_from_logits, sampled_logprobs
-from consumer import attention as A
-from consumer import loss as L
-from consumer.batching import Row, collate, rows_of
-from consumer.completion_forward import CompletionForward, check_plain_head, compile_layers
-from consumer.trainer import Trainer, loss_options
+from consumer.train import attention as A
+from consumer.train import loss as L
+from consumer.train.batching import Row, collate, rows_of
+from consumer.train.forward import CompletionForward, check_plain_head, compile_layers
+from consumer.train.trainer import DeviceTrainer, loss_options
 
 CPU = torch.device("cpu")
 PADDED = A.choose_attention("padded", device_type="cpu", half_precision=False, flash_impl=None,
@@ -148,7 +148,7 @@ def _groups(seed: int = 0, n: int = 3, G: int = 4) -> list[wire.Group]:
     return out
 
 
-def _gradients_at_step(trainer: Trainer, groups: list[wire.Group]) -> dict[str, torch.Tensor]:
+def _gradients_at_step(trainer: DeviceTrainer, groups: list[wire.Group]) -> dict[str, torch.Tensor]:
     """Trainer.step on the groups; the gradients the optimizer stepped with."""
     seen: dict[str, torch.Tensor] = {}
 
@@ -193,7 +193,7 @@ def test_a_step_has_the_gradient_of_the_full_logits_path(tiny_model_dir, attenti
     cfg = _config(attention=attention)
     groups = _groups()
     with caplog.at_level("INFO", logger="asyncgrpo.consumer"):
-        trainer = Trainer(cfg, tiny_model_dir)
+        trainer = DeviceTrainer(cfg, tiny_model_dir)
     said = [r.getMessage() for r in caplog.records if "learner attention" in r.getMessage()]
     assert len(said) == 1
     assert said[0].startswith(f"learner attention: {attention} (")
@@ -212,7 +212,7 @@ def test_packed_and_padded_steps_agree_and_packing_needs_fewer_passes(tiny_model
     groups = _groups(seed=2)
     out = {}
     for attention in ("padded", "sdpa_packed"):
-        trainer = Trainer(_config(attention=attention), tiny_model_dir)
+        trainer = DeviceTrainer(_config(attention=attention), tiny_model_dir)
         metrics = [trainer.step(groups) for _ in range(2)]  # the second after an update
         out[attention] = (metrics, dict(trainer.model.named_parameters()))
     (padded, w_padded), (packed, w_packed) = out["padded"], out["sdpa_packed"]
@@ -227,7 +227,7 @@ def test_packed_and_padded_steps_agree_and_packing_needs_fewer_passes(tiny_model
 
 def test_several_updates_per_batch_use_the_packed_old_log_probs(tiny_model_dir):
     cfg = C.override(_config(attention="sdpa_packed"), {"train.updates_per_batch": 2})
-    trainer = Trainer(cfg, tiny_model_dir)
+    trainer = DeviceTrainer(cfg, tiny_model_dir)
     m = trainer.step(_groups(seed=3))
     assert np.isfinite(m["grad_norm"])
     assert m["ratio_min"] <= 1.0 + 1e-6 <= m["ratio_max"] + 2e-6
@@ -236,7 +236,7 @@ def test_several_updates_per_batch_use_the_packed_old_log_probs(tiny_model_dir):
 
 
 def test_equal_length_rows_reach_the_decoder_without_a_mask(tiny_model_dir):
-    trainer = Trainer(_config(attention="padded"), tiny_model_dir)
+    trainer = DeviceTrainer(_config(attention="padded"), tiny_model_dir)
     masks: list[object] = []
     trainer.model.get_decoder().register_forward_pre_hook(
         lambda _m, _a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True
@@ -255,7 +255,7 @@ def test_equal_length_rows_reach_the_decoder_without_a_mask(tiny_model_dir):
 
 def test_the_learner_log_probs_are_the_same_in_every_layout(tiny_model_dir):
     groups = _groups(seed=6)
-    got = [Trainer(_config(attention=a), tiny_model_dir).logprobs(groups) for a in
+    got = [DeviceTrainer(_config(attention=a), tiny_model_dir).logprobs(groups) for a in
            ("padded", "sdpa_packed")]  # fmt: skip
     for a, b in zip(*got, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -291,14 +291,14 @@ def test_compiled_layers_give_the_same_log_probs_and_keep_their_names(tiny_model
 
 
 def test_model_compile_reaches_the_policy_and_the_reference(tiny_model_dir, monkeypatch):
-    import consumer.trainer as T
+    import consumer.train.trainer as T
 
     compiled: list[object] = []
     monkeypatch.setattr(T, "compile_layers", lambda model: compiled.append(model))
-    Trainer(_config(attention="padded"), tiny_model_dir)
+    DeviceTrainer(_config(attention="padded"), tiny_model_dir)
     assert compiled == []
     cfg = C.override(_config(attention="padded", compile=True), {"loss.beta": 0.1})
-    trainer = Trainer(cfg, tiny_model_dir)
+    trainer = DeviceTrainer(cfg, tiny_model_dir)
     assert compiled == [trainer.model, trainer.ref_model]
 
 
@@ -309,12 +309,12 @@ def test_model_compile_reaches_the_policy_and_the_reference(tiny_model_dir, monk
 def test_a_compiled_trainer_has_the_eager_log_probs_and_steps(tiny_model_dir, monkeypatch):
     """`model.compile` through the trainer, with dynamo's eager backend (its tracing takes 10-20 s
     on this CPU, hence slow)."""
-    import consumer.trainer as T
+    import consumer.train.trainer as T
 
     monkeypatch.setattr(T, "compile_layers", lambda model: compile_layers(model, backend="eager"))
     groups = _groups(seed=8)
-    plain = Trainer(_config(attention="padded"), tiny_model_dir)
-    trainer = Trainer(_config(attention="padded", compile=True), tiny_model_dir)
+    plain = DeviceTrainer(_config(attention="padded"), tiny_model_dir)
+    trainer = DeviceTrainer(_config(attention="padded", compile=True), tiny_model_dir)
     layers = trainer.model.get_decoder().layers
     assert all(layer._compiled_call_impl is not None for layer in layers)
     for a, b in zip(plain.logprobs(groups), trainer.logprobs(groups), strict=True):

@@ -3,7 +3,7 @@ at fault: a reward module that fails to import, a model directory that is not th
 consumer's announced model.path, or this producer's --model), a model that does not load, an
 endpoint without tcp://. `--model demo` is the embedded demo model on the producer's host too.
 
-A real consumer network thread (consumer/server.py) on loopback answers the registration, and
+A real consumer network thread (consumer/server/server.py) on loopback answers the registration, and
 the producer command runs in this process (typer's runner)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import zmq
 from typer.testing import CliRunner
 
 from common import config as C
-from consumer.prompts import make_source
-from consumer.server import Server, run_spec
+from consumer.server.prompts import make_source
+from consumer.server.server import Server, run_spec
 from launch.cli import app
 
 

@@ -17,8 +17,8 @@ from common import config as C
 from common import snapshot as snap
 from common import wire
 from common.wire import SnapshotInfo
-from consumer.publisher import Publisher
-from consumer.weights_buffer import Fence, unique_tensors
+from consumer.snapshots.publisher import Publisher
+from consumer.snapshots.weights_buffer import Fence, unique_tensors
 
 
 def model_state(tiny_model_dir: Path) -> dict[str, torch.Tensor]:
@@ -237,10 +237,10 @@ class RecordingFence(Fence):
 def test_the_trainer_holds_a_pending_copy_before_its_optimizer_changes_the_weights(
     tiny_model_dir,
 ):
-    from consumer.trainer import Trainer
+    from consumer.train.trainer import DeviceTrainer
 
     cfg = C.override(C.Config(), {"model.device": "cpu", "sampling.group_size": 4})
-    trainer = Trainer(cfg, tiny_model_dir)
+    trainer = DeviceTrainer(cfg, tiny_model_dir)
     events: list[str] = []
     trainer.optimizer.register_step_pre_hook(lambda *_: events.append("step"))
     rng = np.random.default_rng(0)

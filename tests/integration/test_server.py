@@ -1,4 +1,5 @@
-"""consumer/server.py through its typed handle: real sockets on loopback, a scripted producer.
+"""consumer/server/server.py through its typed handle: real sockets on loopback, a scripted
+producer.
 
 The training thread's whole view of the network thread is `Server`'s methods; these tests drive
 one lease from grant to trained, a drop, the end of the run, a failure on the network thread
@@ -17,8 +18,8 @@ import zmq.asyncio
 
 from common import config as C
 from common import wire
-from consumer.prompts import make_source
-from consumer.server import Server, run_spec
+from consumer.server.prompts import make_source
+from consumer.server.server import Server, run_spec
 
 G = 2
 
@@ -146,7 +147,7 @@ def test_a_message_whose_handling_raises_is_counted_and_the_network_thread_goes_
     srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))
     (lease,) = _request(control, wire.LeaseRequest(2, "p", 1, 0)).leases
 
-    handle, receive = srv._handle, srv._book.receive
+    handle, receive = srv._control.handle, srv._state.book.receive
     failed: list[int] = []
 
     def handle_or_fail(msg, key, identity):  # a bug of ours on the control path
@@ -160,8 +161,8 @@ def test_a_message_whose_handling_raises_is_counted_and_the_network_thread_goes_
             raise MemoryError
         return receive(lease_id, producer_id)
 
-    monkeypatch.setattr(srv, "_handle", handle_or_fail)
-    monkeypatch.setattr(srv._book, "receive", receive_or_fail)
+    monkeypatch.setattr(srv._control, "handle", handle_or_fail)
+    monkeypatch.setattr(srv._state.book, "receive", receive_or_fail)
     reply = _request(control, wire.Heartbeat(3, "p", 0, "idle", 7))
     assert (reply.reason, reply.detail) == ("internal_error", "RecursionError")
     push.send(wire.encode(_group(lease, [1.0, 0.0])))

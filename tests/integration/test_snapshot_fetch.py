@@ -20,9 +20,9 @@ from common import config as C
 from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError
-from consumer.prompts import make_source
-from consumer.publisher import Publisher
-from consumer.server import Server, run_spec
+from consumer.server.prompts import make_source
+from consumer.server.server import Server, run_spec
+from consumer.snapshots.publisher import Publisher
 from producer.worker import Producer
 
 

@@ -1,5 +1,6 @@
-"""Backpressure's pieces without sockets: the consumer's bounded queue (consumer/admission.py),
-held leases in the lease book, and the producer's outbox obeying `hold` / `send`."""
+"""Backpressure's pieces without sockets: the consumer's bounded queue
+(consumer/server/admission.py), held leases in the lease book, and the producer's outbox obeying
+`hold` / `send`."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import zmq
 import zmq.asyncio
 
 from common import wire
-from consumer.admission import Admission
-from consumer.leases import LeaseBook
-from consumer.prompts import PromptOrder
+from consumer.server.admission import Admission
+from consumer.server.leases import LeaseBook
+from consumer.server.prompts import PromptOrder
 from producer.client import Outbox
 from tests.ledger_invariant import assert_book_balanced
 from tests.unit.test_wire import group

@@ -1,11 +1,12 @@
-"""consumer/attention.py: which attention path, and layout, each request gets on each device."""
+"""consumer/train/attention.py: which attention path, and layout, each request gets on each
+device."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from consumer import attention as A
+from consumer.train import attention as A
 
 FA2 = "flash_attention_2"
 

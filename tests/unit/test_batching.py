@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common import wire
-from consumer.batching import (
+from consumer.train.batching import (
     Row,
     collate,
     loss_normalisers,

@@ -14,22 +14,36 @@ import os
 import shutil
 import signal
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from consumer import checkpoint
+from consumer.train import checkpoint
 
 
-def make_trainer(seed: int) -> SimpleNamespace:
-    torch.manual_seed(seed)
-    model = torch.nn.Linear(4, 3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.ones(2, 4)).sum().backward()
-    optimizer.step()  # moments to save
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, device="cpu")
+class TinyTrainer:
+    """The checkpointed parts of a one-device trainer (a linear layer that took one AdamW step),
+    written and read by the plain format as `DeviceTrainer` does."""
+
+    def __init__(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.model = torch.nn.Linear(4, 3)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.1)
+        self.model(torch.ones(2, 4)).sum().backward()
+        self.optimizer.step()  # moments to save
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
+
+    def save_checkpoint(self, directory: Path) -> None:
+        checkpoint.save_plain(directory, self.model, self.optimizer, self.scheduler)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        checkpoint.load_plain(
+            directory, self.model, self.optimizer, self.scheduler, device=torch.device("cpu")
+        )
+
+
+def make_trainer(seed: int) -> TinyTrainer:
+    return TinyTrainer(seed)
 
 
 def save(run_dir: Path, version: int, seed: int) -> None:

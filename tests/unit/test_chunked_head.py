@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.logprobs import entropy_from_logits, sampled_logprobs
-from consumer.chunked_head import chunk_rows_for, chunked_logprobs
+from consumer.train.lm_head import chunk_rows_for, chunked_logprobs
 
 N, H, V = 23, 6, 31
 

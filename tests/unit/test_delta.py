@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from common import delta as D
 from common import snapshot as snap
-from consumer.weights_buffer import HostCopier, HostWeights, table_for
+from consumer.snapshots.weights_buffer import HostCopier, HostWeights, table_for
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:

@@ -1,5 +1,7 @@
-"""The layers point one way: launch -> consumer | producer -> common (pyproject's import-linter
-contract, imports inside functions included). Run by hand with `lint-imports`."""
+"""The layers point one way: launch -> consumer | producer -> common, and inside the consumer
+learner -> server | train -> snapshots -> key_gate, with server/ and train/ independent
+(pyproject's import-linter contracts, imports inside functions included). Run by hand with
+`lint-imports`."""
 
 from __future__ import annotations
 

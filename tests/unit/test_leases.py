@@ -1,4 +1,4 @@
-"""The lease state machine and ledger of consumer/leases.py (pure: `now` is an argument)."""
+"""The lease state machine and ledger of consumer/server/leases.py (pure: `now` is an argument)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from ledger_invariant import assert_book_balanced
 
 from common.wire import OUTCOMES, Ack
-from consumer.leases import FinalStates, LeaseBook
-from consumer.prompts import PromptOrder
+from consumer.server.leases import FinalStates, LeaseBook
+from consumer.server.prompts import PromptOrder
 
 P = 4  # prompts per step
 
@@ -179,7 +179,7 @@ def test_a_group_for_another_producers_open_lease_is_refused_and_the_lease_stays
 
 
 def test_acks_are_bounded_per_producer_and_leave_in_replies_of_bounded_size():
-    from consumer.leases import ACKS_PER_REPLY, MAX_ACKS
+    from consumer.server.leases import ACKS_PER_REPLY, MAX_ACKS
 
     book = make_book()
     for lease_id in range(MAX_ACKS + 5):  # unknown leases: each is acked as expired

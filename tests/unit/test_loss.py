@@ -1,4 +1,4 @@
-"""consumer/loss.py against hand-worked numbers and reference loops written from the formulas.
+"""consumer/train/loss.py against hand-worked numbers and reference loops written from the formulas.
 
 Float64 on CPU. The reference functions below use plain Python floats and loops over the valid
 tokens of each row, independently of the tensor code; conformance is checked to rtol 1e-6.
@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common import config as C
-from consumer import loss as L
-from consumer.trainer import loss_options
+from consumer.train import loss as L
+from consumer.train.trainer import loss_options
 
 LOG = math.log
 OPTION_NAMES = {f.name for f in dataclasses.fields(L.LossOptions)}

@@ -1,4 +1,4 @@
-"""Properties of consumer/loss.py that hold for any input (hypothesis; float64 on CPU)."""
+"""Properties of consumer/train/loss.py that hold for any input (hypothesis; float64 on CPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer import loss as L
+from consumer.train import loss as L
 
 SETTINGS = settings(max_examples=30, deadline=None)
 PER_TOKEN = ("logp", "old", "behavior", "ref")

@@ -12,7 +12,7 @@ import pytest
 from common import config as C
 from common import metrics as M
 from common import wire
-from consumer import loss as L
+from consumer.train import loss as L
 
 LEARNER = {
     "step": 3, "time_s": 1.5, "unix_time": 1.7e9, "step_wall_s": 0.5, "reward_mean": 0.25,
@@ -71,12 +71,12 @@ def test_a_reader_names_a_missing_field_and_ignores_names_it_does_not_know():
 
 
 def test_every_metric_the_loss_and_both_trainers_report_has_a_field(tiny_model_dir):
-    from consumer.simulated import SimulatedTrainer
-    from consumer.trainer import Trainer
+    from consumer.train.simulated import SimulatedTrainer
+    from consumer.train.trainer import DeviceTrainer
 
     assert set(L.METRIC_KEYS) <= FIELDS
     cfg = C.override(C.Config(), {"model.device": "cpu", "sampling.group_size": 4})
-    real = Trainer(cfg, tiny_model_dir).step(_groups())
+    real = DeviceTrainer(cfg, tiny_model_dir).step(_groups())
     assert "tis_ess" in real
     M.StepRecord(**LEARNER, **real)
     fake = SimulatedTrainer(C.override(cfg, {"train.simulate_step_s": 0.001})).step(_groups())

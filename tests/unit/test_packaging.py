@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+TOP = sorted(["common", "producer", "consumer", "launch"])
 
 
 @pytest.mark.parametrize("name", ["common", "producer", "consumer", "launch"])

@@ -8,7 +8,7 @@ import pytest
 
 from common.config import TaskConfig
 from common.errors import ConfigError
-from consumer.prompts import JsonlSource, PromptOrder, SyntheticSource, make_source
+from consumer.server.prompts import JsonlSource, PromptOrder, SyntheticSource, make_source
 
 
 def take(order: PromptOrder, n: int) -> list[int | None]:

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.publisher import Buffers, Job
-from consumer.weights_buffer import Fence, HostCopier, HostWeights, _split, table_for
+from consumer.snapshots.publisher import Buffers, Job
+from consumer.snapshots.weights_buffer import Fence, HostCopier, HostWeights, _split, table_for
 
 
 def job(version: int) -> Job:

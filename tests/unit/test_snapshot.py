@@ -362,7 +362,7 @@ def test_fsync_path_closes_its_descriptor_even_when_fsync_fails(tmp_path, monkey
 def test_the_publisher_syncs_each_snapshot_and_leaks_no_descriptor(tmp_path, monkeypatch):
     import torch
 
-    from consumer.publisher import Publisher
+    from consumer.snapshots.publisher import Publisher
 
     base = tmp_path / "base"
     base.mkdir()

@@ -9,7 +9,7 @@ import logging
 from typer.testing import CliRunner
 
 from common import metrics as M
-from consumer.roster import latest_views
+from consumer.server.roster import latest_views
 from launch.cli import app
 from launch.dashboard import MetricsTail, Progress, render, reward_failures, status, summary_line
 from launch.report import summarize

@@ -23,7 +23,7 @@ import zmq.asyncio
 from common import config as C
 from common import wire
 from common.errors import ConfigError, SnapshotError, SnapshotMismatch
-from consumer.server import run_spec
+from consumer.server.server import run_spec
 from producer.client import Outbox
 from producer.engine import FakeEngine, FakeRewards
 from producer.tokenizer import PromptCodec

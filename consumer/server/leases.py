@@ -26,8 +26,8 @@ Invariants:
   a duplicate and never reaches the trainer; a group for an expired lease is late and is dropped.
 - Lease ids carry the consumer's incarnation in their high bits (`incarnation << 40 | n`), so a
   restarted consumer never mistakes an old group for a lease it issued anew.
-- A `held` lease (its group arrived when the consumer had no room: consumer/admission.py) never
-  times out: its producer holds the finished group and re-sends it when told; it expires only
+- A `held` lease (its group arrived when the consumer had no room: consumer/server/admission.py)
+  never times out: its producer holds the finished group and re-sends it when told; it expires only
   with its producer (silent, or re-registered or left without it).
 - Prompts of expired and stale-dropped leases go back to the retry queue (nothing silently lost);
   rejected_invalid prompts are not retried (the same prompt may produce the same bad output).
@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from common.wire import HOLD, OUTCOMES, SEND, Ack
-from consumer.prompts import PromptOrder
+from consumer.server.prompts import PromptOrder
 
 OPEN_STATES = ("issued", "held", "received")
 RETRY_OUTCOMES = ("expired", "dropped_stale")

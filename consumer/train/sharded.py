@@ -3,11 +3,11 @@
 What it owns: sharding the model (`torch.distributed.fsdp.fully_shard`), the data-parallel
 split of each step, the orders that keep the other ranks in step with rank 0 (`follow`), the
 full state dict gathered for publication and evaluation, and the checkpoint save/restore
-orders (their format: consumer/sharded_checkpoint.py). What it does not do: sockets, leases,
+orders (their format: consumer/train/sharded_checkpoint.py). What it does not do: sockets, leases,
 metrics files, evaluation (rank 0's learner does all of that, consumer/learner.py).
 
 Sharding: `fully_shard` on each decoder layer, then on the root, `CompletionForward` (the
-decoder plus the chunked LM head, consumer/completion_forward.py), which keeps the embeddings,
+decoder plus the chunked LM head, consumer/train/forward.py), which keeps the embeddings,
 the final norm and the LM head (tied or not) in one group gathered in the root's own forward.
 Parameters and AdamW state live sharded (fp32 DTensors, the master weights); with
 `model.dtype = "bfloat16"` on CUDA they are gathered in bf16 for compute and gradients reduced
@@ -15,7 +15,7 @@ in `dist.reduce_dtype` (fp32 by default). The reference model (beta > 0) is shar
 
 One step, N ranks (= one process on the whole batch, to float summation order):
 - rank 0 computes the advantages and sends every rank the rows as tensors
-  (consumer/distributed.py `share_rows`); `split_by_tokens` gives each rank its rows;
+  (consumer/train/ranks.py `share_rows`); `split_by_tokens` gives each rank its rows;
 - the loss of every micro-batch is normalised by the whole batch's tokens and rows (the
   trainer's global normalisers), and gradients are summed across ranks, not averaged
   (`set_gradient_divide_factor(1)`), so the sum of the ranks' gradients is the full gradient;
@@ -25,7 +25,8 @@ One step, N ranks (= one process on the whole batch, to float summation order):
 - the gradient norm is global (clipping sees the whole gradient); per-pass metrics are
   gathered to rank 0 and combined there exactly as one process combines its micro-batches.
 
-World size 1 never comes here: `make_trainer` returns the single-device `Trainer`.
+World size 1 never comes here: `make_trainer` (consumer/train/__init__.py) returns the
+single-device `DeviceTrainer`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -43,21 +44,13 @@ from torch.distributed.tensor import DTensor
 
 from common.config import Config
 from common.wire import Group
-from consumer import distributed as D
-from consumer import sharded_checkpoint
-from consumer.batching import Row, split_by_tokens
-from consumer.completion_forward import CompletionForward
-from consumer.trainer import Trainer
+from consumer.train import ranks as D
+from consumer.train import sharded_checkpoint
+from consumer.train.batching import Row, split_by_tokens
+from consumer.train.forward import CompletionForward
+from consumer.train.trainer import DeviceTrainer
 
 log = logging.getLogger("asyncgrpo.consumer")
-
-
-def make_trainer(cfg: Config, model_dir: Path, world: D.World | None = None) -> Trainer:
-    """The single-device `Trainer` at world size 1, else a `ShardedTrainer` (in the group)."""
-    world = world or D.World.from_env()
-    if world.size == 1:
-        return Trainer(cfg, model_dir)
-    return ShardedTrainer(cfg, model_dir, world)
 
 
 def follow(cfg: Config, run_dir: Path, world: D.World) -> int:
@@ -77,8 +70,8 @@ def follow(cfg: Config, run_dir: Path, world: D.World) -> int:
     return 0
 
 
-class ShardedTrainer(Trainer):
-    """`Trainer` on one rank of several; rank 0 drives, the others `follow`."""
+class ShardedTrainer(DeviceTrainer):
+    """The `Trainer` on one rank of several; rank 0 drives, the others `follow`."""
 
     def __init__(self, cfg: Config, model_dir: Path, world: D.World) -> None:
         from common.device import resolve_device
@@ -159,7 +152,8 @@ class ShardedTrainer(Trainer):
     def _gather(self) -> dict[str, torch.Tensor]:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         with D.failures("gathering the weights"):
-            state = get_model_state_dict(self.model, options=options)
+            # full and offloaded: every value is a CPU tensor
+            state = cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
         for alias, name in self._tied.items():
             if name in state:
                 state[alias] = state[name]
@@ -173,32 +167,38 @@ class ShardedTrainer(Trainer):
         if self._eval_model is None:
             self._eval_model = AutoModelForCausalLM.from_pretrained(
                 self.model_dir, dtype=torch.float32
-            ).to(self.device)
+            ).to(self.device)  # type: ignore[arg-type]  # transformers' wrapped `to`
         self._eval_model.load_state_dict(state, strict=False)
         return self._eval_model
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def save_sharded(self, directory: Path) -> None:
+    def save_checkpoint(self, directory: Path) -> None:
         """Rank 0: every rank writes its shards into `directory` (sharded_checkpoint.py)."""
         self.channel.send(D.Op.SAVE, str(directory))
         self._save(directory)
 
-    def restore(self, directory: Path) -> None:
+    def load_checkpoint(self, directory: Path) -> None:
         """Rank 0: every rank restores from `directory`, written by any world size."""
         self.channel.send(D.Op.LOAD, str(directory))
         self._restore(directory)
 
     def _save(self, directory: Path) -> None:
         with D.failures("saving a checkpoint"):
-            sharded_checkpoint.save(self, directory, rank=self.world.rank)
+            sharded_checkpoint.save(
+                self.model, self.optimizer, self.scheduler, directory, rank=self.world.rank
+            )
         D.barrier()
 
     def _restore(self, directory: Path) -> None:
         with D.failures("restoring a checkpoint"):
             if sharded_checkpoint.is_sharded(directory):
-                sharded_checkpoint.load(self, directory, rank=self.world.rank)
+                sharded_checkpoint.load(
+                    self.model, self.optimizer, self.scheduler, directory, rank=self.world.rank
+                )
             else:
-                sharded_checkpoint.load_full(self, directory, main=self.world.main)
+                sharded_checkpoint.load_full(
+                    self.model, self.optimizer, self.scheduler, directory, main=self.world.main
+                )
         self._gathered = None
 
     # -- the other ranks -----------------------------------------------------------------------

@@ -10,7 +10,7 @@ socket; the other ranks never see a network byte, only tensors rank 0 built from
 Invariants:
 - Every rank issues the same collectives in the same order. Rank 0 announces each collective
   operation with one `Channel.send`; the other ranks run `Channel.receive` in a loop and do what
-  it says (consumer/sharded_trainer.py `follow`).
+  it says (consumer/train/sharded.py `follow`).
 - Backends: gloo on a CPU; on CUDA `cpu:gloo,cuda:nccl`, so orders and rows (CPU tensors) ride
   gloo and FSDP's collectives (CUDA tensors) ride NCCL.
 - Every collective times out after `dist.timeout_s`: a rank that died or hangs makes the others
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from consumer.batching import Row
+from consumer.train.batching import Row
 
 
 class RankFailure(RuntimeError):

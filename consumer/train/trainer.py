@@ -2,7 +2,8 @@
 
 What it owns: the policy (fp32 master weights), AdamW with linear warm-up, gradient clipping,
 micro-batching by a token budget, an optional frozen reference model (beta > 0). What it does not
-do: sockets, staleness decisions, snapshots on disk (consumer/publisher.py), checkpoints.
+do: sockets, staleness decisions, snapshots on disk (consumer/snapshots/publisher.py), the
+checkpoint directory (consumer/train/checkpoint.py: this trainer writes its part into it).
 
 Publication: `weights()` are the live tensors the publisher copies; on a GPU that copy is only
 enqueued, and `hold_weights(fence)` makes the next optimizer step (the first thing that changes
@@ -11,7 +12,7 @@ a weight) wait for it on the GPU — the training thread itself never waits.
 Conventions:
 - Log-probs are of the sampling distribution, the rule of `common.logprobs.sampled_logprobs`
   (logits divided by `sampling.temperature`, exactly as the producers' engines do), computed from
-  hidden states by consumer/chunked_head.py.
+  hidden states by consumer/train/lm_head.py.
 - `model.dtype = "bfloat16"` runs forward/backward under CUDA autocast in bf16 with fp32 master
   weights and optimizer state (CPU runs stay fp32).
 - `updates_per_batch = 1` (default): one optimizer step consumes the batch, `old_logp` is
@@ -19,11 +20,11 @@ Conventions:
   the rows are split into k mini-batches and `old_logp` is computed once, before the first one.
 - Micro-batch losses use global normalisers (`batching.loss_normalisers` of the whole update),
   so accumulating their gradients equals the gradient of the full-batch loss.
-- The forward (consumer/completion_forward.py) runs the decoder, then the LM head only at the
+- The forward (consumer/train/forward.py) runs the decoder, then the LM head only at the
   positions that predict completion tokens, chunk by chunk (`train.logprob_chunk_mib`): no
   full-vocabulary logits of the whole micro-batch ever exist.
 - Layout: rows packed without padding (flash-attn varlen or flex_attention) or right-padded
-  (SDPA; no mask when a micro-batch's rows have equal length), per consumer/attention.py; the
+  (SDPA; no mask when a micro-batch's rows have equal length), per consumer/train/attention.py; the
   choice is logged once and reported in every step's metrics (`attention`, `padding_frac`).
   Micro-batches are planned by real tokens when packed, by padded size when padded.
 """
@@ -35,7 +36,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -43,9 +44,11 @@ import torch
 from common.config import Config
 from common.device import resolve_device
 from common.wire import Group
-from consumer import attention as A
-from consumer import loss as L
-from consumer.batching import (
+from consumer.snapshots.weights_buffer import Fence
+from consumer.train import attention as A
+from consumer.train import checkpoint, sharded_checkpoint
+from consumer.train import loss as L
+from consumer.train.batching import (
     MicroBatch,
     Row,
     collate,
@@ -53,8 +56,7 @@ from consumer.batching import (
     plan_micro_batches,
     rows_of,
 )
-from consumer.completion_forward import CompletionForward, check_plain_head, compile_layers
-from consumer.weights_buffer import Fence
+from consumer.train.forward import CompletionForward, check_plain_head, compile_layers
 
 log = logging.getLogger("asyncgrpo.consumer")
 
@@ -75,8 +77,8 @@ def loss_options(cfg: Config) -> L.LossOptions:
     )
 
 
-class Trainer:
-    world_size = 1  # ranks training this policy together (consumer/sharded_trainer.py: more)
+class DeviceTrainer:
+    """The `Trainer` (consumer/train/protocol.py) of one process on one device."""
 
     def __init__(self, cfg: Config, model_dir: Path) -> None:
         from transformers import AutoModelForCausalLM
@@ -88,7 +90,7 @@ class Trainer:
             torch.set_num_threads(cfg.model.torch_threads)
         torch.manual_seed(cfg.run.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        self.model.to(self.device)
+        self.model.to(self.device)  # type: ignore[arg-type]  # transformers' wrapped `to`
         self._autocast = cfg.model.dtype == "bfloat16" and self.device.type == "cuda"
         self.attention = A.choose_attention(
             cfg.model.attention,
@@ -102,10 +104,11 @@ class Trainer:
         if cfg.model.gradient_checkpointing:  # the name transformers 5 gave it, else the old one
             getattr(self.model, "activation_checkpointing_enable", None) or (
                 self.model.gradient_checkpointing_enable
-            )()
+            )()  # type: ignore[no-untyped-call]
         self.model.config.use_cache = False
         self.model.train()
-        self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        embeddings = cast(torch.nn.Embedding, self.model.get_input_embeddings())
+        self.vocab_size = int(embeddings.num_embeddings)
         self.pad_id = _pad_id(self.model.config)
         t = cfg.train
         self.optimizer = torch.optim.AdamW(
@@ -123,7 +126,7 @@ class Trainer:
         self.ref_policy: CompletionForward | None = None
         if cfg.loss.beta > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-            self.ref_model.to(self.device).eval().requires_grad_(False)
+            self.ref_model.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
             self.ref_policy = self._forward_module(self.ref_model)
         self._weights_fence: Fence | None = None  # a copy of the weights still in flight
 
@@ -138,6 +141,11 @@ class Trainer:
             temperature=self.cfg.sampling.temperature,
             chunk_mib=self.cfg.train.logprob_chunk_mib,
         )
+
+    @property
+    def world_size(self) -> int:
+        """Ranks training this policy together (consumer/train/sharded.py: more)."""
+        return 1
 
     # ------------------------------------------------------------------------------------------
     def step(self, groups: list[Group]) -> dict[str, Any]:
@@ -193,7 +201,7 @@ class Trainer:
             loss, m = self._micro_loss(
                 mb, old_BT, global_tokens=global_tokens, global_seqs=global_seqs
             )
-            (loss if real else loss * 0.0).backward()
+            (loss if real else loss * 0.0).backward()  # type: ignore[no-untyped-call]
             m["forward_positions_sum"] = float(mb.num_positions)
             m["forward_tokens_sum"] = float(sum(len(rows[i].ids) for i in plan))
             passes.append((m, mb.num_tokens, real))
@@ -206,7 +214,7 @@ class Trainer:
         self.scheduler.step()
         return passes, grad_norm
 
-    # -- what a sharded learner changes (consumer/sharded_trainer.py) ----------------------------
+    # -- what a sharded learner changes (consumer/train/sharded.py) ----------------------------
     def _micro_batches(self, rows: list[Row], row_ids: list[int]) -> list[tuple[list[int], bool]]:
         """The forward/backward passes over `rows` (indices into it) and whether each counts:
         here every row, each pass real. `row_ids` are the rows' indices in the whole batch."""
@@ -310,6 +318,20 @@ class Trainer:
     def hold_weights(self, fence: Fence) -> None:
         """Keep the weights as they are until `fence` (a copy of them) completes."""
         self._weights_fence = fence
+
+    # -- checkpoints (the directory around them: consumer/train/checkpoint.py) ------------------
+    def save_checkpoint(self, directory: Path) -> None:
+        """`model.safetensors` and `trainer.pt` into `directory`."""
+        checkpoint.save_plain(directory, self.model, self.optimizer, self.scheduler)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """Restore from `directory`, written by one process or by a sharded learner's ranks."""
+        if sharded_checkpoint.is_sharded(directory):  # every rank's shards, read by one
+            sharded_checkpoint.load(self.model, self.optimizer, self.scheduler, directory, rank=0)
+        else:
+            checkpoint.load_plain(
+                directory, self.model, self.optimizer, self.scheduler, device=self.device
+            )
 
 
 def _stack_old(old: dict[int, torch.Tensor], ids: list[int], mb: MicroBatch) -> torch.Tensor:

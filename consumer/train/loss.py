@@ -2,7 +2,7 @@
 
 Owns: advantages, the truncated-importance-sampling (TIS) weight, the clipped surrogate, the KL
 penalty, aggregation and the loss metrics. Does not: run models, read config objects, move
-tensors between devices, or do I/O (consumer/trainer.py does). The sampling-distribution
+tensors between devices, or do I/O (consumer/train/trainer.py does). The sampling-distribution
 log-prob rule the log-prob inputs follow lives in common/logprobs.py (the engines share it).
 docs/loss.md lists the same formulas with their defaults.
 

@@ -2,13 +2,13 @@
 
 `Publisher.submit(state, version=, step=, dtype=)` is all the training thread pays: one copy of
 the weights into a preallocated host buffer that already holds the safetensors header
-(consumer/weights_buffer.py; on CUDA the copy is only enqueued on a side stream and `submit`
-returns its `Fence`, which the optimizer step must hold before changing the weights). A writer
-thread then waits for the copy, writes the buffer's bytes as `model.safetensors` while hashing
-the same memory (BLAKE3), copies the base model's config and tokenizer files next to it,
+(consumer/snapshots/weights_buffer.py; on CUDA the copy is only enqueued on a side stream and
+`submit` returns its `Fence`, which the optimizer step must hold before changing the weights). A
+writer thread then waits for the copy, writes the buffer's bytes as `model.safetensors` while
+hashing the same memory (BLAKE3), copies the base model's config and tokenizer files next to it,
 finalizes the directory atomically, calls `on_published(SnapshotInfo)`, which announces it, then
 adds what network fetchers need (chunk hashes and, between anchors, a sparse delta on the
-previous version: consumer/distribution.py), and only then prunes old snapshots (deleting a
+previous version: consumer/snapshots/fetch_files.py), and only then prunes old snapshots (deleting a
 large file takes a while and nobody waits for it).
 
 Never queue behind a slow writer: there are two buffers (`Buffers`, a small state machine). A
@@ -18,7 +18,7 @@ still waiting for the writer, the next copy replaces that waiting version, which
 again as soon as its bytes are in the file (before the fsyncs and the rename).
 
 What superseding means for staleness: nothing for the bound. Leases for step s are granted only
-while s - max_staleness <= the newest *published* version (consumer/leases.py), so a skipped
+while s - max_staleness <= the newest *published* version (consumer/server/leases.py), so a skipped
 version only means producers go from v to v+2 directly; if the writer falls behind by more
 than max_staleness steps, lease grants pause until it catches up, and the cost shows as learner
 idle time, never as staler groups. `publish_every` therefore states the most frequent
@@ -60,8 +60,14 @@ import torch
 from common import snapshot as snap
 from common.config import SnapshotFsync, choices
 from common.wire import SnapshotInfo
-from consumer.distribution import Distribution
-from consumer.weights_buffer import Fence, HostCopier, HostWeights, table_for, unique_tensors
+from consumer.snapshots.fetch_files import FetchFiles
+from consumer.snapshots.weights_buffer import (
+    Fence,
+    HostCopier,
+    HostWeights,
+    table_for,
+    unique_tensors,
+)
 
 log = logging.getLogger("asyncgrpo.consumer")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
@@ -145,7 +151,7 @@ class Publisher:
         delay_s: float = 0.0,
         fsync: SnapshotFsync = "before_announce",
         num_buffers: int = 2,
-        distribution: Distribution | None = None,
+        fetch_files: FetchFiles | None = None,
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
@@ -163,7 +169,7 @@ class Publisher:
             raise ValueError(f"snapshot.fsync must be one of {modes}: {fsync!r}")
         self._fsync = fsync
         self._on_published = on_published
-        self.distribution = distribution or Distribution(
+        self.fetch_files = fetch_files or FetchFiles(
             chunk_bytes=4 << 20, anchor_every=0, max_ratio=0.5
         )
         self._copier = HostCopier()
@@ -263,7 +269,7 @@ class Publisher:
                     time.sleep(self._delay_s)
                 self._on_published(info)
                 directory = Path(info.path).parent
-                self.distribution.prepare(directory, version=job.version, file_hash=info.hash)
+                self.fetch_files.prepare(directory, version=job.version, file_hash=info.hash)
                 if self._fsync == "after_announce":
                     snap.sync_dir(directory)
                     snap.fsync_path(directory.parent)

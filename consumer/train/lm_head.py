@@ -24,8 +24,8 @@ the weight's gradient: about 3 x 268 MiB + 1 GiB at Qwen2.5-0.5B's head with the
 256 MiB chunks (measured on a CPU in float32 at H = 64: 776 MiB above the start, for 4096 or
 16384 positions alike; full logits took 14 GiB at 4096 positions).
 
-Does not own: which positions are completions (consumer/batching.py), the decoder forward
-(consumer/completion_forward.py), or the loss (consumer/loss.py). Autocast is switched off inside;
+Does not own: which positions are completions (consumer/train/batching.py), the decoder forward
+(consumer/train/forward.py), or the loss (consumer/train/loss.py). Autocast is switched off inside;
 the caller states the matmul dtype (`compute_dtype`, e.g. bfloat16 where the decoder runs under
 bf16 autocast), which keeps forward and backward on the same numerics.
 

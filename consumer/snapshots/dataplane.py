@@ -8,8 +8,8 @@ trip p99 at ~430 ms; apart, ~30-50 ms). It answers exactly one request,
 `wire.FileChunkRequest`, with a two-frame chunk reply (`wire.encode_chunk`: a `chunk_head` and
 the file's bytes, sent without copying) read from the consumer's kept snapshot files
 (`model.safetensors` or `weights.delta`); anything else is refused with a `wire.Reject` and
-counted. Who fetches what from whom is decided on the network thread (consumer/fanout.py plans
-fetches over control); this thread only reads bytes, so a flood of chunk requests never delays
+counted. Who fetches what from whom is decided on the network thread (consumer/snapshots/fanout.py
+plans fetches over control); this thread only reads bytes, so a flood of chunk requests never delays
 a lease, a heartbeat or a registration (they wait in another socket's queue, on another
 thread; file reads and socket sends release the interpreter lock).
 
@@ -69,7 +69,7 @@ class DataPlane:
         keys: Keys | None,
         insecure: bool,
         chunk_limit: int,
-        count: Callable[[str, float], None],
+        count: Callable[[str, int], None],
     ) -> None:
         self.root, self.chunk_limit, self._count = root, chunk_limit, count
         self.ctx: zmq.Context[Any] = zmq.Context()

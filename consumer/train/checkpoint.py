@@ -15,9 +15,12 @@ away first (the former scheme renamed the old checkpoint aside before moving the
 kill between the two renames left none). Directories that `LATEST` does not name are leftovers
 of an interrupted save or superseded checkpoints, removed by the next save.
 
-A sharded learner (torchrun, world size > 1) writes `dcp/` and `rank<r>.pt` instead of
-`model.safetensors` and `trainer.pt` (consumer/sharded_checkpoint.py); either layout resumes at
-any world size.
+What goes into the directory besides `state.json` is the trainer's own business
+(`Trainer.save_checkpoint` / `load_checkpoint`, consumer/train/protocol.py): one process writes
+`model.safetensors` and `trainer.pt` (`save_plain` / `load_plain` here); a sharded learner
+(torchrun, world size > 1) writes `dcp/` and `rank<r>.pt` instead
+(consumer/train/sharded_checkpoint.py); either layout resumes at any world size. A simulated
+trainer writes nothing but `state.json`.
 
 `--resume` (run.resume) restores all of it: the learner continues with the same weights,
 optimizer moments and RNG streams; producers notice the new incarnation and re-register by
@@ -37,39 +40,25 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from torch.optim.lr_scheduler import LRScheduler
 
 from common.errors import ConfigError
 from common.snapshot import fsync_path, sync_dir
-from consumer import sharded_checkpoint
+from consumer.train.protocol import Trainer
 
 ROOT = "checkpoints"
 POINTER = "LATEST"
 LEGACY_DIR = "checkpoint"  # the layout before LATEST: one directory, replaced by two renames
 
 
-def save(run_dir: Path, *, trainer: Any, version: int, book_state: dict[str, Any]) -> Path:
+def save(run_dir: Path, *, trainer: Trainer, version: int, book_state: dict[str, Any]) -> Path:
     """Write a checkpoint and make it the current one (crash-safe; see the module doc)."""
     root = run_dir / ROOT
     root.mkdir(exist_ok=True)
     name = f"v{version:06d}-{uuid.uuid4().hex[:8]}"
     tmp = root / f".tmp-{name}"
     tmp.mkdir()
-    if getattr(trainer, "world_size", 1) > 1:
-        trainer.save_sharded(tmp)  # every rank writes its shards (consumer/sharded_checkpoint.py)
-    elif trainer.model is not None:
-        state = {k: v.detach().cpu().contiguous() for k, v in trainer.model.state_dict().items()}
-        save_file(_dedup(state), tmp / "model.safetensors")
-        torch.save(
-            {
-                "optimizer": trainer.optimizer.state_dict(),
-                "scheduler": trainer.scheduler.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                "python_rng": random.getstate(),
-                "numpy_rng": np.random.get_state(),
-            },
-            tmp / "trainer.pt",
-        )
+    trainer.save_checkpoint(tmp)  # a sharded learner: every rank writes its shards
     (tmp / "state.json").write_text(json.dumps({"version": version, "book": book_state}))
     sync_dir(tmp)
     final = root / name
@@ -84,6 +73,29 @@ def save(run_dir: Path, *, trainer: Any, version: int, book_state: dict[str, Any
                 child.unlink(missing_ok=True)
     shutil.rmtree(run_dir / LEGACY_DIR, ignore_errors=True)
     return final
+
+
+def save_plain(
+    directory: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+) -> None:
+    """One process's part of a checkpoint: `model.safetensors` (fp32, tied tensors once) and
+    `trainer.pt` (optimizer, scheduler, RNG states)."""
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(_dedup(state), directory / "model.safetensors")
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "python_rng": random.getstate(),
+            "numpy_rng": np.random.get_state(),
+        },
+        directory / "trainer.pt",
+    )
 
 
 def current(run_dir: Path) -> Path | None:
@@ -109,7 +121,7 @@ def _write_atomically(path: Path, text: str) -> None:
     fsync_path(path.parent)
 
 
-def load(run_dir: Path, *, trainer: Any) -> tuple[int, dict[str, Any]]:
+def load(run_dir: Path, *, trainer: Trainer) -> tuple[int, dict[str, Any]]:
     """Restore the trainer in place; returns (policy version, lease-book state)."""
     path = current(run_dir)
     if path is None:
@@ -122,23 +134,31 @@ def load(run_dir: Path, *, trainer: Any) -> tuple[int, dict[str, Any]]:
         if log.exists() and log.stat().st_size > size:
             with open(log, "r+b") as f:
                 f.truncate(size)
-    if getattr(trainer, "world_size", 1) > 1:
-        trainer.restore(path)  # every rank, whatever world size wrote it
-    elif sharded_checkpoint.is_sharded(path):
-        sharded_checkpoint.load(trainer, path, rank=0)  # written by several ranks, read by one
-    elif trainer.model is not None:
-        weights = load_file(path / "model.safetensors", device=str(trainer.device))
-        _missing, unexpected = trainer.model.load_state_dict(weights, strict=False)
-        assert not unexpected, unexpected
-        extra = torch.load(path / "trainer.pt", weights_only=False)
-        trainer.optimizer.load_state_dict(extra["optimizer"])
-        trainer.scheduler.load_state_dict(extra["scheduler"])
-        torch.set_rng_state(extra["torch_rng"])
-        if extra["cuda_rng"]:
-            torch.cuda.set_rng_state_all(extra["cuda_rng"])
-        random.setstate(extra["python_rng"])
-        np.random.set_state(extra["numpy_rng"])
+    trainer.load_checkpoint(path)  # every rank, whatever world size wrote it
     return int(state["version"]), state["book"]
+
+
+def load_plain(
+    directory: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    *,
+    device: torch.device,
+) -> None:
+    """Restore what `save_plain` wrote into one process's model (on `device`), optimizer,
+    scheduler and RNGs."""
+    weights = load_file(directory / "model.safetensors", device=str(device))
+    _missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected, unexpected
+    extra = torch.load(directory / "trainer.pt", weights_only=False)
+    optimizer.load_state_dict(extra["optimizer"])
+    scheduler.load_state_dict(extra["scheduler"])
+    torch.set_rng_state(extra["torch_rng"])
+    if extra["cuda_rng"]:
+        torch.cuda.set_rng_state_all(extra["cuda_rng"])
+    random.setstate(extra["python_rng"])
+    np.random.set_state(extra["numpy_rng"])
 
 
 def _dedup(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,6 +1,6 @@
 """Which attention the learner's forward uses, and therefore how a micro-batch's rows are laid out.
 
-Paths (`model.attention`; layouts in consumer/batching.py):
+Paths (`model.attention`; layouts in consumer/train/batching.py):
 - `flash`: rows packed into one sequence without padding; flash-attn's varlen kernel with the
   rows' `cu_seqlens` (transformers' `flash_attention_3` / `flash_attention_2`). Needs the
   flash-attn package (`flash_attn_interface` for FA3, `flash_attn` for FA2), CUDA and half

@@ -1,7 +1,7 @@
 """What a snapshot carries for producers that fetch it over the network: its chunk hashes and, for
 versions that are not anchors, a sparse delta on the previously written version.
 
-`Distribution.prepare(directory, version=, file_hash=)` runs on the publisher's writer thread
+`FetchFiles.prepare(directory, version=, file_hash=)` runs on the publisher's writer thread
 (never the training thread) just *after* the snapshot was announced, so producers that read the
 file from a shared filesystem (the learner's own host included) never wait for it. It maps
 `model.safetensors` (just written from the publication buffer: page-cache reads) and writes into
@@ -11,7 +11,7 @@ the snapshot directory:
   with superseded versions that may be older than v-1), unless v is an **anchor**;
 - `chunks.json` last (common/chunk_manifest.py, through a rename): per-chunk BLAKE3 digests of
   `model.safetensors` and of the delta, and the delta's base and hash. Until it exists the
-  consumer tells network fetchers to wait a moment (consumer/fanout.py).
+  consumer tells network fetchers to wait a moment (consumer/snapshots/fanout.py).
 
 Anchors: the first version written, every version at least `anchor_every` after the previous
 anchor, any version whose layout differs from its base's, and any version whose delta would
@@ -53,7 +53,7 @@ class DeltaRecord:
     elements_changed: int
 
 
-class Distribution:
+class FetchFiles:
     def __init__(self, *, chunk_bytes: int, anchor_every: int, max_ratio: float) -> None:
         assert chunk_bytes > 0
         self.chunk_bytes = chunk_bytes

@@ -8,7 +8,7 @@ iff token j + 1 is a completion token of row b. `behavior_logp_BT` holds each co
 behaviour log-prob at that position (0 elsewhere). The N completion tokens in row-major order of
 `mask_BT` are `tokens_N`; `hidden_index_N[n]` is the flat index, into the model's output positions
 (`input_ids_BL.numel()` of them), of the position that predicts token n. The learner applies the
-LM head only there (consumer/chunked_head.py) and scatters the N log-probs back into the frame.
+LM head only there (consumer/train/lm_head.py) and scatters the N log-probs back into the frame.
 
 Model inputs, two layouts:
 - padded: rows right-padded to [B, L]; positions 0..L_b - 1 for real tokens. `attention_mask_BL`
@@ -22,7 +22,7 @@ Micro-batches: padded, rows sorted by length and filled greedily so that
 `rows_in_micro_batch * longest_row <= token_budget` (padded tokens, which is what memory scales
 with); packed, by real tokens, `Σ L_b <= token_budget`, first-fit over rows in decreasing length.
 A row longer than the budget gets a micro-batch of its own. The loss is exact regardless of the
-split because it uses global normalisers (`loss_normalisers`, consumer/loss.py
+split because it uses global normalisers (`loss_normalisers`, consumer/train/loss.py
 `aggregate(..., global_tokens=, global_seqs=)`): a data-parallel learner passes the counts of
 the whole batch to every rank.
 """

@@ -1,6 +1,6 @@
 """Checkpoints of a sharded learner (torch.distributed.checkpoint), and resuming across world sizes.
 
-Layout inside a checkpoint directory (consumer/checkpoint.py owns the directory, its
+Layout inside a checkpoint directory (consumer/train/checkpoint.py owns the directory, its
 crash-safe rename and `state.json`):
 - `dcp/`: one torch.distributed.checkpoint (DCP) of `{"model": ..., "optim": ...}`, the state
   dicts of `get_model_state_dict` / `get_optimizer_state_dict` keyed by the model's own
@@ -10,13 +10,13 @@ crash-safe rename and `state.json`):
   Python, numpy); a rank that has none (more ranks than wrote the checkpoint) takes rank 0's.
 
 The single-device learner writes `model.safetensors` + `trainer.pt` instead
-(consumer/checkpoint.py). Every pairing resumes:
+(consumer/train/checkpoint.py). Every pairing resumes:
 - sharded -> sharded, any world size, and sharded -> one process: `load` (DCP reshards; with no
   process group it reads every shard into the one process);
 - one process -> sharded: `load_full` (rank 0 reads the full weights and optimizer state,
   `set_*_state_dict(..., full_state_dict=True, broadcast_from_rank0=True)` shards them).
 
-Functions take the trainer (its `model`, `optimizer`, `scheduler`); they run on every rank
+Functions take the trainer's `model`, `optimizer` and `scheduler`; they run on every rank
 together (the sharded trainer's orders see to that), or in one process.
 """
 
@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.optim.lr_scheduler import LRScheduler
 
 from common.snapshot import sync_dir
 
@@ -49,36 +50,59 @@ def is_sharded(directory: Path) -> bool:
     return (directory / DCP_DIR / ".metadata").exists()
 
 
-def save(trainer: Any, directory: Path, *, rank: int) -> None:
+def save(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    directory: Path,
+    *,
+    rank: int,
+) -> None:
     """Every rank: its shards of model and optimizer, and its own `rank<r>.pt`; rank 0 then
     fsyncs the DCP directory (the caller waits for every rank before renaming)."""
     state = {
-        "model": get_model_state_dict(trainer.model),
-        "optim": get_optimizer_state_dict(trainer.model, trainer.optimizer),
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
     }
-    torch.save(_extra(trainer), directory / f"rank{rank}.pt")
+    torch.save(_extra(scheduler), directory / f"rank{rank}.pt")
     dcp_save(state, checkpoint_id=directory / DCP_DIR)
     if rank == 0:
         sync_dir(directory / DCP_DIR)
 
 
-def load(trainer: Any, directory: Path, *, rank: int) -> None:
+def load(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    directory: Path,
+    *,
+    rank: int,
+) -> None:
     """Restore from a DCP checkpoint written by any number of ranks (here: any number too)."""
-    model = get_model_state_dict(trainer.model)
-    optim = get_optimizer_state_dict(trainer.model, trainer.optimizer)
+    model_state = get_model_state_dict(model)
+    optim = get_optimizer_state_dict(model, optimizer)
     single = not torch.distributed.is_initialized()  # one process reads every rank's shards
     with warnings.catch_warnings():  # DCP warns that no process group means one process: it does
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp_load(
-            {"model": model, "optim": optim}, checkpoint_id=directory / DCP_DIR, no_dist=single
+            {"model": model_state, "optim": optim},
+            checkpoint_id=directory / DCP_DIR,
+            no_dist=single,
         )
-    set_model_state_dict(trainer.model, model)
-    set_optimizer_state_dict(trainer.model, trainer.optimizer, optim)
+    set_model_state_dict(model, model_state)
+    set_optimizer_state_dict(model, optimizer, optim)
     own = directory / f"rank{rank}.pt"
-    _restore_extra(trainer, own if own.exists() else directory / "rank0.pt")
+    _restore_extra(scheduler, own if own.exists() else directory / "rank0.pt")
 
 
-def load_full(trainer: Any, directory: Path, *, main: bool) -> None:
+def load_full(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    directory: Path,
+    *,
+    main: bool,
+) -> None:
     """Every rank: restore a single-process checkpoint (`model.safetensors`, `trainer.pt`) into
     the sharded model; rank 0 reads the tensors and they are broadcast and sharded."""
     from safetensors.torch import load_file
@@ -88,11 +112,11 @@ def load_full(trainer: Any, directory: Path, *, main: bool) -> None:
     optim: dict[str, Any] = {}
     if main:
         weights = load_file(directory / "model.safetensors")
-        optim = _by_name(extra["optimizer"], trainer.model)
+        optim = _by_name(extra["optimizer"], model)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-    set_model_state_dict(trainer.model, weights, options=options)  # tied names: one is stored
-    set_optimizer_state_dict(trainer.model, trainer.optimizer, optim, options=options)
-    _restore_extra(trainer, directory / "trainer.pt")
+    set_model_state_dict(model, weights, options=options)  # tied names: one is stored
+    set_optimizer_state_dict(model, optimizer, optim, options=options)
+    _restore_extra(scheduler, directory / "trainer.pt")
 
 
 def _by_name(optim_state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
@@ -107,9 +131,9 @@ def _by_name(optim_state: dict[str, Any], model: torch.nn.Module) -> dict[str, A
     }
 
 
-def _extra(trainer: Any) -> dict[str, Any]:
+def _extra(scheduler: LRScheduler) -> dict[str, Any]:
     return {
-        "scheduler": trainer.scheduler.state_dict(),
+        "scheduler": scheduler.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
         "python_rng": random.getstate(),
@@ -117,9 +141,9 @@ def _extra(trainer: Any) -> dict[str, Any]:
     }
 
 
-def _restore_extra(trainer: Any, path: Path) -> None:
+def _restore_extra(scheduler: LRScheduler, path: Path) -> None:
     extra = torch.load(path, weights_only=False)
-    trainer.scheduler.load_state_dict(extra["scheduler"])
+    scheduler.load_state_dict(extra["scheduler"])
     torch.set_rng_state(extra["torch_rng"])
     if extra["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state(extra["cuda_rng"][0])

@@ -9,19 +9,22 @@ token ids it accepts up to `VOCAB_SIZE`.
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from common.config import Config
 from common.wire import Group
-from consumer.weights_buffer import Fence
+from consumer.snapshots.weights_buffer import Fence
 
 VOCAB_SIZE = 32_000
 
 
 class SimulatedTrainer:
-    model = None
+    """The `Trainer` (consumer/train/protocol.py) of a run without a model."""
+
     world_size = 1
 
     def __init__(self, cfg: Config) -> None:
@@ -29,7 +32,7 @@ class SimulatedTrainer:
         self.vocab_size = VOCAB_SIZE
         self.version = 0
 
-    def step(self, groups: list[Group]) -> dict[str, float]:
+    def step(self, groups: list[Group]) -> dict[str, Any]:
         t0 = time.perf_counter()
         time.sleep(self.step_s)
         self.version += 1
@@ -51,3 +54,13 @@ class SimulatedTrainer:
 
     def close(self) -> None:
         """Nothing to release."""
+
+    def eval_model(self) -> Any:
+        """Never called: the learner evaluates only a real model."""
+        raise NotImplementedError("a simulated trainer has no model to evaluate")
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """Nothing to save: a checkpoint holds only the version and the lease book."""
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """Nothing to restore: the version comes from the checkpoint's `state.json`."""

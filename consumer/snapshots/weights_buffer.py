@@ -18,8 +18,8 @@ Invariants:
   the compute stream. Whoever changes the weights next (the optimizer step) must first call
   `Fence.hold_stream()` (a GPU-side wait: the host does not block). Whoever reads the buffer
   (the writer thread) first calls `Fence.wait()`.
-- A buffer is never written while it is being read: `consumer/publisher.py` hands each buffer
-  either to the copier or to the writer, never to both.
+- A buffer is never written while it is being read: `consumer/snapshots/publisher.py` hands each
+  buffer either to the copier or to the writer, never to both.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class HostWeights:
 
     def file_bytes(self) -> memoryview:
         """The whole file, as it goes to disk (a view of this buffer, no copy)."""
-        return memoryview(self.data.numpy()).cast("B")
+        return self.data.numpy().data.cast("B")
 
 
 class Fence:
@@ -107,7 +107,7 @@ class Fence:
             self._event.synchronize()
 
     def done(self) -> bool:
-        return self._event is None or bool(self._event.query())
+        return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
 
 
 class HostCopier:
@@ -138,13 +138,14 @@ class HostCopier:
             return Fence()
         stream = self._streams.get(device)
         if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device)
+            stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for name, src in state.items():
                 src.record_stream(stream)  # a temporary source stays alive until copied
                 views[name].copy_(src, non_blocking=True)
-            event = torch.cuda.Event(blocking=True)  # a waiting writer sleeps, not spins
+            # a waiting writer sleeps, not spins
+            event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
             event.record(stream)
         return Fence(event, device)
 

@@ -14,8 +14,8 @@ the consumer if it has room; when neither has room and a relay-capable producer 
 fetching the file (a relay about to appear), the plan says `wait_s` and names no source; else
 the consumer serves beyond the bound (nobody else ever will). A fetcher holds its slot until it
 reports (`wire.FetchDone`) or `LEASE_S` passes. A version announced before its chunk hashes
-are written (consumer/distribution.py writes them just after the announcement) gets `wait_s`
-too.
+are written (consumer/snapshots/fetch_files.py writes them just after the announcement) gets
+`wait_s` too.
 
 Trust: the plan travels over the authenticated control channel; relays are untrusted producers.
 A fetcher accepts a relay's chunk only if it hashes to the plan's digest, so a relay can slow a
@@ -25,7 +25,7 @@ out for that version; a source reported `MAX_BAD_REPORTS` times is never given o
 (A hostile producer may report an honest relay: that costs the relay its children, nothing else.)
 
 No sockets, no threads: the server calls `plan` and `done` on its network thread; the chunks
-themselves are served by the data socket's thread (consumer/dataplane.py).
+themselves are served by the data socket's thread (consumer/snapshots/dataplane.py).
 """
 
 from __future__ import annotations
@@ -65,9 +65,7 @@ class _Version:
 
 
 class FanOut:
-    def __init__(
-        self, root: Path, *, max_children: int, count: Callable[[str, float], None]
-    ) -> None:
+    def __init__(self, root: Path, *, max_children: int, count: Callable[[str, int], None]) -> None:
         self.root = root
         self.max_children = max(1, max_children)
         self._count = count

@@ -1,9 +1,9 @@
 """The learner's forward: the decoder, then the LM head at completion positions only, one module.
 
 `CompletionForward(model)(micro_batch)` runs a transformers causal LM's decoder on the
-micro-batch's inputs (padded or packed, consumer/batching.py), picks the hidden states of the N
-positions that predict completion tokens, and returns their log-probs under the sampling
-distribution and the entropy there (consumer/chunked_head.py): full-vocabulary logits are never
+micro-batch's inputs (padded or packed, consumer/train/batching.py), picks the hidden states of the
+N positions that predict completion tokens, and returns their log-probs under the sampling
+distribution and the entropy there (consumer/train/lm_head.py): full-vocabulary logits are never
 formed for prompt positions, padding, or more than one chunk of positions at a time.
 
 One module call does both, so that a sharded learner can wrap this module as its root: FSDP2
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from consumer import attention as A
-from consumer.batching import MicroBatch
-from consumer.chunked_head import chunk_rows_for, chunked_logprobs
+from consumer.train import attention as A
+from consumer.train.batching import MicroBatch
+from consumer.train.lm_head import chunk_rows_for, chunked_logprobs
 
 
 class CompletionForward(torch.nn.Module):

@@ -29,7 +29,7 @@ HISTORY_FILE = "producers.jsonl"
 
 
 class View(Protocol):
-    """What the consumer knows of one producer (consumer/server.py's ProducerView)."""
+    """What the consumer knows of one producer (consumer/server/state.py's ProducerView)."""
 
     host: str
     pid: int

@@ -1,0 +1,204 @@
+"""Requests on the control socket, on the network thread: registration, heartbeats, lease
+requests, fetch plans and reports (consumer/snapshots/fanout.py), goodbyes; and the pushes that
+tell producers to send the groups they hold.
+
+Invariants:
+- Identity (consumer/server/identity.py): a registration binds its producer id to the CurveZMQ
+  key of its connection; heartbeats, lease requests, goodbyes and fetch messages for that id are
+  accepted only with that key (`wrong_key`), and only from a registered id (`not_registered`).
+- A bad request is counted under `control_rejected.<reason>` and answered with a `wire.Reject`;
+  whatever handling it raises, even a bug of ours, is counted (`NetState.internal_error`) and
+  answered `internal_error`. Replies are sent without blocking; a lost reply only delays acks.
+- A lease request that cannot be granted is parked (consumer/server/parked.py), not answered.
+- A held group released by the learner's room is asked for at once (`release`): a status reply
+  with req 0 pushed over its producer's control connection, not left for its next request.
+- Leases are granted only while the run accepts groups, grants are open (`Server.open_grants`)
+  and a snapshot is published.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from common import wire
+from common.errors import WireError
+from consumer.server.parked import ParkedRequests
+from consumer.server.state import NetState, ProducerView, peer_key
+from consumer.snapshots.fanout import FanOut
+
+log = logging.getLogger("asyncgrpo.consumer")
+
+
+class Control:
+    """The handler of the control ROUTER `sock` (its requests decoded with `limits`); owns the
+    parked lease requests and answers fetch requests with `fanout`'s plans."""
+
+    def __init__(
+        self,
+        state: NetState,
+        sock: zmq.Socket[bytes],
+        *,
+        spec: wire.RunSpec,
+        limits: wire.Limits,
+        fanout: FanOut,
+    ) -> None:
+        self._state, self.sock, self.spec, self.limits = state, sock, spec, limits
+        self._fanout = fanout
+        self.parked = ParkedRequests(state, grant=self.grant, reply=self.reply)
+
+    def on_frames(self, frames: list[zmq.Frame]) -> None:
+        st = self._state
+        if len(frames) != 2:
+            st.count("control_rejected.multipart")
+            return
+        identity, payload = frames
+        req = 0  # unknown until the request parses
+        reply: wire.Message | None
+        try:
+            msg = wire.decode(payload.buffer, self.limits)
+            req = getattr(msg, "req", 0)
+            reply = self.handle(msg, peer_key(payload), identity.bytes)
+        except WireError as exc:
+            st.count(f"control_rejected.{exc.reason}")
+            st.log.log(
+                f"control.{exc.reason}", logging.WARNING, "rejected a control request: %s", exc
+            )
+            reply = wire.Reject(req=req, reason=exc.reason, detail=exc.detail)
+        except Exception as exc:  # a bug of ours: counted and logged; the peer is told
+            st.internal_error(exc)
+            reply = wire.Reject(req=req, reason="internal_error", detail=type(exc).__name__)
+        if reply is not None:  # None: a parked lease request, answered later
+            self.reply(identity.bytes, reply)
+
+    def reply(self, identity: bytes, reply: wire.Message) -> None:
+        try:
+            self.sock.send_multipart([identity, wire.encode(reply)], zmq.NOBLOCK)
+        except zmq.ZMQError:  # peer gone (ROUTER_MANDATORY) or its pipe full: it will retry
+            self._state.count("control_reply_undeliverable")
+
+    def handle(self, msg: wire.Message, key: str, identity: bytes) -> wire.Message | None:
+        """The reply to one control request that came with the CurveZMQ key `key` over the
+        connection `identity`; None when it is a lease request parked until leases free up."""
+        now = time.monotonic()
+        if isinstance(msg, wire.Register):
+            return self._register(msg, key, now)
+        if not isinstance(
+            msg,
+            wire.Heartbeat | wire.LeaseRequest | wire.Goodbye | wire.FetchRequest | wire.FetchDone,
+        ):
+            raise WireError("unexpected_kind", type(msg).__name__)
+        st = self._state
+        view = st.producers.get(msg.producer_id)
+        if view is None or view.state == "gone":
+            raise WireError("not_registered", "register first (the consumer may have restarted)")
+        if not st.identities.allows(msg.producer_id, key):
+            raise WireError("wrong_key", "this producer id is registered with another key")
+        st.routes[msg.producer_id] = identity
+        with st.lock:
+            view.last_seen = now
+            if isinstance(msg, wire.Heartbeat):
+                view.loaded_version, view.state = msg.loaded_version, msg.state
+                view.num_in_flight, view.counters = msg.num_in_flight, dict(msg.counters)
+        if isinstance(msg, wire.Goodbye):
+            self.parked.unpark(msg.producer_id)
+            # after the end of the run a producer drops the leases it was running: they end
+            # as the shutdown ends every open lease, whichever comes first
+            reason = "not held" if st.accepting else "shutdown"
+            st.book.reconcile(msg.producer_id, set(msg.held_leases), reason=reason)
+            with st.lock:
+                view.state, view.last_seen, view.ended_at = "left", float("inf"), now
+            return wire.StatusReply(msg.req, st.status(msg.producer_id))
+        if isinstance(msg, wire.FetchRequest):
+            return self._fanout.plan(msg, now)
+        if isinstance(msg, wire.FetchDone):
+            self._fanout.done(msg)
+            return wire.StatusReply(msg.req, st.status(msg.producer_id))
+        if isinstance(msg, wire.LeaseRequest):
+            return self._lease_request(msg, view, identity, now)
+        return wire.StatusReply(msg.req, st.status(msg.producer_id))
+
+    def _register(self, msg: wire.Register, key: str, now: float) -> wire.Welcome:
+        st = self._state
+        view = st.producers.get(msg.producer_id)
+        free = view is None or (
+            view.state in ("gone", "left") and not st.book.holds(msg.producer_id)
+        )
+        if not st.identities.bind(msg.producer_id, key, free=free):
+            raise WireError("wrong_key", "this producer id is registered with another key")
+        with st.lock:
+            st.producers[msg.producer_id] = ProducerView(
+                msg.host, msg.pid, msg.engine, msg.loaded_version, last_seen=now
+            )
+        st.hosts[msg.producer_id] = msg.host
+        st.book.reconcile(msg.producer_id, set(msg.held_leases))
+        self.parked.unpark(msg.producer_id)
+        log.info(
+            "producer %s registered (%s pid %d, %s)",
+            msg.producer_id,
+            msg.host,
+            msg.pid,
+            msg.engine,
+        )
+        return wire.Welcome(msg.req, self.spec, st.status(msg.producer_id))
+
+    def _lease_request(
+        self, msg: wire.LeaseRequest, view: ProducerView, identity: bytes, now: float
+    ) -> wire.LeaseGrant | None:
+        st = self._state
+        with st.lock:
+            view.loaded_version = msg.loaded_version
+        self.parked.unpark(msg.producer_id)  # its older request (it gave up on it) goes first
+        leases = self.grant(msg, now)
+        wait_s = st.cfg.net.lease_wait_s
+        if not leases and st.accepting and wait_s > 0:
+            self.parked.park(identity, msg, now + wait_s)
+            return None
+        if not leases:
+            st.count("lease_replies_empty")
+        return wire.LeaseGrant(msg.req, leases, st.status(msg.producer_id))
+
+    def grant(
+        self, msg: wire.LeaseRequest, now: float, limit: int = 1024
+    ) -> tuple[wire.Lease, ...]:
+        """Up to `min(msg.max_leases, limit)` new leases for `msg`'s producer (maybe none)."""
+        st = self._state
+        if not st.accepting or not st.granting or st.snapshot is None:
+            return ()
+        records = st.book.grant(
+            msg.producer_id,
+            max(0, min(msg.max_leases, limit, 1024)),
+            policy_version=st.policy_version,
+            published_version=st.snapshot.version,
+            now=now,
+        )
+        out = []
+        for r in records:
+            prompt, answer = st.prompts.get(r.prompt_index)
+            out.append(
+                wire.Lease(r.lease_id, r.prompt_index, r.step, r.min_version, prompt, answer)
+            )
+        if out:
+            st.ledger_dirty = True
+        return tuple(out)
+
+    def release(self, released: list[tuple[str, int]]) -> None:
+        """Tell the producers of `released` (producer id, lease id) to send those groups now:
+        a status pushed over each one's control connection (its acks put back if that fails,
+        for its next request to take)."""
+        st = self._state
+        for lease_id in (lease for _, lease in released):
+            st.book.release(lease_id)
+        for producer_id in dict.fromkeys(p for p, _ in released):
+            identity = st.routes.get(producer_id)
+            if identity is None:
+                continue
+            status = st.status(producer_id)
+            try:
+                push = wire.StatusReply(0, status)
+                self.sock.send_multipart([identity, wire.encode(push)], zmq.NOBLOCK)
+            except zmq.ZMQError:  # it reconnected or its pipe is full: its next request
+                st.book.requeue_acks(producer_id, status.acks)
+                st.count("control_push_undeliverable")

@@ -1,0 +1,80 @@
+"""Groups arriving on the rollouts socket, on the network thread: decoded, checked, admitted.
+
+A group message is accepted only from a registered producer id (`not_registered`) with the key
+that registered it (`wrong_key`, consumer/server/identity.py), for an open lease of that
+producer: a group for another producer's lease is refused (`rejected.wrong_producer`), neither
+trained nor credited, and the lease stays with its holder. An accepted group is offered to the
+learner's bounded queue (consumer/server/admission.py, `net.max_queued_groups`,
+`net.max_queued_mib`); a valid group that does not fit is not admitted: its lease is `held` and
+its producer told to hold it, then to send it when the learner has made room (acks `hold` /
+`send`). The rollouts socket is always read, so ZeroMQ's queues never grow with a slow learner.
+
+A bad message is counted under `rejected.<reason>` and never raises out of the loop; a group
+that parsed but failed validation ends its lease as `rejected_invalid` and its producer is told
+(an ack with that outcome).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from common import wire
+from common.errors import WireError
+from consumer.server.state import NetState, peer_key
+
+
+class Intake:
+    """The handler of one rollouts message (its frames), decoded with `limits`."""
+
+    def __init__(self, state: NetState, limits: wire.Limits) -> None:
+        self._state, self.limits = state, limits
+
+    def on_frames(self, frames: list[zmq.Frame]) -> None:
+        st = self._state
+        with st.lock:
+            st.counters["messages"] += 1
+        key = peer_key(frames[0])
+        if len(frames) != 1:
+            return self._reject(WireError("multipart", f"{len(frames)} frames"), key)
+        try:
+            msg = wire.decode(frames[0].buffer, self.limits)
+        except WireError as exc:
+            return self._reject(exc, key)
+        if not isinstance(msg, wire.Group):
+            return self._reject(WireError("unexpected_kind", type(msg).__name__), key)
+        if msg.producer_id not in st.producers:
+            return self._reject(WireError("not_registered", "register first"), key)
+        if not st.identities.allows(msg.producer_id, key):
+            return self._reject(WireError("wrong_key", "not this producer's key"), key)
+        verdict = st.book.receive(msg.lease_id, msg.producer_id)
+        if verdict == "wrong_producer":
+            return self._reject(WireError("wrong_producer", "another producer's lease"), key)
+        if verdict == "accept" and not st.admission.offer(
+            msg, len(frames[0].buffer), now=time.monotonic()
+        ):
+            st.book.hold(msg.lease_id)  # no room: its producer keeps it until told to send
+            verdict = "not_admitted"  # counted as groups_not_admitted
+        with st.lock:
+            st.counters[f"groups_{verdict}"] += 1
+
+    def _reject(self, exc: WireError, key: str) -> None:
+        """Count a refused group message; one that parsed but failed a check ends its lease
+        as rejected_invalid, if it came from the lease's holder (id and key)."""
+        st = self._state
+        with st.lock:
+            st.counters[f"rejected.{exc.reason}"] += 1
+            st.counters["rejected"] += 1
+        st.log.log(f"group.{exc.reason}", logging.WARNING, "rejected a group message: %s", exc)
+        rec = st.book.open.get(exc.lease_id) if exc.lease_id is not None else None
+        if (
+            rec is not None
+            and rec.state in ("issued", "held")
+            and rec.producer_id == exc.producer_id
+            and st.identities.allows(rec.producer_id, key)
+            and exc.reason not in ("not_registered", "wrong_key", "wrong_producer")
+        ):
+            st.book.finalize(rec.lease_id, "rejected_invalid", reason=exc.reason)
+            st.ledger_dirty = True

@@ -1,0 +1,165 @@
+"""The network thread itself ("consumer-net"): one poller over the control and rollouts sockets
+and the calls' wake-up, each event dispatched to its handler, then the housekeeping.
+
+Each turn: drain the rollouts socket (consumer/server/intake.py) and the control socket
+(consumer/server/control.py), up to `_DRAIN` messages each; run the calls other threads queued
+(consumer/server/calls.py); serve parked lease requests (consumer/server/parked.py); push the
+groups the learner made room for (`Admission.release`); and every 0.25 s the housekeeping:
+producers silent for `net.producer_timeout_s` are gone (their leases expire), leases past
+`net.lease_timeout_s` expire, records of producers that left or went silent, holding no lease,
+are forgotten after `_FORGET_AFTER_S` (with their acks), held groups whose lease ended otherwise
+are pruned, and the books are written when due (consumer/server/books.py).
+
+A message whose handling raises is counted and dropped (`NetState.internal_error`): one message
+never ends this thread. Anything else that raises here ends it: the error is kept (`error`, which
+`Server.check` re-raises on the training thread), queued calls fail, and the sockets close.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from consumer.server.books import Books
+from consumer.server.calls import Calls
+from consumer.server.control import Control
+from consumer.server.intake import Intake
+from consumer.server.state import NetState
+
+log = logging.getLogger("asyncgrpo.consumer")
+_FORGET_AFTER_S = 600.0  # a producer record that left or went silent, holding no lease
+_DRAIN = 256  # messages read from one socket per turn
+
+
+class Loop:
+    """The network thread: `start`, `stop`; `error` says why it died, if it did. It closes
+    `rollouts`, `announce` and the control socket when it ends."""
+
+    def __init__(
+        self,
+        state: NetState,
+        *,
+        control: Control,
+        intake: Intake,
+        books: Books,
+        calls: Calls,
+        rollouts: zmq.Socket[bytes],
+        announce: zmq.Socket[bytes],
+    ) -> None:
+        self._state, self._control, self._intake = state, control, intake
+        self._books, self._calls = books, calls
+        self._rollouts, self._announce = rollouts, announce
+        self.error: BaseException | None = None  # why the network thread died, if it did
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="consumer-net", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def stopped(self) -> bool:
+        """The thread failed, or ran and ended: calls would never be run."""
+        return self.error is not None or (
+            self._thread.ident is not None and not self._thread.is_alive()
+        )
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop the thread as if it had failed with `exc` (a call nobody waited for failed)."""
+        self.error = exc
+        self._stop.set()
+
+    def _failed(self) -> bool:
+        return self.error is not None
+
+    def _run(self) -> None:
+        control = self._control.sock
+        poller = zmq.Poller()
+        poller.register(control, zmq.POLLIN)
+        poller.register(self._rollouts, zmq.POLLIN)
+        wake_fd = self._calls.fileno()
+        poller.register(wake_fd, zmq.POLLIN)
+        next_housekeeping = 0.0
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(timeout=10))
+                if self._rollouts in events:
+                    self._drain(self._rollouts, self._intake.on_frames)
+                if control in events:
+                    self._drain(control, self._control.on_frames)
+                if wake_fd in events:
+                    self._calls.take_wake_ups()
+                self._calls.run(stopped=self._failed)
+                now = time.monotonic()
+                if self._control.parked:
+                    self._control.parked.serve(now)
+                self._control.release(self._state.admission.release())  # the learner made room
+                if now >= next_housekeeping:
+                    self._housekeeping(now)
+                    next_housekeeping = now + 0.25
+            self._calls.run(stopped=self._failed)
+            self._books.flush()
+        except BaseException as exc:
+            log.exception("network thread failed")
+            self.error = exc
+            self._calls.fail_all()
+            raise
+        finally:
+            for sock in (control, self._rollouts, self._announce):
+                sock.close(linger=0)
+            self._calls.close()
+
+    def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[zmq.Frame]], None]) -> None:
+        for _ in range(_DRAIN):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                handler(frames)
+            except Exception as exc:  # one message must never end this thread
+                self._state.internal_error(exc)
+
+    def _housekeeping(self, now: float) -> None:
+        st, net = self._state, self._state.cfg.net
+        gone = {p for p, v in st.producers.items() if now - v.last_seen > net.producer_timeout_s}
+        expired = st.book.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=gone)
+        forget = [
+            p
+            for p, v in st.producers.items()
+            if v.state in ("gone", "left")
+            and now - v.ended_at > max(_FORGET_AFTER_S, 10 * net.producer_timeout_s)
+            and not st.book.holds(p)
+        ]
+        with st.lock:
+            for p in gone:
+                log.warning(
+                    "producer %s silent for %.0f s: gone, its leases expire",
+                    p,
+                    net.producer_timeout_s,
+                )
+                st.producers[p].state = "gone"
+                st.producers[p].last_seen = float("inf")  # report once
+                st.producers[p].ended_at = now
+                self._control.parked.drop(p)  # gone: nobody to answer
+            for p in forget:
+                del st.producers[p]
+            st.counters["expired"] += len(expired)
+        for p in forget:
+            if p not in st.book.by_producer:
+                st.hosts.pop(p, None)
+            st.book.forget_acks(p)
+            st.identities.forget(p)
+            st.routes.pop(p, None)
+            st.told_finished.discard(p)
+        if expired:
+            self._books.append_finished()
+            st.ledger_dirty = True
+        st.admission.prune(st.book.open)  # held groups whose lease ended otherwise
+        self._books.maybe_write(now)

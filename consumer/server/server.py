@@ -1,0 +1,364 @@
+"""The consumer's network side: `Server`, the typed handle other threads hold on the network
+thread, which owns every socket and the lease book.
+
+Sockets (all bound here): `control` ROUTER (register, heartbeat, lease requests, fetch plans
+and reports, goodbye: consumer/server/control.py), `rollouts` PULL (groups:
+consumer/server/intake.py), `announce` PUB (new snapshot versions, hints only). Snapshot chunks
+are served on the `data` ROUTER by its own thread (consumer/snapshots/dataplane.py, started and
+stopped with this one), so control never waits behind bulk bytes. The thread's loop is
+consumer/server/loop.py; what it knows, consumer/server/state.py.
+
+Invariants:
+- Only the network thread touches the sockets and the lease book (`LeaseBook`, private to this
+  package: the server builds it, restores it on resume and hands out only copies of its state).
+  Other threads use the methods under "API for other threads" (each runs its work on the network
+  thread, between socket events, through a queue of callables answered by futures:
+  consumer/server/calls.py) and receive admitted groups through `next_group`: a queue bounded in
+  groups and bytes (consumer/server/admission.py).
+- A call nobody waits for (`drop`) that fails stops the network thread; `check` re-raises its
+  failure on the caller's thread.
+- Built with `hold_grants`, the server grants no lease until `open_grants()` (the learner waits
+  for `run.wait_for_producers` ready producers first: `ready_producers`).
+- Nothing per step grows with the number of producers (consumer/server/books.py);
+  `step_summary` is a fixed-size answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TypeVar
+
+import zmq
+
+from common import wire
+from common.config import Config
+from common.keys import Keys
+from common.sockets import server_socket
+from consumer.server.admission import Admission
+from consumer.server.books import Books
+from consumer.server.calls import Calls
+from consumer.server.control import Control
+from consumer.server.identity import Identities
+from consumer.server.intake import Intake
+from consumer.server.leases import LeaseBook
+from consumer.server.loop import Loop
+from consumer.server.prompts import PromptOrder, PromptSource
+from consumer.server.state import NetState
+from consumer.snapshots.dataplane import DataPlane
+from consumer.snapshots.fanout import FanOut
+from consumer.snapshots.fetch_files import snapshot_chunk_bytes
+
+log = logging.getLogger("asyncgrpo.consumer")
+T = TypeVar("T")
+
+
+def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
+    """What every producer is told at registration; ports stay 0 until the server has bound."""
+    s = cfg.sampling
+    return wire.RunSpec(
+        group_size=s.group_size,
+        vocab_size=vocab_size,
+        max_staleness=cfg.staleness.max_staleness,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_new_tokens=s.max_new_tokens,
+        prompt_format=cfg.task.prompt_format,
+        model=model,
+        rollouts_port=0,
+        announce_port=0,
+        heartbeat_s=cfg.net.heartbeat_s,
+        max_message_bytes=int(cfg.net.max_message_mib * (1 << 20)),
+        reward_fns=tuple(wire.RewardWeight(r.fn, r.weight) for r in cfg.rewards.fns),
+        reward_timeout_s=cfg.rewards.timeout_s,
+        data_port=0,
+    )
+
+
+class Server:
+    """The network thread and its lease book. Build it, `start()` it, `stop()` it.
+
+    `book_state` (from a checkpoint) restores the lease book as the next incarnation;
+    `policy_version` is the learner's version at start.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        ctx: zmq.Context[Any],
+        *,
+        prompts: PromptSource,
+        spec: wire.RunSpec,
+        run_dir: Path,
+        keys: Keys | None,
+        policy_version: int = 0,
+        book_state: dict[str, Any] | None = None,
+        hold_grants: bool = False,
+        refused_keys: Callable[[], int] | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        st = self._state = _restored_state(cfg, prompts, book_state, policy_version, hold_grants)
+        self.incarnation = st.book.incarnation
+        self.run_id = st.run_id
+        net = cfg.net
+        max_bytes = int(net.max_message_mib * (1 << 20))
+
+        def bind(kind: int, port: int) -> tuple[zmq.Socket[Any], int]:
+            return server_socket(
+                ctx, kind, host=net.bind_host, port=port, keys=keys, insecure=net.insecure,
+                max_message_bytes=max_bytes,
+            )  # fmt: skip
+
+        control, control_port = bind(zmq.ROUTER, net.control_port)
+        rollouts, rollouts_port = bind(zmq.PULL, net.rollouts_port)
+        self._announce, announce_port = bind(zmq.PUB, net.announce_port)
+        snapshot_root = run_dir / "snapshots"
+        self.data = DataPlane(
+            snapshot_root, host=net.bind_host, port=net.data_port, keys=keys,
+            insecure=net.insecure, chunk_limit=snapshot_chunk_bytes(cfg), count=st.count,
+        )  # fmt: skip
+        self.ports = {
+            "control": control_port, "rollouts": rollouts_port, "announce": announce_port,
+            "data": self.data.port,
+        }  # fmt: skip
+        self.spec = dataclasses.replace(
+            spec, rollouts_port=rollouts_port, announce_port=announce_port, data_port=self.data.port
+        )
+        fanout = FanOut(snapshot_root, max_children=cfg.snapshot.fanout, count=st.count)
+        control_limits = wire.Limits(max_message_bytes=1 << 20, max_items=1 << 16)
+        self._control = Control(st, control, spec=self.spec, limits=control_limits, fanout=fanout)
+        intake = Intake(st, _group_limits(cfg, max_bytes, vocab_size=spec.vocab_size))
+        self._books = Books(st, run_dir, refused_keys=refused_keys)
+        self._calls = Calls()
+        self._loop = Loop(
+            st, control=self._control, intake=intake, books=self._books, calls=self._calls,
+            rollouts=rollouts, announce=self._announce,
+        )  # fmt: skip
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the network thread died, if it did."""
+        return self._loop.error
+
+    # -- API for other threads -----------------------------------------------------------------
+    def start(self) -> None:
+        self.data.start()
+        self._loop.start()
+
+    def _call(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` on the network thread (between socket events); its result via the future."""
+        return self._calls.submit(fn, stopped=self._loop.stopped())
+
+    def stop(self) -> None:
+        self._loop.stop()
+        self.data.stop()
+
+    def next_group(self, timeout_s: float) -> wire.Group | None:
+        """The next admitted group, or None after `timeout_s` without one."""
+        return self._state.admission.get(timeout_s)
+
+    def drop(self, group: wire.Group, outcome: str) -> None:
+        """End `group`'s lease as `outcome` (a dropped_* state) without waiting: its slot is
+        granted again as soon as the network thread gets to it. A failure (a lease-book bug)
+        stops the network thread and reaches the caller through `check`."""
+        info = {"behavior_version": group.behavior_version, "num_tokens": group.num_tokens}
+        fut = self._call(lambda: self._state.book.finalize(group.lease_id, outcome, **info))
+        fut.add_done_callback(self._fail_on_error)
+
+    def settle_trained(self, groups: Sequence[wire.Group], *, trained_step: int) -> None:
+        """The optimizer step `trained_step` consumed `groups`: end their leases as trained,
+        move the policy version to `trained_step + 1` (new leases follow it) and append them
+        to leases.jsonl, all at once (ledger.json follows within the books' interval)."""
+        st = self._state
+
+        def settle() -> None:
+            for g in groups:
+                st.book.finalize(
+                    g.lease_id,
+                    "trained",
+                    behavior_version=g.behavior_version,
+                    trained_step=trained_step,
+                    num_tokens=g.num_tokens,
+                )
+            st.policy_version = trained_step + 1
+            self._books.append_finished()
+            st.ledger_dirty = True
+
+        self._call(settle).result()
+
+    def stop_granting(self) -> None:
+        """No more leases; every reply from now on tells producers the run is finished."""
+
+        def stop() -> None:
+            self._state.accepting = False
+
+        self._call(stop).result()
+
+    def open_grants(self) -> None:
+        """Start granting leases (a server built with `hold_grants`)."""
+
+        def start() -> None:
+            self._state.granting = True
+
+        self._call(start).result()
+
+    def ready_producers(self) -> dict[str, str]:
+        """Producers registered and holding this run's newest snapshot ("idle" or "generating"
+        in their last heartbeat), as {producer id: host}."""
+        st = self._state
+        with st.lock:
+            return {p: v.host for p, v in st.producers.items() if v.state in ("idle", "generating")}
+
+    def announce_snapshot(self, info: wire.SnapshotInfo) -> None:
+        """A new snapshot is complete on disk: serve it and announce it."""
+        self._call(lambda: self._publish(info)).result()
+
+    def expire_open(self, reason: str) -> None:
+        """End every open lease as expired (their prompts are leased again after a resume)."""
+        self._call(lambda: self._state.book.expire_all(reason)).result()
+
+    def flush_ledger(self) -> None:
+        """Append finished leases to leases.jsonl, rewrite ledger.json and the producers'
+        files (consumer/server/roster.py)."""
+        self._call(self._books.flush).result()
+
+    def step_summary(self) -> dict[str, Any]:
+        """What a step's metrics line needs, its size independent of the number of
+        producers: the ledger's counts in total (`balance`: LeaseBook.totals), messages refused
+        so far (`rejected`), the producers by state as of the last roster write
+        (`producers_live`, `producers_by_state`) and the backpressure figures since the last
+        summary (`Admission.summary`)."""
+        st = self._state
+
+        def summary() -> dict[str, Any]:
+            return {
+                "balance": st.book.totals(),
+                "rejected": st.counters.get("rejected", 0),
+                **self._books.roster.summary,
+                "admission": st.admission.summary(reset=True),
+            }
+
+        return self._call(summary).result()
+
+    def balance(self) -> dict[str, int]:
+        """The ledger's counts by state; `ok` is 1 when they add up (see LeaseBook.balance)."""
+        return self._call(self._state.book.balance).result()
+
+    def starving(self) -> bool:
+        """True when prompts ran out and no lease is open: no group will ever arrive."""
+        book = self._state.book
+        return self._call(lambda: book.order.exhausted() and not book.open).result()
+
+    def checkpoint_state(self, logs: Sequence[str]) -> dict[str, Any]:
+        """The lease book's state for a checkpoint, taken after writing the ledger, with the
+        sizes of the run-directory files `logs` at that moment (`{"logs": {name: bytes}}`), so
+        that a resumed run truncates its append-only logs to exactly this state."""
+
+        def state() -> dict[str, Any]:
+            self._books.flush_ledger()
+            out = self._state.book.state_dict()
+            out["identities"] = self._state.identities.state_dict()
+            out["logs"] = {name: _size(self.run_dir / name) for name in logs}
+            return out
+
+        return self._call(state).result()
+
+    def all_told_finished(self) -> bool:
+        """Every live producer (and every producer of the previous incarnation that has not
+        re-registered yet) has heard that the run is finished."""
+        return self._call(self._all_told_finished).result()
+
+    def _all_told_finished(self) -> bool:
+        st = self._state
+        live = {p for p, v in st.producers.items() if v.state not in ("gone", "left")}
+        return live | (st.expected - set(st.producers)) <= st.told_finished
+
+    def awaiting_restored(self) -> bool:
+        """True while a producer of the previous incarnation has not registered with this one
+        (after a resume it may still be waiting out a request to the old consumer)."""
+        st = self._state
+        return self._call(lambda: bool(st.expected - set(st.producers))).result()
+
+    def _fail_on_error(self, fut: Future[Any]) -> None:
+        """A call nobody waits for failed: the lease book can no longer be trusted, so the
+        network thread stops as if it had failed itself (`check` re-raises it)."""
+        exc = fut.exception() if not fut.cancelled() else None
+        if exc is not None and self._loop.error is None:
+            log.error("a call from the training thread failed on the network thread: %r", exc)
+            self._loop.fail(exc)
+
+    def check(self) -> None:
+        """Re-raise, on the caller's thread, a failure of the network thread."""
+        if self.error is not None:
+            raise RuntimeError("the consumer's network thread failed") from self.error
+
+    def view(self) -> dict[str, Any]:
+        """A consistent copy of the counters and producers (for metrics and the dashboard)."""
+        st = self._state
+        with st.lock:
+            return {
+                "counters": dict(st.counters),
+                "producers": {k: asdict(v) for k, v in st.producers.items()},
+            }
+
+    # -- on the network thread -----------------------------------------------------------------
+    def _publish(self, info: wire.SnapshotInfo) -> None:
+        st = self._state
+        st.snapshot = info
+        self._announce.send(wire.encode(wire.Announce(st.run_id, st.policy_version, info)))
+
+
+def _restored_state(
+    cfg: Config,
+    prompts: PromptSource,
+    book_state: dict[str, Any] | None,
+    policy_version: int,
+    hold_grants: bool,
+) -> NetState:
+    """The network thread's books at start: a fresh lease book over `prompts`, or the one of
+    `book_state` (a checkpoint's) as its next incarnation, with its producers' identities."""
+    order = PromptOrder(
+        len(prompts), seed=cfg.run.seed, shuffle=cfg.task.shuffle, epochs=cfg.task.epochs
+    )
+    book = LeaseBook(
+        order,
+        prompts_per_step=cfg.train.prompts_per_step,
+        max_staleness=cfg.staleness.max_staleness,
+    )
+    identities = Identities()
+    if book_state is not None:
+        book.load_state_dict(book_state, now=time.monotonic())
+        identities.load_state_dict(book_state.get("identities", {}))
+    net = cfg.net
+    admission = Admission(
+        max_bytes=int(net.max_queued_mib * (1 << 20)), max_groups=net.max_queued_groups
+    )
+    return NetState(
+        cfg, prompts=prompts, book=book, identities=identities, admission=admission,
+        run_id=f"{uuid.uuid4().hex[:8]}-{book.incarnation}", policy_version=policy_version,
+        granting=not hold_grants,
+    )  # fmt: skip
+
+
+def _group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits:
+    """What a group message may hold: the run's G, vocabulary, temperature and lengths."""
+    s = cfg.sampling
+    return wire.Limits(
+        max_message_bytes=max_bytes,
+        vocab_size=vocab_size,
+        group_size=s.group_size,
+        temperature=s.temperature,
+        max_prompt_tokens=s.max_prompt_tokens,
+        max_completion_tokens=s.max_new_tokens,
+    )
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0

@@ -1,0 +1,118 @@
+"""What the network thread knows, shared by its parts (consumer/server/: control, intake,
+parked, books, loop): the lease book, producer identities and views, the admission queue and the
+versions every reply carries.
+
+Invariants:
+- Only the network thread reads or writes a `NetState`, except `counters` and `producers`, which
+  it changes, and other threads copy, under `lock` (`Server.view`, `Server.ready_producers`).
+- A message whose handling raises, even through a bug of ours, is counted by `internal_error` as
+  `rejected.internal_error` (and `internal_error.<exception type>`), logged with its traceback
+  the first time, and the loop goes on. Log lines about bad messages are rate-limited per reason
+  (common/log_limit.py): a flood of garbage is counted, not written out line by line.
+- Every reply carries the newest policy and snapshot version (`status`: a missed announcement
+  costs latency, never correctness) and the acks queued for that producer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+import zmq
+
+from common import wire
+from common.config import Config
+from common.log_limit import LogLimiter
+from consumer.server.admission import Admission
+from consumer.server.identity import Identities
+from consumer.server.leases import LeaseBook
+from consumer.server.prompts import PromptSource
+
+log = logging.getLogger("asyncgrpo.consumer")
+
+
+def peer_key(frame: zmq.Frame) -> str:
+    """The CurveZMQ public key (z85) of the connection `frame` came over; "" without CurveZMQ."""
+    try:
+        return str(frame.get("User-Id") or "")
+    except zmq.ZMQError:  # no security mechanism: the property does not exist
+        return ""
+
+
+@dataclass(slots=True)
+class ProducerView:
+    host: str
+    pid: int
+    engine: str
+    loaded_version: int
+    state: str = "registered"
+    last_seen: float = 0.0
+    num_in_flight: int = 0
+    counters: dict[str, float] = field(default_factory=dict)
+    ended_at: float = 0.0  # monotonic time it left or went silent (state "left" or "gone")
+
+
+class NetState:
+    """The network thread's books: built by `Server`, read and changed by its parts."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        prompts: PromptSource,
+        book: LeaseBook,
+        identities: Identities,
+        admission: Admission,
+        run_id: str,
+        policy_version: int,
+        granting: bool,
+    ) -> None:
+        self.cfg, self.prompts = cfg, prompts
+        self.book, self.identities, self.admission = book, identities, admission
+        self.run_id = run_id
+        self.counters: Counter[str] = Counter()
+        self.lock = threading.Lock()  # guards counters/producers copies for other threads
+        self.producers: dict[str, ProducerView] = {}
+        # producers of the previous incarnation: they re-register by themselves, and should hear
+        # the end of the run too if it comes before they have
+        self.expected = set(identities.keys)
+        self.hosts: dict[str, str] = {}  # producer id -> host it registered from
+        self.routes: dict[str, bytes] = {}  # producer id -> ROUTER identity of its last request
+        self.told_finished: set[str] = set()  # producers whose last reply said finished
+        self.policy_version = policy_version
+        self.snapshot: wire.SnapshotInfo | None = None
+        self.accepting = True  # False once the learner needs no more groups
+        self.granting = granting  # False until Server.open_grants() when held
+        self.ledger_dirty = True  # ledger.json is behind the lease book
+        self.log = LogLimiter(log)
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.counters[key] += n
+
+    def status(self, producer_id: str | None) -> wire.Status:
+        """What every reply to `producer_id` carries (its queued acks are taken)."""
+        acks = self.book.take_acks(producer_id) if producer_id else ()
+        if producer_id and not self.accepting:
+            self.told_finished.add(producer_id)
+        return wire.Status(
+            self.run_id, self.policy_version, self.snapshot, acks, not self.accepting
+        )
+
+    def internal_error(self, exc: Exception) -> None:
+        """Handling one message raised: count it, log it (with its traceback the first time
+        for its type) and go on; the message is dropped."""
+        name = type(exc).__name__
+        with self.lock:
+            self.counters["rejected.internal_error"] += 1
+            self.counters[f"internal_error.{name}"] += 1
+            self.counters["rejected"] += 1
+        self.log.log(
+            f"internal_error.{name}",
+            logging.ERROR,
+            "a message raised %s while it was handled: dropped, the consumer goes on",
+            name,
+            exc_info=True,
+        )

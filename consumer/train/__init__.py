@@ -1,0 +1,32 @@
+"""One optimizer step, run by the consumer's main (training) thread: on one device, or on every
+rank of an FSDP2 learner under torchrun (ranks > 0 run nothing else).
+
+What it owns: the `Trainer` protocol (consumer/train/protocol.py) and its implementations (one
+device: trainer.py; FSDP2: sharded.py with ranks.py; no model: simulated.py), the loss (pure
+tensor functions), batching, the forward over completion tokens with its LM head and attention
+choice, and checkpoints (plain and sharded). What it does not do: sockets, leases or snapshots
+on disk (consumer/server/, consumer/snapshots/); only the learner (consumer/learner.py) calls it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from common.config import Config
+    from consumer.train.ranks import World
+    from consumer.train.trainer import DeviceTrainer
+
+
+def make_trainer(cfg: Config, model_dir: Path, world: World | None = None) -> DeviceTrainer:
+    """The single-device `DeviceTrainer` at world size 1, else a `ShardedTrainer` (in the
+    group of torchrun's ranks). Imports torch and transformers only when called."""
+    from consumer.train.ranks import World
+    from consumer.train.sharded import ShardedTrainer
+    from consumer.train.trainer import DeviceTrainer
+
+    world = world or World.from_env()
+    if world.size == 1:
+        return DeviceTrainer(cfg, model_dir)
+    return ShardedTrainer(cfg, model_dir, world)
