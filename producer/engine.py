@@ -1,4 +1,4 @@
-"""The engine contract, the fake engine and its rewards, and `make_engine`.
+"""The engine contract, the fake engine, and `make_engine`.
 
 Every engine keeps this contract (tests/integration/test_engine_contract.py checks it):
 - `generate(prompt_ids, params)` returns exactly `params.n` completions of one prompt;
@@ -137,25 +137,6 @@ class FakeEngine:
         self._version = version
 
     async def close(self) -> None:
-        return None
-
-
-class FakeRewards:
-    """The fake engine's rewards: a seeded coin per completion, 1 with probability `p`.
-
-    Drawn from (run seed, lease id), so a lease scores the same whichever producer runs it.
-    The completions' contents are never read (fake tokens decode to nothing).
-    """
-
-    def __init__(self, *, run_seed: int, p: float) -> None:
-        self.run_seed, self.p = run_seed, p
-
-    def score(self, lease_id: int, n: int) -> np.ndarray:
-        """float32 [n] rewards in {0, 1} of lease `lease_id`'s n completions."""
-        rng = np.random.default_rng([self.run_seed, lease_id])
-        return (rng.random(n) < self.p).astype(np.float32)
-
-    def close(self) -> None:
         return None
 
 

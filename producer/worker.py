@@ -56,7 +56,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import zmq
@@ -64,20 +63,18 @@ import zmq.asyncio
 
 from common import snapshot as snap
 from common import wire
-from common.config import Config, RewardSpec
+from common.config import Config
 from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from common.keys import load_keys
 from common.sockets import client_socket, endpoint_with_port
 from producer.backoff import Backoff
 from producer.client import ControlClient, KeyRefused, Outbox, Rejected, announcements
 from producer.endpoint_file import resolve_connect
-from producer.engine import Completion, Engine, FakeRewards, SamplingParams, make_engine
+from producer.engine import Engine, SamplingParams, make_engine
 from producer.fetch import Fetcher, Held
 from producer.relay import Relay
+from producer.scoring import Rewards, make_rewards
 from producer.tokenizer import PromptCodec
-
-if TYPE_CHECKING:
-    from producer.rewards import RewardRunner
 
 log = logging.getLogger("asyncgrpo.producer")
 EXIT_CONSUMER_LOST = 3
@@ -158,7 +155,7 @@ class Session:
     spec: wire.RunSpec  # the consumer's run: G, sampling, rewards, ports
     engine: Engine
     codec: PromptCodec
-    rewards: RewardRunner | FakeRewards  # fake rewards go with the fake engine
+    rewards: Rewards  # the run's reward functions, or the fake engine's coins
     outbox: Outbox  # every finished group until it is acknowledged
 
 
@@ -298,16 +295,7 @@ class Producer:
                 f"cannot load the model {str(model_dir)!r} ({whose}) on this producer's host: "
                 f"{type(exc).__name__}: {_first_line(exc)}"
             ) from exc
-        rewards: RewardRunner | FakeRewards
-        if self.cfg.producer.engine == "fake":
-            rewards = FakeRewards(run_seed=self.cfg.run.seed, p=self.cfg.fake.reward_p)
-        else:
-            from producer.rewards import RewardRunner
-
-            specs = [RewardSpec(r.fn, r.weight) for r in spec.reward_fns]
-            rewards = RewardRunner(
-                specs, timeout_s=spec.reward_timeout_s, workers=self.cfg.rewards.workers
-            )
+        rewards = make_rewards(self.cfg, spec, codec)
         push = self._socket(zmq.PUSH, spec.rollouts_port)
         outbox = Outbox(push, resend_after_s=self.cfg.net.resend_after_s)
         self.session = Session(spec, engine, codec, rewards, outbox)
@@ -525,7 +513,7 @@ class Producer:
                 stop_token_ids=codec.stop_ids,
             )  # fmt: skip
             completions = await engine.generate(prompt_ids, params)
-            rewards, errors = await self._score(session, completions, lease)
+            scored = await session.rewards.score_group(lease, completions)
             versions = np.concatenate([c.versions for c in completions]).astype(np.int32)
             behavior = int(versions.min())
             group = wire.Group(
@@ -538,10 +526,10 @@ class Producer:
                 completion_lens=np.array([len(c.token_ids) for c in completions], np.int32),
                 behavior_logp=np.concatenate([c.logprobs for c in completions]),
                 token_versions=versions if (versions != behavior).any() else np.zeros(0, np.int32),
-                rewards=rewards,
+                rewards=scored.rewards,
                 finish_reasons=tuple(c.finish_reason for c in completions),
                 temperature=spec.temperature,
-                num_reward_errors=errors,
+                num_reward_errors=scored.num_errors + scored.num_timeouts,
                 gen_s=time.perf_counter() - t0,
             )
             await session.outbox.send(group)
@@ -569,18 +557,6 @@ class Producer:
             self.state.count("busy_s", now - self.busy_since)
         self.busy_since = now
         self.num_active += delta
-
-    async def _score(
-        self, session: Session, completions: list[Completion], lease: wire.Lease
-    ) -> tuple[np.ndarray, int]:
-        """(float32 [G] rewards, number of reward calls that failed or timed out)."""
-        if isinstance(session.rewards, FakeRewards):
-            return session.rewards.score(lease.lease_id, len(completions)), 0
-        texts = [session.codec.decode(c.token_ids) for c in completions]
-        scored = await session.rewards.score(texts, lease.answer)
-        self.state.count("reward_errors", scored.num_errors)
-        self.state.count("reward_timeouts", scored.num_timeouts)
-        return np.asarray(scored.rewards, np.float32), scored.num_errors + scored.num_timeouts
 
     async def _maybe_stall(self) -> None:
         p = self.cfg.producer
@@ -654,6 +630,7 @@ class Producer:
             out["held"] = outbox.num_held
             out["told_hold"], out["hold_s"] = outbox.num_told_hold, outbox.hold_s
             out.update({f"acked_{k}": v for k, v in outbox.outcomes.items()})
+            out.update(self.session.rewards.counters)
         out.update(self.fetcher.counters)
         if self.relay is not None:
             out.update(self.relay.counters)

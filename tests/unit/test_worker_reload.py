@@ -25,7 +25,8 @@ from common import wire
 from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from consumer.server import run_spec
 from producer.client import Outbox
-from producer.engine import FakeEngine, FakeRewards
+from producer.engine import FakeEngine
+from producer.scoring import FakeRewards
 from producer.tokenizer import PromptCodec
 from producer.worker import Producer, Session
 
