@@ -20,7 +20,7 @@ import numpy as np
 
 from common import wire
 from common.config import Config, RewardSpec
-from producer.engine import Completion
+from producer.engines.base import Completion
 from producer.rewards import RewardRunner, Scored
 from producer.tokenizer import PromptCodec
 

@@ -70,7 +70,8 @@ from common.sockets import client_socket, endpoint_with_port
 from producer.backoff import Backoff
 from producer.client import ControlClient, KeyRefused, Outbox, Rejected, announcements
 from producer.endpoint_file import resolve_connect
-from producer.engine import Engine, SamplingParams, make_engine
+from producer.engines import make_engine
+from producer.engines.base import Engine, SamplingParams
 from producer.fetch import Fetcher, Held
 from producer.relay import Relay
 from producer.scoring import Rewards, make_rewards
@@ -683,7 +684,7 @@ async def main(cfg: Config) -> int:
     if cfg.producer.engine == "hf":
         import torch
 
-        from producer.engine_hf import import_for
+        from producer.engines.hf import import_for
 
         if cfg.producer.torch_threads:
             torch.set_num_threads(cfg.producer.torch_threads)

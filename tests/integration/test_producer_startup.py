@@ -122,7 +122,7 @@ async def test_the_hf_engine_refuses_weights_of_another_shape_as_a_mismatch(
     from tiny_models import build_tiny_model
 
     from common.errors import SnapshotMismatch
-    from producer.engine_hf import HFEngine
+    from producer.engines.hf import HFEngine
 
     other = build_tiny_model(tmp_path / "wide", hidden=32)
     engine = HFEngine(tiny_model_dir, device="cpu", seed=0)

@@ -26,7 +26,7 @@ from common import config as C
 from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError
-from producer.engine_hf import HFEngine
+from producer.engines.hf import HFEngine
 from producer.worker import Producer
 
 

@@ -25,7 +25,7 @@ from common import wire
 from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from consumer.server import run_spec
 from producer.client import Outbox
-from producer.engine import FakeEngine
+from producer.engines.fake import FakeEngine
 from producer.scoring import FakeRewards
 from producer.tokenizer import PromptCodec
 from producer.worker import Producer, Session
