@@ -57,7 +57,7 @@ from consumer.distribution import Distribution
 from consumer.prompts import make_source
 from consumer.publisher import Publisher
 from consumer.server import Server, run_spec
-from producer.client import ControlClient
+from producer.control import ControlClient
 from producer.fetch import Fetcher
 from producer.relay import Relay
 

@@ -114,7 +114,7 @@ def fetch(control: str, raw: str, info_fields: list[Any], keys: str, repeats: in
     from common import wire
     from common.keys import load_keys
     from common.sockets import endpoint_with_port
-    from producer.client import ControlClient
+    from producer.control import ControlClient
     from producer.fetch import Fetcher
 
     info = wire.SnapshotInfo(*info_fields)

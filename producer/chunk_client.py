@@ -23,7 +23,7 @@ from common.errors import WireError
 from common.keys import Keys
 from common.log_limit import LogLimiter
 from common.sockets import client_socket
-from producer.client import Rejected
+from producer.control import Rejected
 
 log = logging.getLogger("asyncgrpo.producer")
 

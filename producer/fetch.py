@@ -49,7 +49,7 @@ from common import wire
 from common.errors import SnapshotError
 from common.sockets import Keys
 from producer.chunk_client import ChunkClient
-from producer.client import ControlClient, Rejected
+from producer.control import ControlClient, Rejected
 from producer.relay import Relay
 
 log = logging.getLogger("asyncgrpo.producer")

@@ -4,7 +4,7 @@
 engine, tokenizer, rewards, outbox; nothing in it is optional) while heartbeats already run, and
 runs one `asyncio.TaskGroup` of named tasks; a failing task cancels the group and one `finally`
 closes every socket and the engine:
-- `replies`: the control socket's reader (producer/client.py);
+- `replies`: the control socket's reader (producer/control.py);
 - `heartbeat`: every `heartbeat_s`, reports state and takes acks, the newest snapshot and the
   consumer's run id (a new run id = the consumer restarted: register again, re-send unacked);
 - `announce`: listens for new snapshots; `weights`: fetches (shared filesystem when the file is
@@ -16,7 +16,7 @@ closes every socket and the engine:
   the engine then reads it straight away, from the producer's own pinned link to the very file
   that was checked (`common.snapshot.pin_local`), never the consumer's path again;
 - `release`: sends the held groups the consumer has made room for, the moment it says so
-  (a status it pushes unasked; `producer/client.py`'s `Outbox`);
+  (a status it pushes unasked; producer/outbox.py);
 - `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task (a finished
   group the consumer told it to hold keeps its lease's slot until sent: backpressure). A request
   that cannot be granted waits at the consumer until leases free up (`net.lease_wait_s`); after
@@ -67,12 +67,14 @@ from common.config import Config
 from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from common.keys import load_keys
 from common.sockets import client_socket, endpoint_with_port
+from producer.announcements import announcements
 from producer.backoff import Backoff
-from producer.client import ControlClient, KeyRefused, Outbox, Rejected, announcements
+from producer.control import ControlClient, KeyRefused, Rejected
 from producer.endpoint_file import resolve_connect
 from producer.engines import make_engine
 from producer.engines.base import Engine, SamplingParams
 from producer.fetch import Fetcher, Held
+from producer.outbox import Outbox
 from producer.relay import Relay
 from producer.scoring import Rewards, make_rewards
 from producer.tokenizer import PromptCodec

@@ -13,7 +13,7 @@ from common import wire
 from consumer.admission import Admission
 from consumer.leases import LeaseBook
 from consumer.prompts import PromptOrder
-from producer.client import Outbox
+from producer.outbox import Outbox
 from tests.ledger_invariant import assert_book_balanced
 from tests.unit.test_wire import group
 

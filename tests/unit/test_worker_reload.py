@@ -24,8 +24,8 @@ from common import config as C
 from common import wire
 from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from consumer.server import run_spec
-from producer.client import Outbox
 from producer.engines.fake import FakeEngine
+from producer.outbox import Outbox
 from producer.scoring import FakeRewards
 from producer.tokenizer import PromptCodec
 from producer.worker import Producer, Session
