@@ -7,7 +7,7 @@ and through a relay tree, every chunk verified; a probe producer's lease latency
 The consumer in its own process, as deployed: its real network and data threads
 (consumer/server.py plans fetches on control, consumer/dataplane.py serves chunks on the data
 socket; ZeroMQ on loopback) serving a snapshot of `--mib` MiB written by the real publisher
-(bf16, chunk hashes), and N fetchers (producer/fetch.py, each with its own DEALERs and, in
+(bf16, chunk hashes), and N fetchers (producer/fetch/fetcher.py, each with its own DEALERs and, in
 relay mode, its own relay ROUTER) in one asyncio loop, all started at once. Every fetcher
 writes its own file (`--dir`; a tmpfs keeps the disk out of it) and verifies it.
 
@@ -58,8 +58,8 @@ from consumer.prompts import make_source
 from consumer.publisher import Publisher
 from consumer.server import Server, run_spec
 from producer.control import ControlClient
-from producer.fetch import Fetcher
-from producer.relay import Relay
+from producer.fetch.fetcher import Fetcher
+from producer.fetch.relay import Relay
 
 MAX_MESSAGE = 64 << 20
 

@@ -8,7 +8,7 @@ closes every socket and the engine:
 - `heartbeat`: every `heartbeat_s`, reports state and takes acks, the newest snapshot and the
   consumer's run id (a new run id = the consumer restarted: register again, re-send unacked);
 - `announce`: listens for new snapshots; `weights`: fetches (shared filesystem when the file is
-  there and its hash matches, else over the network: producer/fetch.py, chunks from the
+  there and its hash matches, else over the network: producer/fetch/fetcher.py, chunks from the
   consumer's data socket or relays),
   verifies and loads the newest one. A file the consumer wrote on this very host is taken on its
   manifest's hash (`producer.trust_local_hash`): the writer hashed the memory it wrote, and one
@@ -73,9 +73,9 @@ from producer.control import ControlClient, KeyRefused, Rejected
 from producer.endpoint_file import resolve_connect
 from producer.engines import make_engine
 from producer.engines.base import Engine, SamplingParams
-from producer.fetch import Fetcher, Held
+from producer.fetch.fetcher import Fetcher, Held
+from producer.fetch.relay import Relay
 from producer.outbox import Outbox
-from producer.relay import Relay
 from producer.scoring import Rewards, make_rewards
 from producer.tokenizer import PromptCodec
 
@@ -576,7 +576,7 @@ class Producer:
         engine then loads: the consumer's own file when this host sees it, pinned so that the
         bytes loaded are the bytes verified (`common.snapshot.pin_local`; taken on its
         manifest when written here, see `producer.trust_local_hash`; else hashed), else
-        fetched over the network (producer/fetch.py)."""
+        fetched over the network (producer/fetch/fetcher.py)."""
         t0 = time.perf_counter()
         local = Path(info.path)
         directory = self.cache / f"v{info.version:06d}"

@@ -25,8 +25,8 @@ from consumer.prompts import make_source
 from consumer.publisher import Publisher
 from consumer.server import Server, run_spec
 from producer.control import ControlClient
-from producer.fetch import Fetcher, Held
-from producer.relay import Relay
+from producer.fetch.fetcher import Fetcher, Held
+from producer.fetch.relay import Relay
 
 CHUNK = 64 << 10
 MAX_MESSAGE = 1 << 20

@@ -2,11 +2,11 @@
 
 `Relay` owns one ROUTER socket bound at `producer.relay_host:relay_port` and answers
 `wire.FileChunkRequest` with a chunk (`wire.encode_chunk`: head and bytes in two frames, as the
-consumer's data socket does) from files `offer`ed to it: only files this producer
-fetched and verified completely (producer/fetch.py), kept in its private cache. A file that is
-gone (the cache keeps the two newest versions) or not offered is refused (`Reject`,
-`snapshot_gone`); a malformed request is refused with its reason and counted. Nothing a peer
-sends can stop the relay: its loop only ends when cancelled.
+consumer's data socket does) from files `offer`ed to it: only files this producer fetched and
+verified completely (producer/fetch/fetcher.py), kept in its private cache. A file that is gone
+(the cache keeps the two newest versions) or not offered is refused (`Reject`, `snapshot_gone`);
+a malformed request is refused with its reason and counted. Nothing a peer sends can stop the
+relay: its loop only ends when cancelled.
 
 Trust runs the other way: the consumer tells fetchers the per-chunk hashes, so a fetcher never
 needs to trust a relay (consumer/fanout.py). With CurveZMQ keys the relay serves encrypted with

@@ -1,7 +1,7 @@
 """The fetcher's end of a data socket: chunk requests to the consumer's data socket or a relay.
 
 `ChunkClient` owns one DEALER connected to one source (consumer/dataplane.py or
-producer/relay.py). `chunk(msg)` sends a `wire.FileChunkRequest` and awaits its reply; several
+producer/fetch/relay.py). `chunk(msg)` sends a `wire.FileChunkRequest` and awaits its reply; several
 may be in flight, matched by `req` id. The reply's bytes are the received ZeroMQ frame itself
 (`copy=False`: a read-only view, never copied by this client); decoding is bounded
 (`wire.decode_reply`). A reply that does not decode is counted (`num_bad_replies`) and dropped,
