@@ -107,7 +107,7 @@ PROJECT_IMPORTS = [
     "common.config",
     "common.wire",
     "common.snapshot",
-    "producer.worker",
+    "producer.main",
     "consumer.learner",
     "launch.cli",
 ]

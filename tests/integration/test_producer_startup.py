@@ -101,7 +101,7 @@ def test_a_connect_endpoint_without_tcp_is_one_line():
 
 def test_model_demo_is_the_demo_model_of_the_producers_host(monkeypatch, tiny_model_dir):
     import launch.demo_model
-    import producer.worker
+    import producer.main
 
     seen = {}
 
@@ -110,7 +110,7 @@ def test_model_demo_is_the_demo_model_of_the_producers_host(monkeypatch, tiny_mo
         return 0
 
     monkeypatch.setattr(launch.demo_model, "ensure_demo_model", lambda: tiny_model_dir)
-    monkeypatch.setattr(producer.worker, "main", fake_main)
+    monkeypatch.setattr(producer.main, "main", fake_main)
     result = CliRunner().invoke(app, ["producer", "--model", "demo"])
     assert result.exit_code == 0, result.output
     assert seen["model"] == str(tiny_model_dir)
