@@ -70,7 +70,7 @@ class ControlClient:
             raise self.refused
         req = self._next
         self._next += 1
-        msg = dataclasses.replace(msg, req=req)  # type: ignore[call-arg]
+        msg = dataclasses.replace(msg, req=req)  # type: ignore[arg-type]
         fut: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
         self._waiting[req] = fut
         try:

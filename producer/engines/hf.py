@@ -135,7 +135,7 @@ class HFEngine:
         if dtype not in DTYPES:
             raise ValueError(f"hf engine dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.device = resolve_device(device)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
         self.model = model.to(self.device).eval()
         self._eos = eos_ids(self.model)
         pad = getattr(self.model.config, "pad_token_id", None)

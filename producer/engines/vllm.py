@@ -163,7 +163,7 @@ def sampled_token_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[floa
     assert logprobs is not None, "requests ask for logprobs=0"
     assert len(logprobs) == len(token_ids), "one logprobs position per sampled token"
     starts = getattr(logprobs, "start_indices", None)
-    flat_ids = getattr(logprobs, "token_ids", None)
+    flat_ids: Any = getattr(logprobs, "token_ids", None)
     if starts is not None and [flat_ids[s] for s in starts] == list(token_ids):
         return [logprobs.logprobs[s] for s in starts]
     return [logprobs[i][t].logprob for i, t in enumerate(token_ids)]
@@ -243,7 +243,7 @@ def client_token_counter(llm: Any) -> Callable[[str], int] | None:
     """Tokens vLLM's client has received for a request id (0 for an id it does not know), read
     from its output processor: `external_req_ids[id]` -> internal id -> `request_states[...]`
     `.detokenizer.num_output_tokens()` (vLLM 0.24). None where those are missing."""
-    op = getattr(llm, "output_processor", None)
+    op: Any = getattr(llm, "output_processor", None)
     if not (hasattr(op, "external_req_ids") and hasattr(op, "request_states")):
         return None
 

@@ -48,7 +48,7 @@ from common import delta as D
 from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError
-from common.sockets import Keys
+from common.keys import Keys
 from producer.control import ControlClient, Rejected
 from producer.fetch.chunk_client import ChunkClient
 from producer.fetch.relay import Relay

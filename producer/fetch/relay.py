@@ -26,8 +26,9 @@ import zmq.asyncio
 
 from common import wire
 from common.errors import WireError
+from common.keys import Keys
 from common.log_limit import LogLimiter
-from common.sockets import Keys, server_socket
+from common.sockets import server_socket
 
 log = logging.getLogger("asyncgrpo.producer")
 
