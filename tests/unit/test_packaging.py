@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,18 @@ def test_top_level_package_comes_from_this_repository(name):
 
 def test_the_repository_root_is_the_one_holding_pyproject():
     assert (REPO / "pyproject.toml").is_file()
-    assert (
-        'packages = ["common", "producer", "consumer", "launch"]'
-        in (REPO / "pyproject.toml").read_text()
-    )
+    listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert {"common", "producer", "consumer", "launch"} <= set(listed)
+
+
+def test_every_package_directory_is_listed_so_that_a_wheel_holds_it():
+    """`packages` is an explicit list: a subpackage missing from it is missing from a wheel
+    (an editable install would still find it, so nothing else would notice)."""
+    listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    roots = ("common", "producer", "consumer", "launch")
+    found = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for root in roots
+        for init in (REPO / root).rglob("__init__.py")
+    }
+    assert set(listed) == found
