@@ -9,20 +9,30 @@
   tokens decode to nothing). It counts nothing.
 
 `make_rewards` picks the one the config's engine goes with. The worker never asks which it has.
+producer/rewards.py is imported only for `TaskRewards`, so fake-engine producers start without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from common import wire
 from common.config import Config, RewardSpec
 from producer.engines.base import Completion
-from producer.rewards import RewardRunner, Scored
 from producer.tokenizer import PromptCodec
+
+if TYPE_CHECKING:
+    from producer.rewards import RewardRunner
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GroupScore:
+    rewards: np.ndarray  # float32 [G]
+    num_failed: int  # reward calls that raised, returned no finite number or timed out (scored 0)
 
 
 class Rewards(Protocol):
@@ -33,8 +43,8 @@ class Rewards(Protocol):
         """Cumulative counters, reported in the producer's heartbeats."""
         ...
 
-    async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> Scored:
-        """Rewards of the G completions of `lease` (float32 [G]), and the calls that failed."""
+    async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> GroupScore:
+        """Rewards of the G completions of `lease`, and how many reward calls failed."""
         ...
 
     def close(self) -> None:
@@ -49,12 +59,12 @@ class TaskRewards:
         self.runner, self.codec = runner, codec
         self.counters: dict[str, float] = {}
 
-    async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> Scored:
+    async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> GroupScore:
         texts = [self.codec.decode(c.token_ids) for c in completions]
         scored = await self.runner.score(texts, lease.answer)
         self._count("reward_errors", scored.num_errors)
         self._count("reward_timeouts", scored.num_timeouts)
-        return scored
+        return GroupScore(scored.rewards, scored.num_errors + scored.num_timeouts)
 
     def _count(self, key: str, n: float) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -79,8 +89,8 @@ class FakeRewards:
         rng = np.random.default_rng([self.run_seed, lease_id])
         return (rng.random(n) < self.p).astype(np.float32)
 
-    async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> Scored:
-        return Scored(self.score(lease.lease_id, len(completions)), {}, 0, 0)
+    async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> GroupScore:
+        return GroupScore(self.score(lease.lease_id, len(completions)), 0)
 
     def close(self) -> None:
         return None
@@ -91,6 +101,8 @@ def make_rewards(cfg: Config, spec: wire.RunSpec, codec: PromptCodec) -> Rewards
     with this producer's `rewards.workers`."""
     if cfg.producer.engine == "fake":
         return FakeRewards(run_seed=cfg.run.seed, p=cfg.fake.reward_p)
+    from producer.rewards import RewardRunner
+
     specs = [RewardSpec(r.fn, r.weight) for r in spec.reward_fns]
     runner = RewardRunner(specs, timeout_s=spec.reward_timeout_s, workers=cfg.rewards.workers)
     return TaskRewards(runner, codec)

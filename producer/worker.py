@@ -373,7 +373,7 @@ class Producer:
                 rewards=scored.rewards,
                 finish_reasons=tuple(c.finish_reason for c in completions),
                 temperature=spec.temperature,
-                num_reward_errors=scored.num_errors + scored.num_timeouts,
+                num_reward_errors=scored.num_failed,
                 gen_s=time.perf_counter() - t0,
             )
             await session.outbox.send(group)
