@@ -107,7 +107,7 @@ PROJECT_IMPORTS = [
     "common.config",
     "common.wire",
     "common.snapshot",
-    "producer.worker",
+    "producer.main",
     "consumer.learner",
     "launch.cli",
 ]
@@ -236,7 +236,7 @@ def compare_split(groups: list, old: Learner, new: Learner, new_version: int) ->
 
 
 async def sample(engine: Any, prompts: list, temperature: float, max_new: int) -> list:
-    from producer.engine import SamplingParams
+    from producer.engines.base import SamplingParams
 
     params = SamplingParams(n=G, temperature=temperature, max_new_tokens=max_new)
     outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
@@ -301,7 +301,7 @@ async def _qwen05(work: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from common.config import VllmConfig
-    from producer.engine_vllm import VLLMEngine
+    from producer.engines.vllm import VLLMEngine
 
     a_dir, b_dir = work / "q05_a", work / "q05_b"
     vcfg = VllmConfig(
@@ -396,7 +396,7 @@ def publish(model: Any, root: Path, version: int, base_dir: Path) -> tuple[Path,
 async def inflight_rounds(engine: Any, prompts: list, learners: dict, work: Path) -> list:
     """Three switches B->A->B->A: the learner publishes, then the engine reloads while 32 groups
     are generating. total_s = publish + load_weights (learner step done -> new weights in use)."""
-    from producer.engine import SamplingParams
+    from producer.engines.base import SamplingParams
 
     params = SamplingParams(n=G, temperature=1.0, max_new_tokens=256)
     publish(learners[("A", "float32")].model, work / "snaps", 1, work / "q05_a")  # allocations
@@ -437,8 +437,8 @@ async def throughput(engine: Any, *, vocab: int, reps: int = 2) -> dict[str, Any
     import vllm
     from vllm.sampling_params import RequestOutputKind
 
-    from producer.engine import SamplingParams
-    from producer.engine_vllm import sampling_kwargs
+    from producer.engines.base import SamplingParams
+    from producer.engines.vllm import sampling_kwargs
 
     rng = random.Random(0)
     prompts = [[rng.randrange(1, vocab) for _ in range(64)] for _ in range(64)]
@@ -521,7 +521,7 @@ async def _demo(a_dir: Path, b_dir: Path, res: dict[str, Any]) -> dict[str, Any]
 
     from common.config import VllmConfig
     from common.tasks import ArithmeticTask
-    from producer.engine_vllm import VLLMEngine
+    from producer.engines.vllm import VLLMEngine
 
     vcfg = VllmConfig(
         gpu_memory_utilization=0.15, enforce_eager=True, attention_backend="FLASH_ATTN"

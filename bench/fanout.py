@@ -7,8 +7,8 @@ and through a relay tree, every chunk verified; a probe producer's lease latency
 The consumer in its own process, as deployed: its real network and data threads
 (consumer/server/server.py plans fetches on control, consumer/snapshots/dataplane.py serves chunks
 on the data socket; ZeroMQ on loopback) serving a snapshot of `--mib` MiB written by the real
-publisher (bf16, chunk hashes), and N fetchers (producer/fetch.py, each with its own DEALERs and, in
-relay mode, its own relay ROUTER) in one asyncio loop, all started at once. Every fetcher
+publisher (bf16, chunk hashes), and N fetchers (producer/fetch/fetcher.py, each with its own DEALERs
+and, in relay mode, its own relay ROUTER) in one asyncio loop, all started at once. Every fetcher
 writes its own file (`--dir`; a tmpfs keeps the disk out of it) and verifies it.
 
 Reported per mode and N (`consumer_<N>`: no relays, the consumer serves everyone; `relays_<N>`:
@@ -57,9 +57,9 @@ from consumer.server.prompts import make_source
 from consumer.server.server import Server, run_spec
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.publisher import Publisher
-from producer.client import ControlClient
-from producer.fetch import Fetcher
-from producer.relay import Relay
+from producer.control import ControlClient
+from producer.fetch.fetcher import Fetcher
+from producer.fetch.relay import Relay
 
 MAX_MESSAGE = 64 << 20
 

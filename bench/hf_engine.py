@@ -13,7 +13,7 @@ of interleaved repeats.
 
 Closed loop (`--loop-groups`): `--groups` lease slots each generate a group, then take the next,
 until `--loop-groups` groups are done, under the engine's three join policies (`join_at`, see
-`producer.engine_hf.may_join`): default (new rows join the rows in flight once there are as many
+`producer.engines.hf.may_join`): default (new rows join the rows in flight once there are as many
 of them), continuous (join at the next token, always) and batch-at-a-time (wait until the batch
 drains). Twice: on the demo model (completions of 4-5 tokens) and on a random tiny model whose
 completion lengths are geometric (mean ~30 tokens, up to 64): the long-tail case. Rates are
@@ -48,8 +48,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.tasks import make_examples
 from launch.demo_model import ensure_demo_model
-from producer.engine import SamplingParams
-from producer.engine_hf import HFEngine
+from producer.engines.base import SamplingParams
+from producer.engines.hf import HFEngine
 
 MAX_NEW = 5  # launch/configs/demo.toml: sampling.max_new_tokens
 

@@ -5,12 +5,12 @@
 Two hosts as network namespaces joined by veth pairs (tests/netns.py): host a serves, host b
 fetches; CurveZMQ on both sides unless --insecure.
 - ours: the path every producer without a shared filesystem takes. A registered producer's
-  `Fetcher` (producer/fetch.py) asks the consumer (consumer/server/server.py) for a fetch plan over
-  control, then takes the chunks from the consumer's data socket (consumer/snapshots/dataplane.py):
-  several requests in flight, each chunk written at its offset and the file BLAKE3-hashed as
-  it lands, renamed once the hash matches. The snapshot (MIB MiB of random bytes, chunks of
-  `--chunk-mib`, the consumer's default) is laid out as the publisher writes it: file,
-  manifest, per-chunk hashes.
+  `Fetcher` (producer/fetch/fetcher.py) asks the consumer (consumer/server/server.py) for a fetch
+  plan over control, then takes the chunks from the consumer's data socket
+  (consumer/snapshots/dataplane.py): several requests in flight, each chunk written at its offset
+  and the file BLAKE3-hashed as it lands, renamed once the hash matches. The snapshot (MIB MiB of
+  random bytes, chunks of `--chunk-mib`, the consumer's default) is laid out as the publisher writes
+  it: file, manifest, per-chunk hashes.
 - baseline: raw ZeroMQ on the same link: a DEALER asks once, a ROUTER answers with the same
   bytes in chunks of the same size, back to back; nothing written, nothing hashed.
 Prints MB/s of each (best of the repeats) and their ratio (ours / raw); `--json` writes them
@@ -114,8 +114,8 @@ def fetch(control: str, raw: str, info_fields: list[Any], keys: str, repeats: in
     from common import wire
     from common.keys import load_keys
     from common.sockets import endpoint_with_port
-    from producer.client import ControlClient
-    from producer.fetch import Fetcher
+    from producer.control import ControlClient
+    from producer.fetch.fetcher import Fetcher
 
     info = wire.SnapshotInfo(*info_fields)
     client_keys = load_keys(keys, "client") if keys else None

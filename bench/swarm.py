@@ -62,8 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
 from common import wire
 from common.metrics import read_steps
+from producer.main import run as run_producer
 from producer.worker import Producer
-from producer.worker import run as run_producer
 
 BASELINE_N = 64
 _TICKS = os.sysconf("SC_CLK_TCK")

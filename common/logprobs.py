@@ -3,8 +3,8 @@
 Owns one rule: a token's log-prob is `log_softmax(logits / temperature)[token]`, computed in
 float32 at least, the same on both sides, so behaviour and learner log-probs of the same weights
 agree to float32 rounding. Also the entropy of that distribution, and the temperature check.
-Does not own: sampling itself (producer/hf_batch.py), or what the loss does with log-probs
-(consumer/loss.py).
+Does not own: sampling itself (producer/engines/hf_batch.py), or what the loss does with log-probs
+(consumer/train/loss.py).
 
 Shapes: any leading shape, last axis V (vocabulary); names carry `_BTV` / `_BT` for the learner's
 [rows, positions, vocabulary] case.

@@ -6,7 +6,7 @@ or missing name is a `TypeError` there, at once, not a silently empty plot later
 reader (the live dashboard, `asyncgrpo report`, the stress sweep, the benchmarks) reads lines
 back with `read_steps` / `StepRecord.from_json` and uses its attributes. Values are numbers, or
 small dicts of a fixed size (histograms, producers by state; each producer's own view is in
-producers.json, consumer/roster.py); NaN/inf are written as null.
+producers.json, consumer/server/roster.py); NaN/inf are written as null.
 
 On disk a line is `to_json()`: every field, except the optional ones that are None (what the
 stand-in trainer or a step without evaluation does not measure), keys sorted.
@@ -58,12 +58,13 @@ class StepRecord:
     # -- absent from runs older than the field -------------------------------------------------
     producers_live: int | None = None  # producers registered and neither gone nor left
     producers_by_state: dict[str, int] | None = None  # {state: producers}, as of the last
-    # write of producers.json (every few seconds, consumer/roster.py: each producer's view)
+    # write of producers.json (every few seconds, consumer/server/roster.py: each producer's view)
     # -- only in runs older than producers.json: every producer's view in every line ------------
     producers: dict[str, dict[str, Any]] | None = None  # {producer: {"version", "state"}}
     producer_counters: dict[str, dict[str, float]] | None = None  # {producer: its counters}
     world_size: int | None = None  # learner ranks (torchrun); 1 = one process
-    # -- backpressure (consumer/admission.py; absent from runs older than the fields) ----------
+    # -- backpressure (consumer/server/admission.py; absent from runs older than the fields)
+    # ----------
     queued_groups: int | None = None  # admitted groups waiting for the learner, at step end
     queued_bytes: int | None = None  # their encoded bytes (bounded by net.max_queued_mib)
     queued_groups_peak: int | None = None  # the most waiting at once since the previous step
@@ -80,7 +81,7 @@ class StepRecord:
     grad_norm: float | None = None  # before clipping
     lr: float | None = None
     entropy: float | None = None  # of the sampling distribution, nats per token
-    clip_frac_low: float | None = None  # consumer/loss.py METRIC_KEYS, same meaning
+    clip_frac_low: float | None = None  # consumer/train/loss.py METRIC_KEYS, same meaning
     clip_frac_high: float | None = None
     clip_frac_dual: float | None = None
     ratio_min: float | None = None
@@ -90,7 +91,7 @@ class StepRecord:
     tis_weight_sq_sum: float | None = None
     tis_frac_truncated: float | None = None
     tis_ess: float | None = None  # effective sample size (Σw)² / (n·Σw²) in (0, 1]
-    attention: str | None = None  # the learner's attention path (consumer/attention.py)
+    attention: str | None = None  # the learner's attention path (consumer/train/attention.py)
     padding_frac: float | None = None  # model input positions that were padding (0 when packed)
     micro_batches: int | None = None  # forward/backward passes in the step
     behavior_gap_abs_mean: float | None = None

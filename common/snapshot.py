@@ -1,5 +1,5 @@
 """Snapshot layout, manifest, hashing, verification, and whether a snapshot fits a model (no torch
-here; see consumer/publisher.py).
+here; see consumer/snapshots/publisher.py).
 
 A snapshot is a directory `<run>/snapshots/v<version:06d>/` that is a complete Hugging Face model
 directory: `model.safetensors` (the policy's full state dict in HF parameter names), the base
@@ -11,7 +11,7 @@ model's config and tokenizer files, and `manifest.json`:
 
 and, added just after the announcement for network fetchers, `chunks.json` (per-chunk hashes,
 common/chunk_manifest.py) and, unless the version is an anchor, `weights.delta` (common/delta.py;
-consumer/distribution.py says when).
+consumer/snapshots/fetch_files.py says when).
 
 Invariants:
 - A snapshot directory exists under its final name only when complete: it is written under a

@@ -11,7 +11,7 @@ public key is one of the `*.key` files in the allowlist directory (`DIR/clients/
   characters of its key: rate-limited per address (common/log_limit.py), so a producer
   retrying with a wrong key writes one line every 10 s, not one per attempt. libzmq then sends
   the client an ERROR (ZAP status 400), which a producer reports as a refused key
-  (producer/client.py) instead of waiting for a consumer that seems to be down.
+  (producer/control.py) instead of waiting for a consumer that seems to be down.
 - Which producer id a key may speak for is another question (consumer/server/identity.py).
 """
 

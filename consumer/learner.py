@@ -23,7 +23,7 @@ at once), exit 0. A stop request is seen between any two arriving groups, not on
 steps (a run whose every group is dropped never finishes a step), so it ends the run within
 one optimizer step, the final snapshot and checkpoint, and at most a few heartbeats. A
 producer that never hears it gives up on its own after `net.consumer_timeout_s`
-(producer/worker.py). So no producer outlives the run for long.
+(producer/main.py). So no producer outlives the run for long.
 """
 
 from __future__ import annotations

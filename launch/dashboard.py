@@ -61,8 +61,8 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 def reward_failures(views: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
     """(reward calls that failed, that timed out) so far, over every producer's heartbeat
-    counters in `views` (consumer/roster.py `latest_views`; a restarted producer counts from 0
-    again)."""
+    counters in `views` (consumer/server/roster.py `latest_views`; a restarted producer counts from
+    0 again)."""
     counters = [v.get("counters", {}) for v in views.values()]
     errors = sum(int(c.get("reward_errors", 0)) for c in counters)
     timeouts = sum(int(c.get("reward_timeouts", 0)) for c in counters)
@@ -78,7 +78,7 @@ def summary_line(
 ) -> str:
     """One plain progress line; before the first step, the ledger's counts (`ledger.json`'s
     balance) say whether groups arrive and why none was trained; `views` (the producers'
-    latest, consumer/roster.py) add reward failures."""
+    latest, consumer/server/roster.py) add reward failures."""
     if rec is None:
         seen = {k: v for k, v in (ledger or {}).items() if k not in ("ok", "open") and v}
         return f"[{elapsed_s:6.0f}s] waiting for the first step…" + (

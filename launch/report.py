@@ -116,8 +116,8 @@ def weight_versions(
     records: list[StepRecord], history: list[dict[str, Any]]
 ) -> dict[str, list[tuple[float, int]]]:
     """{producer: [(time_s, loaded weight version)]} on the metrics' clock: from
-    producers.jsonl (`history`, consumer/roster.py), or, in a run older than that file, from the
-    per-producer fields of every metrics line."""
+    producers.jsonl (`history`, consumer/server/roster.py), or, in a run older than that file, from
+    the per-producer fields of every metrics line."""
     out: dict[str, list[tuple[float, int]]] = {}
     if history and records:
         offset = records[0].time_s - records[0].unix_time  # unix time -> time_s
@@ -145,7 +145,7 @@ def plot_lag(records: list[StepRecord], history: list[dict[str, Any]], out: Path
 
 def reward_failures_line(views: dict[str, dict[str, Any]]) -> str:
     """Reward calls that failed or timed out (scored 0), in total and per producer (`views`:
-    consumer/roster.py `latest_views`)."""
+    consumer/server/roster.py `latest_views`)."""
     from launch.dashboard import reward_failures
 
     errors, timeouts = reward_failures(views)

@@ -205,7 +205,9 @@ def _score_group(
     """Every spec on every completion: (table [spec][completion], errors, timeouts, the first
     failure of each kind per spec as (spec, outcome, what went wrong)). `timeout_s` None: no
     timer (the inline built-ins, called in the producer's own thread)."""
-    table, outcomes, failures = [], [], {}
+    table: list[list[float]] = []
+    outcomes: list[int] = []
+    failures: dict[tuple[str, int], str] = {}
     for spec in specs:
         fn = resolve(spec)
         row = [_call(fn, text, answer, timeout_s) for text in completions]

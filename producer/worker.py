@@ -1,44 +1,32 @@
-"""The producer process: lease prompts, sample G completions, score, send; reload weights.
+"""The producer's asyncio program for one consumer run: lease prompts, sample G completions,
+score, send; keep the newest weights loaded.
 
-`asyncio.run(main(cfg))` registers (`setup`: the run spec), then builds a `Session` (`prepare`:
-engine, tokenizer, rewards, outbox; nothing in it is optional) while heartbeats already run, and
-runs one `asyncio.TaskGroup` of named tasks; a failing task cancels the group and one `finally`
-closes every socket and the engine:
-- `replies`: the control socket's reader (producer/client.py);
+`Producer` registers (`setup`: the run spec), then builds a `Session` (`prepare`:
+producer/session.py) while heartbeats already run; producer/main.py runs its tasks in one
+`asyncio.TaskGroup` (a failing task cancels the group; `close` shuts every socket and the engine):
+- `replies`: the control socket's reader (producer/control.py);
 - `heartbeat`: every `heartbeat_s`, reports state and takes acks, the newest snapshot and the
   consumer's run id (a new run id = the consumer restarted: register again, re-send unacked);
-- `announce`: listens for new snapshots; `weights`: fetches (shared filesystem when the file is
-  there and its hash matches, else over the network: producer/fetch.py, chunks from the
-  consumer's data socket or relays),
-  verifies and loads the newest one. A file the consumer wrote on this very host is taken on its
-  manifest's hash (`producer.trust_local_hash`): the writer hashed the memory it wrote, and one
-  page cache serves both processes, so reading and hashing it again would only add latency;
-  the engine then reads it straight away, from the producer's own pinned link to the very file
-  that was checked (`common.snapshot.pin_local`), never the consumer's path again;
+- `announce`: listens for new snapshots (producer/announcements.py);
+- `weights`: loads the newest announced snapshot, from the consumer's file on this host or over
+  the network (producer/weights.py);
 - `release`: sends the held groups the consumer has made room for, the moment it says so
-  (a status it pushes unasked; `producer/client.py`'s `Outbox`);
+  (a status it pushes unasked; producer/outbox.py);
 - `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task (a finished
   group the consumer told it to hold keeps its lease's slot until sent: backpressure). A request
   that cannot be granted waits at the consumer until leases free up (`net.lease_wait_s`); after
   an empty reply the producer pauses (`producer/backoff.py`: jittered, doubling from 50 ms to
   1 s) before asking again, and sooner when a newer snapshot is announced, so a starved
   producer sends about one request per `net.lease_wait_s`, not one per round trip.
-
-Ending: the consumer says `finished` in its replies (the run is over: exit 0; with
-`producer.follow`, wait for the next consumer at the same address instead, up to
-`net.consumer_timeout_s`, skipping a consumer that is still saying its run is finished, and serve
-that run with a fresh session: the engine is kept when the model is the same, and weights are
-taken only from the new run's snapshots), or a signal arrives (goodbye, exit 0), or the
-consumer has not answered for `net.consumer_timeout_s`: then `ConsumerLost` ends the producer
-with one clear line and exit code 3, whatever it was doing, so no producer outlives its consumer
-for long (a consumer that restarts with `--resume` within that time is rejoined).
+A consumer silent for `net.consumer_timeout_s` raises `ConsumerLost` from the heartbeat (exit 3
+in producer/main.py).
 
 Invariants: a lease starts generating only once the loaded weights are at least its
-`min_version` (the staleness bound by construction); every finished group stays in the outbox
-until acknowledged; a reward that raises or hangs scores 0 and is counted (producer/rewards.py);
-a snapshot that fails verification is never loaded (the producer keeps its weights and says so);
-a verified snapshot that does not fit the model (names, shapes) ends the producer with one clear
-error (exit 2): that cannot get better by retrying.
+`min_version` (the staleness bound by construction) and come from the consumer's current run;
+every finished group stays in the outbox until acknowledged; a reward that raises or hangs
+scores 0 and is counted (producer/scoring.py, producer/rewards.py); a snapshot that fails
+verification is never loaded, and one that can never fit the model ends the producer with one
+clear error (producer/weights.py).
 """
 
 from __future__ import annotations
@@ -48,39 +36,31 @@ import contextlib
 import logging
 import os
 import random
-import shutil
-import signal
 import socket
-import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from functools import partial
 
 import numpy as np
 import zmq
 import zmq.asyncio
 
-from common import snapshot as snap
 from common import wire
-from common.config import Config, RewardSpec
-from common.errors import ConfigError, SnapshotError, SnapshotMismatch
+from common.config import Config
+from common.errors import ConfigError
 from common.keys import load_keys
 from common.sockets import client_socket, endpoint_with_port
+from producer.announcements import announcements
 from producer.backoff import Backoff
-from producer.client import ControlClient, KeyRefused, Outbox, Rejected, announcements
-from producer.endpoint_file import resolve_connect
-from producer.engine import Completion, Engine, FakeRewards, SamplingParams, make_engine
-from producer.fetch import Fetcher, Held
-from producer.relay import Relay
-from producer.tokenizer import PromptCodec
-
-if TYPE_CHECKING:
-    from producer.rewards import RewardRunner
+from producer.control import ControlClient, KeyRefused, Rejected
+from producer.engines.base import SamplingParams
+from producer.fetch.relay import Relay
+from producer.outbox import Outbox
+from producer.session import EngineKey, KeptEngine, Session, open_session
+from producer.stall import Stall
+from producer.state import State
+from producer.weights import Weights
 
 log = logging.getLogger("asyncgrpo.producer")
-EXIT_CONSUMER_LOST = 3
 _REQUEST_TIMEOUT_S = 10.0
 _BACKOFF_FIRST_S, _BACKOFF_CAP_S = 0.05, 1.0  # pauses between lease requests that got nothing
 
@@ -92,74 +72,12 @@ def lease_seed(run_seed: int, lease_id: int) -> int:
     return int(np.random.SeedSequence([run_seed, lease_id]).generate_state(1)[0]) & ((1 << 30) - 1)
 
 
-KeptEngine = tuple[tuple[str, int], Engine]  # ((model dir, vocab size), engine) between runs
-
-
 class NoConsumer(ConfigError):
     """No consumer answered the handshake in time."""
 
 
 class ConsumerLost(Exception):
     """The consumer has not answered for `net.consumer_timeout_s`."""
-
-
-class Changes:
-    """A change counter that coroutines can wait on without missing a change (no clear races)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._event = asyncio.Event()
-
-    def bump(self) -> None:
-        self.count += 1
-        self._event.set()
-        self._event = asyncio.Event()
-
-    async def wait(self, seen: int, timeout_s: float) -> None:
-        """Return once `count != seen`, or after `timeout_s`."""
-        if self.count != seen:
-            return
-        try:
-            async with asyncio.timeout(timeout_s):  # unlike wait_for, never swallows a cancel
-                await self._event.wait()
-        except TimeoutError:
-            pass
-
-    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> None:
-        """Return once `predicate()` holds (checked at each change), or after `timeout_s`.
-        Unlike `wait`, changes that leave it false do not end the wait."""
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            await self.wait(self.count, left)
-
-
-@dataclass
-class State:
-    producer_id: str
-    run_id: str = ""
-    target: wire.SnapshotInfo | None = None  # newest snapshot the consumer has announced
-    weights_run: str = ""  # run id of the consumer whose snapshot the engine holds
-    finished: bool = False
-    in_flight: set[int] = field(default_factory=set)
-    counters: dict[str, float] = field(default_factory=dict)
-    changed: Changes = field(default_factory=Changes)  # version, acks, target or in-flight moved
-
-    def count(self, key: str, n: float = 1) -> None:
-        self.counters[key] = self.counters.get(key, 0) + n
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Session:
-    """What a producer works with once registered and prepared (`Producer.prepare`)."""
-
-    spec: wire.RunSpec  # the consumer's run: G, sampling, rewards, ports
-    engine: Engine
-    codec: PromptCodec
-    rewards: RewardRunner | FakeRewards  # fake rewards go with the fake engine
-    outbox: Outbox  # every finished group until it is acknowledged
 
 
 class Producer:
@@ -171,7 +89,7 @@ class Producer:
     ) -> None:
         self.cfg, self.ctx = cfg, ctx
         self.kept = kept  # a previous run's engine (producer.follow), reused if it fits
-        self.engine_key: tuple[str, int] | None = None  # (model dir, vocab size) of the engine
+        self.engine_key: EngineKey | None = None  # (model dir, vocab size) of the engine
         pid = os.getpid()
         self.state = State(cfg.producer.id or f"{socket.gethostname()}-{pid}")
         self.keys = load_keys(cfg.net.keys_dir, "client") if cfg.net.keys_dir else None
@@ -181,7 +99,6 @@ class Producer:
         )
         self.control.on_pushed = self._on_pushed
         self.session: Session | None = None
-        self.cache = Path(tempfile.mkdtemp(prefix="asyncgrpo-snapshots-"))
         self.relay = (
             Relay(
                 ctx, host=cfg.producer.relay_host, port=cfg.producer.relay_port, keys=self.keys,
@@ -190,13 +107,16 @@ class Producer:
             if cfg.producer.relay_host
             else None
         )  # fmt: skip
-        self.fetcher = Fetcher(
-            self.control, ctx, data_endpoint="", producer_id=self.state.producer_id, keys=self.keys,
-            max_message_bytes=self.max_bytes, relay=self.relay, timeout_s=_REQUEST_TIMEOUT_S,
+        self.weights = Weights(
+            cfg, self.state, self.control, ctx, keys=self.keys, max_message_bytes=self.max_bytes,
+            relay=self.relay, timeout_s=_REQUEST_TIMEOUT_S,
         )  # fmt: skip
-        self.held: Held | None = None  # the newest snapshot file fetched and verified here
         self.rng = random.Random(cfg.run.seed ^ pid)
         self.started = time.monotonic()
+        p = cfg.producer
+        self.stall = Stall(
+            after_s=p.stall_after_s, stall_s=p.stall_s, started=self.started, count=self.state.count
+        )
         self.lease_tasks: dict[int, asyncio.Task[None]] = {}
         self._registering = asyncio.Lock()
         self.num_active, self.busy_since = 0, self.started
@@ -245,7 +165,8 @@ class Producer:
                 continue
             self._on_status(reply.status)
             # the consumer's data socket (snapshot chunks); a restarted consumer may move it
-            self.fetcher.data_endpoint = endpoint_with_port(net.connect, reply.spec.data_port)
+            data_endpoint = endpoint_with_port(net.connect, reply.spec.data_port)
+            self.weights.fetcher.data_endpoint = data_endpoint
             return reply
 
     async def setup(self) -> wire.RunSpec:
@@ -257,60 +178,13 @@ class Producer:
         return welcome.spec
 
     async def prepare(self, spec: wire.RunSpec) -> Session:
-        """Tokenizer, engine, rewards and the outbox, from the run spec; kept as `session`."""
-        ours = bool(self.cfg.producer.model)
-        model_dir = (
-            Path(self.cfg.producer.model or spec.model)
-            if self.cfg.producer.engine != "fake"
-            else None
-        )
-        whose = (
-            "this producer's producer.model (--model)"
-            if ours
-            else "the consumer's model.path, announced to producers"
-        )
-        if model_dir is not None and not (model_dir / "config.json").exists():
-            raise ConfigError(
-                f"model directory {str(model_dir)!r} ({whose}) is not a Hugging Face model "
-                "directory on this producer's host: pass --model with a local copy of the "
-                "learner's model (--model demo when the consumer trains the embedded demo)"
-            )
-        self.engine_key = (str(model_dir), spec.vocab_size)
-        engine: Engine | None = None
-        if self.kept is not None:  # the previous run's engine (producer.follow)
-            key, engine = self.kept
-            self.kept = None
-            if key != self.engine_key:
-                await engine.close()
-                engine = None
-        try:
-            codec = PromptCodec(model_dir, spec.prompt_format, vocab_size=spec.vocab_size)
-            if engine is None:
-                engine = await asyncio.to_thread(
-                    make_engine,
-                    self.cfg,
-                    model_dir=model_dir,
-                    vocab_size=spec.vocab_size,
-                    seed=self.rng.randrange(1 << 30),
-                )
-        except (OSError, ValueError, RuntimeError, ImportError) as exc:  # a model that won't load
-            raise ConfigError(
-                f"cannot load the model {str(model_dir)!r} ({whose}) on this producer's host: "
-                f"{type(exc).__name__}: {_first_line(exc)}"
-            ) from exc
-        rewards: RewardRunner | FakeRewards
-        if self.cfg.producer.engine == "fake":
-            rewards = FakeRewards(run_seed=self.cfg.run.seed, p=self.cfg.fake.reward_p)
-        else:
-            from producer.rewards import RewardRunner
-
-            specs = [RewardSpec(r.fn, r.weight) for r in spec.reward_fns]
-            rewards = RewardRunner(
-                specs, timeout_s=spec.reward_timeout_s, workers=self.cfg.rewards.workers
-            )
-        push = self._socket(zmq.PUSH, spec.rollouts_port)
-        outbox = Outbox(push, resend_after_s=self.cfg.net.resend_after_s)
-        self.session = Session(spec, engine, codec, rewards, outbox)
+        """Tokenizer, engine, rewards and the outbox, from the run spec (producer/session.py);
+        kept as `session`. A previous run's engine is taken (reused or closed) here."""
+        kept, self.kept = self.kept, None
+        self.session, self.engine_key = await open_session(
+            self.cfg, spec, kept=kept, rng=self.rng,
+            push=lambda: self._socket(zmq.PUSH, spec.rollouts_port),
+        )  # fmt: skip
         return self.session
 
     def _socket(self, kind: int, port: int) -> zmq.asyncio.Socket:
@@ -423,48 +297,6 @@ class Producer:
         finally:
             sub.close(linger=0)
 
-    async def weights_loop(self, engine: Engine) -> None:
-        while True:
-            seen = self.state.changed.count
-            target, run = self.state.target, self.state.run_id
-            if target is None or (
-                target.version == engine.version and self.state.weights_run == run
-            ):
-                await self.state.changed.wait(seen, 5.0)
-                continue
-            try:
-                directory = await self._fetch(target)
-                t0 = time.perf_counter()
-                await engine.load_weights(directory, target.version)
-                self.state.weights_run = run
-                self.state.count("reloads")
-                self.state.count("reload_s", time.perf_counter() - t0)
-                log.info("loaded weights v%d", target.version)
-                self.state.changed.bump()
-            except SnapshotMismatch as exc:  # the model is wrong: retrying can never help
-                raise ConfigError(
-                    f"the learner's weights can never load into this producer's model ({exc}): "
-                    + self._whose_model()
-                ) from exc
-            except (SnapshotError, Rejected, TimeoutError) as exc:
-                if self.state.target is not target:
-                    # A newer snapshot was announced meanwhile; the consumer keeps only the last
-                    # few, so this one may simply have been rotated away. Go to the newer one.
-                    self.state.count("snapshots_superseded")
-                    log.info("snapshot v%d superseded before it was loaded", target.version)
-                    continue
-                self.state.count("snapshot_failures")
-                log.warning(
-                    "snapshot v%d not loaded (%s); keeping v%d",
-                    target.version,
-                    exc,
-                    engine.version,
-                )
-                # Back off, but take a newer announcement at once.
-                deadline = time.monotonic() + 1.0
-                while self.state.target is target and (left := deadline - time.monotonic()) > 0:
-                    await self.state.changed.wait(self.state.changed.count, left)
-
     async def lease_loop(self, tg: asyncio.TaskGroup, session: Session) -> None:
         limit = self.cfg.producer.max_in_flight
         state = self.state
@@ -496,7 +328,7 @@ class Producer:
             # newer snapshot comes (leases follow it). The condition, not any change: the
             # reply itself has just bumped the change counter.
             shown = state.target.version if state.target is not None else -1
-            await state.changed.wait_for(lambda v=shown: self._newer_than(v), backoff.next_s())
+            await state.changed.wait_for(partial(self._newer_than, shown), backoff.next_s())
         log.info("the consumer needs no more groups: producer done")
         for task in self.lease_tasks.values():  # their groups would never be trained
             task.cancel()
@@ -515,7 +347,7 @@ class Producer:
             # that has been replaced (a resume may have rolled the versions back).
             while engine.version < lease.min_version or self.state.weights_run != self.state.run_id:
                 await self.state.changed.wait(self.state.changed.count, 1.0)
-            await self._maybe_stall()
+            await self.stall.wait()
             self._busy(+1)
             busy = True
             prompt_ids = codec.encode(lease.prompt)
@@ -525,7 +357,7 @@ class Producer:
                 stop_token_ids=codec.stop_ids,
             )  # fmt: skip
             completions = await engine.generate(prompt_ids, params)
-            rewards, errors = await self._score(session, completions, lease)
+            scored = await session.rewards.score_group(lease, completions)
             versions = np.concatenate([c.versions for c in completions]).astype(np.int32)
             behavior = int(versions.min())
             group = wire.Group(
@@ -538,10 +370,10 @@ class Producer:
                 completion_lens=np.array([len(c.token_ids) for c in completions], np.int32),
                 behavior_logp=np.concatenate([c.logprobs for c in completions]),
                 token_versions=versions if (versions != behavior).any() else np.zeros(0, np.int32),
-                rewards=rewards,
+                rewards=scored.rewards,
                 finish_reasons=tuple(c.finish_reason for c in completions),
                 temperature=spec.temperature,
-                num_reward_errors=errors,
+                num_reward_errors=scored.num_failed,
                 gen_s=time.perf_counter() - t0,
             )
             await session.outbox.send(group)
@@ -555,13 +387,6 @@ class Producer:
             self.state.in_flight.discard(lease.lease_id)
             self.state.changed.bump()
 
-    def _whose_model(self) -> str:
-        if self.cfg.producer.model:
-            return (f"this producer's --model {self.cfg.producer.model!r} must be a copy of "
-                    "the learner's model (same architecture and tokenizer)")  # fmt: skip
-        return ("the model the consumer announced differs on this host: pass --model with a "
-                "copy of the learner's model")  # fmt: skip
-
     def _busy(self, delta: int) -> None:
         """Track time with at least one lease generating or scoring (counter busy_s)."""
         now = time.monotonic()
@@ -569,70 +394,6 @@ class Producer:
             self.state.count("busy_s", now - self.busy_since)
         self.busy_since = now
         self.num_active += delta
-
-    async def _score(
-        self, session: Session, completions: list[Completion], lease: wire.Lease
-    ) -> tuple[np.ndarray, int]:
-        """(float32 [G] rewards, number of reward calls that failed or timed out)."""
-        if isinstance(session.rewards, FakeRewards):
-            return session.rewards.score(lease.lease_id, len(completions)), 0
-        texts = [session.codec.decode(c.token_ids) for c in completions]
-        scored = await session.rewards.score(texts, lease.answer)
-        self.state.count("reward_errors", scored.num_errors)
-        self.state.count("reward_timeouts", scored.num_timeouts)
-        return np.asarray(scored.rewards, np.float32), scored.num_errors + scored.num_timeouts
-
-    async def _maybe_stall(self) -> None:
-        p = self.cfg.producer
-        if p.stall_s > 0 and p.stall_after_s > 0:
-            start = self.started + p.stall_after_s
-            now = time.monotonic()
-            if start <= now < start + p.stall_s:
-                self.state.count("stalls")
-                await asyncio.sleep(start + p.stall_s - now)
-
-    # -- snapshots -----------------------------------------------------------------------------
-    async def _fetch(self, info: wire.SnapshotInfo) -> Path:
-        """A private directory holding the verified `model.safetensors` of `info`, which the
-        engine then loads: the consumer's own file when this host sees it, pinned so that the
-        bytes loaded are the bytes verified (`common.snapshot.pin_local`; taken on its
-        manifest when written here, see `producer.trust_local_hash`; else hashed), else
-        fetched over the network (producer/fetch.py)."""
-        t0 = time.perf_counter()
-        local = Path(info.path)
-        directory = self.cache / f"v{info.version:06d}"
-        if await asyncio.to_thread(local.is_file):  # may be a slow shared filesystem
-            try:
-                _, trusted = await asyncio.to_thread(
-                    snap.pin_local,
-                    local,
-                    directory,
-                    expected_hash=info.hash,
-                    expected_bytes=info.num_bytes,
-                    trust_writer=self.cfg.producer.trust_local_hash,
-                )
-                self.state.count("snapshots_local_trusted" if trusted else "snapshots_local")
-                self.state.count("fetch_s", time.perf_counter() - t0)
-                self._prune_cache()
-                return directory
-            except SnapshotError as exc:
-                log.info("shared-filesystem snapshot unusable (%s): fetching over the network", exc)
-        directory = self.cache / f"v{info.version:06d}"
-        outcome = await self.fetcher.fetch(info, directory, held=self.held)
-        self.held = Held(info.version, directory / snap.WEIGHTS_FILE, info.hash)
-        self.state.count("snapshots_fetched")
-        self.state.count(f"snapshots_fetched_{outcome.file}")
-        self.state.count("fetch_bytes", outcome.num_bytes)
-        self.state.count("fetch_s", time.perf_counter() - t0)
-        log.info("snapshot v%d fetched over the network (%d bytes in %.2f s), BLAKE3 hash verified",
-                 info.version, info.num_bytes, time.perf_counter() - t0)  # fmt: skip
-        self._prune_cache()
-        return directory
-
-    def _prune_cache(self) -> None:
-        """Keep the two newest private snapshot directories (the engine's, and the next)."""
-        for old in sorted(self.cache.iterdir())[:-2]:
-            shutil.rmtree(old, ignore_errors=True)
 
     # -- reporting -----------------------------------------------------------------------------
     def _state_name(self) -> str:
@@ -654,7 +415,8 @@ class Producer:
             out["held"] = outbox.num_held
             out["told_hold"], out["hold_s"] = outbox.num_told_hold, outbox.hold_s
             out.update({f"acked_{k}": v for k, v in outbox.outcomes.items()})
-        out.update(self.fetcher.counters)
+            out.update(self.session.rewards.counters)
+        out.update(self.weights.counters)
         if self.relay is not None:
             out.update(self.relay.counters)
         out["uptime_s"] = time.monotonic() - self.started
@@ -683,122 +445,5 @@ class Producer:
         self.control.close()
         if self.relay is not None:
             self.relay.close()
-        shutil.rmtree(self.cache, ignore_errors=True)
+        self.weights.close()
         return kept
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (libraries write pages)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _log_tasks() -> None:
-    for task in asyncio.all_tasks():
-        frames = task.get_stack(limit=8)
-        where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
-        log.warning("task %s: %s", task.get_name(), where)
-
-
-async def main(cfg: Config) -> int:
-    """Run one producer until the consumer says it is finished or a signal arrives; with
-    `producer.follow`, go on to the next consumer's run at the same address after each."""
-    if cfg.producer.engine == "hf":
-        import torch
-
-        from producer.engine_hf import import_for
-
-        if cfg.producer.torch_threads:
-            torch.set_num_threads(cfg.producer.torch_threads)
-        # the model this producer expects to be told (its own, or the run's when local), its
-        # modules imported now, while the consumer may still be starting
-        expected = Path(cfg.producer.model or cfg.model.path)
-        if (expected / "config.json").is_file():
-            import_for(expected)
-    cfg = await resolve_connect(cfg)
-    ctx = zmq.asyncio.Context()
-    loop = asyncio.get_running_loop()
-    current = asyncio.current_task()
-    assert current is not None
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, current.cancel)
-    loop.add_signal_handler(signal.SIGUSR1, _log_tasks)  # `kill -USR1 PID`: where is it waiting?
-    kept: KeptEngine | None = None
-    served = 0
-    try:
-        while True:
-            producer, kept = Producer(cfg, ctx, kept=kept), None  # the producer owns it now
-            try:
-                code, kept = await serve_run(producer, current)
-            except NoConsumer as exc:
-                if not served:
-                    raise
-                log.info("%s runs served; no next one: %s", served, exc)
-                return 0
-            served += 1
-            if kept is None:
-                return code
-            log.info(
-                "run %s finished: waiting for the next consumer at %s (producer.follow)",
-                producer.state.run_id,
-                cfg.net.connect,
-            )
-    finally:
-        if kept is not None:
-            await kept[1].close()
-        ctx.term()
-
-
-async def run(producer: Producer) -> int:
-    """Register, prepare and run `producer`'s tasks until the consumer says it is finished or the
-    calling task is cancelled (goodbye, 0); `EXIT_CONSUMER_LOST` when the consumer went silent.
-    Closes the producer's sockets, not its context (many producers may share one)."""
-    current = asyncio.current_task()
-    assert current is not None
-    code, _ = await serve_run(producer, current)
-    return code
-
-
-async def serve_run(
-    producer: Producer, current: asyncio.Task[int]
-) -> tuple[int, KeptEngine | None]:
-    """One consumer's run: (exit code, the engine kept for the next run when the run finished
-    and `producer.follow` is on)."""
-    reader = asyncio.create_task(producer.control.read_replies(), name="replies")
-    link = asyncio.create_task(producer.control.watch_link(), name="link")
-    code, finished = 0, False
-    try:
-        spec = await producer.setup()
-        async with asyncio.TaskGroup() as tg:
-            heartbeat = tg.create_task(producer.heartbeat_loop(), name="heartbeat")
-            session = await producer.prepare(spec)
-            background = [
-                heartbeat,
-                tg.create_task(producer.announce_loop(spec), name="announce"),
-                tg.create_task(producer.release_loop(session.outbox), name="release"),
-                tg.create_task(producer.weights_loop(session.engine), name="weights"),
-                *([tg.create_task(producer.relay.serve(), name="relay")] if producer.relay else []),
-            ]
-            await producer.lease_loop(tg, session)
-            finished = True
-            for task in background:
-                task.cancel()
-    except asyncio.CancelledError:
-        current.uncancel()
-        log.info("stopping: telling the consumer which groups we still hold")
-    except BaseExceptionGroup as group:  # a task of the group failed
-        lost, other = group.split(ConsumerLost)
-        if other is not None:
-            refused, rest = other.split(ConfigError)  # e.g. our id taken at re-registration
-            if refused is not None and rest is None:
-                raise refused.exceptions[0] from None
-            raise
-        assert lost is not None
-        log.error("%s", lost.exceptions[0])
-        code = EXIT_CONSUMER_LOST
-    finally:
-        await producer.goodbye()
-        reader.cancel()
-        link.cancel()
-        kept = await producer.close(keep_engine=finished and producer.cfg.producer.follow)
-    return code, kept

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from producer.engine import Completion
+from producer.engines.base import Completion
 
 CHARS = list("0123456789+-*=?() abcdefghijklmnopqrstuvwxyz")
 SPECIALS = ["<pad>", "<eos>"]

@@ -33,7 +33,8 @@ Conventions and invariants:
 - Arrays travel as raw little-endian bytes whose dtype the schema fixes (`_ARRAY_DTYPES`: token ids
   int32, log-probs and rewards float32), never as lists of numbers: ~8 bytes per sampled token.
   (Decoding returns read-only `numpy.frombuffer` views: common/wire/codec.py.)
-- Fetching a snapshot over the network (producer/fetch.py, consumer/fanout.py): `fetch_req`
+- Fetching a snapshot over the network (producer/fetch/fetcher.py, consumer/snapshots/fanout.py):
+`fetch_req`
   asks the consumer how; `fetch_plan` names the file (`weights`, or `delta` on `base_version`),
   its per-chunk BLAKE3 digests (`chunk_hashes`: 32 raw bytes per chunk) and where to fetch
   (`sources`, in order; a `Source` with endpoint "" is the consumer's data socket, at
@@ -64,7 +65,8 @@ OUTCOMES = (
     "expired",
 )
 # Acks that are not outcomes (the lease stays open): the consumer had no room for the group, so
-# its producer keeps it (`hold`), until told to send it again (`send`): consumer/admission.py.
+# its producer keeps it (`hold`), until told to send it again (`send`):
+# consumer/server/admission.py.
 HOLD, SEND = "hold", "send"
 _ARRAY_DTYPES: dict[str, np.dtype[Any]] = {  # fields of `Group` only
     "prompt_ids": np.dtype("<i4"),
@@ -128,7 +130,7 @@ class RunSpec:
     max_message_bytes: int
     reward_fns: tuple[RewardWeight, ...]
     reward_timeout_s: float
-    data_port: int  # the consumer's data socket (snapshot chunks: consumer/dataplane.py)
+    data_port: int  # the consumer's data socket (snapshot chunks: consumer/snapshots/dataplane.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ finished groups producers hold for it meanwhile.
 An admitted group waits in the queue until the learner takes it (`get`). The queue is bounded
 twice: at most `max_bytes` (encoded message bytes: a decoded group is zero-copy views of its
 message) and at most `max_groups` groups. A valid group that arrives when it would not fit is
-not admitted: its producer is told to hold it (ack `hold`, common/wire.py) and the lease is
+not admitted: its producer is told to hold it (ack `hold`, common/wire/) and the lease is
 `held` in the lease book. When the learner has made room, the groups held longest are released
 first (ack `send`): room is reserved for each, so that it fits when it comes back, and nothing
 that arrives meanwhile overtakes it. Producers thus keep their finished groups, bounded by their

@@ -19,7 +19,7 @@ Invariants:
   (consumer/key_gate.py), which admits or refuses a peer (and logs the refusal) before it can
   send a single request.
 - Requests are tiny: the socket's ZMQ_MAXMSGSIZE is `MAX_REQUEST_BYTES` (a larger frame drops
-  the peer's connection in libzmq) and decoding is bounded (common/wire.py).
+  the peer's connection in libzmq) and decoding is bounded (common/wire/).
 - Nothing a peer sends stops the thread: a malformed request is answered with a `Reject` and
   counted (`data_rejected.<reason>`); even a bug of ours is counted
   (`data_rejected.internal_error`) and logged once per kind; only `stop()` ends the loop.

@@ -49,7 +49,7 @@ import torch
 
 from common.config import AdvScale, AggMode, KLKind, TISLevel, TISMode
 
-# The modes are declared once, in common/config.py (the config keys that select them).
+# The modes are declared once, in common/config/ (the config keys that select them).
 ADV_SCALES: tuple[str, ...] = get_args(AdvScale)
 TIS_LEVELS: tuple[str, ...] = get_args(TISLevel)
 TIS_MODES: tuple[str, ...] = get_args(TISMode)

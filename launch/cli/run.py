@@ -242,7 +242,7 @@ def producer(
     setup_logging(None, "producer", verbose)
     if log_file is not None:
         logging.getLogger().addHandler(logging.FileHandler(log_file))
-    from producer.worker import main as worker_main
+    from producer.main import main as worker_main
 
     try:
         code = asyncio.run(worker_main(cfg))

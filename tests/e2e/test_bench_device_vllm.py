@@ -44,7 +44,7 @@ def events(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     stand-in that stops the phase there). Building the demo model in the phase's own process
     fails the test."""
     import launch.demo_model
-    import producer.engine_vllm
+    import producer.engines.vllm
 
     seen: list[Any] = []
 
@@ -55,7 +55,7 @@ def events(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     def in_process(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the demo model was built in the phase's own process")
 
-    monkeypatch.setattr(producer.engine_vllm, "VLLMEngine", engine)
+    monkeypatch.setattr(producer.engines.vllm, "VLLMEngine", engine)
     monkeypatch.setattr(launch.demo_model, "ensure_demo_model", in_process)
     return seen
 

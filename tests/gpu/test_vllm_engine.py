@@ -27,7 +27,7 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed", allow_module_level=True)
 
 from common.config import VllmConfig
-from producer.engine import Completion, SamplingParams
+from producer.engines.base import Completion, SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,7 +61,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(model_dirs: tuple[Path, Path]) -> AsyncIterator[Any]:
-    from producer.engine_vllm import VLLMEngine
+    from producer.engines.vllm import VLLMEngine
 
     vcfg = VllmConfig(gpu_memory_utilization=0.2, enforce_eager=True, max_model_len=256)
     eng = VLLMEngine(model_dirs[0], vcfg, seed=0)

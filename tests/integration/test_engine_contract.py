@@ -1,4 +1,4 @@
-"""One contract, every engine available here (producer/engine.py states it).
+"""One contract, every engine available here (producer/engines/base.py states it).
 
 `fake` always runs; `hf` runs on a tiny random Qwen2 built by conftest; `vllm` only on a CUDA
 machine with vllm installed (`gpu` marker). The tiny model's own directory is a valid snapshot
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from producer.engine import Engine, FakeEngine, SamplingParams
+from producer.engines.base import Engine, SamplingParams
+from producer.engines.fake import FakeEngine
 
 EOS = 1  # the tiny model's "<eos>", also the fake engine's
 MAX_NEW = 6
@@ -30,14 +31,14 @@ async def engine(request: pytest.FixtureRequest, tiny_model_dir: Path) -> AsyncI
             vocab_size=46, eos_token_id=EOS, seed=0, min_tokens=1, max_tokens=MAX_NEW
         )
     elif request.param == "hf":
-        from producer.engine_hf import HFEngine
+        from producer.engines.hf import HFEngine
 
         eng = HFEngine(tiny_model_dir, device="cpu", seed=0)
     else:
         if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
             pytest.skip("the vllm engine needs vllm and a CUDA GPU")
         from common.config import VllmConfig
-        from producer.engine_vllm import VLLMEngine
+        from producer.engines.vllm import VLLMEngine
 
         cfg = VllmConfig(gpu_memory_utilization=0.2, enforce_eager=True)
         eng = VLLMEngine(tiny_model_dir, cfg, seed=0)

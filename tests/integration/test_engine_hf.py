@@ -22,8 +22,8 @@ from common import config as C
 from common import wire
 from common.errors import SnapshotError
 from consumer.snapshots.publisher import Publisher
-from producer.engine import SamplingParams
-from producer.engine_hf import HFEngine
+from producer.engines.base import SamplingParams
+from producer.engines.hf import HFEngine
 
 PROMPT = [3, 4, 12, 5, 15]
 

@@ -21,9 +21,9 @@ import pytest
 import torch
 from tiny_models import full_forward_logprobs, reference_model, write_snapshot
 
-from producer.engine import Completion, SamplingParams
-from producer.engine_hf import HFEngine, may_join
-from producer.hf_batch import Batch, Request
+from producer.engines.base import Completion, SamplingParams
+from producer.engines.hf import HFEngine, may_join
+from producer.engines.hf_batch import Batch, Request
 
 EOS = 1
 # Prompts of different lengths, each with its own n, temperature, length limit and seed.

@@ -14,7 +14,7 @@ def test_import_for_loads_the_model_types_modules_and_builds_nothing(tiny_model_
     model_type = json.loads((tiny_model_dir / "config.json").read_text())["model_type"]
     code = (
         "import sys, gc, torch\n"
-        "from producer.engine_hf import import_for\n"
+        "from producer.engines.hf import import_for\n"
         f"name = 'transformers.models.{model_type}.modeling_{model_type}'\n"
         "assert name not in sys.modules\n"
         f"import_for(__import__('pathlib').Path({str(tiny_model_dir)!r}))\n"

@@ -24,9 +24,9 @@ from consumer.server.prompts import make_source
 from consumer.server.server import Server, run_spec
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.publisher import Publisher
-from producer.client import ControlClient
-from producer.fetch import Fetcher, Held
-from producer.relay import Relay
+from producer.control import ControlClient
+from producer.fetch.fetcher import Fetcher, Held
+from producer.fetch.relay import Relay
 
 CHUNK = 64 << 10
 MAX_MESSAGE = 1 << 20

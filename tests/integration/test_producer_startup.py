@@ -101,7 +101,7 @@ def test_a_connect_endpoint_without_tcp_is_one_line():
 
 def test_model_demo_is_the_demo_model_of_the_producers_host(monkeypatch, tiny_model_dir):
     import launch.demo_model
-    import producer.worker
+    import producer.main
 
     seen = {}
 
@@ -110,7 +110,7 @@ def test_model_demo_is_the_demo_model_of_the_producers_host(monkeypatch, tiny_mo
         return 0
 
     monkeypatch.setattr(launch.demo_model, "ensure_demo_model", lambda: tiny_model_dir)
-    monkeypatch.setattr(producer.worker, "main", fake_main)
+    monkeypatch.setattr(producer.main, "main", fake_main)
     result = CliRunner().invoke(app, ["producer", "--model", "demo"])
     assert result.exit_code == 0, result.output
     assert seen["model"] == str(tiny_model_dir)
@@ -122,7 +122,7 @@ async def test_the_hf_engine_refuses_weights_of_another_shape_as_a_mismatch(
     from tiny_models import build_tiny_model
 
     from common.errors import SnapshotMismatch
-    from producer.engine_hf import HFEngine
+    from producer.engines.hf import HFEngine
 
     other = build_tiny_model(tmp_path / "wide", hidden=32)
     engine = HFEngine(tiny_model_dir, device="cpu", seed=0)

@@ -101,8 +101,8 @@ async def test_a_snapshot_written_on_this_host_is_taken_on_its_manifest(tmp_path
     info = publish(tmp_path / "snapshots")
     monkeypatch.setattr(snap, "_hash_fd", lambda fd: pytest.fail("hashed again"))
     async with producer_of(None) as producer:
-        directory = await producer._fetch(info)
-        assert directory.parent == producer.cache  # pinned: the engine loads the file it took
+        directory = await producer.weights.fetch(info)
+        assert directory.parent == producer.weights.cache  # pinned: the engine loads what it took
         assert same_inode(directory / snap.WEIGHTS_FILE, Path(info.path))
         assert producer.state.counters["snapshots_local_trusted"] == 1
 
@@ -110,7 +110,7 @@ async def test_a_snapshot_written_on_this_host_is_taken_on_its_manifest(tmp_path
 async def test_without_trust_the_local_file_is_hashed(served):
     server, info = served
     async with producer_of(server, trust=False) as producer:
-        directory = await producer._fetch(info)
+        directory = await producer.weights.fetch(info)
         assert same_inode(directory / snap.WEIGHTS_FILE, Path(info.path))
         assert producer.state.counters["snapshots_local"] == 1
         assert "snapshots_local_trusted" not in producer.state.counters
@@ -123,5 +123,5 @@ async def test_a_corrupt_local_file_is_never_taken(served):
     disown_and_corrupt(info)
     async with producer_of(server) as producer:
         with pytest.raises(SnapshotError, match="hash"):
-            await producer._fetch(info)
-        assert leftovers(producer.cache) == []
+            await producer.weights.fetch(info)
+        assert leftovers(producer.weights.cache) == []

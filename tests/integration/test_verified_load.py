@@ -26,7 +26,7 @@ from common import config as C
 from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError
-from producer.engine_hf import HFEngine
+from producer.engines.hf import HFEngine
 from producer.worker import Producer
 
 
@@ -69,7 +69,7 @@ async def test_the_engine_loads_the_verified_bytes_after_the_path_changed(
     ctx = zmq.asyncio.Context()
     producer = Producer(cfg, ctx)
     try:
-        directory = await producer._fetch(info_of(verified, 7))
+        directory = await producer.weights.fetch(info_of(verified, 7))
         # the exact point: verified, not loaded yet; the run resumes and republishes v7
         publish(root, base, version=7, seed=2)
         await engine.load_weights(directory, 7)

@@ -14,7 +14,7 @@ from common import wire
 from consumer.server.admission import Admission
 from consumer.server.leases import LeaseBook
 from consumer.server.prompts import PromptOrder
-from producer.client import Outbox
+from producer.outbox import Outbox
 from tests.ledger_invariant import assert_book_balanced
 from tests.unit.test_wire import group
 

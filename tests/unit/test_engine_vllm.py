@@ -1,4 +1,4 @@
-"""CPU tests of everything around vLLM in producer/engine_vllm.py.
+"""CPU tests of everything around vLLM in producer/engines/vllm.py.
 
 The pure parts (request and engine arguments, output conversion, version boundaries, snapshot
 fit) are tested directly. The weight-switch orchestration runs against `FakeAsyncLLM`, a
@@ -27,8 +27,9 @@ from safetensors.numpy import save_file
 from common.config import Config, ProducerConfig, VllmConfig
 from common.errors import ConfigError, SnapshotError
 from common.snapshot import check_fits, tensor_shapes
-from producer.engine import SamplingParams, make_engine
-from producer.engine_vllm import (
+from producer.engines import make_engine
+from producer.engines.base import SamplingParams
+from producer.engines.vllm import (
     RequestTrack,
     VLLMEngine,
     client_token_counter,

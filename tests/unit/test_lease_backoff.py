@@ -9,7 +9,7 @@ import random
 import pytest
 
 from producer.backoff import Backoff
-from producer.worker import Changes
+from producer.state import Changes
 
 
 def test_the_pauses_double_to_the_cap_within_their_jitter_band():

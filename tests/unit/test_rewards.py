@@ -10,7 +10,6 @@ import pytest
 
 from common.config import RewardSpec
 from common.errors import ConfigError
-from producer.engine import FakeRewards
 from producer.rewards import (
     RewardRunner,
     boxed_format,
@@ -20,6 +19,7 @@ from producer.rewards import (
     part_names,
     resolve,
 )
+from producer.scoring import FakeRewards
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ The consumer keeps only the last few snapshots; with fast steps a producer can b
 then v2, and find v1 already rotated away. It must go straight to v2, not back off as after a real
 failure. A consumer that resumes from an older checkpoint starts a new lineage whose versions may
 be lower than (or equal to) the weights a producer holds: those weights must never be used again.
-The engine is the fake one and `_fetch` is replaced by stand-ins that play the consumer's side
-(the real fetch is covered by the integration tests).
+The engine is the fake one and the weights keeper's `fetch` is replaced by stand-ins that play
+the consumer's side (the real fetch is covered by the integration tests).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from common import config as C
 from common import wire
 from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from consumer.server.server import run_spec
-from producer.client import Outbox
-from producer.engine import FakeEngine, FakeRewards
+from producer.engines.fake import FakeEngine
+from producer.outbox import Outbox
+from producer.scoring import FakeRewards
+from producer.session import Session
 from producer.tokenizer import PromptCodec
-from producer.worker import Producer, Session
+from producer.worker import Producer
 
 
 def info(version: int) -> wire.SnapshotInfo:
@@ -35,17 +37,19 @@ def info(version: int) -> wire.SnapshotInfo:
 
 
 class ScriptedProducer(Producer):
-    """`_fetch` records each version asked for and then does what `script` says."""
+    """Its weights keeper's `fetch` records each version asked for and then does what `script`
+    says."""
 
     def __init__(self, cfg: C.Config, ctx: zmq.asyncio.Context) -> None:
         super().__init__(cfg, ctx)
         self.fetched: list[int] = []
         self.script: Callable[[Producer, int], None] = lambda producer, version: None
+        self.weights.fetch = self._scripted_fetch  # type: ignore[method-assign]
 
-    async def _fetch(self, target: wire.SnapshotInfo) -> Path:
+    async def _scripted_fetch(self, target: wire.SnapshotInfo) -> Path:
         self.fetched.append(target.version)
         self.script(self, target.version)  # may raise SnapshotError, or announce a newer one
-        return self.cache
+        return self.weights.cache
 
 
 @contextlib.asynccontextmanager
@@ -62,13 +66,13 @@ async def scripted_producer() -> AsyncIterator[ScriptedProducer]:
     try:
         yield producer
     finally:
-        shutil.rmtree(producer.cache, ignore_errors=True)
+        shutil.rmtree(producer.weights.cache, ignore_errors=True)
         ctx.destroy(linger=0)
 
 
 async def run_weights_loop_until(producer: Producer, done: Callable[[], bool]) -> None:
     assert producer.session is not None
-    task = asyncio.create_task(producer.weights_loop(producer.session.engine))
+    task = asyncio.create_task(producer.weights.keep_loaded(producer.session.engine))
     try:
         async with asyncio.timeout(30):  # a safety net only: the loop should get there at once
             while not done():

@@ -3,7 +3,7 @@
 Owns: sampling completions with exact sampling log-probs for every request in flight at once,
 and in-place weight reloads from a snapshot's `model.safetensors`. Does not own: fetching or
 hash-checking snapshots (common/snapshot.py and the producer loop do that before calling
-`load_weights`), nor the batch arithmetic itself (producer/hf_batch.py: left-padded prefill,
+`load_weights`), nor the batch arithmetic itself (producer/engines/hf_batch.py: left-padded prefill,
 per-request Gumbel-max streams, one forward per token for all rows).
 
 Why our own loop rather than `model.generate`: the log-prob reported for a token must be exactly
@@ -31,7 +31,7 @@ Seeds: `params.seed` when given (same seed, same weights, same device => same to
 in any batch; the log-probs agree to float rounding, as a forward's shape changes its rounding),
 else one derived from the engine seed and a call counter.
 
-Invariants (besides the contract in producer/engine.py):
+Invariants (besides the contract in producer/engines/base.py):
 - `version` is -1 until the first `load_weights`. The producer always loads a published snapshot,
   version 0 included, before it generates; a generation before any load uses the checkpoint's
   own weights and reports version -1 for its tokens.
@@ -70,8 +70,8 @@ from safetensors import SafetensorError, safe_open
 from common import snapshot as snap
 from common.device import resolve_device
 from common.errors import SnapshotError
-from producer.engine import Completion, SamplingParams
-from producer.hf_batch import Batch, Request
+from producer.engines.base import Completion, SamplingParams
+from producer.engines.hf_batch import Batch, Request
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -115,7 +115,7 @@ _Command = Request | _Reload | _Close
 
 
 class HFEngine:
-    """A transformers causal LM behind the `Engine` protocol (producer/engine.py).
+    """A transformers causal LM behind the `Engine` protocol (producer/engines/base.py).
 
     `join_at`: see `may_join` (1 by default; 0 = join at the next token always, `math.inf` =
     batch-at-a-time). bench/hf_engine.py measures the three.
@@ -135,7 +135,7 @@ class HFEngine:
         if dtype not in DTYPES:
             raise ValueError(f"hf engine dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.device = resolve_device(device)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
         self.model = model.to(self.device).eval()
         self._eos = eos_ids(self.model)
         pad = getattr(self.model.config, "pad_token_id", None)

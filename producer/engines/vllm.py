@@ -45,7 +45,7 @@ if its final output reached us, else as not started (0): a finished sample's fin
 delivered in the same window. Requests waiting at the gate start after the switch and carry
 the new version from their first token (which may be newer than `version` when they called).
 
-Invariants (besides the contract in producer/engine.py):
+Invariants (besides the contract in producer/engines/base.py):
 - `version` is -1 until the first `load_weights`; it changes only at a recorded boundary.
 - A snapshot is checked against the checkpoint the engine started from (tensor names and
   shapes, from the safetensors headers: `common.snapshot.check_fits`) before anything is
@@ -73,7 +73,7 @@ import numpy as np
 from common import snapshot as snap
 from common.config import VllmConfig
 from common.errors import ConfigError, SnapshotError
-from producer.engine import Completion, SamplingParams
+from producer.engines.base import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def sampled_token_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[floa
     assert logprobs is not None, "requests ask for logprobs=0"
     assert len(logprobs) == len(token_ids), "one logprobs position per sampled token"
     starts = getattr(logprobs, "start_indices", None)
-    flat_ids = getattr(logprobs, "token_ids", None)
+    flat_ids: Any = getattr(logprobs, "token_ids", None)
     if starts is not None and [flat_ids[s] for s in starts] == list(token_ids):
         return [logprobs.logprobs[s] for s in starts]
     return [logprobs[i][t].logprob for i, t in enumerate(token_ids)]
@@ -243,7 +243,7 @@ def client_token_counter(llm: Any) -> Callable[[str], int] | None:
     """Tokens vLLM's client has received for a request id (0 for an id it does not know), read
     from its output processor: `external_req_ids[id]` -> internal id -> `request_states[...]`
     `.detokenizer.num_output_tokens()` (vLLM 0.24). None where those are missing."""
-    op = getattr(llm, "output_processor", None)
+    op: Any = getattr(llm, "output_processor", None)
     if not (hasattr(op, "external_req_ids") and hasattr(op, "request_states")):
         return None
 
@@ -291,7 +291,7 @@ def vllm_sampling_params(kwargs: dict[str, Any], stream: bool) -> Any:
 
 
 class VLLMEngine:
-    """vLLM's AsyncLLM behind the `Engine` protocol (producer/engine.py); see the module doc.
+    """vLLM's AsyncLLM behind the `Engine` protocol (producer/engines/base.py); see the module doc.
 
     Metrics of the last weight switch: `last_mode`, `last_wait_s` (waiting for requests to
     finish, "drain" only), `last_pause_s` (no token generated: pause to resume, or the idle

@@ -1,7 +1,7 @@
 """The fetcher's end of a data socket: chunk requests to the consumer's data socket or a relay.
 
-`ChunkClient` owns one DEALER connected to one source (consumer/dataplane.py or
-producer/relay.py). `chunk(msg)` sends a `wire.FileChunkRequest` and awaits its reply; several
+`ChunkClient` owns one DEALER connected to one source (consumer/snapshots/dataplane.py or
+producer/fetch/relay.py). `chunk(msg)` sends a `wire.FileChunkRequest` and awaits its reply; several
 may be in flight, matched by `req` id. The reply's bytes are the received ZeroMQ frame itself
 (`copy=False`: a read-only view, never copied by this client); decoding is bounded
 (`wire.decode_reply`). A reply that does not decode is counted (`num_bad_replies`) and dropped,
@@ -23,7 +23,7 @@ from common.errors import WireError
 from common.keys import Keys
 from common.log_limit import LogLimiter
 from common.sockets import client_socket
-from producer.client import Rejected
+from producer.control import Rejected
 
 log = logging.getLogger("asyncgrpo.producer")
 

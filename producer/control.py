@@ -1,23 +1,16 @@
-"""The producer's end of the sockets: control requests, the group sender, announcements
-(snapshot chunks: producer/chunk_client.py).
+"""The producer's control channel to the consumer: requests and their replies.
 
-- `ControlClient` owns the DEALER. Requests carry `req` ids; one reader task matches replies to
-  waiting futures, so several coroutines may have requests in flight. A request without a reply
-  in `timeout_s` raises `TimeoutError` (the consumer may be restarting; DEALER reconnects by
-  itself and the caller retries). A `Reject` reply raises `Rejected(reason)`. A monitor task
-  (`watch_link`) follows the connection's events: `link` says what it has seen (nothing
-  listening, connected, a failing security handshake) for "waiting for the consumer" lines,
-  and a key the consumer's authenticator refuses fails every request with `KeyRefused` at once.
-  A status the consumer pushes unasked (req 0: room for held groups) goes to `on_pushed`.
-- `Outbox` owns the PUSH socket and every finished group until the consumer acknowledges it:
-  at-least-once delivery. A group is re-sent when the consumer restarted (new run id) or when no
-  ack came within `resend_after_s`; the consumer's ledger makes duplicates harmless. A group the
-  consumer had no room for (ack `hold`: backpressure, consumer/admission.py) is held here, not
-  re-sent, until the consumer says `send` (or, should that word be lost, `resend_after_s`
-  later); held groups count against the producer's leases (`num_held`), so a full consumer
-  stops new generation instead of filling memory anywhere.
-- `announcements` yields `Announce` messages from the SUB socket (hints: a missed one only costs
-  latency, because every control reply carries the newest snapshot too).
+`ControlClient` owns the DEALER. Requests carry `req` ids; one reader task matches replies to
+waiting futures, so several coroutines may have requests in flight. A request without a reply
+in `timeout_s` raises `TimeoutError` (the consumer may be restarting; DEALER reconnects by
+itself and the caller retries). A `Reject` reply raises `Rejected(reason)`. A monitor task
+(`watch_link`) follows the connection's events: `link` says what it has seen (nothing
+listening, connected, a failing security handshake) for "waiting for the consumer" lines,
+and a key the consumer's authenticator refuses fails every request with `KeyRefused` at once.
+A status the consumer pushes unasked (req 0: room for held groups) goes to `on_pushed`.
+
+The producer's other sockets: the group sender (producer/outbox.py), snapshot announcements
+(producer/announcements.py), snapshot chunks (producer/fetch/chunk_client.py).
 """
 
 from __future__ import annotations
@@ -26,8 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
@@ -78,7 +70,7 @@ class ControlClient:
             raise self.refused
         req = self._next
         self._next += 1
-        msg = dataclasses.replace(msg, req=req)  # type: ignore[call-arg]
+        msg = dataclasses.replace(msg, req=req)  # type: ignore[arg-type]
         fut: asyncio.Future[wire.Message] = asyncio.get_running_loop().create_future()
         self._waiting[req] = fut
         try:
@@ -150,86 +142,3 @@ class ControlClient:
         self.sock.disable_monitor()
         self._monitor.close(linger=0)
         self.sock.close(linger=0)
-
-
-@dataclass
-class _Pending:
-    data: bytes
-    sent_at: float
-    held_since: float = 0.0  # monotonic seconds it was first told to hold; 0 = not held
-    release: bool = False  # told to send it again
-
-
-class Outbox:
-    """Finished groups, kept until acknowledged; the only writer of the PUSH socket."""
-
-    def __init__(self, sock: zmq.asyncio.Socket, *, resend_after_s: float) -> None:
-        self.sock = sock
-        self.resend_after_s = resend_after_s
-        self.pending: dict[int, _Pending] = {}
-        self.num_sent = self.num_resent = 0
-        self.num_told_hold = 0  # `hold` acks received
-        self.hold_s = 0.0  # seconds groups spent held, summed when they are sent again
-        self.outcomes: dict[str, int] = {}
-
-    @property
-    def num_held(self) -> int:
-        """Groups the consumer told us to hold and we have not sent again yet."""
-        return sum(1 for item in self.pending.values() if item.held_since and not item.release)
-
-    @property
-    def num_released(self) -> int:
-        """Held groups the consumer has room for: `resend` sends them."""
-        return sum(1 for item in self.pending.values() if item.release)
-
-    async def send(self, group: wire.Group) -> None:
-        data = wire.encode(group)
-        self.pending[group.lease_id] = _Pending(data, time.monotonic())
-        await self.sock.send(data)
-        self.num_sent += 1
-
-    def acknowledge(self, acks: tuple[wire.Ack, ...]) -> None:
-        """Apply the consumer's acks: a final outcome forgets the group, `hold` keeps it
-        unsent, `send` marks it for `resend`."""
-        now = time.monotonic()
-        for ack in acks:
-            if ack.outcome == wire.HOLD:
-                if (item := self.pending.get(ack.lease_id)) is not None:
-                    self.num_told_hold += 1
-                    item.held_since = item.held_since or now
-                    item.release = False
-            elif ack.outcome == wire.SEND:
-                if (item := self.pending.get(ack.lease_id)) is not None:
-                    item.release = True
-            elif self.pending.pop(ack.lease_id, None) is not None:
-                self.outcomes[ack.outcome] = self.outcomes.get(ack.outcome, 0) + 1
-
-    async def resend(self, *, everything: bool = False) -> int:
-        """Re-send the groups the consumer has room for, those unacknowledged for
-        `resend_after_s` (held or not), or all of them."""
-        now = time.monotonic()
-        count = 0
-        for item in list(self.pending.values()):
-            if everything or item.release or now - item.sent_at > self.resend_after_s:
-                if item.held_since:
-                    self.hold_s += now - item.held_since
-                item.sent_at, item.held_since, item.release = now, 0.0, False
-                await self.sock.send(item.data)
-                count += 1
-        self.num_resent += count
-        return count
-
-
-async def announcements(
-    sock: zmq.asyncio.Socket, limits: wire.Limits
-) -> AsyncIterator[wire.Announce]:
-    limited = LogLimiter(log)
-    while True:
-        data = await sock.recv()
-        try:
-            msg = wire.decode(data, limits)
-        except WireError as exc:
-            limited.log(exc.reason, logging.WARNING, "bad announcement: %s", exc)
-            continue
-        if isinstance(msg, wire.Announce):
-            yield msg

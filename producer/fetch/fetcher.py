@@ -6,13 +6,14 @@ sources it names, check each against its hash, and apply a delta on exactly its 
 
 1. `wire.FetchRequest` over control (the authenticated channel) names the version wanted and the
    verified file this producer holds (`Held`); the consumer answers with a `wire.FetchPlan`
-   (consumer/fanout.py): the full weights, or a delta when `held` is exactly its base; per-chunk
-   digests; sources in order (a relay, then the consumer). A plan with `wait_s` means every
-   source is busy: ask again after that long.
-2. Chunks are fetched with `window` requests in flight per fetch (producer/chunk_client.py: the
-   consumer's data socket, consumer/dataplane.py, or a relay), written at their offsets and
-   hashed as a whole file as they land (common/snapshot.py `IncomingFile`); the received frame
-   is written and hashed as it is, never copied. A relay's chunk is accepted only if it hashes
+   (consumer/snapshots/fanout.py): the full weights, or a delta when `held` is exactly its base;
+   per-chunk digests; sources in order (a relay, then the consumer). A plan with `wait_s` means
+   every source is busy: ask again after that long.
+2. Chunks are fetched with `window` requests in flight per fetch
+   (producer/fetch/chunk_client.py: the consumer's data socket, consumer/snapshots/dataplane.py, or
+   a relay), written at their offsets and hashed as a whole file as they land
+   (common/snapshot.py `IncomingFile`); the received frame is written and hashed as it is,
+   never copied. A relay's chunk is accepted only if it hashes
    to its digest (common/chunk_manifest.py); the consumer's chunks skip that second hash, as a
    wrong byte from the consumer fails the whole-file hash, which ends the fetch just as a
    failed chunk digest from the consumer would. A relay that sends wrong bytes, a short
@@ -25,7 +26,7 @@ sources it names, check each against its hash, and apply a delta on exactly its 
    its base hash, the result checked against the snapshot's hash). A refused delta (another
    base, a failed digest) is counted (`delta_refused`) and the full weights are fetched instead.
 4. `wire.FetchDone` reports the outcome and the bad sources, and, when this producer relays
-   (producer/relay.py), that it now serves the files it fetched.
+   (producer/fetch/relay.py), that it now serves the files it fetched.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ from common import delta as D
 from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError
-from common.sockets import Keys
-from producer.chunk_client import ChunkClient
-from producer.client import ControlClient, Rejected
-from producer.relay import Relay
+from common.keys import Keys
+from producer.control import ControlClient, Rejected
+from producer.fetch.chunk_client import ChunkClient
+from producer.fetch.relay import Relay
 
 log = logging.getLogger("asyncgrpo.producer")
 CONSUMER = ""
@@ -96,7 +97,9 @@ class Fetcher:
         relay_timeout_s: float = 5.0,
     ) -> None:
         self.control, self.ctx, self.keys = control, ctx, keys
-        self.data_endpoint = data_endpoint  # the consumer's data socket (consumer/dataplane.py)
+        self.data_endpoint = (
+            data_endpoint  # the consumer's data socket (consumer/snapshots/dataplane.py)
+        )
         self.producer_id, self.relay = producer_id, relay
         self.max_message_bytes = max_message_bytes
         self.window, self.timeout_s, self.relay_timeout_s = window, timeout_s, relay_timeout_s

@@ -3,7 +3,7 @@
 Owns: prefilling requests (prompts of different lengths, left-padded), merging them into the
 rows already decoding, sampling every row with its request's own random stream, recording tokens
 and log-probs, and dropping rows that finished or whose request was withdrawn. Does not own:
-threads, asyncio, weight reloads or when to admit (producer/engine_hf.py decides that).
+threads, asyncio, weight reloads or when to admit (producer/engines/hf.py decides that).
 
 Shapes: B rows in the batch (the alive rows of all members, member after member), S cached
 positions, V vocabulary, k requests being admitted. A request asks for n rows of one prompt.
@@ -48,7 +48,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from common.logprobs import sampled_logprobs
-from producer.engine import Completion
+from producer.engines.base import Completion
 
 
 @dataclass(eq=False)

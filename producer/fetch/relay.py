@@ -2,15 +2,15 @@
 
 `Relay` owns one ROUTER socket bound at `producer.relay_host:relay_port` and answers
 `wire.FileChunkRequest` with a chunk (`wire.encode_chunk`: head and bytes in two frames, as the
-consumer's data socket does) from files `offer`ed to it: only files this producer
-fetched and verified completely (producer/fetch.py), kept in its private cache. A file that is
-gone (the cache keeps the two newest versions) or not offered is refused (`Reject`,
-`snapshot_gone`); a malformed request is refused with its reason and counted. Nothing a peer
-sends can stop the relay: its loop only ends when cancelled.
+consumer's data socket does) from files `offer`ed to it: only files this producer fetched and
+verified completely (producer/fetch/fetcher.py), kept in its private cache. A file that is gone
+(the cache keeps the two newest versions) or not offered is refused (`Reject`, `snapshot_gone`);
+a malformed request is refused with its reason and counted. Nothing a peer sends can stop the
+relay: its loop only ends when cancelled.
 
 Trust runs the other way: the consumer tells fetchers the per-chunk hashes, so a fetcher never
-needs to trust a relay (consumer/fanout.py). With CurveZMQ keys the relay serves encrypted with
-the producers' client keypair (every key holder knows its public key and no one else can
+needs to trust a relay (consumer/snapshots/fanout.py). With CurveZMQ keys the relay serves encrypted
+with the producers' client keypair (every key holder knows its public key and no one else can
 connect); without keys it follows the loopback rule of every bound socket (`--insecure`).
 """
 
@@ -26,8 +26,9 @@ import zmq.asyncio
 
 from common import wire
 from common.errors import WireError
+from common.keys import Keys
 from common.log_limit import LogLimiter
-from common.sockets import Keys, server_socket
+from common.sockets import server_socket
 
 log = logging.getLogger("asyncgrpo.producer")
 

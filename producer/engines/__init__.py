@@ -1,0 +1,45 @@
+"""Generation engines: the contract (`base`), the `fake`, `hf` (transformers, with its batch in
+`hf_batch`) and `vllm` engines, and the factory `make_engine`.
+
+The event loop of the producer process calls them (`generate`, `load_weights`); hf and vllm run
+their model work on threads or processes of their own. The heavy engines are imported only by
+`make_engine`, when one is built, so fake-engine producers never import torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.config import Config
+from producer.engines.base import Engine
+
+
+def make_engine(cfg: Config, *, model_dir: Path | None, vocab_size: int, seed: int) -> Engine:
+    """Build the engine `cfg.producer.engine` names. `model_dir` is unused by the fake engine."""
+    name = cfg.producer.engine
+    if name == "fake":
+        from producer.engines.fake import FakeEngine
+
+        f = cfg.fake
+        return FakeEngine(
+            vocab_size=vocab_size,
+            eos_token_id=vocab_size - 1,
+            seed=seed,
+            min_tokens=f.min_tokens,
+            max_tokens=f.max_tokens,
+            long_tail=f.long_tail,
+            latency_s=f.latency_s,
+            per_token_s=f.per_token_s,
+            jitter=f.jitter,
+            slow_factor=cfg.producer.slow_factor,
+        )
+    assert model_dir is not None, "hf and vllm engines need a model directory"
+    if name == "hf":
+        from producer.engines.hf import HFEngine
+
+        return HFEngine(model_dir, device=cfg.producer.device, seed=seed)
+    if name == "vllm":
+        from producer.engines.vllm import VLLMEngine
+
+        return VLLMEngine(model_dir, cfg.vllm, seed=seed)
+    raise AssertionError(f"unknown engine {name!r} (config validation lists the choices)")

@@ -1,0 +1,60 @@
+"""The engine contract: sampling parameters, completions, and the `Engine` protocol.
+
+Every engine (fake, hf, vllm) keeps this contract (tests/integration/test_engine_contract.py
+checks it):
+- `generate(prompt_ids, params)` returns exactly `params.n` completions of one prompt;
+- each completion's `token_ids` (int32) and `logprobs` (float32) have equal length in
+  [1, params.max_new_tokens]; `logprobs[i]` is the log-probability of exactly `token_ids[i]` under
+  the sampling distribution, log_softmax(logits / temperature), finite and <= 0;
+- `versions[i]` is the weight version that produced token i (int32); the engine's `version`
+  before the call is the version of the first token;
+- `finish_reason` is "stop" (the completion ends with an EOS/stop token, included) or "length";
+- `load_weights(directory, version)` loads `directory/model.safetensors` in place; generation
+  calls that start afterwards use the new weights (the prefix cache is not reused across it).
+
+This module imports neither torch nor any engine: the engines import it, and the factory
+(`producer.engines.make_engine`) imports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    n: int
+    temperature: float
+    max_new_tokens: int
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Completion:
+    token_ids: np.ndarray  # int32 [L]
+    logprobs: np.ndarray  # float32 [L]
+    finish_reason: str  # "stop" | "length"
+    versions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # int32 [L]
+
+
+class Engine(Protocol):
+    """What the producer loop needs of a generation engine."""
+
+    @property
+    def version(self) -> int:
+        """Version of the weights that the next generation starts with (-1 before any load)."""
+        ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]: ...
+
+    async def load_weights(self, directory: Path, version: int) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,108 @@
+"""Scoring one lease's group: the `Rewards` protocol the worker calls, and its two kinds.
+
+- `TaskRewards`: decodes the G completions (special tokens dropped, producer/tokenizer.py) and
+  scores them against the lease's reference answer with the run's reward functions
+  (`RewardRunner`, producer/rewards.py: a raising or hanging reward scores 0 and is counted).
+  Its `counters` sum, over the groups scored, the reward calls that failed (`reward_errors`) and
+  timed out (`reward_timeouts`); a key appears with the first group.
+- `FakeRewards`: the fake engine's rewards, a seeded coin per completion (no text is read: fake
+  tokens decode to nothing). It counts nothing.
+
+`make_rewards` picks the one the config's engine goes with. The worker never asks which it has.
+producer/rewards.py is imported only for `TaskRewards`, so fake-engine producers start without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from common import wire
+from common.config import Config, RewardSpec
+from producer.engines.base import Completion
+from producer.tokenizer import PromptCodec
+
+if TYPE_CHECKING:
+    from producer.rewards import RewardRunner
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GroupScore:
+    rewards: np.ndarray  # float32 [G]
+    num_failed: int  # reward calls that raised, returned no finite number or timed out (scored 0)
+
+
+class Rewards(Protocol):
+    """What the worker needs to score the groups of one session."""
+
+    @property
+    def counters(self) -> dict[str, float]:
+        """Cumulative counters, reported in the producer's heartbeats."""
+        ...
+
+    async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> GroupScore:
+        """Rewards of the G completions of `lease`, and how many reward calls failed."""
+        ...
+
+    def close(self) -> None:
+        """Stop any worker processes; no `score_group` afterwards."""
+        ...
+
+
+class TaskRewards:
+    """The run's reward functions on the decoded completions."""
+
+    def __init__(self, runner: RewardRunner, codec: PromptCodec) -> None:
+        self.runner, self.codec = runner, codec
+        self.counters: dict[str, float] = {}
+
+    async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> GroupScore:
+        texts = [self.codec.decode(c.token_ids) for c in completions]
+        scored = await self.runner.score(texts, lease.answer)
+        self._count("reward_errors", scored.num_errors)
+        self._count("reward_timeouts", scored.num_timeouts)
+        return GroupScore(scored.rewards, scored.num_errors + scored.num_timeouts)
+
+    def _count(self, key: str, n: float) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+class FakeRewards:
+    """The fake engine's rewards: a seeded coin per completion, 1 with probability `p`.
+
+    Drawn from (run seed, lease id), so a lease scores the same whichever producer runs it.
+    The completions' contents are never read (fake tokens decode to nothing).
+    """
+
+    def __init__(self, *, run_seed: int, p: float) -> None:
+        self.run_seed, self.p = run_seed, p
+        self.counters: dict[str, float] = {}
+
+    def score(self, lease_id: int, n: int) -> np.ndarray:
+        """float32 [n] rewards in {0, 1} of lease `lease_id`'s n completions."""
+        rng = np.random.default_rng([self.run_seed, lease_id])
+        return (rng.random(n) < self.p).astype(np.float32)
+
+    async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> GroupScore:
+        return GroupScore(self.score(lease.lease_id, len(completions)), 0)
+
+    def close(self) -> None:
+        return None
+
+
+def make_rewards(cfg: Config, spec: wire.RunSpec, codec: PromptCodec) -> Rewards:
+    """The fake engine's coins, or the consumer's reward functions (`spec.reward_fns`) run
+    with this producer's `rewards.workers`."""
+    if cfg.producer.engine == "fake":
+        return FakeRewards(run_seed=cfg.run.seed, p=cfg.fake.reward_p)
+    from producer.rewards import RewardRunner
+
+    specs = [RewardSpec(r.fn, r.weight) for r in spec.reward_fns]
+    runner = RewardRunner(specs, timeout_s=spec.reward_timeout_s, workers=cfg.rewards.workers)
+    return TaskRewards(runner, codec)

@@ -1,0 +1,110 @@
+"""A producer's session: what it works with for one consumer run, built from the run spec.
+
+`open_session(cfg, spec, ...)` runs once the producer has registered (the consumer's `RunSpec`
+says G, sampling, reward functions, prompt format, vocabulary and ports) while heartbeats
+already run: it checks the model directory, builds the tokenizer (`PromptCodec`), the engine
+(`producer.engines.make_engine`, on a thread: loading can take long), the rewards
+(`producer.scoring.make_rewards`) and the outbox on the consumer's rollouts port. Nothing in a
+`Session` is optional.
+
+With `producer.follow` a finished run's engine is handed to the next run (`KeptEngine`) and
+reused when the model directory and vocabulary are the same; otherwise it is closed first.
+A model that does not load is a `ConfigError` with one line naming whose model it was
+(`--model`, or the consumer's `model.path`): the producer exits 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq.asyncio
+
+from common import wire
+from common.config import Config
+from common.errors import ConfigError
+from producer.engines import make_engine
+from producer.engines.base import Engine
+from producer.outbox import Outbox
+from producer.scoring import Rewards, make_rewards
+from producer.tokenizer import PromptCodec
+
+EngineKey = tuple[str, int]  # (model dir, vocab size): an engine fits a run with the same key
+KeptEngine = tuple[EngineKey, Engine]  # an engine kept between runs (producer.follow)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Session:
+    """What a producer works with once registered and prepared (`Producer.prepare`)."""
+
+    spec: wire.RunSpec  # the consumer's run: G, sampling, rewards, ports
+    engine: Engine
+    codec: PromptCodec
+    rewards: Rewards  # the run's reward functions, or the fake engine's coins
+    outbox: Outbox  # every finished group until it is acknowledged
+
+
+async def open_session(
+    cfg: Config,
+    spec: wire.RunSpec,
+    *,
+    kept: KeptEngine | None,
+    rng: random.Random,
+    push: Callable[[], zmq.asyncio.Socket],
+) -> tuple[Session, EngineKey]:
+    """The session of `spec`'s run, and its engine's key. `kept`: a previous run's engine, used
+    when its key matches (else closed); `rng` draws the seed of a new engine; `push` opens the
+    outbox's socket."""
+    model_dir, whose = _model_dir(cfg, spec)
+    key = (str(model_dir), spec.vocab_size)
+    engine: Engine | None = None
+    if kept is not None:  # the previous run's engine (producer.follow)
+        kept_key, engine = kept
+        if kept_key != key:
+            await engine.close()
+            engine = None
+    try:
+        codec = PromptCodec(model_dir, spec.prompt_format, vocab_size=spec.vocab_size)
+        if engine is None:
+            engine = await asyncio.to_thread(
+                make_engine,
+                cfg,
+                model_dir=model_dir,
+                vocab_size=spec.vocab_size,
+                seed=rng.randrange(1 << 30),
+            )
+    except (OSError, ValueError, RuntimeError, ImportError) as exc:  # a model that won't load
+        raise ConfigError(
+            f"cannot load the model {str(model_dir)!r} ({whose}) on this producer's host: "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+    rewards = make_rewards(cfg, spec, codec)
+    outbox = Outbox(push(), resend_after_s=cfg.net.resend_after_s)
+    return Session(spec, engine, codec, rewards, outbox), key
+
+
+def _model_dir(cfg: Config, spec: wire.RunSpec) -> tuple[Path | None, str]:
+    """(the model directory on this host, None for the fake engine; whose model it is, for
+    messages). Raises `ConfigError` when it is not a Hugging Face model directory."""
+    model_dir = Path(cfg.producer.model or spec.model) if cfg.producer.engine != "fake" else None
+    whose = (
+        "this producer's producer.model (--model)"
+        if cfg.producer.model
+        else "the consumer's model.path, announced to producers"
+    )
+    if model_dir is not None and not (model_dir / "config.json").exists():
+        raise ConfigError(
+            f"model directory {str(model_dir)!r} ({whose}) is not a Hugging Face model "
+            "directory on this producer's host: pass --model with a local copy of the "
+            "learner's model (--model demo when the consumer trains the embedded demo)"
+        )
+    return model_dir, whose
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (libraries write pages)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
