@@ -61,7 +61,11 @@ class Loop:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the thread and wait for it; a thread never started closes its sockets here."""
         self._stop.set()
+        if self._thread.ident is None:  # never started: no `_run` to close them
+            self._close()
+            return
         self._thread.join()
 
     def stopped(self) -> bool:
@@ -111,9 +115,12 @@ class Loop:
             self._calls.fail_all()
             raise
         finally:
-            for sock in (control, self._rollouts, self._announce):
-                sock.close(linger=0)
-            self._calls.close()
+            self._close()
+
+    def _close(self) -> None:
+        for sock in (self._control.sock, self._rollouts, self._announce):
+            sock.close(linger=0)
+        self._calls.close()
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[zmq.Frame]], None]) -> None:
         for _ in range(_DRAIN):

@@ -263,3 +263,22 @@ def test_leases_a_producer_drops_at_the_end_of_the_run_end_as_shutdown(server, t
     )  # fmt: skip
     assert srv.balance()["ok"] == 1
     a.close(linger=0)
+
+
+def test_a_server_stopped_before_it_started_closes_its_sockets(tmp_path):
+    """A learner that fails between building its server and starting it must not leak the
+    sockets (nor the wake-up socket pair: an unclosed one surfaced as a ResourceWarning at some
+    later test's garbage collection)."""
+    cfg = C.apply_overrides(C.Config(), ["net.control_port=0"])
+    ctx = zmq.Context()
+    spec = run_spec(cfg, vocab_size=32, model="")
+    srv = Server(
+        cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=spec, run_dir=tmp_path, keys=None
+    )
+    srv.stop()
+    loop = srv._loop  # the thread that owns the sockets never ran
+    for sock in (loop._control.sock, loop._rollouts, loop._announce):
+        assert sock.closed
+    for end in (loop._calls._wake_recv, loop._calls._wake_send):
+        assert end.fileno() == -1
+    ctx.term()  # returns only once every socket of the context is closed
