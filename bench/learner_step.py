@@ -23,7 +23,7 @@ alternate baseline / ours after `--warmup` rounds; medians are reported.
 
 Printed and written (`--json PATH`) per case: ms per step and tokens/s (real tokens, prompt +
 completion, per second) of each, `speedup` = ours tokens/s over baseline's, `ratio` = ours ms
-over baseline ms (the CPU figure the README quotes), peak memory of each step above what was
+over baseline ms (the CPU figure docs/results.md quotes), peak memory of each step above what was
 allocated before it (CUDA), the attention path, micro-batches and padding fraction of ours.
 Under torchrun with one process, ours is what `asyncgrpo consumer` builds there (the one-device
 `Trainer`: compare its ratio with a plain run's); `--fsdp` makes ours the FSDP2 learner alone in

@@ -1,7 +1,7 @@
-"""The README's worked custom task (docs/custom_task/): its config loads, its JSONL gives
+"""The worked custom task (docs/custom_task/README.md): its config loads, its JSONL gives
 prompts and answers, its reward module scores on the producer side, and (slow) the whole
-example trains through the CLI, the reward module importable only through PYTHONPATH as the
-README says."""
+example trains through the CLI, the reward module importable only through PYTHONPATH as that
+page says."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ class Cluster:
         self, host: str, name: str, *, keys: str | None = None, latency_s: float = 0.05
     ) -> subprocess.Popen:
         home = self.tmp / host
-        copy = home / f"keys-{name}"  # the host's own copy of its directory, as the README says
+        copy = home / f"keys-{name}"  # the host's own copy of its directory (docs/running.md)
         subprocess.run(["cp", "-r", str(self.keys / "producers" / (keys or name)), str(copy)],
                        check=True)  # fmt: skip
         args = [
