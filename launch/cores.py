@@ -10,7 +10,7 @@
   `ceil((max_staleness + 1) * prompts_per_step / producers)` (`producer.max_in_flight`): the hf
   engine samples all of a producer's leases in one batch, so fewer, fuller batches cost less.
 On 2 cores that is 1 learner thread and 1 producer with 1 thread holding every lease, the
-fastest split measured there on the demo (README, Results: one producer against two of 4 leases
+fastest split measured there on the demo (docs/results.md: one producer against two of 4 leases
 each, async and sync). Beyond 2 cores the rule is a reasoned default, not a measured one.
 
 Whatever the user gives explicitly (`--producers`, or the key in `--config` or `--set`) is kept;

@@ -2,7 +2,7 @@
 
 One `Config` of frozen section dataclasses, each section beside its own checks:
 - `fields.py`: how a field is declared (`_f`: default and help, written once and reused by
-  `--help`, `asyncgrpo config show` and the README table from `asyncgrpo config docs`), the
+  `--help`, `asyncgrpo config show` and docs/config.md from `asyncgrpo config docs`), the
   modes (`Literal` types such as `AdvScale`, `TISMode`, declared once: the loss and the engines
   use the same type, and its values are the choices `--help` lists and loading enforces);
 - the sections, each with `problems()` listing its impossible settings: `run.py` (run, model,

@@ -1,7 +1,7 @@
 """How a config field is declared: its default and help (`_f`), its modes, its checks.
 
 Every field's help text is written once, in its `metadata["help"]`, and reused by `--help`,
-`asyncgrpo config show` and the README table (`asyncgrpo config docs`). A field with a fixed
+`asyncgrpo config show` and docs/config.md (`asyncgrpo config docs`). A field with a fixed
 set of values has a `Literal` type declared here once (`AdvScale`, `TISMode`, ...): the loss
 and the engines use the same type, and its values are the choices `--help` lists and loading
 enforces. A section's `problems()` lists its impossible settings with `failed`, each check a

@@ -1,5 +1,5 @@
 """`asyncgrpo config show` and `asyncgrpo config docs`: every config key with its help
-(common/config); `docs` is the README's reference table, which a test compares with it."""
+(common/config); `docs` is docs/config.md's reference table, which a test compares with it."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def config_show(config: ConfigOpt = None, set_: SetOpt = None) -> None:
 
 @config_app.command("docs")
 def config_docs() -> None:
-    """Print the Markdown table of every config key (the README's reference)."""
+    """Print the Markdown table of every config key (docs/config.md)."""
     typer.echo("| key | type | default | meaning |\n|---|---|---|---|")
     for key, tname, default, text in C.field_help():
         shown = _shown(default)

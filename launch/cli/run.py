@@ -118,7 +118,7 @@ NprocOpt = Annotated[
         "--nproc-per-node",
         help="Learner processes on this machine: N > 1 starts `torchrun --standalone "
         "--nproc-per-node N` with the other arguments (one policy sharded with FSDP2, one GPU "
-        "per process on CUDA). Several machines: start torchrun yourself (README).",
+        "per process on CUDA). Several machines: start torchrun yourself (docs/running.md).",
     ),
 ]
 # Not in --help: the launcher's consumers (launch/local.py) take their run as it was prepared.
