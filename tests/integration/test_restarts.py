@@ -14,6 +14,8 @@ import pytest
 from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, read_jsonl, stop, wait_for
 
+from common import run_files as RF
+
 P = 4  # prompts per step
 
 
@@ -47,28 +49,26 @@ def producer(tmp_path: Path, ep: str, name: str, log: str | None = None, latency
 
 
 def steps_done(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / RF.METRICS
     return len(read_jsonl(path)) if path.exists() else 0
 
 
 def _issued(run_dir: Path, producer_id: str) -> int:
-    path = run_dir / "ledger.json"
-    if not path.exists():
-        return 0
-    return json.loads(path.read_text())["by_producer"].get(producer_id, {}).get("issued", 0)
+    ledger = RF.latest_ledger(run_dir)
+    return ledger.count(producer_id, "issued") if ledger is not None else 0
 
 
-def check_ledger(run_dir: Path, steps: int) -> dict:
-    leases = read_jsonl(run_dir / "leases.jsonl")
-    ids = [r["lease_id"] for r in leases]
+def check_ledger(run_dir: Path, steps: int) -> RF.Ledger:
+    leases = RF.read_leases(run_dir)
+    ids = [r.lease_id for r in leases]
     assert len(ids) == len(set(ids)), "a lease ended twice"
-    trained = [r for r in leases if r["state"] == "trained"]
+    trained = [r for r in leases if r.state == "trained"]
     assert len(trained) == steps * P
-    assert sorted({r["trained_step"] for r in trained}) == list(range(steps))
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert sorted({r.trained_step for r in trained}) == list(range(steps))
+    metrics = read_jsonl(run_dir / RF.METRICS)
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     ledger = assert_run_balanced(run_dir)  # in total and per producer, against leases.jsonl
-    assert ledger["balance"]["issued"] == len(leases)
+    assert ledger.balance.issued == len(leases)
     return ledger
 
 
@@ -120,14 +120,14 @@ def test_a_killed_producer_is_replaced_and_its_leases_are_reissued(tmp_path):
     finally:
         stop(*procs)
     ledger = check_ledger(run_dir, 25)
-    leases = read_jsonl(run_dir / "leases.jsonl")
-    lost = [r for r in leases if r["state"] == "expired" and r["reason"] == "not held"]
+    leases = RF.read_leases(run_dir)
+    lost = [r for r in leases if r.state == "expired" and r.reason == "not held"]
     assert lost, "the restarted producer's lost leases must expire at once"
-    assert all(r["producer_id"] == "p1" for r in lost)
+    assert all(r.producer_id == "p1" for r in lost)
     # their prompts were leased again
-    reissued = {r["prompt_index"] for r in leases if r["state"] == "trained"}
-    assert {r["prompt_index"] for r in lost} <= reissued
-    assert ledger["by_producer"]["p1"]["trained"] > 0
+    reissued = {r.prompt_index for r in leases if r.state == "trained"}
+    assert {r.prompt_index for r in lost} <= reissued
+    assert ledger.count("p1", "trained") > 0
 
 
 def _snapshot_versions(run_dir: Path) -> list[int]:
@@ -173,7 +173,7 @@ def test_a_resume_stopped_at_once_drops_the_old_timeline_and_its_producers_hear_
     assert final is not None
     assert 10 <= final < 12
     assert max(_snapshot_versions(run_dir)) == final
-    steps = read_jsonl(run_dir / "metrics.jsonl")
+    steps = read_jsonl(run_dir / RF.METRICS)
     assert [m["step"] for m in steps] == list(range(1, final + 1))
     assert_run_balanced(run_dir)
     for name in ("p1", "p2"):
