@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from procs import cli, read_jsonl, stop, wait_for
+from procs import cli, stop, wait_for
 
 from common import run_files as RF
 
@@ -134,8 +134,11 @@ def test_settings_wait_for_every_external_producer_and_name_their_hosts(tmp_path
     for row in rows:
         assert row["placement"] == "2 external producers"
         assert json.loads(row["hosts"]) == {socket.gethostname(): ["e1", "e2"]}
-        metrics = read_jsonl(out / "runs" / row["setting"] / RF.METRICS)
-        assert sorted(metrics[0]["producers"]) == ["e1", "e2"]  # both there from the first step
+        run_dir = out / "runs" / row["setting"]
+        # both there from the first step: the learner's clock starts once both are ready
+        log = (run_dir / RF.CONSUMER_LOG).read_text()
+        assert f"2 producers ready (e1@{socket.gethostname()}, e2@" in log
+        assert sorted(RF.read_producers(run_dir)) == ["e1", "e2"]
 
 
 @pytest.mark.slow
