@@ -36,7 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 _RELOAD_KEYS = ("reloads", "reload_s", "fetch_s")
 sys.path.insert(0, str(ROOT))
-from common.metrics import read_steps  # noqa: E402 (the repository, not an installed copy)
+from common import run_files as RF  # noqa: E402 (the repository, not an installed copy)
+from common.metrics import read_steps  # noqa: E402
 
 
 def cli(*args: str, log: Path) -> subprocess.Popen[bytes]:
@@ -82,11 +83,11 @@ def run(
         "consumer", "--run-dir", str(run_dir), "--steps", str(steps), *flags, log=consumer_out
     )
     deadline = time.time() + 300
-    while not (run_dir / "endpoints.json").exists():
+    while not (run_dir / RF.ENDPOINTS).exists():
         if consumer.poll() is not None or time.time() > deadline:
             raise RuntimeError(f"consumer did not start: see {consumer_out}")
         time.sleep(0.2)
-    ep = json.loads((run_dir / "endpoints.json").read_text())["control"]
+    ep = RF.read_endpoints(run_dir / RF.ENDPOINTS).control
     plog = out / f"{label}-producer.log"
     producer = cli(
         "producer", "--connect", ep, "--engine", engine, "--id", f"{engine}0", *flags, log=plog
@@ -98,8 +99,8 @@ def run(
         for p in (consumer, producer):
             if p.poll() is None:
                 p.kill()
-    metrics = read_steps(run_dir / "metrics.jsonl")
-    ledger = json.loads((run_dir / "ledger.json").read_text())
+    metrics = read_steps(run_dir / RF.METRICS)
+    ledger = RF.read_ledger(run_dir)
     first, last = metrics[0], metrics[-1]
     wall = last.time_s - first.time_s
     later = metrics[1:]
@@ -133,10 +134,12 @@ def run(
         "reload_delay_s_median": statistics.median(delays) if delays else None,
         "reload_delay_s_max": max(delays) if delays else None,
         "producer_reloads": {  # how the producers got each snapshot, and the time it took
-            p: {k: v for k, v in c.items() if k.startswith("snapshot") or k in _RELOAD_KEYS}
-            for p, c in last.producer_counters.items()
+            p: {
+                k: v for k, v in s.counters.items() if k.startswith("snapshot") or k in _RELOAD_KEYS
+            }
+            for p, s in RF.latest_producers(run_dir, last).items()
         },
-        "ledger": ledger["balance"],
+        "ledger": ledger.balance.to_json(),
     }
 
 

@@ -60,6 +60,7 @@ import zmq.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
+from common import run_files as RF
 from common import wire
 from common.metrics import read_steps
 from producer.main import run as run_producer
@@ -179,11 +180,11 @@ async def swarm(
     n: int, run: Path, consumer: subprocess.Popen[bytes], a: argparse.Namespace
 ) -> dict[str, Any]:
     """Run `n` producers against the consumer at `run`; the figures of one window."""
-    while not (run / "endpoints.json").exists():
+    while not (run / RF.ENDPOINTS).exists():
         if consumer.poll() is not None:
             raise RuntimeError(f"the consumer exited with {consumer.returncode} before listening")
         await asyncio.sleep(0.05)
-    endpoint = json.loads((run / "endpoints.json").read_text())["control"]
+    endpoint = RF.read_endpoints(run / RF.ENDPOINTS).control
     ctx = zmq.asyncio.Context()
     ctx.set(zmq.MAX_SOCKETS, max(1024, 8 * n))
     probe = Probe()
@@ -219,17 +220,17 @@ async def swarm(
     def within(stamps: list[tuple[float, float]]) -> list[float]:
         return [v for at, v in stamps if t_a <= at <= t_b]
 
-    steps = [r for r in read_steps(run / "metrics.jsonl") if unix_a <= r.unix_time <= unix_b]
+    steps = [r for r in read_steps(run / RF.METRICS) if unix_a <= r.unix_time <= unix_b]
     trained = tokens = 0.0
     if len(steps) >= 2:
         wall = steps[-1].unix_time - steps[0].unix_time
         trained = (steps[-1].groups_trained - steps[0].groups_trained) / wall
         tokens = sum(r.num_completion_tokens for r in steps[1:]) / wall
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    ledger = json.loads((run / "ledger.json").read_text())
+    lines = (run / RF.METRICS).read_text().splitlines()
+    ledger = RF.read_ledger(run)
     empty = sum(t_a <= at <= t_b for at in probe.empty) / span
-    admission = ledger.get("admission", {})
-    queued_peak = admission.get("queued_bytes_max")
+    admission = ledger.admission or RF.BackpressureTotals()  # None: a consumer without it
+    queued_peak = admission.queued_bytes_max
     return {
         "producers": n,
         "window_s": span,
@@ -249,11 +250,11 @@ async def swarm(
         "empty_lease_replies_per_s": empty,
         "empty_lease_replies_per_producer_s": empty / n,
         "metrics_line_bytes": sum(map(len, lines)) / max(len(lines), 1),
-        "consumer_ok": code == 0 and bool(ledger["balance"]["ok"]),
+        "consumer_ok": code == 0 and bool(ledger.balance.ok),
         "producers_unfinished": len(pending),
         "queued_mib_peak": None if queued_peak is None else queued_peak / (1 << 20),
-        "holds": admission.get("holds"),
-        "hold_s_max": admission.get("hold_s_max"),
+        "holds": admission.holds,
+        "hold_s_max": admission.hold_s_max,
     }
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import run_files as RF
 from common import wire
 from common.metrics import read_steps
 
@@ -86,9 +87,9 @@ def ours(steps: int, per_step: int, group_size: int, tokens: int) -> float:
         for s in sets:
             args += ["--set", s]
         consumer = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while not (run / "endpoints.json").exists():
+        while not (run / RF.ENDPOINTS).exists():
             time.sleep(0.05)
-        ep = json.loads((run / "endpoints.json").read_text())["control"]
+        ep = RF.read_endpoints(run / RF.ENDPOINTS).control
         fake = ["--set", f"fake.min_tokens={tokens}", "--set", f"fake.max_tokens={tokens}"]
         producer = [*cli, "producer", "--connect", ep, "--engine", "fake"]
         producers = [
@@ -102,7 +103,7 @@ def ours(steps: int, per_step: int, group_size: int, tokens: int) -> float:
         consumer.wait()
         for p in producers:
             p.wait(60)
-        metrics = read_steps(run / "metrics.jsonl")
+        metrics = read_steps(run / RF.METRICS)
     # from the end of the first step (processes started, first snapshot loaded) to the last
     span = metrics[-1].time_s - metrics[0].time_s
     return (len(metrics) - 1) * per_step / span

@@ -6,7 +6,7 @@ or missing name is a `TypeError` there, at once, not a silently empty plot later
 reader (the live dashboard, `asyncgrpo report`, the stress sweep, the benchmarks) reads lines
 back with `read_steps` / `StepRecord.from_json` and uses its attributes. Values are numbers, or
 small dicts of a fixed size (histograms, producers by state; each producer's own view is in
-producers.json, consumer/server/roster.py); NaN/inf are written as null.
+producers.json: common/run_files.py); NaN/inf are written as null.
 
 On disk a line is `to_json()`: every field, except the optional ones that are None (what the
 stand-in trainer or a step without evaluation does not measure), keys sorted.

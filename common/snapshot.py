@@ -60,6 +60,7 @@ from pathlib import Path
 import blake3
 from safetensors import SafetensorError, safe_open
 
+from common import run_files as RF
 from common.errors import SnapshotError, SnapshotMismatch
 
 WEIGHTS_FILE = "model.safetensors"
@@ -384,14 +385,11 @@ def remove_newer(root: Path, version: int) -> list[int]:
     return removed
 
 
-FINAL_FILE = "final.json"
-
-
 def write_final(run_dir: Path, version: int) -> None:
     """Record, durably, that the run ended with snapshot `version`."""
-    path = run_dir / FINAL_FILE
-    tmp = path.with_name(FINAL_FILE + ".tmp")
-    record = {"version": version, "snapshot": str(snapshot_dir(Path("snapshots"), version))}
+    path = run_dir / RF.FINAL
+    tmp = path.with_name(RF.FINAL + ".tmp")
+    record = {"version": version, "snapshot": str(snapshot_dir(Path(RF.SNAPSHOTS), version))}
     with open(tmp, "w") as f:
         f.write(json.dumps(record))
         f.flush()
@@ -403,7 +401,7 @@ def write_final(run_dir: Path, version: int) -> None:
 def final_version(run_dir: Path) -> int | None:
     """The version a run ended with (`write_final`), or None if it has not ended cleanly."""
     try:
-        return int(json.loads((run_dir / FINAL_FILE).read_text())["version"])
+        return int(json.loads((run_dir / RF.FINAL).read_text())["version"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common import run_files as RF
 from common import snapshot as snap
 from common.tasks import Example, is_correct, make_examples
 
@@ -137,7 +138,7 @@ def evaluate_run(run_dir: Path, model_dir: Path, *, initial: bool = True) -> dic
     """Evaluate the snapshot `run_dir` ended with (its `final.json`; the newest on disk if it
     never ended cleanly) and the starting model; write `eval.json` and return it, or None when
     the run has no snapshot."""
-    root = run_dir / "snapshots"
+    root = run_dir / RF.SNAPSHOTS
     versions = snap.list_versions(root)
     version = snap.final_version(run_dir)
     if version is None or version not in versions:
@@ -155,5 +156,5 @@ def evaluate_run(run_dir: Path, model_dir: Path, *, initial: bool = True) -> dic
         "final_version": version,
         "model": str(model_dir),
     }
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
+    (run_dir / RF.EVAL).write_text(json.dumps(result, indent=1))
     return result

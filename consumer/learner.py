@@ -28,7 +28,6 @@ producer that never hears it gives up on its own after `net.consumer_timeout_s`
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import socket
@@ -44,6 +43,7 @@ import zmq
 
 from common import config as config_mod
 from common import metrics as M
+from common import run_files as RF
 from common import snapshot as snap
 from common import wire
 from common.config import Config
@@ -98,10 +98,10 @@ class Learner:
             cfg = self.cfg = _reuse_ports(cfg, run_dir)
             # the interrupted timeline's snapshots above the checkpoint were never trained on
             # by this one, and the run has not ended (again) yet
-            gone = snap.remove_newer(run_dir / "snapshots", self.version)
+            gone = snap.remove_newer(run_dir / RF.SNAPSHOTS, self.version)
             if gone:
                 log.info("resume: removed snapshots %s of the interrupted run", gone)
-            (run_dir / snap.FINAL_FILE).unlink(missing_ok=True)
+            (run_dir / RF.FINAL).unlink(missing_ok=True)
         self.ctx = zmq.Context()
         keys = load_keys(cfg.net.keys_dir, "server") if cfg.net.keys_dir else None
         auth = self.auth = start_key_gate(self.ctx, keys) if keys else None
@@ -131,7 +131,7 @@ class Learner:
             ),
             on_published=self.server.announce_snapshot,
         )
-        self.metrics = M.JsonlWriter(run_dir / "metrics.jsonl")
+        self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
         self.published = -1
         self._eval: tuple[Any, Any] | None = None
         self._step_end: float | None = None  # perf_counter when the last optimizer step ended
@@ -139,15 +139,13 @@ class Learner:
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
         host = self.cfg.net.bind_host
-        endpoints = {k: f"tcp://{host}:{p}" for k, p in self.server.ports.items()}
-        tmp = self.run_dir / "endpoints.json.tmp"  # whole or absent: producers may be waiting
-        tmp.write_text(json.dumps(endpoints))
-        tmp.replace(self.run_dir / "endpoints.json")
+        endpoints = RF.Endpoints(**{k: f"tcp://{host}:{p}" for k, p in self.server.ports.items()})
+        RF.write_endpoints(self.run_dir, endpoints)  # whole or absent: producers may be waiting
         self.server.start()
         log.info(
             "consumer %s listening on %s (run dir %s)",
             self.run_id,
-            endpoints["control"],
+            endpoints.control,
             self.run_dir,
         )
         self._publish(wait=True)
@@ -262,7 +260,7 @@ class Learner:
         rewards = np.concatenate([g.rewards for g in got.kept])
         tokens = sum(g.num_tokens for g in got.kept)
         books = self.server.step_summary()  # its size does not grow with the producers
-        balance = books["balance"]
+        totals = books.totals
         return {
             "step": self.version,
             "world_size": self.trainer.world_size,
@@ -283,16 +281,16 @@ class Learner:
             "snapshot_write_s": self.publisher.last_write_s,
             "snapshots_superseded": self.publisher.num_superseded,
             "num_completion_tokens": tokens,
-            "groups_trained": balance["trained"],
-            "groups_dropped_stale": balance["dropped_stale"],
-            "groups_dropped_zero_variance": balance["dropped_zero_variance"],
-            "groups_rejected_invalid": balance["rejected_invalid"],
-            "groups_expired": balance["expired"],
-            "leases_open": balance["open"],
-            "rejected_messages": books["rejected"],
-            "producers_live": books["producers_live"],
-            "producers_by_state": books["producers_by_state"],
-            **books["admission"],
+            "groups_trained": totals.trained,
+            "groups_dropped_stale": totals.dropped_stale,
+            "groups_dropped_zero_variance": totals.dropped_zero_variance,
+            "groups_rejected_invalid": totals.rejected_invalid,
+            "groups_expired": totals.expired,
+            "leases_open": totals.open,
+            "rejected_messages": books.rejected_messages,
+            "producers_live": books.producers_live,
+            "producers_by_state": books.producers_by_state,
+            **books.backpressure.to_json(),
             **metrics,
         }
 
@@ -341,7 +339,7 @@ class Learner:
         resumed run truncates them to exactly the state it continues from."""
         self.publisher.wait()
         self.metrics.flush()
-        state = self.server.checkpoint_state(logs=("leases.jsonl", "metrics.jsonl"))
+        state = self.server.checkpoint_state(logs=(RF.LEASES, RF.METRICS))
         checkpoint.save(self.run_dir, trainer=self.trainer, version=self.version, book_state=state)
 
     def _let_producers_hear_the_end(self) -> None:
@@ -386,18 +384,18 @@ class Learner:
                 self.auth.stop()
             self.ctx.term()
             self.metrics.close()
-        log.info("ledger: %s", balance)
-        if not balance["ok"]:
-            raise AssertionError(f"ledger does not balance: {balance}")
+        log.info("ledger: %s", balance.to_json())
+        if not balance.ok:
+            raise AssertionError(f"ledger does not balance: {balance.to_json()}")
 
 
 def _reuse_ports(cfg: Config, run_dir: Path) -> Config:
     """A resumed consumer listens where the old one did (ports 0 = the previous ports), so its
     producers reconnect by themselves."""
-    path = run_dir / "endpoints.json"
+    path = run_dir / RF.ENDPOINTS
     if not path.exists():
         return cfg
-    old = {k: int(v.rsplit(":", 1)[1]) for k, v in json.loads(path.read_text()).items()}
+    old = RF.read_endpoints(path).ports()
     net = cfg.net
     ports = {
         f"net.{k}_port": old[k]

@@ -24,8 +24,8 @@ from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from common import run_files as RF
 from common.metrics import StepRecord
-from consumer.server.roster import latest_views
 
 
 class MetricsTail:
@@ -59,13 +59,12 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return str(value)
 
 
-def reward_failures(views: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
+def reward_failures(views: Mapping[str, RF.ProducerStatus]) -> tuple[int, int]:
     """(reward calls that failed, that timed out) so far, over every producer's heartbeat
-    counters in `views` (consumer/server/roster.py `latest_views`; a restarted producer counts from
-    0 again)."""
-    counters = [v.get("counters", {}) for v in views.values()]
-    errors = sum(int(c.get("reward_errors", 0)) for c in counters)
-    timeouts = sum(int(c.get("reward_timeouts", 0)) for c in counters)
+    counters in `views` (common/run_files.py `latest_producers`; a restarted producer counts
+    from 0 again)."""
+    errors = sum(v.reward_errors for v in views.values())
+    timeouts = sum(v.reward_timeouts for v in views.values())
     return errors, timeouts
 
 
@@ -73,14 +72,15 @@ def summary_line(
     rec: StepRecord | None,
     steps: int,
     elapsed_s: float,
-    ledger: dict[str, Any] | None = None,
-    views: Mapping[str, Mapping[str, Any]] | None = None,
+    ledger: RF.Balance | None = None,
+    views: Mapping[str, RF.ProducerStatus] | None = None,
 ) -> str:
     """One plain progress line; before the first step, the ledger's counts (`ledger.json`'s
     balance) say whether groups arrive and why none was trained; `views` (the producers'
-    latest, consumer/server/roster.py) add reward failures."""
+    latest, common/run_files.py) add reward failures."""
     if rec is None:
-        seen = {k: v for k, v in (ledger or {}).items() if k not in ("ok", "open") and v}
+        counts = ledger.to_json() if ledger is not None else {}
+        seen = {k: v for k, v in counts.items() if k not in ("ok", "open") and v}
         return f"[{elapsed_s:6.0f}s] waiting for the first step…" + (
             " ledger " + " ".join(f"{k} {v}" for k, v in sorted(seen.items())) if seen else ""
         )
@@ -93,14 +93,6 @@ def summary_line(
         + f" tok/s {rec.tokens_per_s:.0f} idle {rec.learner_idle_frac:.2f}"
         + (f" reward errors {errors} timeouts {timeouts}" if errors or timeouts else "")
     )
-
-
-def read_ledger(run_dir: Path) -> dict[str, Any]:
-    """`ledger.json` ({} before the consumer has written one, or while it is replaced)."""
-    try:
-        return dict(json.loads((run_dir / "ledger.json").read_text()))
-    except (OSError, ValueError):
-        return {}
 
 
 class Progress:
@@ -120,39 +112,39 @@ class Progress:
 
     def _run(self) -> None:
         log = logging.getLogger("asyncgrpo.progress")
-        tail, t0 = MetricsTail(self.run_dir / "metrics.jsonl"), time.monotonic()
+        tail, t0 = MetricsTail(self.run_dir / RF.METRICS), time.monotonic()
         while not self._stop.wait(self.every_s):
             tail.poll()
             rec = tail.records[-1] if tail.records else None
-            ledger = read_ledger(self.run_dir).get("balance")
-            views = latest_views(self.run_dir, rec)
-            log.info("%s", summary_line(rec, self.steps, time.monotonic() - t0, ledger, views))
+            ledger = RF.latest_ledger(self.run_dir)
+            balance = ledger.balance if ledger is not None else None
+            views = RF.latest_producers(self.run_dir, rec)
+            log.info("%s", summary_line(rec, self.steps, time.monotonic() - t0, balance, views))
 
 
 def status(run_dir: Path) -> str:
     """Where a run stands, from its files: progress, ledger, producers, reward failures."""
-    tail = MetricsTail(run_dir / "metrics.jsonl")
+    tail = MetricsTail(run_dir / RF.METRICS)
     tail.poll()
     rec = tail.records[-1] if tail.records else None
-    ledger = read_ledger(run_dir)
-    final = run_dir / "final.json"
+    ledger = RF.latest_ledger(run_dir)
+    balance = ledger.balance if ledger is not None else None
     steps = _configured_steps(run_dir)
-    lines = [f"run {run_dir}: " + ("finished" if final.exists() else "not finished (or running)")]
-    views = latest_views(run_dir, rec)
-    lines.append(summary_line(rec, steps, rec.time_s if rec else 0.0, ledger.get("balance"), views))
-    if ledger:
-        balance = ledger.get("balance", {})
-        lines.append("ledger: " + " ".join(f"{k} {v}" for k, v in sorted(balance.items())))
-        rejected = {k: v for k, v in ledger.get("counters", {}).items() if "rejected." in k}
+    finished = (run_dir / RF.FINAL).exists()
+    lines = [f"run {run_dir}: " + ("finished" if finished else "not finished (or running)")]
+    views = RF.latest_producers(run_dir, rec)
+    lines.append(summary_line(rec, steps, rec.time_s if rec else 0.0, balance, views))
+    if ledger is not None:
+        counts = ledger.balance.to_json()
+        lines.append("ledger: " + " ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        rejected = ledger.refused()
         if rejected:
             lines.append("refused messages: " + " ".join(f"{k} {v}" for k, v in rejected.items()))
     for name, view in sorted(views.items()):
-        counters = view.get("counters", {})
         lines.append(
-            f"producer {name}: weights v{view.get('version')} {view.get('state')}, "
-            f"groups sent {int(counters.get('groups_sent', 0))}, reward errors "
-            f"{int(counters.get('reward_errors', 0))} timeouts "
-            f"{int(counters.get('reward_timeouts', 0))}"
+            f"producer {name}: weights v{view.version} {view.state}, groups sent "
+            f"{view.groups_sent}, reward errors {view.reward_errors} timeouts "
+            f"{view.reward_timeouts}"
         )
     lines.append(f"plots and summary: asyncgrpo report {run_dir}")
     return "\n".join(lines)
@@ -162,7 +154,7 @@ def _configured_steps(run_dir: Path) -> int:
     import tomllib
 
     try:
-        with open(run_dir / "config.toml", "rb") as f:
+        with open(run_dir / RF.CONFIG, "rb") as f:
             return int(tomllib.load(f).get("run", {}).get("steps", 0))
     except (OSError, ValueError):
         return 0
@@ -170,7 +162,7 @@ def _configured_steps(run_dir: Path) -> int:
 
 def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[str, int]) -> Group:
     rec = tail.records[-1] if tail.records else None
-    views = latest_views(tail.path.parent, rec)
+    views = RF.latest_producers(tail.path.parent, rec)
     done = rec.step if rec else 0
     acc = next(
         (r.heldout_accuracy for r in reversed(tail.records) if r.heldout_accuracy is not None),
@@ -216,8 +208,6 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
             )
     prods = Table("producer", "weights", "state", "restarts", box=None, pad_edge=False)
     for name, view in sorted(views.items()):
-        prods.add_row(
-            name, f"v{view.get('version')}", str(view.get("state")), str(restarts.get(name, 0))
-        )
+        prods.add_row(name, f"v{view.version}", view.state, str(restarts.get(name, 0)))
     bar = ProgressBar(total=max(steps, 1), completed=done, width=60)
     return Group(Panel(Group(bar, top), title="asyncgrpo"), prods)

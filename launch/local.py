@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common import run_files as RF
+
 if TYPE_CHECKING:
     from common.config import Config
 
@@ -120,12 +122,12 @@ class Supervisor:
     def start(self, *, startup_timeout_s: float = 300.0) -> None:
         """Start the consumer and the producers at once (producers wait for the consumer's
         endpoints.json, importing their engine meanwhile), then wait for the endpoints."""
-        endpoints = self.run_dir / "endpoints.json"
+        endpoints = self.run_dir / RF.ENDPOINTS
         endpoints.unlink(missing_ok=True)
         self.consumer = Child(
             "consumer",
             self._cli("consumer", "--config", str(self.config_path), "--prepared"),
-            self.run_dir / "consumer.stdout.log",
+            self.run_dir / RF.CONSUMER_STDOUT_LOG,
             env=self.consumer_env,
         )
         self.consumer.start()
@@ -149,13 +151,13 @@ class Supervisor:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the consumer did not start within {startup_timeout_s} s")
             time.sleep(0.1)
-        self.endpoint = json.loads(endpoints.read_text())["control"]
+        self.endpoint = RF.read_endpoints(endpoints).control
 
     def record_pids(self) -> None:
         """`processes.json`: every child started, so nothing outlives the run unnoticed."""
         kids = [self.consumer, *self.producers] if self.consumer else self.producers
         started = {c.name: c.pids for c in kids}
-        (self.run_dir / "processes.json").write_text(json.dumps(started))
+        (self.run_dir / RF.PROCESSES).write_text(json.dumps(started))
 
     def tick(self) -> int | None:
         """Restart dead producers; the consumer's exit code once it has exited, else None."""
@@ -249,7 +251,7 @@ def run(
         stop.set()
 
     previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    tail = MetricsTail(run_dir / "metrics.jsonl")
+    tail = MetricsTail(run_dir / RF.METRICS)
     console = Console(stderr=True)
     t0 = time.monotonic()
 

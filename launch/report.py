@@ -24,8 +24,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from common.metrics import StepRecord, read_jsonl, read_steps
-from consumer.server.roster import latest_views, read_history
+from common import run_files as RF
+from common.metrics import StepRecord, read_steps
 
 
 def _series(
@@ -62,13 +62,11 @@ def plot_reward(records: list[StepRecord], out: Path) -> Path:
     return save_figure(fig, out / "reward.png")
 
 
-def staleness_counts(leases: list[dict[str, Any]]) -> Counter[int]:
-    return Counter(
-        r["trained_step"] - r["behavior_version"] for r in leases if r.get("state") == "trained"
-    )
+def staleness_counts(leases: list[RF.LeaseLine]) -> Counter[int]:
+    return Counter(r.staleness for r in leases if r.state == "trained")
 
 
-def plot_staleness(leases: list[dict[str, Any]], out: Path) -> Path:
+def plot_staleness(leases: list[RF.LeaseLine], out: Path) -> Path:
     counts = staleness_counts(leases)
     fig, ax = plt.subplots(figsize=(6, 4))
     lags = sorted(counts)
@@ -113,24 +111,24 @@ def plot_throughput(records: list[StepRecord], out: Path) -> Path:
 
 
 def weight_versions(
-    records: list[StepRecord], history: list[dict[str, Any]]
+    records: list[StepRecord], history: list[RF.ProducerChange]
 ) -> dict[str, list[tuple[float, int]]]:
     """{producer: [(time_s, loaded weight version)]} on the metrics' clock: from
-    producers.jsonl (`history`, consumer/server/roster.py), or, in a run older than that file, from
+    producers.jsonl (`history`, common/run_files.py), or, in a run older than that file, from
     the per-producer fields of every metrics line."""
     out: dict[str, list[tuple[float, int]]] = {}
     if history and records:
         offset = records[0].time_s - records[0].unix_time  # unix time -> time_s
         for row in history:
-            out.setdefault(row["producer"], []).append((row["unix_time"] + offset, row["version"]))
+            out.setdefault(row.producer, []).append((row.unix_time + offset, row.version))
         return out
     for r in records:
-        for name, view in (r.producers or {}).items():
-            out.setdefault(name, []).append((r.time_s, view["version"]))
+        for name, view in RF.producers_of_line(r).items():
+            out.setdefault(name, []).append((r.time_s, view.version))
     return out
 
 
-def plot_lag(records: list[StepRecord], history: list[dict[str, Any]], out: Path) -> Path:
+def plot_lag(records: list[StepRecord], history: list[RF.ProducerChange], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     t = [r.time_s for r in records]
     ax.plot(t, [r.step for r in records], label="learner version", linewidth=2)
@@ -143,16 +141,13 @@ def plot_lag(records: list[StepRecord], history: list[dict[str, Any]], out: Path
     return save_figure(fig, out / "lag.png")
 
 
-def reward_failures_line(views: dict[str, dict[str, Any]]) -> str:
+def reward_failures_line(views: dict[str, RF.ProducerStatus]) -> str:
     """Reward calls that failed or timed out (scored 0), in total and per producer (`views`:
-    consumer/server/roster.py `latest_views`)."""
+    common/run_files.py `latest_producers`)."""
     from launch.dashboard import reward_failures
 
     errors, timeouts = reward_failures(views)
-    per = {
-        name: (int(c.get("reward_errors", 0)), int(c.get("reward_timeouts", 0)))
-        for name, c in sorted((n, v.get("counters", {})) for n, v in views.items())
-    }
+    per = {name: (v.reward_errors, v.reward_timeouts) for name, v in sorted(views.items())}
     shown = ", ".join(f"{n} {e}/{t}" for n, (e, t) in per.items() if e or t)
     return f"- reward failures (scored 0): errors {errors}, timeouts {timeouts}" + (
         f" (errors/timeouts per producer: {shown}; the producers' logs give the exceptions)"
@@ -162,14 +157,10 @@ def reward_failures_line(views: dict[str, dict[str, Any]]) -> str:
 
 
 def summarize(run_dir: Path) -> str:
-    records = read_steps(run_dir / "metrics.jsonl")
-    leases = read_jsonl(run_dir / "leases.jsonl") if (run_dir / "leases.jsonl").exists() else []
-    ledger = (
-        json.loads((run_dir / "ledger.json").read_text())
-        if (run_dir / "ledger.json").exists()
-        else {}
-    )
-    ev = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
+    records = read_steps(run_dir / RF.METRICS)
+    leases = RF.read_leases(run_dir)
+    ledger = RF.read_ledger(run_dir) if (run_dir / RF.LEDGER).exists() else None
+    ev = json.loads((run_dir / RF.EVAL).read_text()) if (run_dir / RF.EVAL).exists() else {}
     lines = [f"# Run {run_dir.name}", ""]
     if records:
         last, first = records[-1], records[0]
@@ -184,46 +175,40 @@ def summarize(run_dir: Path) -> str:
             "- completion tokens/s (mean): "
             f"{sum(r.tokens_per_s for r in records) / len(records):.0f}",
             f"- first step at {first.time_s:.1f} s",
-            reward_failures_line(latest_views(run_dir, last)),
+            reward_failures_line(RF.latest_producers(run_dir, last)),
         ]
     if ev:
         lines += [
             f"- held-out greedy accuracy: {ev.get('initial_accuracy', float('nan')):.3f} → "
             f"{ev.get('final_accuracy', float('nan')):.3f} (n = {ev.get('heldout_size')})"
         ]
-    if ledger:
-        lines += [
-            "",
-            "## Ledger",
-            "",
-            "```",
-            json.dumps(ledger.get("balance", {}), sort_keys=True),
-            "```",
-        ]
-        refused = {k: v for k, v in ledger.get("counters", {}).items() if "rejected." in k}
+    if ledger is not None:
+        lines += ["", "## Ledger", "", "```", json.dumps(ledger.balance.to_json(), sort_keys=True)]
+        lines += ["```"]
+        refused = ledger.refused()
         if refused:
             shown = ", ".join(f"{k} {v}" for k, v in sorted(refused.items()))
             lines += ["", f"Refused messages and connections: {shown}."]
     lines += ["", "## Plots", ""] + [
-        f"![{p.stem}](plots/{p.name})" for p in sorted((run_dir / "plots").glob("*.png"))
+        f"![{p.stem}]({RF.PLOTS}/{p.name})" for p in sorted((run_dir / RF.PLOTS).glob("*.png"))
     ]
     return "\n".join(lines) + "\n"
 
 
 def report(run_dir: Path) -> list[Path]:
     """Write every plot and summary.md; returns the files written."""
-    out = run_dir / "plots"
+    out = run_dir / RF.PLOTS
     out.mkdir(exist_ok=True)
-    records = read_steps(run_dir / "metrics.jsonl")
-    leases = read_jsonl(run_dir / "leases.jsonl") if (run_dir / "leases.jsonl").exists() else []
+    records = read_steps(run_dir / RF.METRICS)
+    leases = RF.read_leases(run_dir)
     written = []
     if records:
         written += [
             plot_reward(records, out),
             plot_tis(records, out),
             plot_throughput(records, out),
-            plot_lag(records, read_history(run_dir), out),
+            plot_lag(records, RF.read_producer_history(run_dir), out),
         ]
     written.append(plot_staleness(leases, out))
-    (run_dir / "summary.md").write_text(summarize(run_dir))
-    return [*written, run_dir / "summary.md"]
+    (run_dir / RF.SUMMARY).write_text(summarize(run_dir))
+    return [*written, run_dir / RF.SUMMARY]

@@ -15,14 +15,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from common import run_files as RF
 from common.errors import ConfigError
 
 # what a run writes into its run directory and leaves behind; any of these means "a run was here"
-PREVIOUS_RUN = ("metrics.jsonl", "leases.jsonl", "ledger.json", "snapshots", "checkpoints",
-                "checkpoint")  # fmt: skip
+PREVIOUS_RUN = (RF.METRICS, RF.LEASES, RF.LEDGER, RF.SNAPSHOTS, RF.CHECKPOINTS,
+                RF.LEGACY_CHECKPOINT)  # fmt: skip
 # what `--force` removes besides them: a run's other outputs (config.toml is rewritten anyway)
-_ALSO_REMOVED = ("final.json", "endpoints.json", "eval.json", "summary.md", "plots",
-                 "processes.json")  # fmt: skip
+_ALSO_REMOVED = (RF.FINAL, RF.ENDPOINTS, RF.EVAL, RF.SUMMARY, RF.PLOTS, RF.PROCESSES)
 
 
 def previous_run(run_dir: Path) -> list[str]:

@@ -11,11 +11,11 @@ CurveZMQ keys or `--insecure`).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
 from common import config as C
+from common import run_files as RF
 from common.errors import ConfigError
 
 _POLL_S = 0.05
@@ -26,13 +26,10 @@ async def wait_for_endpoint(path: Path, *, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            endpoint = json.loads(await asyncio.to_thread(path.read_text))["control"]
-            if isinstance(endpoint, str):
-                return endpoint
-            problem = "its 'control' is not a string"
+            return (await asyncio.to_thread(RF.read_endpoints, path)).control
         except FileNotFoundError:
             problem = "it does not exist"
-        except (ValueError, KeyError, TypeError) as exc:  # e.g. another writer's partial file
+        except ValueError as exc:  # e.g. another writer's partial file
             problem = f"it is not a consumer's endpoints.json ({type(exc).__name__}: {exc})"
         if time.monotonic() > deadline:
             raise ConfigError(

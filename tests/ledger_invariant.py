@@ -12,12 +12,11 @@ the resuming side is still caught.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from common import run_files as RF
 from common.wire import OUTCOMES
 from consumer.server.leases import LeaseBook
 
@@ -48,27 +47,27 @@ def assert_book_balanced(book: LeaseBook) -> None:
     """The invariant of a live lease book, and its own `balance()` agreeing."""
     open_by_producer = Counter(r.producer_id for r in book.open.values())
     assert_balanced(book.counts, book.by_producer, open_by_producer)
-    assert book.balance()["ok"] == 1
-    assert book.balance()["open"] == len(book.open)
+    assert book.balance().ok
+    assert book.balance().open == len(book.open)
 
 
-def assert_run_balanced(run_dir: Path) -> dict[str, Any]:
+def assert_run_balanced(run_dir: Path) -> RF.Ledger:
     """A finished run: `ledger.json` balances, no lease is left open, and its counts (in total and
     per producer) equal those of the final lease records in `leases.jsonl`. Returns the ledger."""
-    ledger: dict[str, Any] = json.loads((run_dir / "ledger.json").read_text())
-    records = [json.loads(s) for s in (run_dir / "leases.jsonl").read_text().splitlines() if s]
-    balance, by_producer = ledger["balance"], ledger["by_producer"]
-    assert balance["ok"] == 1, balance
-    assert balance["open"] == 0, balance
-    assert_balanced(balance, by_producer, {})
-    assert balance["issued"] == len(records)
-    assert Counter(r["state"] for r in records) == Counter(
-        {o: balance[o] for o in OUTCOMES if balance[o]}
+    ledger = RF.read_ledger(run_dir)
+    records = RF.read_leases(run_dir)
+    balance = ledger.balance
+    assert balance.ok, balance
+    assert balance.open == 0, balance
+    assert_balanced(balance.to_json(), ledger.by_producer, {})
+    assert balance.issued == len(records)
+    assert Counter(r.state for r in records) == Counter(
+        {o: balance.final(o) for o in OUTCOMES if balance.final(o)}
     )
-    recorded = Counter((r["producer_id"], r["state"]) for r in records)
-    held = Counter(r["producer_id"] for r in records)
-    for p, c in by_producer.items():
-        assert {o: c.get(o, 0) for o in OUTCOMES} == {o: recorded[p, o] for o in OUTCOMES}, p
-        assert c.get("issued", 0) + c.get("taken_over", 0) - c.get("handed_over", 0) == held[p], p
-    assert set(held) <= set(by_producer)
+    recorded = Counter((r.producer_id, r.state) for r in records)
+    held = Counter(r.producer_id for r in records)
+    for p in ledger.by_producer:
+        assert {o: ledger.count(p, o) for o in OUTCOMES} == {o: recorded[p, o] for o in OUTCOMES}
+        assert ledger.held(p) == held[p], p
+    assert set(held) <= set(ledger.by_producer)
     return ledger

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import run_files as RF
+
 
 def cli(*args: str, log: Path) -> subprocess.Popen[bytes]:
     """`python -m launch.cli ARGS` in its own process group, output to `log`."""
@@ -46,9 +48,9 @@ def wait_for(predicate: Any, *, timeout_s: float, what: str, procs: list[Any] = 
 
 
 def endpoint(run_dir: Path, procs: list[Any] = (), timeout_s: float = 120) -> str:  # type: ignore[assignment]
-    path = run_dir / "endpoints.json"
+    path = run_dir / RF.ENDPOINTS
     wait_for(path.exists, timeout_s=timeout_s, what="the consumer's endpoints.json", procs=procs)
-    return str(json.loads(path.read_text())["control"])
+    return RF.read_endpoints(path).control
 
 
 def stop(*procs: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:

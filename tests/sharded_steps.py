@@ -27,6 +27,7 @@ import numpy as np
 from safetensors.torch import load_file, save_file
 
 from common import config as C
+from common import run_files as RF
 from common import wire
 
 # (name, config overrides): every aggregation mode, and one case with packing, gradient
@@ -134,7 +135,8 @@ def run(
                     plain = trainer.eval_model().state_dict()
                     assert all(plain[k].equal(v) for k, v in weights.items()), name
             if step == save_at:
-                checkpoint.save(out / name / "run", trainer=trainer, version=step, book_state={})
+                book = RF.BookState(book={})
+                checkpoint.save(out / name / "run", trainer=trainer, version=step, book_state=book)
         trainer.close()
 
 

@@ -30,6 +30,7 @@ from collections.abc import Container
 from dataclasses import dataclass
 
 from common import wire
+from common.run_files import Backpressure, BackpressureTotals
 
 
 @dataclass(slots=True)
@@ -124,35 +125,42 @@ class Admission:
         for lease in [k for k in self._reserved if k not in open_leases]:
             self._reserved_bytes -= self._reserved.pop(lease)[0]
 
-    def summary(self, *, reset: bool = False) -> dict[str, float]:
+    def summary(self, *, reset: bool = False) -> Backpressure:
         """Metrics: the queue now and its peaks since the last reset, groups producers hold
         for us, how often they were told to hold, and how long a held group waited."""
         with self._lock:
-            out: dict[str, float] = {
-                "queued_groups": self.queued_groups,
-                "queued_bytes": self.queued_bytes,
-                "queued_groups_peak": self.peak_groups,
-                "queued_bytes_peak": self.peak_bytes,
-            }
+            queued_groups, queued_bytes = self.queued_groups, self.queued_bytes
+            peak_groups, peak_bytes = self.peak_groups, self.peak_bytes
             if reset:
                 self.peak_bytes, self.peak_groups = self.queued_bytes, self.queued_groups
         admitted_after_hold = self.num_admitted_after_hold
-        out.update(
+        return Backpressure(
+            queued_groups=queued_groups,
+            queued_bytes=queued_bytes,
+            queued_groups_peak=peak_groups,
+            queued_bytes_peak=peak_bytes,
             groups_held=len(self._held) + len(self._reserved),
             holds=self.num_holds,
             hold_s_mean=self.hold_s_total / admitted_after_hold if admitted_after_hold else 0.0,
             hold_s_max=self.hold_s_max,
         )
-        return out
 
-    def run_summary(self) -> dict[str, float]:
+    def run_summary(self) -> BackpressureTotals:
         """`summary` with the whole run's peaks (`queued_bytes_max`, `queued_groups_max`)
         in place of those since the last reset (for ledger.json)."""
-        out = self.summary()
-        del out["queued_bytes_peak"], out["queued_groups_peak"]
+        now = self.summary()
         with self._lock:
-            out.update(queued_bytes_max=self.max_seen_bytes, queued_groups_max=self.max_seen_groups)
-        return out
+            bytes_max, groups_max = self.max_seen_bytes, self.max_seen_groups
+        return BackpressureTotals(
+            queued_groups=now.queued_groups,
+            queued_bytes=now.queued_bytes,
+            groups_held=now.groups_held,
+            holds=now.holds,
+            hold_s_mean=now.hold_s_mean,
+            hold_s_max=now.hold_s_max,
+            queued_bytes_max=bytes_max,
+            queued_groups_max=groups_max,
+        )
 
     def _fits(self, num_bytes: int) -> bool:
         with self._lock:

@@ -1,5 +1,5 @@
 """The network thread's files in the run directory: leases.jsonl, ledger.json and (through
-consumer/server/roster.py) the producers' files.
+consumer/server/roster.py) the producers' files, written as common/run_files.py's records.
 
 Nothing per step grows with the number of producers: a settled step appends its finished leases
 to leases.jsonl (`append_finished`: the cost of a call is the leases it writes); ledger.json
@@ -11,10 +11,10 @@ ledger.json is replaced atomically: readers see the old file or the new one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
+from common import run_files as RF
 from consumer.server.roster import Roster
 from consumer.server.state import NetState
 
@@ -36,26 +36,21 @@ class Books:
     def append_finished(self) -> None:
         """Append the leases finished since the last call to leases.jsonl (incremental: the
         cost of a call is the leases it writes)."""
-        finished = self._state.book.take_finished()
-        if finished:
-            with open(self.run_dir / "leases.jsonl", "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in finished)
+        RF.append_leases(self.run_dir, self._state.book.take_finished())
 
     def flush_ledger(self) -> None:
         """Append finished leases to leases.jsonl and rewrite ledger.json (atomically)."""
         self.append_finished()
         st = self._state
-        summary = {
-            "balance": st.book.balance(),
-            "by_producer": {p: dict(c) for p, c in st.book.by_producer.items()},
-            "hosts": {p: st.hosts.get(p, "") for p in st.book.by_producer},
-            "counters": self._counters_now(),
-            "admission": st.admission.run_summary(),
-            "policy_version": st.policy_version,
-        }
-        tmp = self.run_dir / "ledger.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=1, sort_keys=True))
-        tmp.replace(self.run_dir / "ledger.json")
+        ledger = RF.Ledger(
+            balance=st.book.balance(),
+            by_producer={p: dict(c) for p, c in st.book.by_producer.items()},
+            hosts={p: st.hosts.get(p, "") for p in st.book.by_producer},
+            counters=self._counters_now(),
+            admission=st.admission.run_summary(),
+            policy_version=st.policy_version,
+        )
+        RF.write_ledger(self.run_dir, ledger)
         st.ledger_dirty = False
 
     def flush(self) -> None:

@@ -40,11 +40,13 @@ Invariants:
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from common.run_files import Balance, LeaseLine
 from common.wire import HOLD, OUTCOMES, SEND, Ack
 from consumer.server.prompts import PromptOrder
 
@@ -68,6 +70,10 @@ class LeaseRecord:
     trained_step: int = -1
     num_tokens: int = 0
     reason: str = ""
+
+    def line(self) -> LeaseLine:
+        """The record as a line of leases.jsonl (common/run_files.py)."""
+        return LeaseLine(**asdict(self))
 
 
 class FinalStates:
@@ -311,26 +317,30 @@ class LeaseBook:
         return [self.finalize(i, "expired", reason=reason) for i in list(self.open)]
 
     # -- accounting ----------------------------------------------------------------------------
-    def balance(self) -> dict[str, int]:
-        """Counts by state; `ok` is 1 when issued == sum(final states) + open, in total and for
+    def balance(self) -> Balance:
+        """Counts by state; `ok` when issued == sum(final states) + open, in total and for
         every producer (counting the leases it took over from others and handed over to them)."""
-        finals = {k: self.counts[k] for k in OUTCOMES}
-        issued = self.counts["issued"]
-        ok = issued == sum(finals.values()) + len(self.open)
+        totals = self.totals()
+        ok = totals.issued == sum(totals.final(k) for k in OUTCOMES) + totals.open
         open_by_producer = Counter(r.producer_id for r in self.open.values())
         for p, c in self.by_producer.items():
             held = c["issued"] + c["taken_over"] - c["handed_over"]
             ok = ok and held == sum(c[k] for k in OUTCOMES) + open_by_producer[p]
-        return {"issued": issued, **finals, "open": len(self.open), "ok": int(ok)}
+        return dataclasses.replace(totals, ok=ok)
 
-    def totals(self) -> dict[str, int]:
-        """Counts by state in total (`balance` without its per-producer check: its cost does
-        not grow with the number of producers)."""
-        finals = {k: self.counts[k] for k in OUTCOMES}
-        return {"issued": self.counts["issued"], **finals, "open": len(self.open)}
+    def totals(self) -> Balance:
+        """Counts by state in total (`balance` without its per-producer check, `ok` None: its
+        cost does not grow with the number of producers)."""
+        c = self.counts
+        return Balance(
+            issued=c["issued"], trained=c["trained"], dropped_stale=c["dropped_stale"],
+            dropped_zero_variance=c["dropped_zero_variance"],
+            rejected_invalid=c["rejected_invalid"], expired=c["expired"], open=len(self.open),
+        )  # fmt: skip
 
-    def take_finished(self) -> list[dict[str, Any]]:
-        out = [asdict(r) for r in self.finished]
+    def take_finished(self) -> list[LeaseLine]:
+        """The leases finished since the last call, as lines of leases.jsonl."""
+        out = [r.line() for r in self.finished]
         self.finished.clear()
         return out
 

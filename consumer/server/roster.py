@@ -1,31 +1,27 @@
 """Per-producer state on disk, off the optimizer step's path.
 
 The per-step metrics line holds aggregates only (how many producers, by state); what each
-producer reports goes to two files of the run directory, written by the consumer's network
-thread every `every_s` seconds (not per step), so a step costs the same at 1 and 1,000
-producers:
-- `producers.json`: the newest view of every producer the consumer knows (rewritten whole,
-  atomically, when anything changed since the last write): `{"unix_time": t, "producers":
-  {id: {"host", "pid", "engine", "version", "state", "num_in_flight", "counters"}}}`;
-- `producers.jsonl`: one line `{"unix_time", "producer", "version", "state"}` each time a
-  producer's loaded weight version or state has changed since the last write (the history that
-  `asyncgrpo report` plots; at most one line per producer per write).
-`read_current` and `read_history` read them back (empty before the first write).
+producer reports goes to two files of the run directory (common/run_files.py's records),
+written by the consumer's network thread every `every_s` seconds (not per step), so a step costs
+the same at 1 and 1,000 producers:
+- `producers.json` (`ProducersFile`): the newest `ProducerStatus` of every producer the consumer
+  knows, rewritten whole, atomically, when anything changed since the last write;
+- `producers.jsonl` (`ProducerChange` lines): one line each time a producer's loaded weight
+  version or state has changed since the last write (the history that `asyncgrpo report`
+  plots; at most one line per producer per write).
+Readers use common/run_files.py (`read_producers`, `read_producer_history`, `latest_producers`).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from common.metrics import StepRecord, read_jsonl
-
-CURRENT_FILE = "producers.json"
-HISTORY_FILE = "producers.jsonl"
+from common import run_files as RF
 
 
 class View(Protocol):
@@ -40,11 +36,26 @@ class View(Protocol):
     counters: dict[str, float]
 
 
-def aggregate(producers: Mapping[str, View]) -> dict[str, Any]:
-    """The per-step summary: `producers_live` (not gone or left) and `producers_by_state`."""
+@dataclass(frozen=True, slots=True)
+class Census:
+    """The per-step summary of the producers: `live` (not gone or left) and `by_state`."""
+
+    live: int = 0
+    by_state: dict[str, int] = field(default_factory=dict)
+
+
+def aggregate(producers: Mapping[str, View]) -> Census:
     states = Counter(v.state for v in producers.values())
     live = sum(n for s, n in states.items() if s not in ("gone", "left"))
-    return {"producers_live": live, "producers_by_state": dict(sorted(states.items()))}
+    return Census(live, dict(sorted(states.items())))
+
+
+def status_of(view: View) -> RF.ProducerStatus:
+    """A producer's line of producers.json."""
+    return RF.ProducerStatus(
+        host=view.host, pid=view.pid, engine=view.engine, version=view.loaded_version,
+        state=view.state, num_in_flight=view.num_in_flight, counters=dict(view.counters),
+    )  # fmt: skip
 
 
 class Roster:
@@ -55,8 +66,8 @@ class Roster:
         self.run_dir, self.every_s = run_dir, every_s
         self._next = 0.0  # monotonic time of the next write
         self._last: dict[str, tuple[int, str]] = {}  # producer -> (version, state) last written
-        self._current: dict[str, dict[str, Any]] = {}  # the last producers.json content
-        self.summary: dict[str, Any] = {"producers_live": 0, "producers_by_state": {}}
+        self._current: dict[str, RF.ProducerStatus] = {}  # the last producers.json content
+        self.census = Census()
 
     def maybe_write(self, producers: Mapping[str, View], now: float) -> bool:
         """Write if `every_s` has passed since the last write; True when it did."""
@@ -68,52 +79,20 @@ class Roster:
 
     def write(self, producers: Mapping[str, View]) -> None:
         unix = time.time()
-        current = {
-            p: {
-                "host": v.host, "pid": v.pid, "engine": v.engine, "version": v.loaded_version,
-                "state": v.state, "num_in_flight": v.num_in_flight, "counters": dict(v.counters),
-            }
-            for p, v in producers.items()
-        }  # fmt: skip
-        self.summary = aggregate(producers)
+        current = {p: status_of(v) for p, v in producers.items()}
+        self.census = aggregate(producers)
         changed = [
             p for p, v in producers.items() if self._last.get(p) != (v.loaded_version, v.state)
         ]
-        if changed:
-            with open(self.run_dir / HISTORY_FILE, "a") as f:
-                for p in changed:
-                    v = producers[p]
-                    row = {"unix_time": unix, "producer": p, "version": v.loaded_version}
-                    f.write(json.dumps({**row, "state": v.state}) + "\n")
-                    self._last[p] = (v.loaded_version, v.state)
+        RF.append_producer_changes(
+            self.run_dir,
+            (RF.ProducerChange(unix_time=unix, producer=p, version=producers[p].loaded_version,
+                               state=producers[p].state) for p in changed),
+        )  # fmt: skip
+        for p in changed:
+            self._last[p] = (producers[p].loaded_version, producers[p].state)
         for p in set(self._last) - set(producers):  # forgotten by the consumer
             del self._last[p]
         if current != self._current:
-            tmp = self.run_dir / (CURRENT_FILE + ".tmp")
-            tmp.write_text(json.dumps({"unix_time": unix, "producers": current}, sort_keys=True))
-            tmp.replace(self.run_dir / CURRENT_FILE)
+            RF.write_producers(self.run_dir, RF.ProducersFile(unix_time=unix, producers=current))
             self._current = current
-
-
-def read_current(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """`producers.json`'s producers ({} before the first write)."""
-    try:
-        return dict(json.loads((run_dir / CURRENT_FILE).read_text())["producers"])
-    except (OSError, ValueError, KeyError):
-        return {}
-
-
-def read_history(run_dir: Path) -> list[dict[str, Any]]:
-    """`producers.jsonl`'s lines, oldest first ([] before the first write)."""
-    path = run_dir / HISTORY_FILE
-    return read_jsonl(path) if path.exists() else []
-
-
-def latest_views(run_dir: Path, last: StepRecord | None = None) -> dict[str, dict[str, Any]]:
-    """{producer: {"version", "state", "counters", ...}}: `producers.json`, or, in a run
-    older than that file, the per-producer fields of its last metrics line `last`."""
-    current = read_current(run_dir)
-    if current or last is None or last.producers is None:
-        return current
-    counters = last.producer_counters or {}
-    return {p: {**v, "counters": counters.get(p, {})} for p, v in last.producers.items()}

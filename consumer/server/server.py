@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import zmq
 
+from common import run_files as RF
 from common import wire
 from common.config import Config
 from common.keys import Keys
@@ -99,7 +100,7 @@ class Server:
         run_dir: Path,
         keys: Keys | None,
         policy_version: int = 0,
-        book_state: dict[str, Any] | None = None,
+        book_state: RF.BookState | None = None,
         hold_grants: bool = False,
         refused_keys: Callable[[], int] | None = None,
     ) -> None:
@@ -119,7 +120,7 @@ class Server:
         control, control_port = bind(zmq.ROUTER, net.control_port)
         rollouts, rollouts_port = bind(zmq.PULL, net.rollouts_port)
         self._announce, announce_port = bind(zmq.PUB, net.announce_port)
-        snapshot_root = run_dir / "snapshots"
+        snapshot_root = run_dir / RF.SNAPSHOTS
         self.data = DataPlane(
             snapshot_root, host=net.bind_host, port=net.data_port, keys=keys,
             insecure=net.insecure, chunk_limit=snapshot_chunk_bytes(cfg), count=st.count,
@@ -229,26 +230,27 @@ class Server:
         files (consumer/server/roster.py)."""
         self._call(self._books.flush).result()
 
-    def step_summary(self) -> dict[str, Any]:
+    def step_summary(self) -> RF.StepSummary:
         """What a step's metrics line needs, its size independent of the number of
-        producers: the ledger's counts in total (`balance`: LeaseBook.totals), messages refused
-        so far (`rejected`), the producers by state as of the last roster write
-        (`producers_live`, `producers_by_state`) and the backpressure figures since the last
-        summary (`Admission.summary`)."""
+        producers: the ledger's counts in total (LeaseBook.totals), messages refused so far,
+        the producers by state as of the last roster write and the backpressure figures since
+        the last summary (`Admission.summary`)."""
         st = self._state
 
-        def summary() -> dict[str, Any]:
-            return {
-                "balance": st.book.totals(),
-                "rejected": st.counters.get("rejected", 0),
-                **self._books.roster.summary,
-                "admission": st.admission.summary(reset=True),
-            }
+        def summary() -> RF.StepSummary:
+            census = self._books.roster.census
+            return RF.StepSummary(
+                totals=st.book.totals(),
+                rejected_messages=st.counters.get("rejected", 0),
+                producers_live=census.live,
+                producers_by_state=census.by_state,
+                backpressure=st.admission.summary(reset=True),
+            )
 
         return self._call(summary).result()
 
-    def balance(self) -> dict[str, int]:
-        """The ledger's counts by state; `ok` is 1 when they add up (see LeaseBook.balance)."""
+    def balance(self) -> RF.Balance:
+        """The ledger's counts by state; `ok` when they add up (see LeaseBook.balance)."""
         return self._call(self._state.book.balance).result()
 
     def starving(self) -> bool:
@@ -256,17 +258,18 @@ class Server:
         book = self._state.book
         return self._call(lambda: book.order.exhausted() and not book.open).result()
 
-    def checkpoint_state(self, logs: Sequence[str]) -> dict[str, Any]:
+    def checkpoint_state(self, logs: Sequence[str]) -> RF.BookState:
         """The lease book's state for a checkpoint, taken after writing the ledger, with the
-        sizes of the run-directory files `logs` at that moment (`{"logs": {name: bytes}}`), so
-        that a resumed run truncates its append-only logs to exactly this state."""
+        sizes of the run-directory files `logs` at that moment, so that a resumed run truncates
+        its append-only logs to exactly this state."""
 
-        def state() -> dict[str, Any]:
+        def state() -> RF.BookState:
             self._books.flush_ledger()
-            out = self._state.book.state_dict()
-            out["identities"] = self._state.identities.state_dict()
-            out["logs"] = {name: _size(self.run_dir / name) for name in logs}
-            return out
+            return RF.BookState(
+                book=self._state.book.state_dict(),
+                identities=self._state.identities.state_dict(),
+                log_sizes={name: _size(self.run_dir / name) for name in logs},
+            )
 
         return self._call(state).result()
 
@@ -318,7 +321,7 @@ class Server:
 def _restored_state(
     cfg: Config,
     prompts: PromptSource,
-    book_state: dict[str, Any] | None,
+    book_state: RF.BookState | None,
     policy_version: int,
     hold_grants: bool,
 ) -> NetState:
@@ -334,8 +337,8 @@ def _restored_state(
     )
     identities = Identities()
     if book_state is not None:
-        book.load_state_dict(book_state, now=time.monotonic())
-        identities.load_state_dict(book_state.get("identities", {}))
+        book.load_state_dict(book_state.book, now=time.monotonic())
+        identities.load_state_dict(book_state.identities)
     net = cfg.net
     admission = Admission(
         max_bytes=int(net.max_queued_mib * (1 << 20)), max_groups=net.max_queued_groups

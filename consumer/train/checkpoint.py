@@ -35,23 +35,23 @@ import random
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch.optim.lr_scheduler import LRScheduler
 
+from common import run_files as RF
 from common.errors import ConfigError
 from common.snapshot import fsync_path, sync_dir
 from consumer.train.protocol import Trainer
 
-ROOT = "checkpoints"
+ROOT = RF.CHECKPOINTS
 POINTER = "LATEST"
-LEGACY_DIR = "checkpoint"  # the layout before LATEST: one directory, replaced by two renames
+LEGACY_DIR = RF.LEGACY_CHECKPOINT  # before LATEST: one directory, replaced by two renames
 
 
-def save(run_dir: Path, *, trainer: Trainer, version: int, book_state: dict[str, Any]) -> Path:
+def save(run_dir: Path, *, trainer: Trainer, version: int, book_state: RF.BookState) -> Path:
     """Write a checkpoint and make it the current one (crash-safe; see the module doc)."""
     root = run_dir / ROOT
     root.mkdir(exist_ok=True)
@@ -59,7 +59,7 @@ def save(run_dir: Path, *, trainer: Trainer, version: int, book_state: dict[str,
     tmp = root / f".tmp-{name}"
     tmp.mkdir()
     trainer.save_checkpoint(tmp)  # a sharded learner: every rank writes its shards
-    (tmp / "state.json").write_text(json.dumps({"version": version, "book": book_state}))
+    (tmp / "state.json").write_text(json.dumps({"version": version, "book": book_state.to_json()}))
     sync_dir(tmp)
     final = root / name
     os.rename(tmp, final)
@@ -121,21 +121,23 @@ def _write_atomically(path: Path, text: str) -> None:
     fsync_path(path.parent)
 
 
-def load(run_dir: Path, *, trainer: Trainer) -> tuple[int, dict[str, Any]]:
-    """Restore the trainer in place; returns (policy version, lease-book state)."""
+def load(run_dir: Path, *, trainer: Trainer) -> tuple[int, RF.BookState]:
+    """Restore the trainer in place and truncate the run directory's append-only logs to their
+    sizes at the save; returns (policy version, lease-book state)."""
     path = current(run_dir)
     if path is None:
         raise ConfigError(
             f"run.resume: no checkpoint in {run_dir / ROOT} (run.dir must name an earlier run)"
         )
     state = json.loads((path / "state.json").read_text())
-    for name, size in state["book"].pop("logs", {}).items():  # drop what happened after the save
+    book = RF.BookState.from_json(state["book"])
+    for name, size in book.log_sizes.items():  # drop what happened after the save
         log = run_dir / name
         if log.exists() and log.stat().st_size > size:
             with open(log, "r+b") as f:
                 f.truncate(size)
     trainer.load_checkpoint(path)  # every rank, whatever world size wrote it
-    return int(state["version"]), state["book"]
+    return int(state["version"]), book
 
 
 def load_plain(

@@ -16,6 +16,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from common import config as C
+from common import run_files as RF
 from common.errors import ConfigError
 
 app = typer.Typer(
@@ -97,7 +98,7 @@ def load_config(
 def setup_logging(run_dir: Path | None, name: str, verbose: bool = False) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if run_dir is not None:
-        handlers.append(logging.FileHandler(run_dir / f"{name}.log"))
+        handlers.append(logging.FileHandler(run_dir / RF.log_name(name)))
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format=f"%(asctime)s {name} %(levelname)s %(message)s",

@@ -21,6 +21,7 @@ from typing import Annotated
 import typer
 
 from common import config as C
+from common import run_files as RF
 from common.errors import ConfigError
 from launch.cli.app import (
     DEMO_CONFIG,
@@ -50,7 +51,7 @@ def prepare_run(cfg: C.Config, out: Path, values: dict[str, object] | None = Non
     if not cfg.train.simulate_step_s:
         resolved["model.path"] = resolve_model(cfg.model.path)
     cfg = C.override(cfg, resolved)
-    C.write(cfg, out / "config.toml")
+    C.write(cfg, out / RF.CONFIG)
     return cfg
 
 
@@ -309,9 +310,7 @@ def launch(
     model_dir = None if cfg.train.simulate_step_s else Path(cfg.model.path)
     typer.echo(f"run directory: {out}", err=True)
     show = sys.stderr.isatty() if live is None else live
-    code = local.run(
-        out / "config.toml", out, steps=cfg.run.steps, num_producers=producers, live=show
-    )
+    code = local.run(out / RF.CONFIG, out, steps=cfg.run.steps, num_producers=producers, live=show)
     if evaluate and model_dir is not None and cfg.task.source == "synthetic":
         _evaluate_run(out, model_dir)
     from launch.report import report as write_report

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from common import run_files as RF
 from launch.cli.app import fail
 
 
@@ -26,6 +27,6 @@ def status(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) ->
     refused messages, each producer's weights, groups and reward failures."""
     from launch.dashboard import status as run_status
 
-    if not (run_dir / "config.toml").exists():
+    if not (run_dir / RF.CONFIG).exists():
         fail(f"{run_dir} is not a run directory (no config.toml)")
     typer.echo(run_status(run_dir))

@@ -29,8 +29,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from common.metrics import StepRecord, read_jsonl, read_steps
-from consumer.server.roster import latest_views
+from common import run_files as RF
+from common.metrics import StepRecord, read_steps
 
 WINDOW = 10  # steps over which rewards are averaged
 COLUMNS = [
@@ -93,29 +93,27 @@ def measure(
 ) -> dict[str, Any]:
     """One results row from a finished run's files (see the module docstring); `t_sync_s` None
     means this is the synchronous setting (its own end is the equal-time point)."""
-    everything = read_steps(run_dir / "metrics.jsonl")
+    everything = read_steps(run_dir / RF.METRICS)
     metrics = everything[:steps]
-    leases = read_jsonl(run_dir / "leases.jsonl")
-    ledger = json.loads((run_dir / "ledger.json").read_text())
-    bal = ledger["balance"]
+    leases = RF.read_leases(run_dir)
+    ledger = RF.read_ledger(run_dir)
+    bal = ledger.balance
     start = metrics[0].time_s - metrics[0].step_wall_s if metrics else 0.0
     wall = metrics[-1].time_s - start if metrics else 0.0
-    trained = [r for r in leases if r["state"] == "trained" and r["trained_step"] < steps]
-    stale = [r for r in leases if r["state"] == "dropped_stale"]
-    lags = [r["trained_step"] - r["behavior_version"] for r in trained]
-    busy = uptime = 0.0
-    for view in latest_views(run_dir, metrics[-1] if metrics else None).values():
-        busy += view.get("counters", {}).get("busy_s", 0.0)
-        uptime += view.get("counters", {}).get("uptime_s", 0.0)
+    trained = [r for r in leases if r.state == "trained" and r.trained_step < steps]
+    stale = [r for r in leases if r.state == "dropped_stale"]
+    lags = [r.staleness for r in trained]
+    views = RF.latest_producers(run_dir, metrics[-1] if metrics else None).values()
+    busy, uptime = sum(v.busy_s for v in views), sum(v.uptime_s for v in views)
     curve = smoothed_rewards(everything, start)
     t_equal = wall if t_sync_s is None else t_sync_s
     at_equal, reached = reward_at(curve, t_equal), first_reaching(curve, target_reward)
     hosts: dict[str, list[str]] = {}
-    for producer, host in sorted(ledger.get("hosts", {}).items()):
+    for producer, host in sorted(ledger.hosts.items()):
         hosts.setdefault(host or "?", []).append(producer)
 
     def by_producer(state: str) -> str:
-        return json.dumps({p: c.get(state, 0) for p, c in sorted(ledger["by_producer"].items())})
+        return json.dumps({p: ledger.count(p, state) for p in sorted(ledger.by_producer)})
 
     rate = (lambda x: x / wall) if wall > 0 else (lambda x: None)
     return {
@@ -127,18 +125,18 @@ def measure(
         "tokens_per_s": rate(sum(m.num_completion_tokens for m in metrics)),
         "learner_idle_frac": rate(sum(m.wait_s for m in metrics)),
         "producer_idle_frac": 1 - busy / uptime if uptime > 0 else None,
-        "trained": bal["trained"],
-        "dropped_stale": bal["dropped_stale"],
-        "dropped_zero_variance": bal["dropped_zero_variance"],
-        "expired": bal["expired"],
+        "trained": bal.trained,
+        "dropped_stale": bal.dropped_stale,
+        "dropped_zero_variance": bal.dropped_zero_variance,
+        "expired": bal.expired,
         "staleness_mean_trained": _mean(lags),
         "staleness_max_trained": max(lags) if lags else None,
         "staleness_hist": json.dumps({k: lags.count(k) for k in sorted(set(lags))}),
         "tis_weight_mean": _measured(m.tis_weight_mean for m in metrics),
         "tis_frac_truncated": _measured(m.tis_frac_truncated for m in metrics),
         "ess": _measured(m.tis_ess for m in metrics),
-        "trained_mean_tokens": _mean([r["num_tokens"] for r in trained]),
-        "dropped_stale_mean_tokens": _mean([r["num_tokens"] for r in stale]),
+        "trained_mean_tokens": _mean([r.num_tokens for r in trained]),
+        "dropped_stale_mean_tokens": _mean([r.num_tokens for r in stale]),
         "expired_by_producer": by_producer("expired"),
         "dropped_stale_by_producer": by_producer("dropped_stale"),
         "hosts": json.dumps(hosts),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common import config as C
+from common import run_files as RF
 from common.errors import ConfigError
 from launch.stress.plan import (
     RunSetting,
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 def last_error(run_dir: Path) -> str:
     """The consumer's last error line (what a failed setting's row says), else where to look."""
-    for name in ("consumer.log", "consumer.stdout.log"):
+    for name in (RF.CONSUMER_LOG, RF.CONSUMER_STDOUT_LOG):
         path = run_dir / name
         if path.exists():
             lines = [
@@ -66,7 +67,7 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
             C.validate(cfg)
         except ConfigError as exc:
             return failed(str(exc))
-        C.write(cfg, run_dir / "config.toml")
+        C.write(cfg, run_dir / RF.CONFIG)
         where = sweep.placements.get(setting.producers)
 
         def args(i: int) -> list[str]:
@@ -75,7 +76,7 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
         watcher = Watcher(run_dir, steps=sweep.steps, t_sync_s=t_sync, until_s=t_sync)
         try:
             code = local.run(
-                run_dir / "config.toml", run_dir, steps=sweep.steps,
+                run_dir / RF.CONFIG, run_dir, steps=sweep.steps,
                 num_producers=0 if sweep.external else setting.producers, live=live,
                 producer_args=args,
                 consumer_env=where.consumer_env() if where else None,

@@ -23,6 +23,7 @@ import shutil
 import signal
 from pathlib import Path
 
+from common import run_files as RF
 from common import snapshot as snap
 from launch.dashboard import MetricsTail
 from launch.local import Supervisor
@@ -39,7 +40,7 @@ class Watcher:
         self, run_dir: Path, *, steps: int, t_sync_s: float | None, until_s: float | None
     ) -> None:
         self.run_dir, self.steps, self.t_sync_s, self.until_s = run_dir, steps, t_sync_s, until_s
-        self.tail = MetricsTail(run_dir / "metrics.jsonl")
+        self.tail = MetricsTail(run_dir / RF.METRICS)
         self.targets = {AT_STEPS: steps}  # wanted version per capture directory
         if t_sync_s is not None:
             self.targets[AT_SYNC_TIME] = 0

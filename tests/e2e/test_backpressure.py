@@ -20,6 +20,7 @@ from types import ModuleType
 
 import pytest
 
+from common import run_files as RF
 from common.metrics import read_steps
 from tests.e2e.test_bench_swarm import bench_module
 from tests.ledger_invariant import assert_run_balanced
@@ -52,13 +53,13 @@ def assert_nothing_lost(run: Path, *, steps: int, prompts_per_step: int) -> dict
     """Every lease was trained, or is a group the learner did not need when the run ended
     (expired by the shutdown, its prompt kept for a resume); none timed out or went missing."""
     ledger = assert_run_balanced(run)
-    records = [json.loads(s) for s in (run / "leases.jsonl").read_text().splitlines() if s]
-    states = Counter(r["state"] for r in records)
+    records = RF.read_leases(run)
+    states = Counter(r.state for r in records)
     assert states["trained"] == steps * prompts_per_step
     assert states["rejected_invalid"] == 0
-    lost = [r for r in records if r["state"] == "expired" and r["reason"] != "shutdown"]
+    lost = [r for r in records if r.state == "expired" and r.reason != "shutdown"]
     assert not lost, lost[:3]
-    assert ledger["balance"]["open"] == 0
+    assert ledger.balance.open == 0
     return dict(states)
 
 
@@ -77,7 +78,7 @@ def test_a_slow_learner_holds_producers_back_within_its_bound_and_loses_nothing(
     run, codes, log = run_swarm(swarm, tmp_path, 8, args)
     assert codes == [0] * 8, log[-3000:]
     assert_nothing_lost(run, steps=8, prompts_per_step=4)
-    steps = read_steps(run / "metrics.jsonl")
+    steps = read_steps(run / RF.METRICS)
     assert len(steps) == 8
     peaks = [r.queued_bytes_peak for r in steps]
     assert all(p is not None and p <= max_bytes for p in peaks), peaks
@@ -86,9 +87,12 @@ def test_a_slow_learner_holds_producers_back_within_its_bound_and_loses_nothing(
     assert steps[-1].holds > 0, "the producers were never told to hold: no backpressure"
     assert steps[-1].hold_s_max is not None
     assert steps[-1].hold_s_max > 0
-    admission = json.loads((run / "ledger.json").read_text())["admission"]
-    assert 0 < admission["queued_bytes_max"] <= max_bytes  # over the whole run
-    assert admission["holds"] >= steps[-1].holds
+    admission = RF.read_ledger(run).admission
+    assert admission is not None
+    assert admission.queued_bytes_max is not None
+    assert 0 < admission.queued_bytes_max <= max_bytes  # over the whole run
+    assert admission.holds is not None
+    assert admission.holds >= steps[-1].holds
 
 
 @pytest.mark.timeout(240)
@@ -98,6 +102,6 @@ def test_256_producers_in_one_process_account_for_every_lease(tmp_path):
     run, codes, log = run_swarm(swarm, tmp_path, 256, args)
     assert codes == [0] * 256, (Counter(codes), log[-3000:])
     states = assert_nothing_lost(run, steps=12, prompts_per_step=32)
-    ledger = json.loads((run / "ledger.json").read_text())
-    assert ledger["balance"]["issued"] == sum(states.values())
-    assert len(ledger["by_producer"]) > 32  # the leases went around, not to a few producers
+    ledger = RF.read_ledger(run)
+    assert ledger.balance.issued == sum(states.values())
+    assert len(ledger.by_producer) > 32  # the leases went around, not to a few producers

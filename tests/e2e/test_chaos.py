@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # procs, tiny_mode
 from ledger_invariant import assert_run_balanced
 from procs import cli, read_jsonl, wait_for
 
+from common import run_files as RF
+
 P = 2  # prompts per step
 MAX_STALENESS = 2
 
@@ -94,7 +96,7 @@ def chaos(tmp: Path, *, kills: int, seed: int) -> dict[str, int]:
     cons = _consumer(tmp, run_dir, model, resume=False, n=n)
     started.append(cons)
     wait_for(lambda: _listening(tmp / "consumer-0.log"), timeout_s=300, what="the consumer")
-    ep = json.loads((run_dir / "endpoints.json").read_text())["control"]
+    ep = RF.read_endpoints(run_dir / RF.ENDPOINTS).control
     producers = {name: _producer(tmp, ep, name, 0) for name in ("p1", "p2", "p3")}
     started += producers.values()
     try:
@@ -105,8 +107,8 @@ def chaos(tmp: Path, *, kills: int, seed: int) -> dict[str, int]:
             aim = rng.random()
             if aim < 0.5:  # the consumer: at once, at a random moment, or while it writes
                 if aim >= 0.15:  # most kills only once it trained a step since it (re)started
-                    done = len(read_jsonl(run_dir / "metrics.jsonl"))
-                    wait_for(lambda done=done: len(read_jsonl(run_dir / "metrics.jsonl")) > done,
+                    done = len(read_jsonl(run_dir / RF.METRICS))
+                    wait_for(lambda done=done: len(read_jsonl(run_dir / RF.METRICS)) > done,
                              timeout_s=300, what="a step", procs=[cons])  # fmt: skip
                 want = "any" if aim < 0.3 else "snapshot" if aim < 0.4 else "checkpoint"
                 deadline = time.monotonic() + rng.uniform(0.0, 2.0)
@@ -148,8 +150,8 @@ def chaos(tmp: Path, *, kills: int, seed: int) -> dict[str, int]:
                     producers[name] = _producer(tmp, ep, name, n)
                     started.append(producers[name])
         # let it train a little more, then the one clean stop
-        target = len(read_jsonl(run_dir / "metrics.jsonl")) + 3
-        wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= target, timeout_s=300,
+        target = len(read_jsonl(run_dir / RF.METRICS)) + 3
+        wait_for(lambda: len(read_jsonl(run_dir / RF.METRICS)) >= target, timeout_s=300,
                  what="3 more steps", procs=[cons])  # fmt: skip
         cons.send_signal(signal.SIGTERM)
         assert cons.wait(300) == 0, (tmp / f"consumer-{n}.log").read_text()[-3000:]
@@ -173,15 +175,15 @@ def check_run(run_dir: Path, model: Path) -> dict[str, int]:
 
     out: dict[str, int] = {}
     ledger = assert_run_balanced(run_dir)  # every lease final, ledger == leases.jsonl
-    leases = read_jsonl(run_dir / "leases.jsonl")
-    ids = [r["lease_id"] for r in leases]
+    leases = RF.read_leases(run_dir)
+    ids = [r.lease_id for r in leases]
     assert len(ids) == len(set(ids)), "a lease ended twice"
-    trained = [r for r in leases if r["state"] == "trained"]
-    steps = read_jsonl(run_dir / "metrics.jsonl")
+    trained = [r for r in leases if r.state == "trained"]
+    steps = read_jsonl(run_dir / RF.METRICS)
     assert [m["step"] for m in steps] == list(range(1, len(steps) + 1))
-    per_step = Counter(r["trained_step"] for r in trained)
+    per_step = Counter(r.trained_step for r in trained)
     assert per_step == Counter({s: P for s in range(len(steps))}), "a step trained twice"
-    lags = [r["trained_step"] - r["behavior_version"] for r in trained]
+    lags = [r.staleness for r in trained]
     assert min(lags) >= 0
     assert max(lags) <= MAX_STALENESS
     final = snap.final_version(run_dir)
@@ -197,9 +199,9 @@ def check_run(run_dir: Path, model: Path) -> dict[str, int]:
     out["steps"] = len(steps)
     out["leases"] = len(leases)
     out["trained"] = len(trained)
-    out["expired"] = ledger["balance"]["expired"]
-    out["trained_twice"] = len(trained) - len({r["lease_id"] for r in trained})
-    out["lost"] = ledger["balance"]["open"]
+    out["expired"] = ledger.balance.expired
+    out["trained_twice"] = len(trained) - len({r.lease_id for r in trained})
+    out["lost"] = ledger.balance.open
     out["max_lag"] = max(lags)
     return out
 

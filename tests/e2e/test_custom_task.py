@@ -6,7 +6,6 @@ page says."""
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import subprocess
@@ -15,9 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from procs import endpoint, read_jsonl, stop
+from procs import endpoint, stop
 
 from common import config as C
+from common import run_files as RF
+from common.metrics import read_steps
 from consumer.server.prompts import make_source
 from producer.rewards import RewardRunner
 
@@ -76,12 +77,13 @@ def test_the_worked_example_trains_with_its_own_reward(tmp_path, tiny_model_dir)
         assert procs[1].wait(60) == 0
     finally:
         stop(*procs)
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_steps(run_dir / RF.METRICS)
     assert len(metrics) == steps
-    for m in metrics:  # no failed reward call, counted or logged
-        assert all(c.get("reward_errors", 0) == 0 for c in m["producer_counters"].values())
+    producers = RF.read_producers(run_dir)  # no failed reward call, counted or logged
+    assert len(producers) == 1
+    assert all(p.reward_errors == p.reward_timeouts == 0 for p in producers.values()), producers
     assert "(scored 0" not in (tmp_path / "p.log").read_text()
     # exact match alone gives multiples of 0.5 / 16 per step; closeness gives fractions
-    sums = [m["reward_mean"] * 16 for m in metrics]
+    sums = [m.reward_mean * 16 for m in metrics]
     assert any(not math.isclose(2 * s, round(2 * s), abs_tol=1e-4) for s in sums), sums
-    assert json.loads((run_dir / "ledger.json").read_text())["balance"]["ok"] == 1
+    assert RF.read_ledger(run_dir).balance.ok

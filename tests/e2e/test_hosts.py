@@ -26,7 +26,9 @@ import pytest
 from ledger_invariant import assert_run_balanced
 from procs import read_jsonl, wait_for
 
+from common import run_files as RF
 from common.keys import create_keys
+from common.wire import OUTCOMES
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,20 +38,17 @@ CLI = [sys.executable, "-m", "launch.cli"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def _ledger(run_dir: Path) -> dict:
-    path = run_dir / "ledger.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
 def _trained(run_dir: Path, producer: str) -> int:
-    return int(_ledger(run_dir).get("by_producer", {}).get(producer, {}).get("trained", 0))
+    ledger = RF.latest_ledger(run_dir)
+    return ledger.count(producer, "trained") if ledger is not None else 0
 
 
 def _open(run_dir: Path, producer: str) -> int:
     """Leases `producer` holds that have not ended (issued, or delivered and not yet trained)."""
-    counts = _ledger(run_dir).get("by_producer", {}).get(producer, {})
-    ended = ("trained", "dropped_stale", "dropped_zero_variance", "rejected_invalid", "expired")
-    return int(counts.get("issued", 0)) - sum(int(counts.get(k, 0)) for k in ended)
+    ledger = RF.latest_ledger(run_dir)
+    if ledger is None:
+        return 0
+    return ledger.count(producer, "issued") - sum(ledger.count(producer, o) for o in OUTCOMES)
 
 
 def _text(path: Path) -> str:
@@ -90,9 +89,9 @@ class Cluster:
         self.consumer = hosts.run("a", [*CLI, *args], log=tmp / "consumer.log", env=ENV,
                                   cwd=tmp / "a")  # fmt: skip
         self.procs = [self.consumer]
-        path = self.run_dir / "endpoints.json"
+        path = self.run_dir / RF.ENDPOINTS
         wait_for(path.exists, timeout_s=120, what="the consumer listening", procs=self.procs)
-        self.endpoint = json.loads(path.read_text())["control"]
+        self.endpoint = RF.read_endpoints(path).control
         assert self.endpoint.startswith(f"tcp://{hosts.addr['a']}:")
 
     def producer(
@@ -159,14 +158,14 @@ def test_three_hosts_train_refuse_a_stranger_survive_a_cut_link_and_stop_clean(t
         finally:
             _stop(*cluster.procs)
     ledger = assert_run_balanced(run_dir)
-    leases = read_jsonl(run_dir / "leases.jsonl")
-    expired = [r for r in leases if r["state"] == "expired" and r["producer_id"] == "c"
-               and r.get("reason") != "shutdown"]  # fmt: skip
+    leases = RF.read_leases(run_dir)
+    expired = [r for r in leases if r.state == "expired" and r.producer_id == "c"
+               and r.reason != "shutdown"]  # fmt: skip
     assert expired, "c's leases expired while its link was down"
-    trained_by_b = {r["prompt_index"] for r in leases if r["state"] == "trained"
-                    and r["producer_id"] == "b"}  # fmt: skip
-    assert {r["prompt_index"] for r in expired} & trained_by_b, "no expired prompt went to b"
-    assert "stranger" not in ledger["by_producer"]
+    trained_by_b = {r.prompt_index for r in leases if r.state == "trained"
+                    and r.producer_id == "b"}  # fmt: skip
+    assert {r.prompt_index for r in expired} & trained_by_b, "no expired prompt went to b"
+    assert "stranger" not in ledger.by_producer
     print(f"refusal reported on the producer {refused_s:.1f} s after it started")
 
 
@@ -181,8 +180,8 @@ def test_a_run_over_a_delayed_lossy_link_completes_with_a_balanced_ledger(tmp_pa
         try:
             procs = [cluster.producer("b", "b"), cluster.producer("c", "c")]
             steps = 20
-            wait_for(lambda: len(read_jsonl(cluster.run_dir / "metrics.jsonl")) >= steps
-                     if (cluster.run_dir / "metrics.jsonl").exists() else False,
+            wait_for(lambda: len(read_jsonl(cluster.run_dir / RF.METRICS)) >= steps
+                     if (cluster.run_dir / RF.METRICS).exists() else False,
                      timeout_s=400, what=f"{steps} steps", procs=cluster.procs[:1])  # fmt: skip
             cluster.consumer.send_signal(signal.SIGINT)
             assert cluster.consumer.wait(120) == 0

@@ -10,6 +10,8 @@ import psutil
 import pytest
 from procs import cli, read_jsonl, stop, wait_for
 
+from common import run_files as RF
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -25,12 +27,12 @@ def no_child_survives(run_dir: Path) -> None:
             assert not alive, f"{name} (pid {pid}) outlived the launcher"
 
 
-def ledger_balances(run_dir: Path) -> dict:
-    ledger = json.loads((run_dir / "ledger.json").read_text())
-    assert ledger["balance"]["ok"] == 1
-    assert ledger["balance"]["open"] == 0
-    leases = read_jsonl(run_dir / "leases.jsonl")
-    assert len({r["lease_id"] for r in leases}) == len(leases) == ledger["balance"]["issued"]
+def ledger_balances(run_dir: Path) -> RF.Ledger:
+    ledger = RF.read_ledger(run_dir)
+    assert ledger.balance.ok
+    assert ledger.balance.open == 0
+    leases = RF.read_leases(run_dir)
+    assert len({r.lease_id for r in leases}) == len(leases) == ledger.balance.issued
     return ledger
 
 
@@ -46,7 +48,7 @@ def fake_launch(tmp_path: Path, model_dir: Path, *, steps: int, latency_s: float
 
 
 def wait_for_steps(run_dir: Path, n: int, launcher) -> None:
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / RF.METRICS
     wait_for(lambda: metrics.exists() and len(read_jsonl(metrics)) >= n, timeout_s=200,
              what=f"{n} steps", procs=[launcher])  # fmt: skip
 
@@ -93,7 +95,7 @@ def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snap
         stop(launcher)
     no_child_survives(run_dir)
     ledger_balances(run_dir)
-    steps = len(read_jsonl(run_dir / "metrics.jsonl"))
+    steps = len(read_jsonl(run_dir / RF.METRICS))
     assert steps < 10000
     final = run_dir / "snapshots" / f"v{steps:06d}"
     from common import snapshot as snap
@@ -124,6 +126,6 @@ def test_a_producer_that_dies_is_restarted_and_the_run_finishes(tmp_path, tiny_m
     assert pids["p1"][0] == victim
     assert "producer p1 exited with -9: restart 1" in (tmp_path / "launch.log").read_text()
     ledger = ledger_balances(run_dir)
-    assert ledger["balance"]["trained"] == 40 * 4
-    assert len(read_jsonl(run_dir / "metrics.jsonl")) == 40
+    assert ledger.balance.trained == 40 * 4
+    assert len(read_jsonl(run_dir / RF.METRICS)) == 40
     no_child_survives(run_dir)

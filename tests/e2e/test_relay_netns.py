@@ -7,7 +7,6 @@ processes, ~20 s)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from procs import stop, wait_for
+
+from common import run_files as RF
 
 pytestmark = [
     pytest.mark.slow,
@@ -75,11 +76,6 @@ def start(ns: str, args: list[str], log: Path, *, hide: Path | None = None) -> s
         )  # fmt: skip
 
 
-def ledger(run_dir: Path) -> dict:
-    path = run_dir / "ledger.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
 @pytest.mark.timeout(240)
 def test_a_producer_relays_snapshots_to_a_producer_on_another_host(tmp_path, hosts):
     run_dir = tmp_path / "run"
@@ -93,9 +89,9 @@ def test_a_producer_relays_snapshots_to_a_producer_on_another_host(tmp_path, hos
     consumer = start(hosts["c"], args, tmp_path / "consumer.log")
     procs = [consumer]
     try:
-        path = run_dir / "endpoints.json"
+        path = run_dir / RF.ENDPOINTS
         wait_for(path.exists, timeout_s=120, what="the consumer's endpoints", procs=procs)
-        endpoint = json.loads(path.read_text())["control"]
+        endpoint = RF.read_endpoints(path).control
         assert endpoint.startswith("tcp://10.77.0.1:")
         for i, name in enumerate("ab", start=2):
             args = [
@@ -112,7 +108,7 @@ def test_a_producer_relays_snapshots_to_a_producer_on_another_host(tmp_path, hos
             p.wait(60)
     finally:
         stop(*procs)
-    counters = ledger(run_dir)["counters"]
+    counters = RF.read_ledger(run_dir).counters
     logs = {n: (tmp_path / f"{n}.log").read_text() for n in "ab"}
     assert "shared-filesystem" not in "".join(logs.values())  # the run dir was hidden from them
     assert counters.get("fetch_from_relay", 0) >= 1, counters

@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # procs, ledger_in
 from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, read_jsonl, stop, wait_for
 
+from common import run_files as RF
+
 
 def _prompts(path: Path) -> Path:
     path.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n"
@@ -77,7 +79,7 @@ def test_two_rank_consumer_trains_ten_steps_then_resumes_in_one_process(
     code = _run(tmp_path, run_dir, tiny_model_dir, 10, "--nproc-per-node", "2", tag="2")
     log = (tmp_path / "consumer-2.log").read_text()
     assert code == 0, log[-3000:]
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / RF.METRICS)
     assert [m["step"] for m in metrics] == list(range(1, 11))
     assert {m["world_size"] for m in metrics} == {2}
     assert "learner sharded: FSDP2 over 2 ranks, 2 decoder layers + root" in log
@@ -88,7 +90,7 @@ def test_two_rank_consumer_trains_ten_steps_then_resumes_in_one_process(
 
     code = _run(tmp_path, run_dir, tiny_model_dir, 12, "--resume", tag="1")
     assert code == 0, (tmp_path / "consumer-1.log").read_text()[-3000:]
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / RF.METRICS)
     assert [(m["step"], m["world_size"]) for m in metrics[-3:]] == [(10, 2), (11, 1), (12, 1)]
     assert_run_balanced(run_dir)
 
@@ -106,7 +108,7 @@ def test_a_rank_that_dies_or_hangs_ends_the_learner_and_resume_continues(
     producers, pid = [], 0
     try:
         producers = _producers(tmp_path, endpoint(run_dir, [consumer], timeout_s=180), "a")
-        metrics = run_dir / "metrics.jsonl"
+        metrics = run_dir / RF.METRICS
         wait_for(lambda: metrics.exists() and len(read_jsonl(metrics)) >= 3, timeout_s=180,
                  what="three steps", procs=[consumer])  # fmt: skip
         rank1 = run_dir / "consumer-rank1.log"
@@ -121,11 +123,11 @@ def test_a_rank_that_dies_or_hangs_ends_the_learner_and_resume_continues(
     log = (tmp_path / "consumer-a.log").read_text()
     assert code != 0
     assert "another learner rank died or did not answer within dist.timeout_s" in log, log[-3000:]
-    trained = len(read_jsonl(run_dir / "metrics.jsonl"))
+    trained = len(read_jsonl(run_dir / RF.METRICS))
 
     code = _run(tmp_path, run_dir, tiny_model_dir, trained + 2, "--nproc-per-node", "2",
                 "--resume", tag="b")  # fmt: skip
     assert code == 0, (tmp_path / "consumer-b.log").read_text()[-3000:]
-    steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")]
+    steps = [m["step"] for m in read_jsonl(run_dir / RF.METRICS)]
     assert steps == list(range(1, trained + 3))  # the lines after the checkpoint were redone
     assert_run_balanced(run_dir)

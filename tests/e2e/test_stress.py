@@ -10,7 +10,9 @@ import socket
 from pathlib import Path
 
 import pytest
-from procs import cli, read_jsonl, stop, wait_for
+from procs import cli, stop, wait_for
+
+from common import run_files as RF
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FAKE = (
@@ -40,14 +42,13 @@ def check_against_runs(out: Path, rows: list[dict[str, str]], steps: int) -> Non
     for row in rows:
         assert row["status"] == "ok", row["error"]
         run_dir = out / "runs" / row["setting"]
-        ledger = json.loads((run_dir / "ledger.json").read_text())["balance"]
-        assert ledger["ok"] == 1
+        balance = RF.read_ledger(run_dir).balance
+        assert balance.ok
         for key in ("trained", "dropped_stale", "expired"):
-            assert int(row[key]) == ledger[key], key
+            assert int(row[key]) == balance.final(key), key
         assert int(row["steps"]) == steps
         bound = int(row["max_staleness"])
-        trained = [r for r in read_jsonl(run_dir / "leases.jsonl") if r["state"] == "trained"]
-        lags = [r["trained_step"] - r["behavior_version"] for r in trained]
+        lags = [r.staleness for r in RF.read_leases(run_dir) if r.state == "trained"]
         assert max(lags) <= bound
         assert min(lags) >= 0
         # every asynchronous setting ran at least as long as the synchronous one took
@@ -65,7 +66,7 @@ def test_a_sweep_stopped_by_ctrl_c_resumes_where_it_stopped(tmp_path):
     sweep = cli(*args, log=log)
     second = out / "runs" / "ms2-p2-token-truncate-s0"
     try:  # Ctrl-C while the second setting runs
-        wait_for(lambda: (second / "endpoints.json").exists(), timeout_s=300,
+        wait_for(lambda: (second / RF.ENDPOINTS).exists(), timeout_s=300,
                  what="the second setting's consumer", procs=[sweep])  # fmt: skip
         sweep.send_signal(signal.SIGINT)
         assert sweep.wait(120) == 130, log.read_text()[-3000:]
@@ -133,8 +134,11 @@ def test_settings_wait_for_every_external_producer_and_name_their_hosts(tmp_path
     for row in rows:
         assert row["placement"] == "2 external producers"
         assert json.loads(row["hosts"]) == {socket.gethostname(): ["e1", "e2"]}
-        metrics = read_jsonl(out / "runs" / row["setting"] / "metrics.jsonl")
-        assert sorted(metrics[0]["producers"]) == ["e1", "e2"]  # both there from the first step
+        run_dir = out / "runs" / row["setting"]
+        # both there from the first step: the learner's clock starts once both are ready
+        log = (run_dir / RF.CONSUMER_LOG).read_text()
+        assert f"2 producers ready (e1@{socket.gethostname()}, e2@" in log
+        assert sorted(RF.read_producers(run_dir)) == ["e1", "e2"]
 
 
 @pytest.mark.slow

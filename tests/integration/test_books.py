@@ -10,6 +10,7 @@ consumer/server/roster.py): real sockets on loopback, scripted producers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -17,10 +18,11 @@ import pytest
 import zmq
 
 from common import config as C
+from common import run_files as RF
 from common import wire
 from consumer.server import books
 from consumer.server.prompts import make_source
-from consumer.server.roster import Roster, aggregate, read_current, read_history
+from consumer.server.roster import Census, Roster, aggregate
 from consumer.server.server import Server, run_spec
 from consumer.server.state import ProducerView
 
@@ -71,22 +73,22 @@ def test_the_step_summary_is_the_same_size_at_1_and_200_producers(server, tmp_pa
     register(control, [f"p{i:04d}" for i in range(1, 200)])
     srv.flush_ledger()
     many = srv.step_summary()
-    assert one["producers_live"] == 1
-    assert many["producers_live"] == 200
-    assert many["producers_by_state"] == {"registered": 200}
-    assert set(one) == set(many)
-    assert len(json.dumps(many)) - len(json.dumps(one)) <= 4  # a few more digits, nothing more
-    current = read_current(tmp_path)
+    assert one.producers_live == 1
+    assert many.producers_live == 200
+    assert many.producers_by_state == {"registered": 200}
+    size = [len(json.dumps(dataclasses.asdict(s))) for s in (one, many)]
+    assert size[1] - size[0] <= 4  # a few more digits, nothing more
+    current = RF.read_producers(tmp_path)
     assert len(current) == 200
-    assert current["p0123"]["state"] == "registered"
-    assert len(read_history(tmp_path)) == 200  # one line each, at their first write
+    assert current["p0123"].state == "registered"
+    assert len(RF.read_producer_history(tmp_path)) == 200  # one line each, at their first write
     srv.flush_ledger()
-    assert len(read_history(tmp_path)) == 200  # nothing changed: no new line
+    assert len(RF.read_producer_history(tmp_path)) == 200  # nothing changed: no new line
     request(control, wire.Heartbeat(900, "p0007", 3, "generating", 1, {"groups_sent": 2.0}))
     srv.flush_ledger()
-    (row,) = read_history(tmp_path)[200:]
-    assert (row["producer"], row["version"], row["state"]) == ("p0007", 3, "generating")
-    assert read_current(tmp_path)["p0007"]["counters"] == {"groups_sent": 2.0}
+    (row,) = RF.read_producer_history(tmp_path)[200:]
+    assert (row.producer, row.version, row.state) == ("p0007", 3, "generating")
+    assert RF.read_producers(tmp_path)["p0007"].counters == {"groups_sent": 2.0}
 
 
 def test_a_settled_step_appends_its_leases_and_leaves_ledger_json_to_housekeeping(server, tmp_path):
@@ -111,23 +113,19 @@ def test_a_settled_step_appends_its_leases_and_leaves_ledger_json_to_housekeepin
     got = [srv.next_group(timeout_s=10) for _ in grant.leases]
     assert all(g is not None for g in got)
     srv.flush_ledger()
-    ledger = tmp_path / "ledger.json"
+    ledger = tmp_path / RF.LEDGER
     before = ledger.stat().st_ino, ledger.read_text()
-    lines_before = (
-        (tmp_path / "leases.jsonl").read_text().splitlines()
-        if (tmp_path / "leases.jsonl").exists()
-        else []
-    )
+    lines_before = RF.read_leases(tmp_path)
     srv.settle_trained([g for g in got if g is not None], trained_step=0)
-    lines = (tmp_path / "leases.jsonl").read_text().splitlines()
+    lines = RF.read_leases(tmp_path)
     assert len(lines) == len(lines_before) + 4  # appended at once, whole lines
-    assert {json.loads(x)["state"] for x in lines[-4:]} == {"trained"}
-    assert srv.step_summary()["balance"]["trained"] == 4
+    assert {x.state for x in lines[-4:]} == {"trained"}
+    assert srv.step_summary().totals.trained == 4
     assert (ledger.stat().st_ino, ledger.read_text()) == before  # not rewritten by the step
     srv.flush_ledger()
-    written = json.loads(ledger.read_text())
-    assert written["balance"]["trained"] == 4
-    assert written["balance"]["ok"] == 1
+    written = RF.read_ledger(tmp_path)
+    assert written.balance.trained == 4
+    assert written.balance.ok
     push.close(linger=0)
 
 
@@ -138,14 +136,12 @@ def test_the_roster_writes_at_most_every_few_seconds_and_aggregates_states(tmp_p
     }
     roster = Roster(tmp_path, every_s=2.0)
     assert roster.maybe_write(views, now=100.0)
-    assert roster.summary == aggregate(views) == {
-        "producers_live": 1, "producers_by_state": {"gone": 1, "idle": 1},
-    }  # fmt: skip
+    assert roster.census == aggregate(views) == Census(1, {"gone": 1, "idle": 1})
     views["a"].loaded_version = 5
     assert not roster.maybe_write(views, now=101.9)
-    assert read_current(tmp_path)["a"]["version"] == 0
+    assert RF.read_producers(tmp_path)["a"].version == 0
     assert roster.maybe_write(views, now=102.0)
-    assert read_current(tmp_path)["a"]["version"] == 5
-    assert [(r["producer"], r["version"]) for r in read_history(tmp_path)] == [
+    assert RF.read_producers(tmp_path)["a"].version == 5
+    assert [(r.producer, r.version) for r in RF.read_producer_history(tmp_path)] == [
         ("a", 0), ("b", 0), ("a", 5),
     ]  # fmt: skip

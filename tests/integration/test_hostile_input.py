@@ -23,6 +23,7 @@ import zmq
 import zmq.auth
 from procs import cli, endpoint, stop, wait_for
 
+from common import run_files as RF
 from common import wire
 
 STEPS = 5
@@ -94,9 +95,9 @@ def intruder_socket(ctx, kind, address, key):
     return sock
 
 
-def ledger_of(run_dir):
-    path = run_dir / "ledger.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+def issued_to(run_dir, producer: str) -> int:
+    ledger = RF.latest_ledger(run_dir)
+    return ledger.count(producer, "issued") if ledger is not None else 0
 
 
 @pytest.mark.timeout(300)
@@ -118,7 +119,7 @@ def test_hostile_frames_on_both_sockets_are_counted_and_the_run_completes_with_h
     ctx = zmq.Context()
     try:
         ep = endpoint(run_dir, procs)
-        ports = json.loads((run_dir / "endpoints.json").read_text())
+        rollouts = RF.read_endpoints(run_dir / RF.ENDPOINTS).rollouts
         # p1 takes the first leases and sits on them (a stall) while the intruder works
         procs.append(cli(
             "producer", "--connect", ep, "--engine", "fake", "--id", "p1", "--keys", str(keys),
@@ -126,10 +127,8 @@ def test_hostile_frames_on_both_sockets_are_counted_and_the_run_completes_with_h
             "--set", "producer.stall_after_s=0.01", "--set", "producer.stall_s=12",
             log=tmp_path / "p1.log",
         ))  # fmt: skip
-        wait_for(
-            lambda: ledger_of(run_dir).get("by_producer", {}).get("p1", {}).get("issued", 0)
-            == HONEST_LEASES, timeout_s=60, what="p1 to hold its leases", procs=procs,
-        )  # fmt: skip
+        wait_for(lambda: issued_to(run_dir, "p1") == HONEST_LEASES, timeout_s=60,
+                 what="p1 to hold its leases", procs=procs)  # fmt: skip
         control = intruder_socket(ctx, zmq.DEALER, ep, key)
 
         def ask(payload: bytes) -> wire.Message:
@@ -158,7 +157,7 @@ def test_hostile_frames_on_both_sockets_are_counted_and_the_run_completes_with_h
         welcome = ask(wire.encode(wire.Register(6, "intruder", "h", 1, "fake", -1)))
         assert isinstance(welcome, wire.Welcome)
 
-        push = intruder_socket(ctx, zmq.PUSH, ports["rollouts"], key)
+        push = intruder_socket(ctx, zmq.PUSH, rollouts, key)
         for payloads in GARBAGE.values():
             for data in payloads:
                 push.send(data)
@@ -178,7 +177,7 @@ def test_hostile_frames_on_both_sockets_are_counted_and_the_run_completes_with_h
         )
         for i in range(100):  # leases nobody issued: acked to the intruder as expired
             push.send(wire.encode(_group(lease_id=10**6 + i)))
-        big = intruder_socket(ctx, zmq.PUSH, ports["rollouts"], key)
+        big = intruder_socket(ctx, zmq.PUSH, rollouts, key)
         big.send(b"\x00" * (2 << 20))  # over ZMQ_MAXMSGSIZE: libzmq drops it and the peer
         procs.append(cli(
             "producer", "--connect", ep, "--engine", "fake", "--id", "p2", "--keys", str(keys),
@@ -190,8 +189,8 @@ def test_hostile_frames_on_both_sockets_are_counted_and_the_run_completes_with_h
     finally:
         stop(*procs)
         ctx.term()
-    ledger = ledger_of(run_dir)
-    counters = ledger["counters"]
+    ledger = RF.read_ledger(run_dir)
+    counters = ledger.counters
     expected = {f"rejected.{r}": len(v) for r, v in GARBAGE.items()}
     expected["rejected.multipart"] = 1
     expected["rejected.wrong_producer"] = HONEST_LEASES
@@ -203,12 +202,12 @@ def test_hostile_frames_on_both_sockets_are_counted_and_the_run_completes_with_h
     expected["groups_unknown"] = 100
     assert {k: counters.get(k, 0) for k in expected} == expected
     assert not any(k.startswith("internal_error") for k in counters), counters
-    balance = ledger["balance"]
-    assert balance["ok"] == 1
-    assert balance["trained"] == STEPS * P
-    assert balance["rejected_invalid"] == 0  # the garbage in p1's name did not end its lease
-    assert set(ledger["by_producer"]) <= {"p1", "p2"}  # the intruder was credited nothing
-    assert ledger["by_producer"]["p1"]["trained"] >= 1
+    balance = ledger.balance
+    assert balance.ok
+    assert balance.trained == STEPS * P
+    assert balance.rejected_invalid == 0  # the garbage in p1's name did not end its lease
+    assert set(ledger.by_producer) <= {"p1", "p2"}  # the intruder was credited nothing
+    assert ledger.count("p1", "trained") >= 1
     log_text = (tmp_path / "consumer.log").read_text()
     assert log_text.count("rejected a group message: not_msgpack") == 1  # rate-limited
 
@@ -275,6 +274,6 @@ def test_curve_keys_admit_producers_with_keys_and_shut_out_those_without(tmp_pat
         )
     finally:
         stop(*procs)
-    ledger = json.loads((run_dir / "ledger.json").read_text())
-    assert ledger["balance"]["trained"] == 6
-    assert ledger["counters"]["rejected.unknown_key"] >= 1  # the stranger's refused handshakes
+    ledger = RF.read_ledger(run_dir)
+    assert ledger.balance.trained == 6
+    assert ledger.counters["rejected.unknown_key"] >= 1  # the stranger's refused handshakes

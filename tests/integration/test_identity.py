@@ -131,12 +131,12 @@ def test_a_producer_cannot_speak_for_another_or_take_its_leases(keyed, tmp_path)
     assert srv.next_group(timeout_s=0.2) is None  # nothing forged reached the trainer
     srv.settle_trained(got, trained_step=0)
     ledger = srv.balance()
-    assert (ledger["trained"], ledger["rejected_invalid"], ledger["ok"]) == (2, 0, 1)
+    assert (ledger.trained, ledger.rejected_invalid, ledger.ok) == (2, 0, True)
     counters = srv.view()["counters"]
     assert counters["control_rejected.wrong_key"] == 4
     assert (counters["rejected.wrong_key"], counters["rejected.wrong_producer"]) == (1, 1)
     state = srv.checkpoint_state(logs=())
-    assert state["identities"]["keys"] == {
+    assert state.identities["keys"] == {
         "a": keys["a"].public.decode(),
         "b": keys["b"].public.decode(),
     }

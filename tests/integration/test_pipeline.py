@@ -16,6 +16,9 @@ import pytest
 from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, read_jsonl, stop
 
+from common import run_files as RF
+from common.wire import OUTCOMES
+
 STEPS = 20
 MAX_STALENESS = 2
 
@@ -72,35 +75,35 @@ def test_two_fake_producers_feed_a_real_learner_within_the_staleness_bound(
     assert code == 0, (tmp_path / "consumer.log").read_text()[-3000:]
     assert producer_codes == [0, 0]
 
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / RF.METRICS)
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     snapshots = sorted(p.name for p in (run_dir / "snapshots").iterdir())
     assert snapshots[-1] == f"v{STEPS:06d}"
 
-    leases = read_jsonl(run_dir / "leases.jsonl")
-    trained = [r for r in leases if r["state"] == "trained"]
+    leases = RF.read_leases(run_dir)
+    trained = [r for r in leases if r.state == "trained"]
     assert len(trained) == STEPS * 4
     # producers reloaded snapshots: groups were sampled with many different versions
-    behavior_versions = {r["behavior_version"] for r in trained}
+    behavior_versions = {r.behavior_version for r in trained}
     assert max(behavior_versions) >= STEPS - MAX_STALENESS - 1
     assert len(behavior_versions) >= STEPS // 2
     # the bound holds in every trained group
-    assert all(0 <= r["trained_step"] - r["behavior_version"] <= MAX_STALENESS for r in trained)
+    assert all(0 <= r.staleness <= MAX_STALENESS for r in trained)
     # every lease ends exactly once, and nothing is trained twice
-    ids = [r["lease_id"] for r in leases]
+    ids = [r.lease_id for r in leases]
     assert len(ids) == len(set(ids))
-    ledger = json.loads((run_dir / "ledger.json").read_text())
-    balance = ledger["balance"]
-    assert balance["ok"] == 1
-    assert balance["open"] == 0
-    assert balance["issued"] == len(leases)
-    assert balance["trained"] == len(trained)
-    assert Counter(r["state"] for r in leases) == Counter(
-        {k: v for k, v in balance.items() if k not in ("issued", "open", "ok") and v}
+    ledger = RF.read_ledger(run_dir)
+    balance = ledger.balance
+    assert balance.ok
+    assert balance.open == 0
+    assert balance.issued == len(leases)
+    assert balance.trained == len(trained)
+    assert Counter(r.state for r in leases) == Counter(
+        {o: balance.final(o) for o in OUTCOMES if balance.final(o)}
     )
     # both producers contributed, and each one's leases balance
-    assert set(ledger["by_producer"]) == {"p1", "p2"}
-    assert all(c.get("trained", 0) > 0 for c in ledger["by_producer"].values())
+    assert set(ledger.by_producer) == {"p1", "p2"}
+    assert all(ledger.count(p, "trained") > 0 for p in ledger.by_producer)
     assert_run_balanced(run_dir)
 
 
@@ -130,7 +133,7 @@ def test_hf_producer_logprobs_equal_the_learners_after_every_reload(tmp_path, ti
         producer.wait(60)
     finally:
         stop(consumer, producer)
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / RF.METRICS)
     assert len(metrics) == 6
     for m in metrics:
         assert m["staleness_max"] == 0
@@ -176,7 +179,7 @@ def test_a_synchronous_run_repeats_exactly_with_its_seed(tmp_path, tiny_model_di
     on which leases a producer holds together, so they (and the weights) agree to float rounding.
     """
     runs = [synchronous_hf_run(tmp_path, tiny_model_dir, name) for name in ("a", "b")]
-    metrics = [read_jsonl(run / "metrics.jsonl") for run in runs]
+    metrics = [read_jsonl(run / RF.METRICS) for run in runs]
     keys = ("reward_mean", "reward_std", "num_completion_tokens")
     assert [[m[k] for k in keys] for m in metrics[0]] == [[m[k] for k in keys] for m in metrics[1]]
     for m0, m1 in zip(*metrics, strict=True):
@@ -186,5 +189,5 @@ def test_a_synchronous_run_repeats_exactly_with_its_seed(tmp_path, tiny_model_di
 
     final = [load_file(run / "snapshots" / "v000004" / "model.safetensors") for run in runs]
     assert max(float((final[0][k] - final[1][k]).abs().max()) for k in final[0]) < 1e-5
-    producers = [json.loads((run / "ledger.json").read_text())["by_producer"] for run in runs]
+    producers = [RF.read_ledger(run).by_producer for run in runs]
     assert all(set(p) == {"p1", "p2"} for p in producers)

@@ -9,7 +9,6 @@ surfacing on the caller's thread (the data socket's chunks: test_dataplane.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import zmq
 import zmq.asyncio
 
 from common import config as C
+from common import run_files as RF
 from common import wire
 from consumer.server.prompts import make_source
 from consumer.server.server import Server, run_spec
@@ -87,8 +87,8 @@ def test_a_lease_goes_from_grant_to_trained_and_the_ledger_balances(server, tmp_
     assert got is not None
     assert got.lease_id == first.lease_id
     srv.settle_trained([got], trained_step=0)
-    assert srv.balance()["trained"] == 1
-    assert (tmp_path / "ledger.json").exists()
+    assert srv.balance().trained == 1
+    assert (tmp_path / RF.LEDGER).exists()
 
     srv.announce_snapshot(wire.SnapshotInfo(1, 1, "01", str(tmp_path / "none")))
     grant = _request(control, wire.LeaseRequest(4, "p", 4, 0))
@@ -106,10 +106,10 @@ def test_a_lease_goes_from_grant_to_trained_and_the_ledger_balances(server, tmp_
     assert srv.all_told_finished()
     srv.expire_open("shutdown")
     balance = srv.balance()
-    assert balance["ok"] == 1
-    assert balance["dropped_zero_variance"] == 1
-    state = srv.checkpoint_state(logs=("leases.jsonl",))
-    assert state["logs"]["leases.jsonl"] == (tmp_path / "leases.jsonl").stat().st_size > 0
+    assert balance.ok
+    assert balance.dropped_zero_variance == 1
+    state = srv.checkpoint_state(logs=(RF.LEASES,))
+    assert state.log_sizes[RF.LEASES] == (tmp_path / RF.LEASES).stat().st_size > 0
     control.close(linger=0)
     push.close(linger=0)
 
@@ -257,11 +257,9 @@ def test_leases_a_producer_drops_at_the_end_of_the_run_end_as_shutdown(server, t
     srv.stop_granting()  # the producer hears it and leaves without running its lease
     assert _request(a, wire.Goodbye(3, "a", ())).status.finished
     srv.flush_ledger()
-    (record,) = [json.loads(x) for x in (tmp_path / "leases.jsonl").read_text().splitlines()]
-    assert (record["lease_id"], record["state"], record["reason"]) == (
-        lease.lease_id, "expired", "shutdown",
-    )  # fmt: skip
-    assert srv.balance()["ok"] == 1
+    (record,) = RF.read_leases(tmp_path)
+    assert (record.lease_id, record.state, record.reason) == (lease.lease_id, "expired", "shutdown")
+    assert srv.balance().ok
     a.close(linger=0)
 
 

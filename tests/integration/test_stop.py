@@ -4,7 +4,6 @@ with exit 0, a balanced ledger and a checkpoint; a second SIGINT ends it too."""
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 
@@ -12,12 +11,12 @@ import pytest
 from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, stop, wait_for
 
+from common import run_files as RF
+
 
 def _dropped(run_dir: Path) -> int:
-    path = run_dir / "ledger.json"
-    if not path.exists():
-        return 0
-    return int(json.loads(path.read_text())["balance"].get("dropped_zero_variance", 0))
+    ledger = RF.latest_ledger(run_dir)
+    return ledger.balance.dropped_zero_variance if ledger is not None else 0
 
 
 def _log(tmp_path: Path) -> str:
@@ -69,6 +68,6 @@ def test_a_stop_request_ends_a_run_whose_every_group_is_dropped(tmp_path, signal
     if signals == 2:
         assert "not waiting for producers" in log
     ledger = assert_run_balanced(run_dir)
-    assert ledger["balance"]["trained"] == 0
-    assert ledger["balance"]["dropped_zero_variance"] >= 20
+    assert ledger.balance.trained == 0
+    assert ledger.balance.dropped_zero_variance >= 20
     assert (run_dir / "checkpoints" / "LATEST").exists()

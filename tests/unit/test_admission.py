@@ -36,12 +36,12 @@ def test_the_queue_never_exceeds_its_bytes_and_the_held_go_first_when_room_comes
     assert adm.offer(group(lease_id=4), 10, now=4.0)
     assert adm.queued_bytes == 210
     summary = adm.summary()
-    assert summary["queued_bytes_peak"] == 210
-    assert summary["queued_bytes_peak"] <= 250
-    assert summary["holds"] == 3
-    assert summary["groups_held"] == 1  # lease 5
-    assert summary["hold_s_max"] == pytest.approx(3.0)  # lease 3: told at 1.0, admitted at 4.0
-    assert summary["hold_s_mean"] == pytest.approx(2.5)
+    assert summary.queued_bytes_peak == 210
+    assert summary.queued_bytes_peak <= 250
+    assert summary.holds == 3
+    assert summary.groups_held == 1  # lease 5
+    assert summary.hold_s_max == pytest.approx(3.0)  # lease 3: told at 1.0, admitted at 4.0
+    assert summary.hold_s_mean == pytest.approx(2.5)
 
 
 def test_the_count_bound_holds_too_and_an_ended_lease_gives_its_room_back():
@@ -53,7 +53,7 @@ def test_the_count_bound_holds_too_and_an_ended_lease_gives_its_room_back():
     assert not adm.offer(group(lease_id=3), 10, now=0.0)  # the room is lease 2's
     adm.prune(open_leases={3})  # lease 2 expired with its producer
     assert adm.release() == [("p0", 3)]
-    assert adm.summary()["groups_held"] == 1  # 3, reserved
+    assert adm.summary().groups_held == 1  # 3, reserved
 
 
 def test_a_released_group_that_grew_waits_again_at_the_head():

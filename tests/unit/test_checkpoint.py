@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common import run_files as RF
 from consumer.train import checkpoint
 
 
@@ -47,7 +48,7 @@ def make_trainer(seed: int) -> TinyTrainer:
 
 
 def save(run_dir: Path, version: int, seed: int) -> None:
-    book = {"incarnation": 0, "logs": {}, "version_was": version}
+    book = RF.BookState(book={"incarnation": 0, "version_was": version})
     checkpoint.save(run_dir, trainer=make_trainer(seed), version=version, book_state=book)
 
 

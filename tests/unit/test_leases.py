@@ -135,7 +135,7 @@ def test_a_finalized_lease_is_acked_once_and_a_redelivery_is_a_duplicate_acked_a
     assert book.take_acks("a") == ()
     assert book.receive(rec.lease_id, "a") == "duplicate"
     assert book.take_acks("a") == (Ack(rec.lease_id, "trained"),)
-    assert book.balance()["trained"] == 1
+    assert book.balance().trained == 1
 
 
 def test_a_group_for_an_expired_lease_is_late_and_acked_as_expired():
@@ -145,7 +145,7 @@ def test_a_group_for_an_expired_lease_is_late_and_acked_as_expired():
     assert book.take_acks("a") == ()  # nothing was delivered: nothing to acknowledge yet
     assert book.receive(rec.lease_id, "a") == "late"
     assert book.take_acks("a") == (Ack(rec.lease_id, "expired"),)
-    assert book.balance()["expired"] == 1
+    assert book.balance().expired == 1
 
 
 def test_a_group_for_an_unknown_lease_is_acked_as_expired():
@@ -217,11 +217,11 @@ def test_balance_is_not_ok_when_one_producers_counts_are_off(producer, key, delt
     b = grant(book, 2, producer="b")
     deliver(book, a[0])
     book.finalize(b[0].lease_id, "expired")
-    assert book.balance()["ok"] == 1
+    assert book.balance().ok
     book.by_producer[producer][key] += delta
     other = "b" if producer == "a" else "a"
     book.by_producer[other][key] -= delta  # the totals still agree: only per producer is off
-    assert book.balance()["ok"] == 0
+    assert not book.balance().ok
 
 
 def test_per_producer_counts_follow_the_grants_and_outcomes():
@@ -238,7 +238,7 @@ def test_per_producer_counts_follow_the_grants_and_outcomes():
         "b": {"issued": 3, "dropped_zero_variance": 1, "rejected_invalid": 1},
     }
     assert_book_balanced(book)
-    assert book.balance()["open"] == 1
+    assert book.balance().open == 1
 
 
 def test_a_lease_cannot_be_finalized_twice():
@@ -247,8 +247,8 @@ def test_a_lease_cannot_be_finalized_twice():
     deliver(book, rec)
     with pytest.raises(KeyError):
         book.finalize(rec.lease_id, "dropped_stale")
-    assert book.balance()["trained"] == 1
-    assert book.balance()["dropped_stale"] == 0
+    assert book.balance().trained == 1
+    assert book.balance().dropped_stale == 0
 
 
 def test_a_rejected_group_ends_its_issued_lease_and_is_acked():
@@ -332,11 +332,11 @@ def test_expire_all_ends_every_open_lease_and_requeues_its_prompt():
     leases = grant(book)
     assert book.receive(leases[0].lease_id, "a") == "accept"
     book.expire_all("shutdown")
-    assert {r["reason"] for r in book.take_finished()} == {"shutdown"}
+    assert {r.reason for r in book.take_finished()} == {"shutdown"}
     assert book.open == {}
-    assert book.balance() == {"issued": len(leases), "trained": 0, "dropped_stale": 0,
-                              "dropped_zero_variance": 0, "rejected_invalid": 0,
-                              "expired": len(leases), "open": 0, "ok": 1}  # fmt: skip
+    assert book.balance().to_json() == {"issued": len(leases), "trained": 0, "dropped_stale": 0,
+                                        "dropped_zero_variance": 0, "rejected_invalid": 0,
+                                        "expired": len(leases), "open": 0, "ok": 1}  # fmt: skip
     assert [r.prompt_index for r in grant(book, len(leases))] == [r.prompt_index for r in leases]
 
 
@@ -346,11 +346,11 @@ def test_take_finished_returns_each_final_record_once():
     deliver(book, leases[0])
     book.finalize(leases[1].lease_id, "expired", reason="timeout")
     rows = book.take_finished()
-    assert [(r["lease_id"], r["state"]) for r in rows] == [
+    assert [(r.lease_id, r.state) for r in rows] == [
         (leases[0].lease_id, "trained"),
         (leases[1].lease_id, "expired"),
     ]
-    assert rows[1]["reason"] == "timeout"
+    assert rows[1].reason == "timeout"
     assert book.take_finished() == []
 
 
@@ -363,18 +363,18 @@ def test_a_record_never_trained_carries_trained_step_minus_one():
     book.finalize(stale.lease_id, "dropped_stale", behavior_version=0, num_tokens=5)
     book.finalize(expired.lease_id, "expired", reason="timeout")
     book.finalize(rejected.lease_id, "rejected_invalid", reason="bad_logprob")
-    rows = {r["state"]: r for r in book.take_finished()}
-    assert rows["trained"] == {
-        "lease_id": trained.lease_id, "prompt_index": trained.prompt_index, "step": 0,
-        "min_version": 0, "producer_id": "a", "issued_at": 2.5, "state": "trained",
-        "behavior_version": 2, "trained_step": 3, "num_tokens": 9, "reason": "",
-    }  # fmt: skip
+    rows = {r.state: r for r in book.take_finished()}
+    assert list(rows["trained"].to_json().items()) == [  # a line of leases.jsonl, key order too
+        ("lease_id", trained.lease_id), ("prompt_index", trained.prompt_index), ("step", 0),
+        ("min_version", 0), ("producer_id", "a"), ("issued_at", 2.5), ("state", "trained"),
+        ("behavior_version", 2), ("trained_step", 3), ("num_tokens", 9), ("reason", ""),
+    ]  # fmt: skip
     for state in ("dropped_stale", "expired", "rejected_invalid"):
-        assert rows[state]["trained_step"] == -1, state
+        assert rows[state].trained_step == -1, state
     stale, expired = rows["dropped_stale"], rows["expired"]
-    assert (stale["behavior_version"], stale["num_tokens"]) == (0, 5)
-    assert (expired["behavior_version"], expired["num_tokens"]) == (-1, 0)
-    assert (rows["expired"]["reason"], rows["rejected_invalid"]["reason"]) == (
+    assert (stale.behavior_version, stale.num_tokens) == (0, 5)
+    assert (expired.behavior_version, expired.num_tokens) == (-1, 0)
+    assert (rows["expired"].reason, rows["rejected_invalid"].reason) == (
         "timeout",
         "bad_logprob",
     )
@@ -458,12 +458,12 @@ def test_random_operations_keep_the_balance_and_never_finalize_twice(ops, k, pps
             book.take_acks(producers[n % 3])
 
         balance = book.balance()
-        assert balance["ok"] == 1
-        assert balance["issued"] == len(issued)
+        assert balance.ok
+        assert balance.issued == len(issued)
         assert len(finalized) == len(set(finalized))  # never finalized twice
         assert set(book.open).isdisjoint(book.final_states)
         assert set(book.open) | set(book.final_states) == set(issued)
-        assert sum(balance[o] for o in OUTCOMES) == len(book.final_states)
+        assert sum(balance.final(o) for o in OUTCOMES) == len(book.final_states)
         assert len(book.open) <= (k + 1) * ppstep
         assert {p: c["issued"] for p, c in book.by_producer.items() if c["issued"]} == +issued_by
         assert_book_balanced(book)
@@ -491,7 +491,7 @@ def test_resume_restores_the_ledger_as_the_next_incarnation():
     restored.load_state_dict(state, now=500.0)
     assert restored.incarnation == book.incarnation + 1
     assert restored.balance() == book.balance()
-    assert restored.balance()["ok"] == 1
+    assert restored.balance().ok
     assert restored.final_states == book.final_states
     assert {p: dict(c) for p, c in restored.by_producer.items()} == {
         p: dict(c) for p, c in book.by_producer.items()
@@ -530,7 +530,7 @@ def test_a_checkpoint_whose_leases_moved_between_producers_still_balances():
     state["by_producer"]["b"] = {"taken_over": 1, "trained": 1}
     restored = make_book(max_staleness=2)
     restored.load_state_dict(state, now=0.0)
-    assert restored.balance()["ok"] == 1
+    assert restored.balance().ok
     assert_book_balanced(restored)
 
 

@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from common import config as C
+from common import run_files as RF
 from common.errors import ConfigError
 from launch.cli import app
 from launch.run_dir import claim, previous_run
@@ -14,7 +15,7 @@ from launch.run_dir import claim, previous_run
 
 def _used(run_dir):
     (run_dir / "snapshots" / "v000000").mkdir(parents=True)
-    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run_dir / RF.METRICS).write_text('{"step": 1}\n')
     (run_dir / "consumer.log").write_text("old\n")
     (run_dir / "config.toml").write_text("")
     (run_dir / "notes.txt").write_text("mine\n")
@@ -38,9 +39,9 @@ def test_a_directory_holding_a_run_is_refused_naming_both_ways_out(tmp_path):
     assert "already holds a run (metrics.jsonl, snapshots)" in msg
     assert "--resume" in msg
     assert "--force" in msg
-    assert (run_dir / "metrics.jsonl").exists()  # nothing touched
+    assert (run_dir / RF.METRICS).exists()  # nothing touched
     claim(run_dir, resume=True, force=False)  # --resume continues it, untouched
-    assert (run_dir / "metrics.jsonl").exists()
+    assert (run_dir / RF.METRICS).exists()
 
 
 def test_force_removes_the_previous_runs_files_and_nothing_else(tmp_path):
@@ -75,7 +76,7 @@ def test_a_prepared_consumer_takes_the_run_as_the_launcher_wrote_it(tmp_path, mo
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "metrics.jsonl").write_text("")  # a second claim would call this another run
+    (run_dir / RF.METRICS).write_text("")  # a second claim would call this another run
     cfg = C.override(
         C.Config(), {"run.dir": run_dir, "model.path": str(tmp_path / "nowhere"), "run.steps": 3}
     )

@@ -3,6 +3,7 @@ versions, and `final.json` (not the highest number on disk) names the version a 
 
 from __future__ import annotations
 
+from common import run_files as RF
 from common import snapshot as snap
 
 
@@ -28,5 +29,5 @@ def test_final_json_names_the_version_a_run_ended_with(tmp_path):
     snap.write_final(tmp_path, 596)
     assert snap.final_version(tmp_path) == 596
     assert not (tmp_path / "final.json.tmp").exists()
-    (tmp_path / snap.FINAL_FILE).write_text("{not json")
+    (tmp_path / RF.FINAL).write_text("{not json")
     assert snap.final_version(tmp_path) is None

@@ -9,7 +9,7 @@ import logging
 from typer.testing import CliRunner
 
 from common import metrics as M
-from consumer.server.roster import latest_views
+from common import run_files as RF
 from launch.cli import app
 from launch.dashboard import MetricsTail, Progress, render, reward_failures, status, summary_line
 from launch.report import summarize
@@ -31,21 +31,22 @@ RECORD = {
 def _run_dir(tmp_path, records=(RECORD,)):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "config.toml").write_text("[run]\nsteps = 50\n")
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    ledger = {"balance": {"issued": 20, "trained": 12, "dropped_stale": 1, "open": 4, "ok": 1},
-              "counters": {"rejected.wrong_key": 3, "messages": 40}}  # fmt: skip
-    (run_dir / "ledger.json").write_text(json.dumps(ledger))
+    (run_dir / RF.CONFIG).write_text("[run]\nsteps = 50\n")
+    (run_dir / RF.METRICS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    balance = RF.Balance(issued=20, trained=12, dropped_stale=1, open=4, ok=True)
+    RF.write_ledger(run_dir, RF.Ledger(
+        balance=balance, counters={"rejected.wrong_key": 3, "messages": 40},
+    ))  # fmt: skip
     return run_dir
 
 
 def test_reward_failures_are_summed_over_producers_and_shown_in_the_progress_line(tmp_path):
     rec = M.StepRecord.from_json(RECORD)  # a run older than producers.json: from its line
-    views = latest_views(tmp_path, rec)
+    views = RF.latest_producers(tmp_path, rec)
     assert reward_failures(views) == (7, 1)
     assert summary_line(rec, 50, 12.0, views=views).endswith("reward errors 7 timeouts 1")
     quiet = M.StepRecord.from_json({**RECORD, "producer_counters": {"p1": {}}})
-    line = summary_line(quiet, 50, 1.0, views=latest_views(tmp_path, quiet))
+    line = summary_line(quiet, 50, 1.0, views=RF.latest_producers(tmp_path, quiet))
     assert "reward" not in line.split("reward 0.250")[1]
 
 
@@ -53,11 +54,11 @@ def test_a_run_with_producers_json_is_read_from_it_not_from_its_metrics_lines(tm
     """A metrics line holds aggregates only; each producer's view is in producers.json."""
     new = {k: v for k, v in RECORD.items() if k not in ("producers", "producer_counters")}
     run_dir = _run_dir(tmp_path, [{**new, "producers_live": 1, "producers_by_state": {"idle": 1}}])
-    view = {"host": "h", "pid": 1, "engine": "fake", "version": 4, "state": "generating",
-            "num_in_flight": 2, "counters": {"reward_errors": 3, "groups_sent": 11}}  # fmt: skip
-    (run_dir / "producers.json").write_text(
-        json.dumps({"unix_time": 1.0, "producers": {"q": view}})
-    )
+    view = RF.ProducerStatus(
+        host="h", pid=1, engine="fake", version=4, state="generating", num_in_flight=2,
+        counters={"reward_errors": 3, "groups_sent": 11},
+    )  # fmt: skip
+    RF.write_producers(run_dir, RF.ProducersFile(unix_time=1.0, producers={"q": view}))
     text = status(run_dir)
     assert "producer q: weights v4 generating, groups sent 11, reward errors 3 timeouts 0" in text
     assert "producer p1" not in text
@@ -65,14 +66,14 @@ def test_a_run_with_producers_json_is_read_from_it_not_from_its_metrics_lines(tm
 
 
 def test_before_the_first_step_the_line_says_what_the_ledger_saw():
-    line = summary_line(None, 50, 3.0, {"issued": 8, "dropped_zero_variance": 6, "ok": 1})
+    line = summary_line(None, 50, 3.0, RF.Balance(issued=8, dropped_zero_variance=6, ok=True))
     assert line.endswith("waiting for the first step… ledger dropped_zero_variance 6 issued 8")
 
 
 def test_the_dashboard_shows_reward_failures(tmp_path):
     from rich.console import Console
 
-    tail = MetricsTail(_run_dir(tmp_path) / "metrics.jsonl")
+    tail = MetricsTail(_run_dir(tmp_path) / RF.METRICS)
     tail.poll()
     console = Console(record=True, width=120)
     console.print(render(tail, steps=50, elapsed_s=3.0, restarts={}))

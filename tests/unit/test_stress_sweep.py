@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from common import config as C
+from common import run_files as RF
 from common.errors import ConfigError
 from launch.placement import plan
 from launch.stress.plan import Setting, Sweep, settings
@@ -98,7 +99,7 @@ class FakeRunner:
         self.calls.append((setting.name, t_sync))
         assert run_dir.is_dir()
         assert not any(run_dir.iterdir()), "a fresh run directory"
-        (run_dir / "metrics.jsonl").write_text("")
+        (run_dir / RF.METRICS).write_text("")
         if setting.name == self.interrupt:
             stop.set()
             return None
@@ -134,7 +135,7 @@ def test_ctrl_c_keeps_finished_settings_and_resume_runs_only_the_rest(tmp_path):
     assert interrupted
     assert [r["setting"] for r in rows] == ["ms0-p2-off-s0", "ms1-p2-off-s0"]
     assert not (tmp_path / "runs" / "ms2-p2-off-s0" / "result.json").exists()
-    kept = (tmp_path / "runs" / "ms0-p2-off-s0" / "metrics.jsonl").stat().st_mtime_ns
+    kept = (tmp_path / "runs" / "ms0-p2-off-s0" / RF.METRICS).stat().st_mtime_ns
 
     second = FakeRunner()
     rows, interrupted = run_all(tmp_path, todo, second, resume=True)
@@ -142,7 +143,7 @@ def test_ctrl_c_keeps_finished_settings_and_resume_runs_only_the_rest(tmp_path):
     # the finished one is skipped; the failed and the interrupted ones start again from scratch
     assert second.calls == [("ms1-p2-off-s0", 10.0), ("ms2-p2-off-s0", 10.0)]
     assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
-    assert (tmp_path / "runs" / "ms0-p2-off-s0" / "metrics.jsonl").stat().st_mtime_ns == kept
+    assert (tmp_path / "runs" / "ms0-p2-off-s0" / RF.METRICS).stat().st_mtime_ns == kept
 
 
 def test_a_sweep_directory_is_resumed_only_by_the_same_sweep(tmp_path):
