@@ -5,7 +5,7 @@
   float32, completions on 1 and `max_completion_tokens` tokens, prompts on 1 and
   `max_prompt_tokens`; per-token versions sometimes present.
 - `messages(limits)`: a message of any kind, its fields drawn from its type hints (groups from
-  `groups`).
+  `groups`, leases from `leases`: a prompt as text or as chat messages, columns a JSON object).
 - `omitting_optional(msg)`: the bytes of `msg` as an older peer sends them, with any subset of
   the fields that have defaults left out (nested ones too), and the message they must decode to.
 """
@@ -99,6 +99,8 @@ def _of_type(tp: Any) -> st.SearchStrategy[Any]:
         return st.lists(_of_type(typing.get_args(tp)[0]), max_size=3).map(tuple)
     if origin is dict:
         return st.dictionaries(st.text(max_size=6), st.floats(allow_nan=False), max_size=3)
+    if tp is wire.Lease:
+        return leases()
     if dataclasses.is_dataclass(tp):
         fields = {f.name for f in dataclasses.fields(tp)}  # not the ClassVar KIND
         return st.builds(tp, **{k: _of_type(v) for k, v in _hints(tp).items() if k in fields})
@@ -110,6 +112,25 @@ def _of_type(tp: Any) -> st.SearchStrategy[Any]:
         bytes: st.binary(max_size=16),
         bool: st.booleans(),
     }[tp]
+
+
+@st.composite
+def leases(draw: st.DrawFn) -> wire.Lease:
+    """A lease the decoder accepts: a prompt as text or as chat messages (one of them), its
+    columns "" or a JSON object's text."""
+    chat = draw(st.booleans())
+    turns = st.builds(wire.ChatTurn, st.text(min_size=1, max_size=6), st.text(max_size=8))
+    columns = st.sampled_from(["", "{}", '{"unit": "cm", "n": [1, 2]}']) | st.text(max_size=8).map(
+        lambda t: "{" + t + "}"
+    )
+    return wire.Lease(
+        lease_id=draw(_of_type(int)), prompt_index=draw(_of_type(int)),
+        step=draw(_of_type(int)), min_version=draw(_of_type(int)),
+        prompt="" if chat else draw(st.text(min_size=1, max_size=8)),
+        answer=draw(st.text(max_size=8)),
+        messages=tuple(draw(st.lists(turns, min_size=1, max_size=3))) if chat else (),
+        columns=draw(columns),
+    )  # fmt: skip
 
 
 def messages(limits: wire.Limits) -> st.SearchStrategy[Any]:

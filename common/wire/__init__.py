@@ -1,4 +1,4 @@
-"""Wire schema v2: the only package that knows the bytes.
+"""Wire schema v3: the only package that knows the bytes.
 
 - messages.py: every message kind as a frozen dataclass (the table of kinds, sockets and fields),
   `SCHEMA_VERSION`, the finish reasons, the lease outcomes and the backpressure acks;
@@ -18,6 +18,7 @@ from common.wire.codec import (
     ALLOC_FACTOR,
     Limits,
     check_group,
+    check_lease,
     decode,
     decode_reply,
     encode,
@@ -32,6 +33,7 @@ from common.wire.messages import (
     Ack,
     Announce,
     BadSource,
+    ChatTurn,
     Chunk,
     ChunkHead,
     FetchDone,
@@ -67,6 +69,7 @@ __all__ = [
     "Ack",
     "Announce",
     "BadSource",
+    "ChatTurn",
     "Chunk",
     "ChunkHead",
     "FetchDone",
@@ -92,6 +95,7 @@ __all__ = [
     "Welcome",
     "WireError",
     "check_group",
+    "check_lease",
     "decode",
     "decode_reply",
     "encode",

@@ -1,4 +1,4 @@
-"""Wire schema v2, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
+"""Wire schema v3, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
 
 Conventions and invariants:
 - Arrays (`Group.ARRAYS`) are encoded as the raw little-endian bytes of their fixed dtype;
@@ -21,6 +21,10 @@ Conventions and invariants:
 - A `Group` is checked against the run (`Limits`): G completions, lengths that agree
   (sum(completion_lens) == len(completion_ids) == len(behavior_logp)), token ids in [0, vocab),
   log-probs finite and <= 0, rewards finite, the run's sampling temperature.
+- A `LeaseGrant`'s leases are checked for their shape (`check_lease`): a prompt as text or as
+  chat messages, not both; columns "" or a JSON object's text. The columns stay text here: a
+  JSON value can cost tens of times its size in Python objects, so only the producer's reward
+  workers parse it (producer/reward_worker.py), where a failure is a counted reward error.
 - A chunk reply is two ZeroMQ frames (`encode_chunk` / `decode_reply`): a `chunk_head` message
   (decoded like any other, bounded) and the chunk's bytes, raw, so neither side copies them into
   or out of a msgpack map; `num_bytes` must equal the second frame's length. Any other reply on
@@ -46,6 +50,8 @@ from common.wire.messages import (
     Chunk,
     ChunkHead,
     Group,
+    Lease,
+    LeaseGrant,
     Message,
 )
 
@@ -168,6 +174,9 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
         msg = mp.build(r, cls, entries, cls.__name__)
         if isinstance(msg, Group):
             check_group(msg, limits)
+        elif isinstance(msg, LeaseGrant):
+            for lease in msg.leases:
+                check_lease(lease)
     except WireError as exc:
         if cls is Group:
             exc.lease_id, exc.producer_id = _group_ids(r, entries)
@@ -193,6 +202,19 @@ def _group_ids(r: mp.Reader, entries: dict[str, int]) -> tuple[int | None, str |
         return mp.read_of(int)(r, lease, "")[0], mp.read_of(str)(r, producer, "")[0]
     except WireError:
         return None, None
+
+
+def check_lease(lease: Lease) -> None:
+    """The shape of a granted lease (also run by `decode`): its prompt is text or chat
+    messages, exactly one of them, each message with a role; its columns "" or a JSON object's
+    text (read by the producer's reward workers, which parse it). Raises `WireError`."""
+    if bool(lease.prompt) == bool(lease.messages):
+        raise WireError("bad_value", "a lease holds a prompt text or chat messages, one of them")
+    if any(not turn.role for turn in lease.messages):
+        raise WireError("bad_value", "a chat message without a role")
+    columns = lease.columns
+    if columns and not (columns.startswith("{") and columns.endswith("}")):
+        raise WireError("bad_value", "a lease's columns must be a JSON object")
 
 
 def check_group(g: Group, limits: Limits) -> None:

@@ -1,4 +1,4 @@
-"""Wire schema v2, the messages: every kind, its fields in wire order, the constants they use.
+"""Wire schema v3, the messages: every kind, its fields in wire order, the constants they use.
 
 Every message is one msgpack map whose first key is `schema` (= SCHEMA_VERSION) and second `kind`;
 common/wire/codec.py alone writes and reads the bytes. Everyone else sees the frozen dataclasses
@@ -19,7 +19,9 @@ below; nobody builds message dicts by hand.
 | file_chunk_req | data or a relay, fetcher →    | req, version, file, offset, max_bytes          |
 | welcome     | control, reply to register       | req, spec (RunSpec), status (Status)           |
 | status      | control, reply to heartbeat etc. | req, status                                    |
-| lease_grant | control, reply to lease_req      | req, leases (Lease…), status                   |
+| lease_grant | control, reply to lease_req      | req, leases (Lease…), status; a Lease: lease_id,|
+|             |                                  | prompt_index, step, min_version, prompt,       |
+|             |                                  | answer, messages (ChatTurn…), columns (JSON)   |
 | chunk_head  | reply to file_chunk_req          | req, version, offset, total_bytes, num_bytes   |
 |             | (frame 1 of 2; frame 2: the bytes)|                                               |
 | fetch_plan  | control, reply to fetch_req      | req, version, file, base_version, num_bytes,   |
@@ -44,6 +46,10 @@ Conventions and invariants:
 - Acks: a group is acknowledged with its lease's final outcome (`OUTCOMES`); a consumer
   without room for it says `hold` (the producer keeps it and does not re-send it on its own
   timer) and later `send` (re-send it now).
+- A lease carries its prompt either as text (`prompt`) or as chat messages (`messages`), never
+  both, and the rest of its row as one JSON object (`columns`, at most `task.max_row_kib` with
+  the prompt and answer: the consumer refuses larger rows when it loads them), which the
+  producer hands to reward functions; the decoder checks the shape (`check_lease`).
 - `behavior_version` is the oldest weight version that produced any token of the group;
   `token_versions` is empty unless the weights changed mid-generation (then one int32 per token).
 """
@@ -55,7 +61,7 @@ from typing import Any, ClassVar, Union
 
 import numpy as np
 
-SCHEMA_VERSION = 2  # 2: snapshot chunks moved to the data socket (`chunk_head` + bytes)
+SCHEMA_VERSION = 3  # 3: a lease carries a chat prompt (`messages`) and the row's `columns`
 FINISH_REASONS = ("stop", "length", "abort")
 OUTCOMES = (
     "trained",
@@ -134,13 +140,25 @@ class RunSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ChatTurn:
+    """One message of a chat prompt (rendered by the producer with the chat template)."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
+    """One prompt to sample a group for, and what its rewards read of the prompt's row."""
+
     lease_id: int
     prompt_index: int
     step: int  # the optimizer step this prompt is meant for
     min_version: int  # start generating only with weights of at least this version
-    prompt: str
-    answer: str
+    prompt: str  # the prompt text; "" when `messages` holds the prompt
+    answer: str  # the reference answer ("" when the task has none)
+    messages: tuple[ChatTurn, ...]  # a chat prompt; () when `prompt` holds the text
+    columns: str  # the row's other columns, a JSON object's text ("" when there are none)
 
 
 @dataclass(frozen=True, slots=True)

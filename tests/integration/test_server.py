@@ -116,7 +116,16 @@ def test_a_lease_goes_from_grant_to_trained_and_the_ledger_balances(server, tmp_
 
 def test_a_failed_drop_reaches_the_training_thread_through_check(server):
     srv, _ = server
-    lease = wire.Lease(lease_id=999, prompt_index=0, step=0, min_version=0, prompt="", answer="")
+    lease = wire.Lease(
+        lease_id=999,
+        prompt_index=0,
+        step=0,
+        min_version=0,
+        prompt="",
+        answer="",
+        messages=(),
+        columns="",
+    )
     srv.drop(_group(lease, [1.0, 0.0]), "dropped_stale")  # never granted: a lease-book bug
     with pytest.raises(RuntimeError, match="network thread has stopped"):
         srv.balance()  # queued after the drop: refused once the drop has failed

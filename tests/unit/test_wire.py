@@ -1,4 +1,4 @@
-"""Wire schema v2: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
+"""Wire schema v3: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
 
 from __future__ import annotations
 
@@ -55,8 +55,20 @@ SPEC = wire.RunSpec(
     data_port=5558,
 )
 LEASE = wire.Lease(
-    lease_id=(1 << 40) | 5, prompt_index=9, step=4, min_version=3, prompt="2+2=", answer="4"
+    lease_id=(1 << 40) | 5,
+    prompt_index=9,
+    step=4,
+    min_version=3,
+    prompt="2+2=",
+    answer="4",
+    messages=(),
+    columns="",
 )
+CHAT_LEASE = wire.Lease(
+    lease_id=6, prompt_index=10, step=4, min_version=3, prompt="", answer="",
+    messages=(wire.ChatTurn("system", "Be brief."), wire.ChatTurn("user", "2+2?")),
+    columns='{"unit": "cm", "tolerance": 0.5}',
+)  # fmt: skip
 # The limits of the run that `group()` belongs to.
 RUN = wire.Limits(
     vocab_size=16, group_size=2, temperature=0.75, max_prompt_tokens=8, max_completion_tokens=4
@@ -110,7 +122,7 @@ MESSAGES: dict[str, typing.Any] = {
     ),
     "welcome": wire.Welcome(req=1, spec=SPEC, status=STATUS),
     "status": wire.StatusReply(req=2, status=wire.Status("a1b2-0", 3, None, (), True)),
-    "lease_grant": wire.LeaseGrant(req=3, leases=(LEASE,), status=STATUS),
+    "lease_grant": wire.LeaseGrant(req=3, leases=(LEASE, CHAT_LEASE), status=STATUS),
     "chunk_head": wire.ChunkHead(req=4, version=3, offset=0, total_bytes=6, num_bytes=6),
     "reject": wire.Reject(req=6, reason="not_registered", detail="register first"),
     "group": group(),
@@ -121,42 +133,42 @@ MESSAGES: dict[str, typing.Any] = {
 # changed: that is a schema change, so bump wire.SCHEMA_VERSION (old and new peers can't talk).
 GOLDEN_HEX = {
     "register": (
-        "89a6736368656d6102a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
+        "89a6736368656d6103a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
         "a27030a4686f7374a168a37069642aa6656e67696e65a466616b65ae6c6f616465645f7665727369"
         "6f6e03ab68656c645f6c6561736573920708"
     ),
     "heartbeat": (
-        "88a6736368656d6102a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
+        "88a6736368656d6103a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
         "64a27030ae6c6f616465645f76657273696f6e03a57374617465aa67656e65726174696e67ad6e75"
         "6d5f696e5f666c6967687402a8636f756e7465727382ab67726f7570735f73656e74cb4014000000"
         "000000ad7265776172645f6572726f7273cb0000000000000000"
     ),
     "lease_req": (
-        "86a6736368656d6102a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
+        "86a6736368656d6103a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
         "64a27030aa6d61785f6c656173657304ae6c6f616465645f76657273696f6e03"
     ),
     "goodbye": (
-        "85a6736368656d6102a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
+        "85a6736368656d6103a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
         "7030ab68656c645f6c65617365739107"
     ),
     "fetch_req": (
-        "88a6736368656d6102a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
+        "88a6736368656d6103a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
         "64a27030a776657273696f6e03ac68656c645f76657273696f6e02a968656c645f68617368a46162"
         "3132a572656c617982a8656e64706f696e74b37463703a2f2f31302e302e302e323a36303030aa73"
         "65727665725f6b6579a16b"
     ),
     "fetch_done": (
-        "8aa6736368656d6102a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
+        "8aa6736368656d6103a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
         "6964a27030a776657273696f6e03a466696c65a564656c7461a26f6bc3a96e756d5f627974657306"
         "ab6261645f736f75726365739182a8656e64706f696e74b37463703a2f2f31302e302e302e333a36"
         "303030a6726561736f6eab77726f6e675f6279746573a773657276696e67c3"
     ),
     "file_chunk_req": (
-        "87a6736368656d6102a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
+        "87a6736368656d6103a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
         "6f6e03a466696c65a777656967687473a66f666673657400a96d61785f6279746573cd1000"
     ),
     "fetch_plan": (
-        "8da6736368656d6102a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
+        "8da6736368656d6103a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
         "66696c65a564656c7461ac626173655f76657273696f6e02a96e756d5f627974657306a468617368"
         "a463643334ab726573756c745f68617368a461663133ab6368756e6b5f627974657304ac6368756e"
         "6b5f686173686573c440000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d"
@@ -166,7 +178,7 @@ GOLDEN_HEX = {
         "0000000000"
     ),
     "welcome": (
-        "85a6736368656d6102a46b696e64a777656c636f6d65a372657101a473706563de0010aa67726f75"
+        "85a6736368656d6103a46b696e64a777656c636f6d65a372657101a473706563de0010aa67726f75"
         "705f73697a6502aa766f6361625f73697a6510ad6d61785f7374616c656e65737301ab74656d7065"
         "726174757265cb3fe8000000000000a5746f705f70cb3ff0000000000000a5746f705f6b00ae6d61"
         "785f6e65775f746f6b656e7304ad70726f6d70745f666f726d6174a3726177a56d6f64656ca46465"
@@ -181,29 +193,34 @@ GOLDEN_HEX = {
         "6c656173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2"
     ),
     "status": (
-        "84a6736368656d6102a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
+        "84a6736368656d6103a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
         "64a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f74c0a461636b7390"
         "a866696e6973686564c3"
     ),
     "lease_grant": (
-        "85a6736368656d6102a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739186"
+        "85a6736368656d6103a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739288"
         "a86c656173655f6964cf0000010000000005ac70726f6d70745f696e64657809a47374657004ab6d"
-        "696e5f76657273696f6e03a670726f6d7074a4322b323da6616e73776572a134a673746174757385"
-        "a672756e5f6964a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f7484"
-        "a776657273696f6e03a96e756d5f6279746573cd0400a468617368a461663133a470617468ac2f72"
-        "2f763030303030332f6da461636b739282a86c656173655f696407a76f7574636f6d65a774726169"
-        "6e656482a86c656173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2"
+        "696e5f76657273696f6e03a670726f6d7074a4322b323da6616e73776572a134a86d657373616765"
+        "7390a7636f6c756d6e73a088a86c656173655f696406ac70726f6d70745f696e6465780aa4737465"
+        "7004ab6d696e5f76657273696f6e03a670726f6d7074a0a6616e73776572a0a86d65737361676573"
+        "9282a4726f6c65a673797374656da7636f6e74656e74a942652062726965662e82a4726f6c65a475"
+        "736572a7636f6e74656e74a4322b323fa7636f6c756d6e73d9207b22756e6974223a2022636d222c"
+        "2022746f6c6572616e6365223a20302e357da673746174757385a672756e5f6964a6613162322d30"
+        "ae706f6c6963795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f"
+        "6279746573cd0400a468617368a461663133a470617468ac2f722f763030303030332f6da461636b"
+        "739282a86c656173655f696407a76f7574636f6d65a7747261696e656482a86c656173655f696408"
+        "a76f7574636f6d65a765787069726564a866696e6973686564c2"
     ),
     "chunk_head": (
-        "87a6736368656d6102a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
+        "87a6736368656d6103a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
         "6f666673657400ab746f74616c5f627974657306a96e756d5f627974657306"
     ),
     "reject": (
-        "85a6736368656d6102a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
+        "85a6736368656d6103a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
         "6769737465726564a664657461696cae7265676973746572206669727374"
     ),
     "group": (
-        "de0010a6736368656d6102a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
+        "de0010a6736368656d6103a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
         "725f6964a27030ac70726f6d70745f696e64657809b06265686176696f725f76657273696f6e02aa"
         "70726f6d70745f696473c40c010000000200000003000000ae636f6d706c6574696f6e5f696473c4"
         "0c040000000500000006000000af636f6d706c6574696f6e5f6c656e73c4080100000002000000ad"
@@ -213,7 +230,7 @@ GOLDEN_HEX = {
         "72645f6572726f727300a567656e5f73cb3fd0000000000000"
     ),
     "announce": (
-        "85a6736368656d6102a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
+        "85a6736368656d6103a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
         "6c6963795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f627974"
         "6573cd0400a468617368a461663133a470617468ac2f722f763030303030332f6d"
     ),
@@ -363,7 +380,14 @@ def test_a_group_costs_about_eight_bytes_per_completion_token():
 # Rejections: every reason
 
 
-GROUP_BODY_PREFIX = b"\x83\xa6schema\x02\xa4kind\xa5group\xaecompletion_ids"
+def lease_grant(**changes: typing.Any) -> bytes:
+    """The sample lease grant's bytes, its chat lease's fields changed."""
+    body = body_of(MESSAGES["lease_grant"])
+    body["leases"][1].update(changes)
+    return pack(body)
+
+
+GROUP_BODY_PREFIX = b"\x83\xa6schema\x03\xa4kind\xa5group\xaecompletion_ids"
 REJECTIONS = [
     # (reason, id, data, limits)
     ("too_large", "over_the_limit", wire.encode(group()), wire.Limits(max_message_bytes=64)),
@@ -456,10 +480,17 @@ REJECTIONS = [
     ("bad_value", "zero_temperature", wire.encode(group(temperature=0.0)), wire.Limits()),
     ("bad_value", "nan_temperature", wire.encode(group(temperature=math.nan)), wire.Limits()),
     ("sampling_mismatch", "temperature", wire.encode(group(temperature=1.0)), RUN),
+    ("bad_value", "lease_with_text_and_messages", lease_grant(prompt="2+2="), RUN),
+    ("bad_value", "lease_without_a_prompt", lease_grant(messages=[]), RUN),
+    ("bad_value", "chat_message_without_a_role",
+     lease_grant(messages=[{"role": "", "content": "hi"}]), RUN),
+    ("bad_value", "columns_not_an_object", lease_grant(columns="[1, 2]"), RUN),
+    ("bad_type", "columns_as_a_map", lease_grant(columns={"unit": "cm"}), RUN),
+    ("bad_type", "chat_message_as_text", lease_grant(messages=["hi"]), RUN),
     # Nesting sidesteps max_items; 1,009 bytes once reached a RecursionError through repr().
     ("not_msgpack", "deep_schema_value", b"\x81\xa6schema" + b"\x91" * 1000 + b"\xc0", RUN),
     ("not_msgpack", "too_many_values", pack([[0] * 8] * 8), wire.Limits(max_objects=60)),
-    ("duplicate_key", "top", b"\x83\xa6schema\x02\xa4kind\xa5group\xa6schema\x02", RUN),
+    ("duplicate_key", "top", b"\x83\xa6schema\x03\xa4kind\xa5group\xa6schema\x03", RUN),
     ("duplicate_key", "nested", bytes.fromhex(GOLDEN_HEX["announce"][:-2]).replace(
         b"\x84\xa7version", b"\x85\xa7version\x03\xa7version") + b"m", RUN),
     ("duplicate_key", "counter", edited(MESSAGES["heartbeat"], "counters", value={"a": 1})
@@ -470,6 +501,7 @@ REJECTIONS = [
 ]  # fmt: skip
 
 
+ONE_PROMPT = "a lease holds a prompt text or chat messages, one of them"
 # What each refusal tells the sender (and the log), besides its reason. The reader is ours
 # (common/msgpack_reader.py), so its not_msgpack details are fixed too, not msgpack's exceptions.
 DETAILS = {
@@ -477,11 +509,11 @@ DETAILS = {
     "not_a_map-list": "list",
     "not_a_map-int": "int",
     "not_a_map-str": "str",
-    "schema_version-one": "got 1, this build speaks 2",
-    "schema_version-missing": "got None, this build speaks 2",
-    "schema_version-bool": "got True, this build speaks 2",
-    "schema_version-float": "got 1.0, this build speaks 2",
-    "schema_version-str": "got '1', this build speaks 2",
+    "schema_version-one": "got 1, this build speaks 3",
+    "schema_version-missing": "got None, this build speaks 3",
+    "schema_version-bool": "got True, this build speaks 3",
+    "schema_version-float": "got 1.0, this build speaks 3",
+    "schema_version-str": "got '1', this build speaks 3",
     "unknown_kind-name": "",
     "unknown_kind-missing": "",
     "unknown_kind-bytes": "",
@@ -557,6 +589,12 @@ DETAILS = {
     "duplicate_key-nested": "Announce.snapshot: 'version'",
     "duplicate_key-counter": "Heartbeat.counters: 'a'",
     "over_budget-tiny_counters": "decoding would allocate more than the message allows",
+    "bad_value-lease_with_text_and_messages": ONE_PROMPT,
+    "bad_value-lease_without_a_prompt": ONE_PROMPT,
+    "bad_value-chat_message_without_a_role": "a chat message without a role",
+    "bad_value-columns_not_an_object": "a lease's columns must be a JSON object",
+    "bad_type-columns_as_a_map": "LeaseGrant.leases[].columns: expected str",
+    "bad_type-chat_message_as_text": "LeaseGrant.leases[].messages[] is not a map",
 }
 
 

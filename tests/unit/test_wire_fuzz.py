@@ -188,7 +188,7 @@ def test_a_million_fuzz_cases_find_only_wire_errors_and_allocations_within_the_b
         pytest.param(b"\x81\xa6schema\xdd" + struct.pack(">I", 983_000) + b"\x90" * 983_000,
                      id="983k_empty_arrays"),
         pytest.param(b"\x81\xa6schema" + (b"\x9f" + b"\x90" * 15) * 60_000 + b"", id="wide_nest"),
-        pytest.param(b"\x82\xa6schema\x02\xa4kind\xa9heartbeat" + b"\x00" * 10, id="trailing"),
+        pytest.param(b"\x82\xa6schema\x03\xa4kind\xa9heartbeat" + b"\x00" * 10, id="trailing"),
     ],
 )  # fmt: skip
 def test_known_attack_messages_are_refused_within_the_allocation_bound(data):
