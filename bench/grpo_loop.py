@@ -42,7 +42,7 @@ from consumer.server.prompts import PromptOrder, make_source
 from consumer.staleness import zero_variance
 from consumer.train.trainer import DeviceTrainer
 from launch.demo_model import ensure_demo_model
-from producer.rewards import resolve
+from producer.reward_fns import resolve
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "launch" / "configs" / "demo.toml"
 
@@ -129,7 +129,8 @@ def run(cfg: C.Config, out: Path, *, threads: int) -> None:
             sampled, gen_s = 0, None
             while len(kept) < per_step:
                 indices = [order.next() for _ in range(per_step - len(kept))]
-                prompts = [(i, *source.get(i)) for i in indices if i is not None]
+                rows = [(i, source.get(i)) for i in indices if i is not None]
+                prompts = [(i, row.prompt, row.answer) for i, row in rows]
                 if not prompts:
                     raise SystemExit(f"the prompts ran out at step {step}")
                 t0 = time.perf_counter()

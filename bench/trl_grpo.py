@@ -35,7 +35,7 @@ from common.tasks import make_examples
 from consumer.evaluate import accuracy_of
 from consumer.server.prompts import PromptOrder, make_source
 from launch.demo_model import ensure_demo_model
-from producer.rewards import resolve
+from producer.reward_fns import resolve
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "launch" / "configs" / "demo.toml"
 PROMPTS_PER_STEP_MARGIN = 2  # TRL does not refill dropped groups: steps x prompts suffice
@@ -51,8 +51,8 @@ def prompts_in_order(cfg: C.Config, count: int) -> list[dict[str, str]]:
         index = order.next()
         if index is None:
             break
-        prompt, answer = source.get(index)
-        rows.append({"prompt": prompt, "answer": answer})
+        row = source.get(index)
+        rows.append({"prompt": row.prompt, "answer": row.answer})
     return rows
 
 

@@ -50,7 +50,7 @@ from common.config import Config
 from common.errors import ConfigError
 from common.keys import load_keys
 from consumer.key_gate import start_key_gate
-from consumer.server.prompts import make_source
+from consumer.server.prompts import PromptSource, make_source
 from consumer.server.server import Server, run_spec
 from consumer.snapshots.fetch_files import FetchFiles, snapshot_chunk_bytes
 from consumer.snapshots.publisher import Publisher
@@ -83,6 +83,8 @@ class Learner:
         self.stop_asked: float | None = None  # monotonic time the training loop saw a stop request
         self.started = time.monotonic()
         self.model_dir = local_model_dir(cfg.model.path) if not cfg.train.simulate_step_s else None
+        prompts = make_source(cfg.task, seed=cfg.run.seed)  # bad data stops us before the model
+        check_chat_template(prompts, cfg, self.model_dir)
         if self.model_dir is None:
             from consumer.train.simulated import SimulatedTrainer
 
@@ -107,7 +109,7 @@ class Learner:
         auth = self.auth = start_key_gate(self.ctx, keys) if keys else None
         spec = run_spec(cfg, vocab_size=self.trainer.vocab_size, model=str(self.model_dir or ""))
         self.server = Server(
-            cfg, self.ctx, prompts=make_source(cfg.task, seed=cfg.run.seed), spec=spec,
+            cfg, self.ctx, prompts=prompts, spec=spec,
             run_dir=run_dir, keys=keys, policy_version=self.version, book_state=book_state,
             hold_grants=cfg.run.wait_for_producers > 0,
             refused_keys=(lambda: auth.refused) if auth is not None else None,
@@ -415,6 +417,22 @@ def local_model_dir(path: str) -> Path:
             "consumer's host (no config.json); models cannot be downloaded here: pass a directory"
         )
     return p.resolve()
+
+
+def check_chat_template(prompts: PromptSource, cfg: Config, model_dir: Path | None) -> None:
+    """Prompts in chat form (`task.prompt_format = "chat"`, or rows whose prompt is a message
+    list) need the model's chat template: refuse at start a model without one."""
+    if model_dir is None or not (prompts.has_chat or cfg.task.prompt_format == "chat"):
+        return
+    from transformers import AutoTokenizer
+
+    if not getattr(AutoTokenizer.from_pretrained(model_dir), "chat_template", None):
+        why = "its prompts are chat messages" if prompts.has_chat else "task.prompt_format = 'chat'"
+        raise ConfigError(
+            f"task: {why}, which the producers render with the model's chat template, and "
+            f"model.path = {str(model_dir)!r} has none (tokenizer_config.json or "
+            "chat_template.jinja); use a chat model, or text prompts with prompt_format = 'raw'"
+        )
 
 
 def install_signal_handlers(stop: threading.Event, hurry: threading.Event) -> None:

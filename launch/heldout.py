@@ -1,17 +1,19 @@
 """Held-out evaluation of a model or snapshot on the user's own split, scored as training is.
 
 What is evaluated (`describe(cfg)` says it in words, `has_heldout(cfg)` whether there is any):
-- `task.eval_path` set: that JSONL (the fields `task.prompt_field` / `task.answer_field`), each
-  prompt formatted as producers format it (`task.prompt_format`: raw or the chat template,
-  producer/tokenizer.py), one completion per prompt, greedy or sampled at
+- `task.eval_path` set: its rows, read like task.path (JSONL, Parquet or a Hugging Face
+  dataset: consumer/server/task_data.py), each prompt formatted as producers format it (text
+  per `task.prompt_format`, chat messages with the chat template: producer/tokenizer.py), one
+  completion per prompt, greedy or sampled at
   `sampling.temperature` over the full vocabulary (`task.eval_mode`, seeded by `run.seed`), at
   most `sampling.max_new_tokens` tokens, cut at the first stop token, and scored by
   `rewards.fns` with their weights through the producers' own reward runner (time limits and
-  worker isolation included). The score is the mean reward per prompt: the accuracy, for a
+  worker isolation included), each reward given the row as in training (prompt, answer, the
+  other columns). The score is the mean reward per prompt: the accuracy, for a
   0/1 reward.
 - otherwise, for the synthetic task: greedy accuracy on its whole held-out split
   (`consumer.evaluate.greedy_accuracy`, what `asyncgrpo launch` reports);
-- otherwise (a JSONL task without `eval_path`): nothing; the sweep reports reward curves.
+- otherwise (a task of your own without `eval_path`): nothing; the sweep reports reward curves.
 
 Runs in the calling process, on the first visible CUDA GPU if there is one, else the CPU.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import Config
+from consumer.server.rows import PromptRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,16 +47,12 @@ def describe(cfg: Config) -> str:
     return ""
 
 
-def examples(cfg: Config) -> list[tuple[str, str]]:
-    """(prompt, answer) pairs of `task.eval_path` (a `ConfigError` with the line if malformed)."""
-    from consumer.server.prompts import JsonlSource
+def examples(cfg: Config) -> list[PromptRow]:
+    """The rows of `task.eval_path`, read like task.path (a `ConfigError` naming the file, row
+    and field if one is malformed)."""
+    from consumer.server.task_data import load_rows
 
-    source = JsonlSource(
-        Path(cfg.task.eval_path),
-        prompt_field=cfg.task.prompt_field,
-        answer_field=cfg.task.answer_field,
-    )
-    return [source.get(i) for i in range(len(source))]
+    return load_rows(cfg.task, held_out=True)
 
 
 def evaluate(cfg: Config, model_dir: Path, snapshot: Path | None = None) -> HeldOutScore:
@@ -69,18 +68,23 @@ def evaluate(cfg: Config, model_dir: Path, snapshot: Path | None = None) -> Held
     from consumer.evaluate import load_model
     from producer.tokenizer import PromptCodec
 
-    pairs = examples(cfg)
+    rows = examples(cfg)
     model, _ = load_model(model_dir, snapshot)
     if torch.cuda.is_available():
         model = model.to("cuda")
     codec = PromptCodec(model_dir, cfg.task.prompt_format, vocab_size=model.config.vocab_size)
     torch.manual_seed(cfg.run.seed)
     texts = []
-    for start in range(0, len(pairs), 32):
-        prompts = [codec.encode(p) for p, _ in pairs[start : start + 32]]
+    for start in range(0, len(rows), 32):
+        prompts = [codec.encode(r.messages or r.prompt) for r in rows[start : start + 32]]
         texts += [codec.decode(ids) for ids in _complete(model, prompts, codec.stop_ids, cfg)]
-    rewards = asyncio.run(_score(cfg, texts, [a for _, a in pairs]))
+    rewards = asyncio.run(_score(cfg, texts, rows))
     return HeldOutScore(sum(rewards) / len(rewards), len(rewards))
+
+
+def _prompt_of(row: PromptRow) -> str | list[dict[str, str]]:
+    """The prompt as rewards receive it (text, or the chat messages as dicts)."""
+    return [{"role": t.role, "content": t.content} for t in row.messages] or row.prompt
 
 
 def _complete(model: Any, prompts: list[list[int]], stop_ids: tuple[int, ...], cfg: Config) -> Any:
@@ -112,7 +116,7 @@ def _complete(model: Any, prompts: list[list[int]], stop_ids: tuple[int, ...], c
     return rows
 
 
-async def _score(cfg: Config, texts: list[str], answers: list[str]) -> list[float]:
+async def _score(cfg: Config, texts: list[str], rows: list[PromptRow]) -> list[float]:
     from producer.rewards import RewardRunner
 
     runner = RewardRunner(
@@ -120,6 +124,9 @@ async def _score(cfg: Config, texts: list[str], answers: list[str]) -> list[floa
     )
     async with runner:
         scored = await asyncio.gather(
-            *(runner.score([t], a) for t, a in zip(texts, answers, strict=True))
+            *(
+                runner.score([t], r.answer, prompt=_prompt_of(r), columns=r.columns)
+                for t, r in zip(texts, rows, strict=True)
+            )
         )
     return [float(s.rewards[0]) for s in scored]

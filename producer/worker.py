@@ -350,7 +350,7 @@ class Producer:
             await self.stall.wait()
             self._busy(+1)
             busy = True
-            prompt_ids = codec.encode(lease.prompt)
+            prompt_ids = codec.encode(lease.messages or lease.prompt)
             params = SamplingParams(
                 n=spec.group_size, temperature=spec.temperature, max_new_tokens=spec.max_new_tokens,
                 seed=lease_seed(self.cfg.run.seed, lease.lease_id),

@@ -18,7 +18,7 @@ from typing import Any, Literal
 ModelDtype = Literal["float32", "bfloat16"]
 ReduceDtype = Literal["float32", "bfloat16"]
 LearnerAttention = Literal["auto", "flash", "flex", "sdpa_packed", "padded"]
-TaskSource = Literal["synthetic", "jsonl"]
+TaskSource = Literal["synthetic", "jsonl", "parquet", "hf"]
 PromptFormat = Literal["raw", "chat"]
 EvalMode = Literal["greedy", "sampled"]
 AdvScale = Literal["group", "batch", "none"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from common.config.fields import (
@@ -84,18 +85,50 @@ class ModelConfig:
 class TaskConfig:
     """`[task]`: where prompts come from (and the held-out split)."""
 
-    source: TaskSource = _f("synthetic", "Prompt source.")
-    path: str = _f("", "JSONL file of prompts (source = jsonl).")
-    prompt_field: str = _f("prompt", "JSONL field holding the prompt text.")
-    answer_field: str = _f("answer", "JSONL field holding the reference answer given to rewards.")
-    prompt_format: PromptFormat = _f("raw", "raw text, or the tokenizer's chat template.")
+    source: TaskSource = _f(
+        "synthetic",
+        "Prompt source: the built-in synthetic task, or your own rows at task.path "
+        "(docs/custom_task/README.md).",
+    )
+    path: str = _f(
+        "",
+        "The prompts: a JSONL or Parquet file (source = jsonl, parquet); for hf a save_to_disk "
+        "directory, a local data file or directory, or a dataset name already in the local "
+        "Hugging Face cache (never downloaded).",
+    )
+    hf_config: str = _f(
+        "", "source = hf: the dataset's configuration (load_dataset's name); empty = its default."
+    )
+    split: str = _f("train", "source = hf: the split of task.path to train on.")
+    prompt_field: str = _f(
+        "prompt",
+        "Column holding the prompt: text, or a list of chat messages ({role, content}) rendered "
+        "with the tokenizer's chat template.",
+    )
+    answer_field: str = _f(
+        "answer",
+        "Column holding the reference answer, given to rewards as `answer` (numbers become "
+        "text); empty = none (answer is '').",
+    )
+    prompt_format: PromptFormat = _f(
+        "raw",
+        "A text prompt as raw text, or as one user message in the tokenizer's chat template "
+        "(message lists always use the template).",
+    )
+    max_row_kib: float = _f(
+        1024.0,
+        "Largest row a lease carries (prompt, answer and the other columns, as JSON), in KiB; "
+        "a larger row is refused when the data loads.",
+    )
     shuffle: bool = _f(True, "Shuffle prompt order each epoch (seeded).")
     epochs: int = _f(0, "Passes over the prompts (0 = unlimited).")
     eval_path: str = _f(
         "",
-        "Held-out JSONL (fields as task.path) that `asyncgrpo stress` scores each setting's "
-        "model on with rewards.fns; empty = none (the synthetic task has its own held-out split).",
+        "Held-out rows, read like task.path (with source = synthetic: Parquet if it ends in "
+        ".parquet, else JSONL), that `asyncgrpo stress` scores each setting's model on with "
+        "rewards.fns; empty = none (the synthetic task has its own held-out split).",
     )
+    eval_split: str = _f("test", "source = hf: the split of task.eval_path to evaluate on.")
     eval_mode: EvalMode = _f(
         "greedy",
         "eval_path completions: greedy, or one sample per prompt at sampling.temperature.",
@@ -105,8 +138,17 @@ class TaskConfig:
         """This section's impossible settings (messages name the key)."""
         return failed(
             (
-                self.source != "jsonl" or bool(self.path),
-                "task.path is required when task.source = 'jsonl'",
+                self.source == "synthetic" or bool(self.path),
+                f"task.path is required when task.source = {self.source!r}",
+            ),
+            (bool(self.prompt_field), "task.prompt_field must name a column"),
+            (
+                self.prompt_field != self.answer_field,
+                "task.prompt_field and task.answer_field must name different columns",
+            ),
+            (
+                math.isfinite(self.max_row_kib) and self.max_row_kib > 0,
+                "task.max_row_kib must be > 0",
             ),
         )
 

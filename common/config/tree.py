@@ -2,7 +2,7 @@
 
 Each section lists its own impossible settings (`problems()`, beside its fields); `problems`
 here gathers them in `CHECK_ORDER`, the order users see them in (the first is the one
-`validate` raises).
+`validate` raises), then the few checks that read several sections (`_across`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.config.fields import choices
+from common.config.fields import choices, failed
 from common.config.producer import FakeEngineConfig, ProducerConfig, VllmConfig
 from common.config.run import ModelConfig, RewardsConfig, RunConfig, TaskConfig
 from common.config.training import (
@@ -64,8 +64,22 @@ def validate(cfg: Config) -> None:
 
 
 def problems(cfg: Config) -> list[str]:
-    """Every impossible setting, as a message that names the key and says why."""
-    return [message for name in CHECK_ORDER for message in getattr(cfg, name).problems()]
+    """Every impossible setting, as a message that names the key and says why: each section's
+    own, then those that span sections."""
+    own = [message for name in CHECK_ORDER for message in getattr(cfg, name).problems()]
+    return own + _across(cfg)
+
+
+def _across(cfg: Config) -> list[str]:
+    """The checks that read more than one section."""
+    return failed(
+        (
+            cfg.task.max_row_kib * 1024 <= cfg.net.max_message_mib * (1 << 20) / 2,
+            f"task.max_row_kib = {cfg.task.max_row_kib:g} KiB: a lease grant carries rows in one "
+            f"message of at most net.max_message_mib = {cfg.net.max_message_mib:g} MiB; keep "
+            "rows to half of it",
+        ),
+    )
 
 
 def field_help() -> list[tuple[str, str, Any, str]]:

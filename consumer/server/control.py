@@ -13,7 +13,9 @@ Invariants:
 - A held group released by the learner's room is asked for at once (`release`): a status reply
   with req 0 pushed over its producer's control connection, not left for its next request.
 - Leases are granted only while the run accepts groups, grants are open (`Server.open_grants`)
-  and a snapshot is published.
+  and a snapshot is published. A lease carries its prompt's row (prompt, answer, columns: at
+  most `task.max_row_kib`, at most half a message); one grant holds no more leases than half a
+  message fits with the data's largest row, so every grant fits in the producer's message limit.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from consumer.server.state import NetState, ProducerView, peer_key
 from consumer.snapshots.fanout import FanOut
 
 log = logging.getLogger("asyncgrpo.consumer")
+_LEASE_OVERHEAD_BYTES = 256  # a lease's other fields and msgpack headers, rounded up
 
 
 class Control:
@@ -163,22 +166,35 @@ class Control:
     def grant(
         self, msg: wire.LeaseRequest, now: float, limit: int = 1024
     ) -> tuple[wire.Lease, ...]:
-        """Up to `min(msg.max_leases, limit)` new leases for `msg`'s producer (maybe none)."""
+        """Up to `min(msg.max_leases, limit)` new leases for `msg`'s producer (maybe none), and
+        no more than fit in half a message with the largest rows of the data (a row is at most
+        half a message: config check)."""
         st = self._state
         if not st.accepting or not st.granting or st.snapshot is None:
             return ()
+        half_message = int(st.cfg.net.max_message_mib * (1 << 20)) // 2
+        fit = max(1, half_message // (st.prompts.max_row_bytes + _LEASE_OVERHEAD_BYTES))
         records = st.book.grant(
             msg.producer_id,
-            max(0, min(msg.max_leases, limit, 1024)),
+            max(0, min(msg.max_leases, limit, 1024, fit)),
             policy_version=st.policy_version,
             published_version=st.snapshot.version,
             now=now,
         )
         out = []
         for r in records:
-            prompt, answer = st.prompts.get(r.prompt_index)
+            row = st.prompts.get(r.prompt_index)
             out.append(
-                wire.Lease(r.lease_id, r.prompt_index, r.step, r.min_version, prompt, answer)
+                wire.Lease(
+                    r.lease_id,
+                    r.prompt_index,
+                    r.step,
+                    r.min_version,
+                    row.prompt,
+                    row.answer,
+                    row.messages,
+                    row.columns,
+                )
             )
         if out:
             st.ledger_dirty = True

@@ -1,10 +1,12 @@
 """Prompt sources and the prompt order the consumer leases from.
 
-The consumer owns the prompt cursor (DESIGN.md): leases carry the prompt text and reference
-answer, so producers need no copy of the dataset and hold no state worth losing.
+The consumer owns the prompt cursor (DESIGN.md): leases carry the prompt (text or chat
+messages), the reference answer and the row's other columns (consumer/server/rows.py), so
+producers need no copy of the dataset and hold no state worth losing.
 
-- `JsonlSource`: one JSON object per line; `prompt_field` and `answer_field` name the keys.
-  Lines that are not objects or lack the fields are refused at load time with the line number.
+- `RowSource`: the user's rows (`task.source` = jsonl, parquet or hf), read and checked whole
+  at start by consumer/server/task_data.py: a bad row stops the consumer with its file, row
+  and field.
 - `SyntheticSource`: the built-in verifiable task of `common.tasks` (train split), indexed
   deterministically; its length is virtual (indices are generated on demand).
 - `PromptOrder`: epochs over a source, shuffled per epoch with a seeded permutation, plus a retry
@@ -14,15 +16,14 @@ answer, so producers need no copy of the dataset and hold no state worth losing.
 
 from __future__ import annotations
 
-import json
 from collections import deque
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from common.config import TaskConfig
-from common.errors import ConfigError
+from consumer.server.rows import PromptRow
+from consumer.server.task_data import load_rows
 
 SYNTHETIC_TRAIN_SIZE = 1_000_000
 
@@ -30,47 +31,41 @@ SYNTHETIC_TRAIN_SIZE = 1_000_000
 class PromptSource(Protocol):
     def __len__(self) -> int: ...
 
-    def get(self, index: int) -> tuple[str, str]:
-        """(prompt text, reference answer) of prompt `index`."""
+    def get(self, index: int) -> PromptRow:
+        """Prompt `index`: its text or chat messages, its answer and its other columns."""
+        ...
+
+    @property
+    def max_row_bytes(self) -> int:
+        """The largest row's size as a lease carries it (bounds the rows of one grant)."""
+        ...
+
+    @property
+    def has_chat(self) -> bool:
+        """Whether some prompt is a list of chat messages (the model needs a chat template)."""
         ...
 
 
-class JsonlSource:
-    def __init__(self, path: Path, *, prompt_field: str, answer_field: str) -> None:
-        self._rows: list[tuple[str, str]] = []
-        try:
-            # Split on b"\n" only: str.splitlines() would also cut at U+2028, U+0085, ... which
-            # JSON allows unescaped inside strings (json.dumps(..., ensure_ascii=False) writes
-            # them).
-            lines = Path(path).read_bytes().split(b"\n")
-        except OSError as exc:
-            raise ConfigError(f"task.path = {str(path)!r}: {exc}") from None
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                raise ConfigError(f"{path}:{number}: not UTF-8 ({exc})") from None
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{number}: not JSON ({exc})") from None
-            if not isinstance(row, dict) or prompt_field not in row or answer_field not in row:
-                raise ConfigError(
-                    f"{path}:{number}: needs the fields {prompt_field!r} and {answer_field!r} "
-                    "(task.prompt_field / task.answer_field)"
-                )
-            self._rows.append((str(row[prompt_field]), str(row[answer_field])))
-        if not self._rows:
-            raise ConfigError(f"task.path = {str(path)!r} holds no prompts")
+class RowSource:
+    """Rows read and checked at start (consumer/server/task_data.py), served from memory."""
+
+    def __init__(self, rows: list[PromptRow]) -> None:
+        assert rows, "load_rows refuses data without rows"
+        self._rows = rows
+        self.max_row_bytes = max(r.num_bytes for r in rows)
+        self.has_chat = any(r.messages for r in rows)
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def get(self, index: int) -> tuple[str, str]:
+    def get(self, index: int) -> PromptRow:
         return self._rows[index]
 
 
 class SyntheticSource:
+    max_row_bytes = 64  # "07+45=" and "052"
+    has_chat = False
+
     def __init__(self, *, seed: int) -> None:
         from common.tasks import ArithmeticTask
 
@@ -79,17 +74,16 @@ class SyntheticSource:
     def __len__(self) -> int:
         return SYNTHETIC_TRAIN_SIZE
 
-    def get(self, index: int) -> tuple[str, str]:
+    def get(self, index: int) -> PromptRow:
         ex = self._task.example(index, "train")
-        return ex.prompt, ex.answer
+        return PromptRow(ex.prompt, ex.answer)
 
 
 def make_source(cfg: TaskConfig, *, seed: int) -> PromptSource:
-    if cfg.source == "jsonl":
-        return JsonlSource(
-            Path(cfg.path), prompt_field=cfg.prompt_field, answer_field=cfg.answer_field
-        )
-    return SyntheticSource(seed=seed)
+    """The synthetic task, or the rows of `task.path` (`ConfigError` naming a bad row)."""
+    if cfg.source == "synthetic":
+        return SyntheticSource(seed=seed)
+    return RowSource(load_rows(cfg))
 
 
 class PromptOrder:

@@ -1,4 +1,5 @@
-"""PromptOrder (epochs, seeded shuffles, retries, exhaustion, state) and the prompt sources."""
+"""PromptOrder (epochs, seeded shuffles, retries, exhaustion, state) and the prompt sources
+(the data files they read: tests/unit/test_task_data.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import json
 import pytest
 
 from common.config import TaskConfig
-from common.errors import ConfigError
-from consumer.server.prompts import JsonlSource, PromptOrder, SyntheticSource, make_source
+from consumer.server.prompts import PromptOrder, RowSource, SyntheticSource, make_source
+from consumer.server.rows import PromptRow
 
 
 def take(order: PromptOrder, n: int) -> list[int | None]:
@@ -91,83 +92,24 @@ def test_state_round_trip_continues_with_the_same_prompts(shuffle, advance):
 # Sources
 
 
-def write_lines(path, lines):
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
-def test_jsonl_source_reads_the_named_fields_and_skips_blank_lines(tmp_path):
-    path = write_lines(
-        tmp_path / "p.jsonl",
-        [
-            json.dumps({"q": "1+1=", "a": 2, "extra": True}),
-            "",
-            "   ",
-            json.dumps({"q": "2+2=", "a": "4"}),
-        ],
-    )
-    source = JsonlSource(path, prompt_field="q", answer_field="a")
-    assert len(source) == 2
-    assert source.get(0) == ("1+1=", "2")
-    assert source.get(1) == ("2+2=", "4")
-
-
-def test_jsonl_source_keeps_unicode_line_separators_inside_strings(tmp_path):
-    text = "first\u2028second\x85third\u2029"
+def test_make_source_picks_the_configured_source_and_sizes_its_rows(tmp_path):
     path = tmp_path / "p.jsonl"
-    rows = [{"prompt": text, "answer": "x"}, {"prompt": "b", "answer": "y"}]
-    path.write_text(
-        "\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n", encoding="utf-8"
-    )
-    source = JsonlSource(path, prompt_field="prompt", answer_field="answer")
-    assert len(source) == 2
-    assert source.get(0) == (text, "x")
-
-
-@pytest.mark.parametrize(
-    ("lines", "line", "why"),
-    [
-        (['{"prompt": "a", "answer": "b"}', "{not json"], 2, "not JSON"),
-        (['{"prompt": "a", "answer": "b"}', "", '{"prompt": "a"}'], 3, "needs the fields"),
-        (['["prompt", "answer"]'], 1, "needs the fields"),
-        (['"just a string"'], 1, "needs the fields"),
-        (['{"answer": "b"}'], 1, "task.prompt_field / task.answer_field"),
-    ],
-)
-def test_jsonl_source_errors_name_the_line(tmp_path, lines, line, why):
-    path = write_lines(tmp_path / "p.jsonl", lines)
-    with pytest.raises(ConfigError, match=why) as info:
-        JsonlSource(path, prompt_field="prompt", answer_field="answer")
-    assert f"p.jsonl:{line}:" in str(info.value)
-
-
-def test_jsonl_source_names_a_line_that_is_not_utf8(tmp_path):
-    path = tmp_path / "p.jsonl"
-    path.write_bytes(b'{"prompt": "a", "answer": "b"}\n{"prompt": "\xff", "answer": "b"}\n')
-    with pytest.raises(ConfigError, match="not UTF-8") as info:
-        JsonlSource(path, prompt_field="prompt", answer_field="answer")
-    assert "p.jsonl:2:" in str(info.value)
-
-
-def test_jsonl_source_refuses_a_missing_or_empty_file(tmp_path):
-    with pytest.raises(ConfigError, match=r"task\.path"):
-        JsonlSource(tmp_path / "missing.jsonl", prompt_field="p", answer_field="a")
-    empty = write_lines(tmp_path / "empty.jsonl", ["", " "])
-    with pytest.raises(ConfigError, match="holds no prompts"):
-        JsonlSource(empty, prompt_field="p", answer_field="a")
-
-
-def test_make_source_picks_the_configured_source(tmp_path):
-    path = write_lines(tmp_path / "p.jsonl", [json.dumps({"prompt": "a", "answer": "b"})])
+    rows = [{"prompt": "a", "answer": "b"}, {"prompt": "longer", "answer": "c", "n": 1}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     source = make_source(TaskConfig(source="jsonl", path=str(path)), seed=0)
-    assert isinstance(source, JsonlSource)
+    assert isinstance(source, RowSource)
+    assert len(source) == 2
+    assert source.get(1) == PromptRow("longer", "c", (), '{"n":1}')
+    assert source.max_row_bytes == len("longer") + len("c") + len('{"n":1}')
+    assert not source.has_chat
     assert isinstance(make_source(TaskConfig(), seed=0), SyntheticSource)
 
 
 def test_the_synthetic_source_is_deterministic_per_seed_and_index():
     a, b = SyntheticSource(seed=0), SyntheticSource(seed=0)
     assert [a.get(i) for i in (0, 1, 999)] == [b.get(i) for i in (0, 1, 999)]
-    prompt, answer = a.get(5)
-    assert isinstance(prompt, str)
-    assert isinstance(answer, str)
-    assert prompt
+    row = a.get(5)
+    assert row.prompt
+    assert row.answer
+    assert (row.messages, row.columns) == ((), "")
+    assert row.num_bytes <= SyntheticSource.max_row_bytes

@@ -1,0 +1,239 @@
+"""The user's rows: JSONL, Parquet (written here with pyarrow) and Hugging Face datasets (a
+save_to_disk directory, local data files, a name in a local cache built here), each checked
+row by row, with one error naming the file, the row and the field."""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from common.config import TaskConfig
+from common.errors import ConfigError
+from common.wire import ChatTurn
+from consumer.server.rows import PromptRow
+from consumer.server.task_data import data_format, load_rows
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+
+
+def write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def task(path: Path | str, source: str = "jsonl", **changes: object) -> TaskConfig:
+    return TaskConfig(source=source, path=str(path), **changes)  # type: ignore[arg-type]
+
+
+def refusal(cfg: TaskConfig, **kw: bool) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_rows(cfg, **kw)
+    return str(info.value)
+
+
+# -- JSONL ---------------------------------------------------------------------------------------
+def test_jsonl_rows_give_prompt_answer_and_every_other_column(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        json.dumps({"q": "1+1=", "a": 2, "unit": "cm", "tol": [0.5, 1]}) + "\n\n   \n"
+        + json.dumps({"q": "2+2=", "a": "4"}) + "\n"
+    )  # fmt: skip
+    rows = load_rows(task(path, prompt_field="q", answer_field="a"))
+    assert rows == [
+        PromptRow("1+1=", "2", (), '{"unit":"cm","tol":[0.5,1]}'),
+        PromptRow("2+2=", "4", (), ""),
+    ]
+
+
+def test_jsonl_keeps_unicode_line_separators_inside_strings(tmp_path):
+    text = "first\u2028second\x85third\u2029"
+    path = tmp_path / "p.jsonl"
+    rows = [{"prompt": text, "answer": "x"}, {"prompt": "b", "answer": "y"}]
+    path.write_text(
+        "\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n", encoding="utf-8"
+    )
+    assert [r.prompt for r in load_rows(task(path))] == [text, "b"]
+
+
+def test_a_chat_prompt_becomes_messages_and_the_answer_may_be_absent(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"prompt": CHAT, "level": 3}])
+    [row] = load_rows(task(path, answer_field=""))
+    assert row == PromptRow(
+        "", "", (ChatTurn("system", "Be brief."), ChatTurn("user", "2+2?")), '{"level":3}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("lines", "where", "why"),
+    [
+        (['{"prompt": "a", "answer": "b"}', "{not json"], "line 2", "not JSON"),
+        (['{"prompt": "a", "answer": "b"}', "", '{"prompt": "a"}'], "line 3",
+         "no field 'answer' (task.answer_field"),
+        (['["prompt", "answer"]'], "line 1", "a row must be an object of named fields, not a list"),
+        (['{"answer": "b", "x": 1}'], "line 1", "no field 'prompt' (task.prompt_field); the row "
+         "has 'answer', 'x'"),
+        (['{"prompt": 7, "answer": "b"}'], "line 1", "field 'prompt' is a int; a prompt is text"),
+        (['{"prompt": "  ", "answer": "b"}'], "line 1", "field 'prompt' is empty"),
+        (['{"prompt": [], "answer": "b"}'], "line 1", "field 'prompt' is empty"),
+        (['{"prompt": [{"role": "user", "content": " "}], "answer": "b"}'], "line 1",
+         "field 'prompt' is empty"),
+        (['{"prompt": [{"role": "user"}], "answer": "b"}'], "line 1",
+         "field 'prompt', message 0: a chat message is an object with a text 'role' and"),
+        (['{"prompt": "a", "answer": null}'], "line 1", "field 'answer' is null; an answer is"),
+        (['{"prompt": "a", "answer": [1]}'], "line 1", "field 'answer' is a list"),
+        (['{"prompt": "a", "answer": "b", "completion": "x"}'], "line 1",
+         "field 'completion' has the name of a reward argument"),
+        (['{"prompt": "a", "answer": "b", "m": {"1": 2, "k": [{"z": 1}]}}', '{"prompt": "a", '
+          '"answer": "b", "big": "' + "x" * 2000 + '"}'], "line 2",
+         "the row takes 2.0 KiB, over task.max_row_kib = 1"),
+    ],
+)  # fmt: skip
+def test_a_bad_jsonl_row_is_refused_naming_file_line_and_field(tmp_path, lines, where, why):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    message = refusal(task(path, max_row_kib=1.0))
+    assert message.startswith(f"{path}: {where}: ")
+    assert why in message
+
+
+def test_a_line_that_is_not_utf8_or_a_missing_or_empty_file_is_refused(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "a", "answer": "b"}\n{"prompt": "\xff", "answer": "b"}\n')
+    assert refusal(task(path)).startswith(f"{path}: line 2: not UTF-8")
+    assert refusal(task(tmp_path / "missing.jsonl")).startswith("task.path = ")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n \n")
+    assert "holds no rows" in refusal(task(empty))
+
+
+# -- Parquet -------------------------------------------------------------------------------------
+def write_parquet(path: Path, columns: dict[str, list[object]]) -> Path:
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def test_parquet_rows_carry_lists_structs_dates_and_chat_prompts(tmp_path):
+    path = write_parquet(tmp_path / "t.parquet", {
+        "prompt": ["What is 2+2?", "Name a colour."],
+        "answer": [4, 0.5],
+        "tolerance": [0.5, None],
+        "tags": [["a", "b"], []],
+        "meta": [{"k": 1}, {"k": 2}],
+        "day": [datetime.date(2026, 1, 2), datetime.date(2026, 1, 3)],
+    })  # fmt: skip
+    rows = load_rows(task(path, "parquet"))
+    assert [(r.prompt, r.answer) for r in rows] == [("What is 2+2?", "4.0"), ("Name a colour.",
+                                                                              "0.5")]  # fmt: skip
+    assert json.loads(rows[0].columns) == {
+        "tolerance": 0.5, "tags": ["a", "b"], "meta": {"k": 1}, "day": "2026-01-02"
+    }  # fmt: skip
+    assert json.loads(rows[1].columns)["tolerance"] is None
+    chat = write_parquet(tmp_path / "c.parquet", {"prompt": [CHAT], "answer": ["4"]})
+    assert load_rows(task(chat, "parquet"))[0].messages[1] == ChatTurn("user", "2+2?")
+
+
+def test_a_bad_parquet_file_row_or_column_is_refused_naming_them(tmp_path):
+    path = write_parquet(tmp_path / "t.parquet", {"question": ["a"], "answer": ["b"]})
+    assert refusal(task(path, "parquet")) == (
+        f"{path}: no column 'prompt' (task.prompt_field); its columns: 'question', 'answer'"
+    )
+    path = write_parquet(tmp_path / "e.parquet", {"prompt": ["a", "b", ""], "answer": ["1"] * 3})
+    assert refusal(task(path, "parquet")) == (
+        f"{path}: row 3: field 'prompt' is empty (a prompt needs text)"
+    )
+    path = write_parquet(tmp_path / "b.parquet", {"prompt": ["a"], "answer": ["1"], "raw": [b"x"]})
+    assert refusal(task(path, "parquet")).startswith(f"{path}: row 1: field 'raw' holds a bytes")
+    (tmp_path / "not.parquet").write_text("no")
+    assert "not a readable Parquet file" in refusal(task(tmp_path / "not.parquet", "parquet"))
+
+
+# -- Hugging Face datasets -----------------------------------------------------------------------
+def test_a_save_to_disk_directory_is_read_whole_or_by_split(tmp_path):
+    import datasets
+
+    rows = {"prompt": ["p0", "p1"], "answer": ["0", "1"], "unit": ["cm", "m"]}
+    datasets.Dataset.from_dict(rows).save_to_disk(tmp_path / "one")
+    got = load_rows(task(tmp_path / "one", "hf"))
+    assert [(r.prompt, r.columns) for r in got] == [("p0", '{"unit":"cm"}'), ("p1", '{"unit":"m"}')]
+    splits = datasets.DatasetDict(
+        train=datasets.Dataset.from_dict(rows), test=datasets.Dataset.from_dict({
+            "prompt": ["t0"], "answer": ["9"], "unit": ["km"]})
+    )  # fmt: skip
+    splits.save_to_disk(tmp_path / "dict")
+    cfg = task(tmp_path / "dict", "hf", eval_path=str(tmp_path / "dict"))
+    assert [r.prompt for r in load_rows(cfg)] == ["p0", "p1"]
+    assert [r.prompt for r in load_rows(cfg, held_out=True)] == ["t0"]
+    message = refusal(task(tmp_path / "dict", "hf", split="validation"))
+    assert "has no split 'validation' (task.split); its splits: 'train', 'test'" in message
+
+
+def test_local_data_files_load_through_the_datasets_library(tmp_path):
+    write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "answer": "1", "n": 5}])
+    assert load_rows(task(tmp_path / "d.jsonl", "hf"))[0].columns == '{"n":5}'
+    write_parquet(tmp_path / "d.parquet", {"prompt": ["b"], "answer": ["2"]})
+    assert load_rows(task(tmp_path / "d.parquet", "hf"))[0].prompt == "b"
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "train.jsonl", [{"prompt": "c", "answer": "3"}])
+    assert load_rows(task(tmp_path / "data", "hf"))[0].prompt == "c"
+    (tmp_path / "x.xml").write_text("<a/>")
+    assert "reads files ending in .jsonl" in refusal(task(tmp_path / "x.xml", "hf"))
+
+
+def test_a_dataset_name_is_read_from_the_local_cache_and_never_downloaded(tmp_path, monkeypatch):
+    import datasets
+    import huggingface_hub.constants as hub
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}", "answer": str(i)} for i in range(3)])
+    cache_as_the_hub_would(tmp_path / "d.jsonl", cache, "someone/toy")
+    rows = load_rows(task("someone/toy", "hf", eval_path="someone/toy", eval_split="test"))
+    assert [r.prompt for r in rows] == ["p0", "p1", "p2"]
+    message = refusal(task("someone/absent", "hf"))
+    assert message.startswith("task.path = 'someone/absent': could not load it as in the local")
+    assert "(nothing is downloaded)" in message
+    # the load was offline; the settings it changed are back as they were
+    assert (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE) == (False, False)
+    assert "HF_HUB_OFFLINE" not in os.environ
+
+
+def cache_as_the_hub_would(data: Path, cache: Path, name: str) -> None:
+    """`name` in the datasets cache as a download from the Hub leaves it (`namespace___name/
+    default/VERSION/HASH/NAME-SPLIT.arrow`), built from a local file (no network here)."""
+    import datasets
+
+    files = {"train": str(data), "test": str(data)}
+    datasets.load_dataset("json", data_files=files, cache_dir=str(cache))
+    owner, short = name.split("/")
+    target = cache / f"{owner}___{short}"
+    (cache / "json").rename(target)
+    [config] = glob.glob(str(target / "default-*"))
+    os.rename(config, target / "default")
+    for arrow in glob.glob(str(target / "default" / "*" / "*" / "json-*.arrow")):
+        os.rename(arrow, arrow.replace("/json-", f"/{short}-"))
+
+
+# -- held-out rows -------------------------------------------------------------------------------
+def test_eval_path_is_read_like_task_path_or_by_its_suffix_for_the_synthetic_task(tmp_path):
+    write_parquet(tmp_path / "e.parquet", {"prompt": ["a"], "answer": ["1"]})
+    write_jsonl(tmp_path / "e.jsonl", [{"prompt": "b", "answer": "2"}])
+    synthetic = TaskConfig(eval_path=str(tmp_path / "e.parquet"))
+    assert data_format(synthetic, held_out=True) == "parquet"
+    assert load_rows(synthetic, held_out=True)[0].prompt == "a"
+    jsonl = TaskConfig(eval_path=str(tmp_path / "e.jsonl"))
+    assert data_format(jsonl, held_out=True) == "jsonl"
+    assert load_rows(jsonl, held_out=True)[0].prompt == "b"
+    parquet = task(tmp_path / "e.parquet", "parquet", eval_path=str(tmp_path / "e.parquet"))
+    assert load_rows(parquet, held_out=True)[0].prompt == "a"
+    missing = TaskConfig(eval_path=str(tmp_path / "none.jsonl"))
+    assert refusal(missing, held_out=True).startswith("task.eval_path = ")
