@@ -1,7 +1,8 @@
 """Scoring one lease's group: the `Rewards` protocol the worker calls, and its two kinds.
 
 - `TaskRewards`: decodes the G completions (special tokens dropped, producer/tokenizer.py) and
-  scores them against the lease's reference answer with the run's reward functions
+  scores them against the lease's row (its prompt, text or chat messages, its reference answer
+  and its other columns) with the run's reward functions
   (`RewardRunner`, producer/rewards.py: a raising or hanging reward scores 0 and is counted).
   Its `counters` sum, over the groups scored, the reward calls that failed (`reward_errors`) and
   timed out (`reward_timeouts`); a key appears with the first group.
@@ -61,7 +62,8 @@ class TaskRewards:
 
     async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> GroupScore:
         texts = [self.codec.decode(c.token_ids) for c in completions]
-        scored = await self.runner.score(texts, lease.answer)
+        prompt = [{"role": t.role, "content": t.content} for t in lease.messages] or lease.prompt
+        scored = await self.runner.score(texts, lease.answer, prompt=prompt, columns=lease.columns)
         self._count("reward_errors", scored.num_errors)
         self._count("reward_timeouts", scored.num_timeouts)
         return GroupScore(scored.rewards, scored.num_errors + scored.num_timeouts)

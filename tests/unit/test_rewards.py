@@ -10,15 +10,8 @@ import pytest
 
 from common.config import RewardSpec
 from common.errors import ConfigError
-from producer.rewards import (
-    RewardRunner,
-    boxed_format,
-    exact_match,
-    last_boxed,
-    math_verify,
-    part_names,
-    resolve,
-)
+from producer.reward_fns import boxed_format, exact_match, last_boxed, math_verify, resolve
+from producer.rewards import RewardRunner, part_names
 from producer.scoring import FakeRewards
 
 
