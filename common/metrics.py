@@ -79,7 +79,7 @@ class StepRecord:
     step_s: float | None = None  # the optimizer step itself
     num_tokens: float | None = None  # valid completion tokens in the loss
     grad_norm: float | None = None  # before clipping
-    lr: float | None = None
+    lr: float | None = None  # the learning rate this step (its first update) used
     entropy: float | None = None  # of the sampling distribution, nats per token
     clip_frac_low: float | None = None  # consumer/train/loss.py METRIC_KEYS, same meaning
     clip_frac_high: float | None = None

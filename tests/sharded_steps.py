@@ -31,7 +31,8 @@ from common import run_files as RF
 from common import wire
 
 # (name, config overrides): every aggregation mode, and one case with packing, gradient
-# checkpointing, two updates per batch (an old-log-prob pass) and a sharded reference model
+# checkpointing, two updates per batch (an old-log-prob pass) and a sharded reference model, and
+# one with a learning-rate schedule
 CASES: list[tuple[str, dict[str, object]]] = [
     ("token-mean", {}),
     ("token-sum", {"loss.agg": "token-sum"}),
@@ -45,6 +46,16 @@ CASES: list[tuple[str, dict[str, object]]] = [
             "model.gradient_checkpointing": True,
             "train.updates_per_batch": 2,
             "loss.beta": 0.05,
+        },
+    ),
+    # a schedule whose lr differs at every step (warm-up, then cosine to a floor)
+    (
+        "cosine-warmup",
+        {
+            "train.lr_schedule": "cosine",
+            "train.warmup_steps": 2,
+            "train.lr_min_ratio": 0.1,
+            "run.steps": 5,
         },
     ),
 ]

@@ -18,6 +18,7 @@ from common.config.fields import (
     AdvScale,
     AggMode,
     KLKind,
+    LRSchedule,
     ReduceDtype,
     TISLevel,
     TISMode,
@@ -74,10 +75,22 @@ class TrainConfig:
     prompts_per_step: int = _f(
         8, "Groups (prompts) per optimizer step; B = prompts_per_step * G rows."
     )
-    lr: float = _f(1e-5, "AdamW learning rate.")
+    lr: float = _f(1e-5, "AdamW peak learning rate (after warm-up, before decay).")
+    lr_schedule: LRSchedule = _f(
+        "constant",
+        "Learning rate after warm-up: constant, or decaying (linear, cosine) from lr to "
+        "lr * lr_min_ratio over the rest of run.steps (consumer/train/schedule.py).",
+    )
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=_meta("AdamW betas."))
-    warmup_steps: int = _f(0, "Linear learning-rate warm-up steps.")
+    warmup_steps: int = _f(
+        0,
+        "Optimizer updates of linear warm-up from lr / warmup_steps to lr (0 = none); one "
+        "update per learner step unless train.updates_per_batch > 1.",
+    )
+    lr_min_ratio: float = _f(
+        0.0, "The floor of a decaying lr_schedule, as a fraction of lr (in [0, 1])."
+    )
     grad_clip: float = _f(1.0, "Global gradient-norm clip (0 = off).")
     micro_batch_tokens: int = _f(
         16384,
@@ -109,6 +122,8 @@ class TrainConfig:
         return failed(
             (self.prompts_per_step >= 1, "train.prompts_per_step must be >= 1"),
             (self.lr > 0, "train.lr must be > 0"),
+            (self.warmup_steps >= 0, "train.warmup_steps must be >= 0"),
+            (0 <= self.lr_min_ratio <= 1, "train.lr_min_ratio must be in [0, 1]"),
             (self.micro_batch_tokens >= 1, "train.micro_batch_tokens must be >= 1"),
             (
                 math.isfinite(self.logprob_chunk_mib) and self.logprob_chunk_mib > 0,

@@ -74,6 +74,11 @@ def _across(cfg: Config) -> list[str]:
     """The checks that read more than one section."""
     return failed(
         (
+            cfg.train.lr_schedule == "constant" or cfg.run.steps > 0,
+            f"train.lr_schedule = {cfg.train.lr_schedule!r} decays over run.steps: set run.steps "
+            "> 0, or use lr_schedule = 'constant'",
+        ),
+        (
             cfg.task.max_row_kib * 1024 <= cfg.net.max_message_mib * (1 << 20) / 2,
             f"task.max_row_kib = {cfg.task.max_row_kib:g} KiB: a lease grant carries rows in one "
             f"message of at most net.max_message_mib = {cfg.net.max_message_mib:g} MiB; keep "

@@ -1,6 +1,7 @@
 """The learner's model, optimizer and one optimizer step per batch of groups (single device).
 
-What it owns: the policy (fp32 master weights), AdamW with linear warm-up, gradient clipping,
+What it owns: the policy (fp32 master weights), AdamW with its learning-rate schedule
+(consumer/train/schedule.py: warm-up, then constant, linear or cosine), gradient clipping,
 micro-batching by a token budget, an optional frozen reference model (beta > 0). What it does not
 do: sockets, staleness decisions, snapshots on disk (consumer/snapshots/publisher.py), the
 checkpoint directory (consumer/train/checkpoint.py: this trainer writes its part into it).
@@ -57,6 +58,7 @@ from consumer.train.batching import (
     rows_of,
 )
 from consumer.train.forward import CompletionForward, check_plain_head, compile_layers
+from consumer.train.schedule import make_scheduler
 
 log = logging.getLogger("asyncgrpo.consumer")
 
@@ -118,10 +120,7 @@ class DeviceTrainer:
             weight_decay=t.weight_decay,
             fused=self.device.type == "cuda",
         )
-        warm = max(t.warmup_steps, 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
-        )
+        self.scheduler = make_scheduler(self.optimizer, cfg)
         self.ref_model = None
         self.ref_policy: CompletionForward | None = None
         if cfg.loss.beta > 0:
@@ -163,6 +162,7 @@ class DeviceTrainer:
         parts = [list(range(u, len(rows), updates)) for u in range(updates)]
         passes: list[tuple[dict[str, float], int, bool]] = []
         grad_norms = []
+        lr = float(self.optimizer.param_groups[0]["lr"])  # this step's (first update's) lr
         for part in parts:
             part_passes, grad_norm = self._update([rows[i] for i in part], old, part)
             passes.extend(part_passes)
@@ -181,7 +181,7 @@ class DeviceTrainer:
             )
         out.update(
             grad_norm=float(np.mean(grad_norms)),
-            lr=float(self.scheduler.get_last_lr()[0]),
+            lr=lr,
             step_s=time.perf_counter() - t0,
         )
         return out

@@ -63,9 +63,9 @@ def test_a_checkpoint_resumes_at_another_world_size(
     tiny_model_dir: Path, tmp_path: Path, writer: int, reader: int
 ) -> None:
     """Step 1-2 on `writer` ranks, checkpoint (DCP from 2 ranks, safetensors from 1), step 3-4
-    on `reader` ranks from it: the same parameters as 4 uninterrupted steps in one process
-    (weights, AdamW moments and the scheduler all came back)."""
-    cases = ["token-mean"]
+    on `reader` ranks from it: the same parameters and lr as 4 uninterrupted steps (weights, AdamW
+    moments and the scheduler, whose lr differs at every step, all came back)."""
+    cases = ["cosine-warmup"]
     common = ["--cases", ",".join(cases), "--record", "4"]
 
     def steps(nproc: int, out: Path, *args: str) -> None:
@@ -84,7 +84,10 @@ def test_a_checkpoint_resumes_at_another_world_size(
 
     steps(writer, tmp_path / "first", "--save-at", "2")
     layout = "dcp" if writer > 1 else "model.safetensors"
-    assert list((tmp_path / "first" / "token-mean" / "run" / "checkpoints").glob(f"*/{layout}"))
+    assert list((tmp_path / "first" / cases[0] / "run" / "checkpoints").glob(f"*/{layout}"))
     steps(reader, tmp_path / "resumed", "--resume", str(tmp_path / "first"))
-    step4 = "token-mean/step4.safetensors"
-    assert max_diff(tmp_path / "first" / step4, tmp_path / "resumed" / step4) <= 1e-5
+    step4 = f"{cases[0]}/step4"
+    first, resumed = tmp_path / "first" / step4, tmp_path / "resumed" / step4
+    assert max_diff(first.with_suffix(".safetensors"), resumed.with_suffix(".safetensors")) <= 1e-5
+    lrs = [json.loads(p.with_suffix(".json").read_text())["lr"] for p in (first, resumed)]
+    assert lrs[0] == pytest.approx(lrs[1], rel=1e-12)
