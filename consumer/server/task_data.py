@@ -86,6 +86,7 @@ def _jsonl(path: Path, key: str) -> Iterator[tuple[str, Any]]:
 
 
 def _parquet(path: Path, key: str, fields: RowFields) -> Iterator[tuple[str, Any]]:
+    _need_module("pyarrow", "Parquet")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -158,6 +159,7 @@ def _hf_load(datasets: Any, path: str, key: str, *, config: str, split: str) -> 
 def _offline() -> Iterator[Any]:
     """The `datasets` module, with the Hugging Face Hub off (env and the modules' constants,
     which they read at import) and progress bars quiet; all put back afterwards."""
+    _need_module("datasets", "a Hugging Face dataset")
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
     saved_env = {name: os.environ.get(name) for name in names}
     os.environ.update(dict.fromkeys(names, "1"))
@@ -179,6 +181,14 @@ def _offline() -> Iterator[Any]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _need_module(name: str, what: str) -> None:
+    """A clear error when the optional `data` extra is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None:
+        raise ConfigError(f"reading {what} needs the {name} package: pip install 'asyncgrpo[data]'")
 
 
 def _first_line(exc: BaseException) -> str:

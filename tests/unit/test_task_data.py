@@ -154,6 +154,27 @@ def test_a_bad_parquet_file_row_or_column_is_refused_naming_them(tmp_path):
     assert "not a readable Parquet file" in refusal(task(tmp_path / "not.parquet", "parquet"))
 
 
+def test_without_the_data_extra_parquet_and_hf_say_what_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    missing = {"pyarrow", "datasets"}
+
+    def spec(name: str, *args: object) -> object:
+        return None if name in missing else find_spec(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", spec)
+    path = write_parquet(tmp_path / "t.parquet", {"prompt": ["a"], "answer": ["b"]})
+    assert refusal(task(path, "parquet")) == (
+        "reading Parquet needs the pyarrow package: pip install 'asyncgrpo[data]'"
+    )
+    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    assert refusal(task(tmp_path, "hf")) == (
+        "reading a Hugging Face dataset needs the datasets package: pip install 'asyncgrpo[data]'"
+    )
+    assert {k: os.environ.get(k) for k in saved} == saved  # the offline flags were not left set
+
+
 # -- Hugging Face datasets -----------------------------------------------------------------------
 def test_a_save_to_disk_directory_is_read_whole_or_by_split(tmp_path):
     import datasets
