@@ -57,7 +57,7 @@ def test_greedy_score_on_a_jsonl_split_is_the_greedy_completion_scored_by_the_us
 def test_a_malformed_split_names_its_line(tmp_path, model_dir):
     cfg = user_config(tmp_path, [{"question": "1+1=", "answer": "2"}], "exact_match")
     Path(cfg.task.eval_path).write_text('{"question": "1+1=", "answer": "2"}\nnot json\n')
-    with pytest.raises(ConfigError, match=r"heldout.jsonl:2: not JSON"):
+    with pytest.raises(ConfigError, match=r"heldout.jsonl: line 2: not JSON"):
         heldout.evaluate(cfg, model_dir)
 
 
