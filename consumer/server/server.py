@@ -69,6 +69,8 @@ def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,
+        min_p=s.min_p,
+        max_kept=s.max_kept,
         max_new_tokens=s.max_new_tokens,
         prompt_format=cfg.task.prompt_format,
         model=model,
@@ -348,7 +350,8 @@ def _restored_state(
 
 
 def _group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits:
-    """What a group message may hold: the run's G, vocabulary, temperature and lengths."""
+    """What a group message may hold: the run's G, vocabulary, temperature, lengths and kept
+    sets (required, of at most max_kept ids, exactly when the run samples truncated)."""
     s = cfg.sampling
     return wire.Limits(
         max_message_bytes=max_bytes,
@@ -357,6 +360,7 @@ def _group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limit
         temperature=s.temperature,
         max_prompt_tokens=s.max_prompt_tokens,
         max_completion_tokens=s.max_new_tokens,
+        max_kept=s.max_kept if s.truncation.active else 0,
     )
 
 

@@ -1,4 +1,4 @@
-"""Wire schema v2: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
+"""Wire schema v3: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from strategies import (
     optional_fields,
 )
 
-from common import wire
+from common import kept_set, wire
 from common.errors import WireError
 
 # ---------------------------------------------------------------------------------------------
@@ -41,8 +41,10 @@ SPEC = wire.RunSpec(
     vocab_size=16,
     max_staleness=1,
     temperature=0.75,
-    top_p=1.0,
-    top_k=0,
+    top_p=0.9,
+    top_k=8,
+    min_p=0.05,
+    max_kept=16,
     max_new_tokens=4,
     prompt_format="raw",
     model="demo",
@@ -79,6 +81,24 @@ def group(**changes: typing.Any) -> wire.Group:
         if isinstance(fields[name], list):
             fields[name] = np.array(fields[name], dtype=dtype)
     return wire.Group(**fields)
+
+
+# A truncated run (top-k / top-p / min-p) of the same shape: every group carries its kept sets.
+TRUNCATED = dataclasses.replace(RUN, max_kept=4)
+UNTRUNCATED = dataclasses.replace(RUN, max_kept=0)
+
+
+def truncated_group(**changes: typing.Any) -> wire.Group:
+    """`group()` with kept sets: K = {4, 1, 9}, {5}, {6, 0} (the sampled token, then the others)."""
+    fields: dict[str, typing.Any] = dict(
+        kept_offsets=[0, 2, 2, 3], kept_ids=[1, 9, 0], kept_unknown=[],
+        behavior_logp=[-0.25, 0.0, -0.5],
+    )  # fmt: skip
+    fields.update(changes)
+    for name in ("kept_offsets", "kept_ids", "kept_unknown"):
+        if isinstance(fields[name], list):
+            fields[name] = np.array(fields[name], np.int32)
+    return group(**fields)
 
 
 MESSAGES: dict[str, typing.Any] = {
@@ -121,42 +141,42 @@ MESSAGES: dict[str, typing.Any] = {
 # changed: that is a schema change, so bump wire.SCHEMA_VERSION (old and new peers can't talk).
 GOLDEN_HEX = {
     "register": (
-        "89a6736368656d6102a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
+        "89a6736368656d6103a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
         "a27030a4686f7374a168a37069642aa6656e67696e65a466616b65ae6c6f616465645f7665727369"
         "6f6e03ab68656c645f6c6561736573920708"
     ),
     "heartbeat": (
-        "88a6736368656d6102a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
+        "88a6736368656d6103a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
         "64a27030ae6c6f616465645f76657273696f6e03a57374617465aa67656e65726174696e67ad6e75"
         "6d5f696e5f666c6967687402a8636f756e7465727382ab67726f7570735f73656e74cb4014000000"
         "000000ad7265776172645f6572726f7273cb0000000000000000"
     ),
     "lease_req": (
-        "86a6736368656d6102a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
+        "86a6736368656d6103a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
         "64a27030aa6d61785f6c656173657304ae6c6f616465645f76657273696f6e03"
     ),
     "goodbye": (
-        "85a6736368656d6102a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
+        "85a6736368656d6103a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
         "7030ab68656c645f6c65617365739107"
     ),
     "fetch_req": (
-        "88a6736368656d6102a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
+        "88a6736368656d6103a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
         "64a27030a776657273696f6e03ac68656c645f76657273696f6e02a968656c645f68617368a46162"
         "3132a572656c617982a8656e64706f696e74b37463703a2f2f31302e302e302e323a36303030aa73"
         "65727665725f6b6579a16b"
     ),
     "fetch_done": (
-        "8aa6736368656d6102a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
+        "8aa6736368656d6103a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
         "6964a27030a776657273696f6e03a466696c65a564656c7461a26f6bc3a96e756d5f627974657306"
         "ab6261645f736f75726365739182a8656e64706f696e74b37463703a2f2f31302e302e302e333a36"
         "303030a6726561736f6eab77726f6e675f6279746573a773657276696e67c3"
     ),
     "file_chunk_req": (
-        "87a6736368656d6102a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
+        "87a6736368656d6103a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
         "6f6e03a466696c65a777656967687473a66f666673657400a96d61785f6279746573cd1000"
     ),
     "fetch_plan": (
-        "8da6736368656d6102a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
+        "8da6736368656d6103a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
         "66696c65a564656c7461ac626173655f76657273696f6e02a96e756d5f627974657306a468617368"
         "a463643334ab726573756c745f68617368a461663133ab6368756e6b5f627974657304ac6368756e"
         "6b5f686173686573c440000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d"
@@ -166,27 +186,28 @@ GOLDEN_HEX = {
         "0000000000"
     ),
     "welcome": (
-        "85a6736368656d6102a46b696e64a777656c636f6d65a372657101a473706563de0010aa67726f75"
+        "85a6736368656d6103a46b696e64a777656c636f6d65a372657101a473706563de0012aa67726f75"
         "705f73697a6502aa766f6361625f73697a6510ad6d61785f7374616c656e65737301ab74656d7065"
-        "726174757265cb3fe8000000000000a5746f705f70cb3ff0000000000000a5746f705f6b00ae6d61"
-        "785f6e65775f746f6b656e7304ad70726f6d70745f666f726d6174a3726177a56d6f64656ca46465"
-        "6d6fad726f6c6c6f7574735f706f7274cd15b4ad616e6e6f756e63655f706f7274cd15b5ab686561"
-        "7274626561745f73cb3ff0000000000000b16d61785f6d6573736167655f6279746573ce00100000"
-        "aa7265776172645f666e739282a2666eab65786163745f6d61746368a6776569676874cb3ff00000"
-        "0000000082a2666ea36d3a66a6776569676874cb3fe0000000000000b07265776172645f74696d65"
-        "6f75745f73cb4014000000000000a9646174615f706f7274cd15b6a673746174757385a672756e5f"
-        "6964a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f7484a776657273"
-        "696f6e03a96e756d5f6279746573cd0400a468617368a461663133a470617468ac2f722f76303030"
-        "3030332f6da461636b739282a86c656173655f696407a76f7574636f6d65a7747261696e656482a8"
-        "6c656173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2"
+        "726174757265cb3fe8000000000000a5746f705f70cb3feccccccccccccda5746f705f6b08a56d69"
+        "6e5f70cb3fa999999999999aa86d61785f6b65707410ae6d61785f6e65775f746f6b656e7304ad70"
+        "726f6d70745f666f726d6174a3726177a56d6f64656ca464656d6fad726f6c6c6f7574735f706f72"
+        "74cd15b4ad616e6e6f756e63655f706f7274cd15b5ab6865617274626561745f73cb3ff000000000"
+        "0000b16d61785f6d6573736167655f6279746573ce00100000aa7265776172645f666e739282a266"
+        "6eab65786163745f6d61746368a6776569676874cb3ff000000000000082a2666ea36d3a66a67765"
+        "69676874cb3fe0000000000000b07265776172645f74696d656f75745f73cb4014000000000000a9"
+        "646174615f706f7274cd15b6a673746174757385a672756e5f6964a6613162322d30ae706f6c6963"
+        "795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f6279746573cd"
+        "0400a468617368a461663133a470617468ac2f722f763030303030332f6da461636b739282a86c65"
+        "6173655f696407a76f7574636f6d65a7747261696e656482a86c656173655f696408a76f7574636f"
+        "6d65a765787069726564a866696e6973686564c2"
     ),
     "status": (
-        "84a6736368656d6102a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
+        "84a6736368656d6103a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
         "64a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f74c0a461636b7390"
         "a866696e6973686564c3"
     ),
     "lease_grant": (
-        "85a6736368656d6102a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739186"
+        "85a6736368656d6103a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739186"
         "a86c656173655f6964cf0000010000000005ac70726f6d70745f696e64657809a47374657004ab6d"
         "696e5f76657273696f6e03a670726f6d7074a4322b323da6616e73776572a134a673746174757385"
         "a672756e5f6964a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f7484"
@@ -195,15 +216,15 @@ GOLDEN_HEX = {
         "6e656482a86c656173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2"
     ),
     "chunk_head": (
-        "87a6736368656d6102a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
+        "87a6736368656d6103a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
         "6f666673657400ab746f74616c5f627974657306a96e756d5f627974657306"
     ),
     "reject": (
-        "85a6736368656d6102a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
+        "85a6736368656d6103a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
         "6769737465726564a664657461696cae7265676973746572206669727374"
     ),
     "group": (
-        "de0010a6736368656d6102a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
+        "de0010a6736368656d6103a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
         "725f6964a27030ac70726f6d70745f696e64657809b06265686176696f725f76657273696f6e02aa"
         "70726f6d70745f696473c40c010000000200000003000000ae636f6d706c6574696f6e5f696473c4"
         "0c040000000500000006000000af636f6d706c6574696f6e5f6c656e73c4080100000002000000ad"
@@ -213,11 +234,23 @@ GOLDEN_HEX = {
         "72645f6572726f727300a567656e5f73cb3fd0000000000000"
     ),
     "announce": (
-        "85a6736368656d6102a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
+        "85a6736368656d6103a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
         "6c6963795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f627974"
         "6573cd0400a468617368a461663133a470617468ac2f722f763030303030332f6d"
     ),
 }
+# The same for a group of a truncated run (kept sets: offsets and the other ids, int32).
+GOLDEN_TRUNCATED_GROUP_HEX = (
+    "de0012a6736368656d6103a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
+    "725f6964a27030ac70726f6d70745f696e64657809b06265686176696f725f76657273696f6e02aa"
+    "70726f6d70745f696473c40c010000000200000003000000ae636f6d706c6574696f6e5f696473c4"
+    "0c040000000500000006000000af636f6d706c6574696f6e5f6c656e73c4080100000002000000ad"
+    "6265686176696f725f6c6f6770c40c000080be00000000000000bfae746f6b656e5f76657273696f"
+    "6e73c400a772657761726473c4080000803f00000000ae66696e6973685f726561736f6e7392a473"
+    "746f70a66c656e677468ab74656d7065726174757265cb3fe8000000000000b16e756d5f72657761"
+    "72645f6572726f727300a567656e5f73cb3fd0000000000000ac6b6570745f6f666673657473c410"
+    "00000000020000000200000003000000a86b6570745f696473c40c010000000900000000000000"
+)
 
 
 def body_of(msg: typing.Any) -> dict[str, typing.Any]:
@@ -279,6 +312,76 @@ def test_a_group_with_per_token_versions_round_trips():
 def test_encoding_matches_the_golden_bytes(kind):
     # A failure means the bytes on the wire changed: bump SCHEMA_VERSION, then regenerate.
     assert wire.encode(MESSAGES[kind]).hex() == "".join(GOLDEN_HEX[kind])
+
+
+def test_a_truncated_group_round_trips_and_matches_its_golden_bytes():
+    msg = truncated_group()
+    data = wire.encode(msg)
+    assert data.hex() == "".join(GOLDEN_TRUNCATED_GROUP_HEX)
+    got = wire.decode(data, TRUNCATED)
+    assert_same(got, msg)
+    assert got.kept.sizes().tolist() == [3, 1, 2]
+    assert got.completion_kept(1).offsets.tolist() == [0, 0, 1]
+    assert got.completion_kept(1).ids.tolist() == [0]
+
+
+def test_an_untruncated_group_carries_no_byte_of_kept_sets():
+    data = wire.encode(group())
+    assert b"kept_" not in data
+    assert data == wire.encode(dataclasses.replace(group(), kept_unknown=np.zeros(0, np.int32)))
+    assert not wire.decode(data, UNTRUNCATED).kept.present
+
+
+def test_kept_sets_cost_four_bytes_per_kept_id_beyond_the_untruncated_group():
+    """The sampled id is not repeated in its set, so a token's offset takes the place of its
+    own id: the extra bytes are 4 per kept id, plus the two keys and one more offset."""
+    G, L, P, k = 8, 256, 16, 20
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 150_000, G * L, dtype=np.int32)
+    others = [np.setdiff1d(rng.choice(150_000, k, replace=False), [t])[: k - 1] for t in tokens]
+    kept = kept_set.from_lists([o.astype(np.int32) for o in others])
+    base = wire.Group(
+        lease_id=(3 << 40) | 12345, producer_id="host-12345", prompt_index=123456,
+        behavior_version=41, prompt_ids=rng.integers(0, 150_000, P, dtype=np.int32),
+        completion_ids=tokens, completion_lens=np.full(G, L, np.int32),
+        behavior_logp=-rng.random(G * L, dtype=np.float32), token_versions=np.zeros(0, np.int32),
+        rewards=rng.random(G, dtype=np.float32), finish_reasons=("length",) * G,
+        temperature=1.0, num_reward_errors=0, gen_s=1.5,
+    )  # fmt: skip
+    msg = dataclasses.replace(base, kept_offsets=kept.offsets, kept_ids=kept.ids)
+    extra = len(wire.encode(msg)) - len(wire.encode(base))
+    num_kept = G * L * k  # |K| summed over the tokens, the sampled one included
+    keys = len("kept_offsets") + len("kept_ids") + 2 + 3 + 5  # str headers; bin16, bin32
+    assert extra == 4 * num_kept + 4 + keys
+    assert len(wire.encode(msg)) <= 8 * G * L + 4 * num_kept + 4 * P + 8 * G + 450
+    limits = wire.Limits(vocab_size=150_000, group_size=G, temperature=1.0, max_kept=k)
+    assert wire.decode(wire.encode(msg), limits).kept.sizes().tolist() == [k] * (G * L)
+
+
+def test_decoding_kept_sets_stays_within_the_allocation_bound():
+    G, L, k = 4, 512, 64
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 1000, G * L, dtype=np.int32)
+    others = [np.setdiff1d(rng.choice(1000, k, replace=False), [t])[: k - 1] for t in tokens]
+    kept = kept_set.from_lists([o.astype(np.int32) for o in others])
+    msg = wire.Group(
+        lease_id=1, producer_id="p", prompt_index=0, behavior_version=0,
+        prompt_ids=np.array([1, 2], np.int32), completion_ids=tokens,
+        completion_lens=np.full(G, L, np.int32), behavior_logp=np.zeros(G * L, np.float32),
+        token_versions=np.zeros(0, np.int32), rewards=np.zeros(G, np.float32),
+        finish_reasons=("length",) * G, temperature=1.0, kept_offsets=kept.offsets,
+        kept_ids=kept.ids,
+    )  # fmt: skip
+    data = wire.encode(msg)
+    limits = wire.Limits(vocab_size=1000, group_size=G, temperature=1.0, max_kept=k)
+    tracemalloc.start()
+    try:
+        got = wire.decode(data, limits)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.kept.ids.nbytes > len(data) / 2  # the kept ids are most of the message
+    assert peak <= wire.ALLOC_FACTOR * len(data) + wire.ALLOC_BASE_BYTES, (peak, len(data))
 
 
 @pytest.mark.parametrize("kind", sorted(MESSAGES))
@@ -363,7 +466,7 @@ def test_a_group_costs_about_eight_bytes_per_completion_token():
 # Rejections: every reason
 
 
-GROUP_BODY_PREFIX = b"\x83\xa6schema\x02\xa4kind\xa5group\xaecompletion_ids"
+GROUP_BODY_PREFIX = b"\x83\xa6schema\x03\xa4kind\xa5group\xaecompletion_ids"
 REJECTIONS = [
     # (reason, id, data, limits)
     ("too_large", "over_the_limit", wire.encode(group()), wire.Limits(max_message_bytes=64)),
@@ -456,10 +559,35 @@ REJECTIONS = [
     ("bad_value", "zero_temperature", wire.encode(group(temperature=0.0)), wire.Limits()),
     ("bad_value", "nan_temperature", wire.encode(group(temperature=math.nan)), wire.Limits()),
     ("sampling_mismatch", "temperature", wire.encode(group(temperature=1.0)), RUN),
+    ("sampling_mismatch", "kept_sets_missing", wire.encode(group()), TRUNCATED),
+    ("sampling_mismatch", "kept_sets_unasked", wire.encode(truncated_group()), UNTRUNCATED),
+    ("bad_kept_set", "offsets_short", wire.encode(truncated_group(kept_offsets=[0, 2, 3])),
+     TRUNCATED),
+    ("bad_kept_set", "offsets_past_ids", wire.encode(truncated_group(kept_offsets=[0, 2, 2, 4])),
+     TRUNCATED),
+    ("bad_kept_set", "offsets_decrease", wire.encode(truncated_group(kept_offsets=[0, 2, 1, 3])),
+     TRUNCATED),
+    ("bad_kept_set", "id_equal_to_vocab", wire.encode(truncated_group(kept_ids=[1, 16, 0])),
+     TRUNCATED),
+    ("bad_kept_set", "negative_id", wire.encode(truncated_group(kept_ids=[-1, 9, 0])), TRUNCATED),
+    ("bad_kept_set", "not_ascending", wire.encode(truncated_group(kept_ids=[9, 1, 0])), TRUNCATED),
+    ("bad_kept_set", "an_id_twice", wire.encode(truncated_group(kept_ids=[9, 9, 0])), TRUNCATED),
+    ("bad_kept_set", "sampled_token_again", wire.encode(truncated_group(kept_ids=[1, 4, 0])),
+     TRUNCATED),
+    ("bad_kept_set", "over_max_kept", wire.encode(truncated_group(
+        kept_offsets=[0, 4, 4, 5], kept_ids=[0, 1, 2, 3, 0])), TRUNCATED),
+    ("bad_kept_set", "unknown_out_of_range", wire.encode(truncated_group(kept_unknown=[3])),
+     TRUNCATED),
+    ("bad_kept_set", "unknown_with_ids", wire.encode(truncated_group(kept_unknown=[0])),
+     TRUNCATED),
+    ("bad_kept_set", "ids_without_offsets", wire.encode(group(kept_ids=np.array([1], np.int32))),
+     wire.Limits()),
+    ("bad_array", "kept_ids_not_whole_int32", edited(truncated_group(), "kept_ids",
+                                                     value=b"\x00" * 11), TRUNCATED),
     # Nesting sidesteps max_items; 1,009 bytes once reached a RecursionError through repr().
     ("not_msgpack", "deep_schema_value", b"\x81\xa6schema" + b"\x91" * 1000 + b"\xc0", RUN),
     ("not_msgpack", "too_many_values", pack([[0] * 8] * 8), wire.Limits(max_objects=60)),
-    ("duplicate_key", "top", b"\x83\xa6schema\x02\xa4kind\xa5group\xa6schema\x02", RUN),
+    ("duplicate_key", "top", b"\x83\xa6schema\x03\xa4kind\xa5group\xa6schema\x03", RUN),
     ("duplicate_key", "nested", bytes.fromhex(GOLDEN_HEX["announce"][:-2]).replace(
         b"\x84\xa7version", b"\x85\xa7version\x03\xa7version") + b"m", RUN),
     ("duplicate_key", "counter", edited(MESSAGES["heartbeat"], "counters", value={"a": 1})
@@ -470,6 +598,7 @@ REJECTIONS = [
 ]  # fmt: skip
 
 
+PEER = " (the peer runs another asyncgrpo release: run the same one on the consumer and every producer)"  # noqa: E501
 # What each refusal tells the sender (and the log), besides its reason. The reader is ours
 # (common/msgpack_reader.py), so its not_msgpack details are fixed too, not msgpack's exceptions.
 DETAILS = {
@@ -477,11 +606,11 @@ DETAILS = {
     "not_a_map-list": "list",
     "not_a_map-int": "int",
     "not_a_map-str": "str",
-    "schema_version-one": "got 1, this build speaks 2",
-    "schema_version-missing": "got None, this build speaks 2",
-    "schema_version-bool": "got True, this build speaks 2",
-    "schema_version-float": "got 1.0, this build speaks 2",
-    "schema_version-str": "got '1', this build speaks 2",
+    "schema_version-one": "got 1, this build speaks 3" + PEER,
+    "schema_version-missing": "got None, this build speaks 3" + PEER,
+    "schema_version-bool": "got True, this build speaks 3" + PEER,
+    "schema_version-float": "got 1.0, this build speaks 3" + PEER,
+    "schema_version-str": "got '1', this build speaks 3" + PEER,
     "unknown_kind-name": "",
     "unknown_kind-missing": "",
     "unknown_kind-bytes": "",
@@ -541,6 +670,23 @@ DETAILS = {
     "bad_value-zero_temperature": "temperature must be finite and > 0",
     "bad_value-nan_temperature": "temperature must be finite and > 0",
     "sampling_mismatch-temperature": "temperature 1.0 != 0.75",
+    "sampling_mismatch-kept_sets_missing": "the run samples truncated: kept sets are missing",
+    "sampling_mismatch-kept_sets_unasked": "kept sets in a run without truncated sampling",
+    "bad_kept_set-offsets_short": "kept_offsets must be [0, ..., len(kept_ids)], one more than "
+    "the tokens",
+    "bad_kept_set-offsets_past_ids": "kept_offsets must be [0, ..., len(kept_ids)], one more than "
+    "the tokens",
+    "bad_kept_set-offsets_decrease": "kept_offsets must not decrease",
+    "bad_kept_set-id_equal_to_vocab": "kept id 16 out of range",
+    "bad_kept_set-negative_id": "kept id -1 out of range",
+    "bad_kept_set-not_ascending": "each kept set must be ascending, without repeats",
+    "bad_kept_set-an_id_twice": "each kept set must be ascending, without repeats",
+    "bad_kept_set-sampled_token_again": "a kept set lists its sampled token again",
+    "bad_kept_set-over_max_kept": "a kept set of 5 ids > max_kept 4",
+    "bad_kept_set-unknown_out_of_range": "kept_unknown must be ascending token indices",
+    "bad_kept_set-unknown_with_ids": "a token whose kept set is unknown lists kept ids",
+    "bad_kept_set-ids_without_offsets": "kept ids without offsets",
+    "bad_array-kept_ids_not_whole_int32": "Group.kept_ids: 11 bytes is not a multiple of int32",
     "not_msgpack-truncated": "truncated",
     "not_msgpack-truncated_header": "truncated",
     "not_msgpack-random_bytes": "trailing data after the message",
@@ -706,6 +852,33 @@ def test_every_legal_group_is_accepted_and_round_trips(g):
     assert wire.decode(data, dataclasses_replace(EDGE_RUN, max_message_bytes=len(data))) is not None
 
 
+EDGE_TRUNCATED = dataclasses.replace(EDGE_RUN, max_kept=4)
+
+
+@PROPERTY
+@given(g=groups(EDGE_TRUNCATED))
+def test_every_legal_group_of_a_truncated_run_is_accepted_and_round_trips(g):
+    data = wire.encode(g)
+    assert_same(wire.decode(data, EDGE_TRUNCATED), g)
+    assert wire.decode(data, EDGE_RUN) is not None  # no run to check against: accepted too
+    with pytest.raises(WireError) as info:
+        wire.decode(data, dataclasses_replace(EDGE_RUN, max_kept=0))
+    assert info.value.reason == "sampling_mismatch"
+
+
+@PROPERTY
+@given(g=groups(EDGE_TRUNCATED), data=st.data())
+def test_a_legal_kept_set_with_its_sampled_token_listed_is_refused(g, data):
+    t = data.draw(st.integers(0, g.num_tokens - 1).filter(lambda t: t not in g.kept_unknown))
+    others = [g.kept_ids[g.kept_offsets[i] : g.kept_offsets[i + 1]] for i in range(g.num_tokens)]
+    others[t] = np.sort(np.append(others[t], g.completion_ids[t])).astype(np.int32)
+    bad = kept_set.from_lists(others, g.kept_unknown.tolist())
+    msg = dataclasses_replace(g, kept_offsets=bad.offsets, kept_ids=bad.ids)
+    with pytest.raises(WireError) as info:
+        wire.decode(wire.encode(msg), EDGE_TRUNCATED)
+    assert info.value.reason == "bad_kept_set"
+
+
 @PROPERTY
 @given(g=groups(EDGE_RUN), data=st.data())
 def test_a_legal_group_with_one_completion_emptied_is_refused(g, data):
@@ -770,7 +943,9 @@ def test_the_optional_fields_are_exactly_those_listed():
 
     classes = {c for c in vars(wire).values() if dataclasses.is_dataclass(c)} - {wire.Limits}
     found = {(c, name) for c in classes for name in optional_fields(c)}
-    assert found == set(OPTIONAL)
+    # the kept sets: left out exactly when empty (an untruncated group), refused when missing
+    # from a truncated run's group (sampling_mismatch)
+    assert found == set(OPTIONAL) | {(wire.Group, name) for name in wire.Group.OMIT_EMPTY}
 
 
 @pytest.mark.parametrize(
