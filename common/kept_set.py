@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 I32 = np.int32
+_I32_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,9 +172,11 @@ class KeptSets:
         if not self.present:
             return self
         offsets = self.offsets[start : stop + 1]
-        ids = self.ids[int(offsets[0]) : int(offsets[-1])]
-        unknown = self.unknown[(self.unknown >= start) & (self.unknown < stop)] - start
-        return KeptSets(offsets - offsets[0], ids, unknown.astype(I32))
+        base = int(offsets[0])
+        unknown = self.unknown
+        if len(unknown):
+            unknown = (unknown[(unknown >= start) & (unknown < stop)] - start).astype(I32)
+        return KeptSets(offsets - base, self.ids[base : int(offsets[-1])], unknown)
 
 
 def from_lists(others: Sequence[np.ndarray], unknown: Sequence[int] = ()) -> KeptSets:
@@ -212,33 +215,45 @@ def encoding_problem(
     """What is wrong with the kept sets of `tokens` (int32 [L]), or None. Checks lengths,
     offsets, ids in [0, vocab), each set ascending and without its sampled token (so no id
     counts twice), |K| <= max_kept, and unknown tokens (ascending, in range, empty sets).
-    Temporaries: a few bytes per kept id (the wire's allocation bound allows for them)."""
+
+    Few passes (the decoder runs this on every group): a negative int32 read as uint32 is too
+    large, so one max checks both bounds; ascending is the minimum of the ids' differences,
+    those across two sets set aside. Temporaries: 5 bytes per kept id at most (the wire's
+    allocation bound allows for them)."""
     offsets, ids, unknown = kept.offsets, kept.ids, kept.unknown
     if not kept.present:
         return None if len(ids) == 0 and len(unknown) == 0 else "kept ids without offsets"
     n = len(tokens)
     if len(offsets) != n + 1 or offsets[0] != 0 or int(offsets[-1]) != len(ids):
         return "kept_offsets must be [0, ..., len(kept_ids)], one more than the tokens"
-    sizes = np.diff(offsets)
-    if (sizes < 0).any():
-        return "kept_offsets must not decrease"
-    if max_kept is not None and n and int(sizes.max()) + 1 > max_kept:
+    sizes = offsets[1:] - offsets[:-1]
+    most = (max_kept - 1) if max_kept is not None else _I32_MAX
+    if n and int(_unsigned(sizes).max()) > most:
+        if int(sizes.min()) < 0:
+            return "kept_offsets must not decrease"
         return f"a kept set of {int(sizes.max()) + 1} ids > max_kept {max_kept}"
     if len(ids):
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or (vocab_size is not None and high >= vocab_size):
+        bound = vocab_size if vocab_size is not None else _I32_MAX + 1
+        if int(_unsigned(ids).max()) >= bound:
+            low, high = int(ids.min()), int(ids.max())
             return f"kept id {low if low < 0 else high} out of range"
-        rising = np.diff(ids) > 0  # [M - 1]: ids[j + 1] > ids[j]
-        starts = offsets[1:-1]
-        rising[starts[(starts > 0) & (starts < len(ids))] - 1] = True  # a new set may restart
-        if not rising.all():
+        rise = ids[1:] - ids[:-1]  # in [-bound, bound]: no overflow once ids are in range
+        starts = offsets[1:-1]  # non-decreasing from 0 to len(ids): those inside are a range
+        inside = starts[np.searchsorted(starts, 0, "right") : np.searchsorted(starts, len(ids))]
+        rise[inside - 1] = 1  # a set may start anywhere
+        if len(rise) and int(rise.min()) <= 0:
             return "each kept set must be ascending, without repeats"
-        del rising
+        del rise
         if (ids == np.repeat(tokens, sizes)).any():
             return "a kept set lists its sampled token again"
     if len(unknown):
         if int(unknown.min()) < 0 or int(unknown.max()) >= n or (np.diff(unknown) <= 0).any():
             return "kept_unknown must be ascending token indices"
-        if (sizes[unknown] != 0).any():
+        if sizes[unknown].any():
             return "a token whose kept set is unknown lists kept ids"
     return None
+
+
+def _unsigned(a: np.ndarray) -> np.ndarray:
+    """`a`'s integers read as unsigned of the same width (no copy): negatives become huge."""
+    return a.view(np.dtype(f"u{a.dtype.itemsize}"))

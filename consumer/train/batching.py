@@ -197,7 +197,8 @@ def collate(
         tokens[b, : n - 1] = r.ids[1:]
         start = r.prompt_len - 1  # shifted position of the first completion token
         mask[b, start : n - 1] = True
-        mask[b, start + r.kept.unknown] = False  # kept set unknown: never trained
+        if len(r.kept.unknown):
+            mask[b, start + r.kept.unknown] = False  # kept set unknown: never trained
         behavior[b, start : n - 1] = r.behavior_logp
     row_N, pos_N = np.nonzero(mask)  # row-major: the order of tokens_BT[mask_BT]
     kept_NK, valid_NK = _kept_layout(picked, tokens[mask])
@@ -248,17 +249,17 @@ def _kept_layout(
     if not rows or not rows[0].kept.present:
         assert all(not r.kept.present for r in rows), "kept sets on some rows only"
         return None, None
-    sizes = np.concatenate(
-        [np.diff(r.kept.offsets)[r.kept.trained(len(r.behavior_logp))] for r in rows]
-    )
+    sizes = np.concatenate([r.kept.offsets[1:] - r.kept.offsets[:-1] for r in rows])
+    if any(len(r.kept.unknown) for r in rows):  # an unknown token is not in the mask
+        sizes = sizes[np.concatenate([r.kept.trained(len(r.behavior_logp)) for r in rows])]
     ids = np.concatenate([r.kept.ids for r in rows])  # an unknown token lists none
     n = len(tokens_N)
     assert len(sizes) == n
     width = 1 + (int(sizes.max()) if n else 0)
+    valid_NK = np.arange(width)[None, :] <= sizes[:, None]  # row-major: the ids' order
     kept_NK = np.zeros((n, width), np.int64)
     kept_NK[:, 0] = tokens_N
-    token_M = np.repeat(np.arange(n), sizes)
-    column_M = np.arange(len(ids)) - np.repeat(np.cumsum(sizes) - sizes, sizes) + 1
-    kept_NK[token_M, column_M] = ids
-    valid_NK = np.arange(width)[None, :] <= sizes[:, None]
+    others = valid_NK.copy()
+    others[:, 0] = False
+    kept_NK[others] = ids
     return kept_NK, valid_NK
