@@ -126,9 +126,10 @@ def engine_kwargs(
     }
     if vcfg.attention_backend:
         kw["attention_backend"] = vcfg.attention_backend
-    vocab = config.get("vocab_size")
-    if truncation.active and isinstance(vocab, int):
-        kw["max_logprobs"] = max(20, vllm_kept.num_candidates(truncation, vocab))  # 20: vLLM's
+    if truncation.active:  # vLLM's default is 20; the vocabulary caps what a request asks
+        vocab = config.get("vocab_size")
+        vocab = vocab if isinstance(vocab, int) else 1 << 30
+        kw["max_logprobs"] = max(20, vllm_kept.num_candidates(truncation, vocab))
     return kw
 
 
