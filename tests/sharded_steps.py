@@ -76,7 +76,11 @@ def batch(step: int, *, vocab: int, groups: int = 3, g: int = 4, kept: int = 0) 
         p = int(rng.integers(3, 9))
         lens = rng.integers(1, 13, g).astype(np.int32)
         total = int(lens.sum())
+        # kept sets drawn last: the cases without them see the same batches as ever
+        prompt = rng.integers(2, vocab, p, dtype=np.int32)
         tokens = rng.integers(2, vocab, total, dtype=np.int32)
+        behavior = -rng.random(total).astype(np.float32) - 0.5
+        rewards = rng.random(g).astype(np.float32)
         sets = kept_set.KeptSets()
         if kept:
             unknown = np.flatnonzero(rng.random(total) < 1 / 8)
@@ -93,12 +97,12 @@ def batch(step: int, *, vocab: int, groups: int = 3, g: int = 4, kept: int = 0) 
                 producer_id="t",
                 prompt_index=i,
                 behavior_version=0,
-                prompt_ids=rng.integers(2, vocab, p, dtype=np.int32),
+                prompt_ids=prompt,
                 completion_ids=tokens,
                 completion_lens=lens,
-                behavior_logp=-rng.random(total).astype(np.float32) - 0.5,
+                behavior_logp=behavior,
                 token_versions=np.zeros(0, np.int32),
-                rewards=rng.random(g).astype(np.float32),
+                rewards=rewards,
                 finish_reasons=("length",) * g,
                 temperature=1.0,
                 kept_offsets=sets.offsets,
