@@ -320,8 +320,7 @@ def test_a_possible_setting_near_a_limit_is_accepted(sets):
     [
         (["sampling.temperature=inf"], ["sampling.temperature"]),  # the wire refuses it
         (["sampling.temperature=nan"], ["sampling.temperature"]),
-        (["sampling.top_p=nan"], ["sampling.top_p"]),
-        (["sampling.top_p=1.5"], ["sampling.top_p"]),
+        *[([f"sampling.top_p={v}"], ["sampling.top_p"]) for v in ("nan", "1.5")],
         (["net.bind_host=0.0.0.0", "net.connect=tcp://10.0.0.2:5555"], ["bind_host", "connect"]),
         (["net.bind_host=*"], ["bind_host"]),
         (["fake.min_tokens=17"], ["fake.min_tokens"]),
