@@ -98,6 +98,12 @@ class StepRecord:
     behavior_gap_abs_max: float | None = None
     kl_behavior: float | None = None
     kl_ref: float | None = None
+    # -- truncated sampling (docs/sampling.md; absent from runs older than the fields) ---------
+    ratio_out_of_band: float | None = None  # tokens whose old/behaviour ratio is off [0.9, 1.1]
+    kept_mass_mean: float | None = None  # the policy's mass S on each token's kept set (1 =
+    # untruncated)
+    kept_size_mean: float | None = None  # |K| per token (the vocabulary size untruncated)
+    tokens_kept_unknown: int | None = None  # tokens not trained: the engine could not record K
     # -- the periodic held-out evaluation (steps with train.eval_every) -------------------------
     heldout_accuracy: float | None = None
     eval_s: float | None = None

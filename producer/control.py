@@ -6,7 +6,8 @@ in `timeout_s` raises `TimeoutError` (the consumer may be restarting; DEALER rec
 itself and the caller retries). A `Reject` reply raises `Rejected(reason)`. A monitor task
 (`watch_link`) follows the connection's events: `link` says what it has seen (nothing
 listening, connected, a failing security handshake) for "waiting for the consumer" lines,
-and a key the consumer's authenticator refuses fails every request with `KeyRefused` at once.
+and a key the consumer's authenticator refuses fails every request with `KeyRefused` at once;
+so does a consumer that answers in another wire schema (`SchemaMismatch`: another release).
 A status the consumer pushes unasked (req 0: room for held groups) goes to `on_pushed`.
 
 The producer's other sockets: the group sender (producer/outbox.py), snapshot announcements
@@ -38,6 +39,10 @@ class KeyRefused(ConfigError):
     """The consumer's authenticator refused this producer's CurveZMQ key (ZAP status 400)."""
 
 
+class SchemaMismatch(ConfigError):
+    """The consumer answers in another wire schema version: it runs another release."""
+
+
 class Rejected(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"consumer rejected the request: {reason} {detail}".strip())
@@ -59,13 +64,14 @@ class ControlClient:
         self._log = LogLimiter(log)
         self.endpoint, self.keys = endpoint, keys
         self.link = "nothing listens there yet"  # what the connection has seen, for the operator
-        self.refused: KeyRefused | None = None
+        self.refused: ConfigError | None = None  # KeyRefused or SchemaMismatch: final
         self._monitor = self.sock.get_monitor_socket()
         self.on_pushed: Callable[[wire.Status], None] | None = None
 
     async def request(self, msg: wire.Message, *, timeout_s: float) -> wire.Message:
         """Send `msg` (its `req` field is replaced) and await the matching reply. Raises
-        `KeyRefused` at once when the consumer has refused our key."""
+        `KeyRefused` at once when the consumer has refused our key, `SchemaMismatch` when it
+        speaks another wire schema."""
         if self.refused is not None:
             raise self.refused
         req = self._next
@@ -91,6 +97,11 @@ class ControlClient:
                 reply = wire.decode(data, self.limits)
             except WireError as exc:
                 self.num_bad_replies += 1
+                if exc.reason == "schema_version":
+                    self._fail(SchemaMismatch(
+                        f"the consumer at {self.endpoint} speaks another wire schema "
+                        f"({exc.detail})"
+                    ))  # fmt: skip
                 self._log.log(exc.reason, logging.WARNING, "bad reply from the consumer: %s", exc)
                 continue
             self.last_reply_s = time.monotonic()
@@ -128,15 +139,19 @@ class ControlClient:
     def _refuse(self, status: int) -> None:
         public = self.keys.public.decode() if self.keys else ""
         where = f"{self.keys.directory}/client.key" if self.keys else "no key"
-        self.refused = KeyRefused(
+        self._fail(KeyRefused(
             f"the consumer at {self.endpoint} refused this producer's CurveZMQ key "
             f"({where}, public key {public[:8]}..., ZAP status {status}): it is not in the "
             "consumer's allowlist (keys/clients/NAME.key, from `asyncgrpo keys DIR --producer "
             "NAME`), or was revoked"
-        )
+        ))  # fmt: skip
+
+    def _fail(self, error: ConfigError) -> None:
+        """Fail every waiting request, and every later one, with `error`."""
+        self.refused = error
         for fut in self._waiting.values():
             if not fut.done():
-                fut.set_exception(self.refused)
+                fut.set_exception(error)
 
     def close(self) -> None:
         self.sock.disable_monitor()

@@ -26,13 +26,16 @@ import zmq.asyncio
 from common import wire
 from common.config import Config
 from common.errors import ConfigError
+from common.kept_set import Truncation
 from producer.engines import make_engine
 from producer.engines.base import Engine
 from producer.outbox import Outbox
 from producer.scoring import Rewards, make_rewards
 from producer.tokenizer import PromptCodec
 
-EngineKey = tuple[str, int]  # (model dir, vocab size): an engine fits a run with the same key
+# (model dir, vocab size, truncation): an engine fits a run with the same key (vLLM's
+# max_logprobs follows the truncation's max_kept)
+EngineKey = tuple[str, int, Truncation]
 KeptEngine = tuple[EngineKey, Engine]  # an engine kept between runs (producer.follow)
 
 
@@ -59,7 +62,8 @@ async def open_session(
     when its key matches (else closed); `rng` draws the seed of a new engine; `push` opens the
     outbox's socket."""
     model_dir, whose = _model_dir(cfg, spec)
-    key = (str(model_dir), spec.vocab_size)
+    truncation = truncation_of(spec)
+    key = (str(model_dir), spec.vocab_size, truncation)
     engine: Engine | None = None
     if kept is not None:  # the previous run's engine (producer.follow)
         kept_key, engine = kept
@@ -75,6 +79,7 @@ async def open_session(
                 model_dir=model_dir,
                 vocab_size=spec.vocab_size,
                 seed=rng.randrange(1 << 30),
+                truncation=truncation,
             )
     except (OSError, ValueError, RuntimeError, ImportError) as exc:  # a model that won't load
         raise ConfigError(
@@ -84,6 +89,11 @@ async def open_session(
     rewards = make_rewards(cfg, spec, codec)
     outbox = Outbox(push(), resend_after_s=cfg.net.resend_after_s)
     return Session(spec, engine, codec, rewards, outbox), key
+
+
+def truncation_of(spec: wire.RunSpec) -> Truncation:
+    """The run's truncated sampling (top-k, top-p, min-p, max_kept), as the consumer said."""
+    return Truncation(spec.top_k, spec.top_p, spec.min_p, spec.max_kept)
 
 
 def _model_dir(cfg: Config, spec: wire.RunSpec) -> tuple[Path | None, str]:

@@ -44,18 +44,18 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from common import wire
+from common import kept_set, wire
 from common.config import Config
 from common.errors import ConfigError
 from common.keys import load_keys
 from common.sockets import client_socket, endpoint_with_port
 from producer.announcements import announcements
 from producer.backoff import Backoff
-from producer.control import ControlClient, KeyRefused, Rejected
+from producer.control import ControlClient, Rejected
 from producer.engines.base import SamplingParams
 from producer.fetch.relay import Relay
 from producer.outbox import Outbox
-from producer.session import EngineKey, KeptEngine, Session, open_session
+from producer.session import EngineKey, KeptEngine, Session, open_session, truncation_of
 from producer.stall import Stall
 from producer.state import State
 from producer.weights import Weights
@@ -354,12 +354,14 @@ class Producer:
             params = SamplingParams(
                 n=spec.group_size, temperature=spec.temperature, max_new_tokens=spec.max_new_tokens,
                 seed=lease_seed(self.cfg.run.seed, lease.lease_id),
-                stop_token_ids=codec.stop_ids,
+                stop_token_ids=codec.stop_ids, truncation=truncation_of(spec),
             )  # fmt: skip
             completions = await engine.generate(prompt_ids, params)
             scored = await session.rewards.score_group(lease, completions)
             versions = np.concatenate([c.versions for c in completions]).astype(np.int32)
             behavior = int(versions.min())
+            lens = [len(c.token_ids) for c in completions]
+            kept = kept_set.concat([c.kept for c in completions], lens)
             group = wire.Group(
                 lease_id=lease.lease_id,
                 producer_id=self.state.producer_id,
@@ -367,7 +369,7 @@ class Producer:
                 behavior_version=behavior,
                 prompt_ids=np.asarray(prompt_ids, np.int32),
                 completion_ids=np.concatenate([c.token_ids for c in completions]),
-                completion_lens=np.array([len(c.token_ids) for c in completions], np.int32),
+                completion_lens=np.array(lens, np.int32),
                 behavior_logp=np.concatenate([c.logprobs for c in completions]),
                 token_versions=versions if (versions != behavior).any() else np.zeros(0, np.int32),
                 rewards=scored.rewards,
@@ -375,6 +377,9 @@ class Producer:
                 temperature=spec.temperature,
                 num_reward_errors=scored.num_failed,
                 gen_s=time.perf_counter() - t0,
+                kept_offsets=kept.offsets,
+                kept_ids=kept.ids,
+                kept_unknown=kept.unknown,
             )
             await session.outbox.send(group)
             self.state.count("groups_sent")
@@ -426,7 +431,7 @@ class Producer:
         if self.session is None:
             return
         held = tuple(self.session.outbox.pending)
-        with contextlib.suppress(TimeoutError, Rejected, KeyRefused):
+        with contextlib.suppress(TimeoutError, Rejected, ConfigError):  # refused: nothing to say
             await self.control.request(wire.Goodbye(0, self.state.producer_id, held), timeout_s=2.0)
 
     async def close(self, *, keep_engine: bool = False) -> KeptEngine | None:

@@ -27,8 +27,8 @@ import numpy as np
 from safetensors.torch import load_file, save_file
 
 from common import config as C
+from common import kept_set, wire
 from common import run_files as RF
-from common import wire
 
 # (name, config overrides): every aggregation mode, and one case with packing, gradient
 # checkpointing, two updates per batch (an old-log-prob pass) and a sharded reference model, and
@@ -58,6 +58,8 @@ CASES: list[tuple[str, dict[str, object]]] = [
             "run.steps": 5,
         },
     ),
+    # truncated sampling: kept sets shared with every rank, some tokens' sets unknown
+    ("top-k-kept-sets", {"sampling.top_k": 6, "train.updates_per_batch": 2}),
 ]
 
 
@@ -77,28 +79,47 @@ def config(model_dir: Path, overrides: dict[str, object]) -> C.Config:
     return C.override(C.Config(), {**base, **overrides})
 
 
-def batch(step: int, *, vocab: int, groups: int = 3, g: int = 4) -> list[wire.Group]:
-    """Groups of prompts of 3-8 tokens and completions of 1-12 tokens, seeded by `step`."""
+def batch(step: int, *, vocab: int, groups: int = 3, g: int = 4, kept: int = 0) -> list[wire.Group]:
+    """Groups of prompts of 3-8 tokens and completions of 1-12 tokens, seeded by `step`; with
+    `kept`, kept sets of 1 to `kept` ids per token, one token in 8 with its set unknown."""
     rng = np.random.default_rng(1000 + step)
     out = []
     for i in range(groups):
         p = int(rng.integers(3, 9))
         lens = rng.integers(1, 13, g).astype(np.int32)
         total = int(lens.sum())
+        # kept sets drawn last: the cases without them see the same batches as ever
+        prompt = rng.integers(2, vocab, p, dtype=np.int32)
+        tokens = rng.integers(2, vocab, total, dtype=np.int32)
+        behavior = -rng.random(total).astype(np.float32) - 0.5
+        rewards = rng.random(g).astype(np.float32)
+        sets = kept_set.KeptSets()
+        if kept:
+            unknown = np.flatnonzero(rng.random(total) < 1 / 8)
+            others = [
+                np.zeros(0, np.int32) if t in unknown else np.sort(np.setdiff1d(
+                    rng.choice(vocab, int(rng.integers(1, kept + 1)), replace=False), [tok]
+                )[: kept - 1]).astype(np.int32)
+                for t, tok in enumerate(tokens.tolist())
+            ]  # fmt: skip
+            sets = kept_set.from_lists(others, unknown.tolist())
         out.append(
             wire.Group(
                 lease_id=i,
                 producer_id="t",
                 prompt_index=i,
                 behavior_version=0,
-                prompt_ids=rng.integers(2, vocab, p, dtype=np.int32),
-                completion_ids=rng.integers(2, vocab, total, dtype=np.int32),
+                prompt_ids=prompt,
+                completion_ids=tokens,
                 completion_lens=lens,
-                behavior_logp=-rng.random(total).astype(np.float32) - 0.5,
+                behavior_logp=behavior,
                 token_versions=np.zeros(0, np.int32),
-                rewards=rng.random(g).astype(np.float32),
+                rewards=rewards,
                 finish_reasons=("length",) * g,
                 temperature=1.0,
+                kept_offsets=sets.offsets,
+                kept_ids=sets.ids,
+                kept_unknown=sets.unknown,
             )
         )
     return out
@@ -125,7 +146,8 @@ def run(
     for name, overrides in CASES:
         if cases is not None and name not in cases:
             continue
-        trainer = make_trainer(config(model_dir, {**overrides, **(sets or {})}), model_dir, world)
+        cfg = config(model_dir, {**overrides, **(sets or {})})
+        trainer = make_trainer(cfg, model_dir, world)
         if not world.main:
             trainer.follow()  # type: ignore[attr-defined]
             continue
@@ -134,7 +156,7 @@ def run(
         if resume is not None:
             first = checkpoint.load(resume / name / "run", trainer=trainer)[0] + 1
         for step in range(first, steps + 1):
-            metrics = trainer.step(batch(step, vocab=trainer.vocab_size))
+            metrics = trainer.step(batch(step, vocab=trainer.vocab_size, kept=cfg.sampling.top_k))
             if step in record:
                 weights = _untied(trainer.weights())
                 save_file(

@@ -3,7 +3,9 @@
 - `groups(limits)`: groups that the run `limits` must accept. Token ids lean on 0 and vocab - 1,
   behaviour log-probs on 0.0, -0.0, the smallest negative subnormal and the most negative finite
   float32, completions on 1 and `max_completion_tokens` tokens, prompts on 1 and
-  `max_prompt_tokens`; per-token versions sometimes present.
+  `max_prompt_tokens`; per-token versions sometimes present; kept sets (a truncated run,
+  `limits.max_kept > 0`) of 1 to max_kept ids, leaning on both, ids on 0 and vocab - 1, and
+  sometimes tokens whose kept set is unknown.
 - `messages(limits)`: a message of any kind, its fields drawn from its type hints (groups from
   `groups`, leases from `leases`: a prompt as text or as chat messages, columns a JSON object).
 - `omitting_optional(msg)`: the bytes of `msg` as an older peer sends them, with any subset of
@@ -21,7 +23,7 @@ import msgpack
 import numpy as np
 from hypothesis import strategies as st
 
-from common import wire
+from common import kept_set, wire
 
 F32_LOWEST = float(np.finfo(np.float32).min)  # the most negative finite float32
 F32_TINY = float(np.finfo(np.float32).smallest_subnormal)
@@ -63,6 +65,8 @@ def groups(draw: st.DrawFn, limits: wire.Limits) -> wire.Group:
         else []
     )  # fmt: skip
     f32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
+    completion_ids = np.array(draw(st.lists(ids, min_size=n, max_size=n)), np.int32)
+    kept = draw(kept_sets(completion_ids, limits)) if limits.max_kept else kept_set.KeptSets()
     return wire.Group(
         lease_id=draw(st.integers(0, 2**63 - 1)),
         producer_id=draw(st.text(max_size=8)),
@@ -71,7 +75,7 @@ def groups(draw: st.DrawFn, limits: wire.Limits) -> wire.Group:
         prompt_ids=np.array(
             draw(st.lists(ids, min_size=1, max_size=limits.max_prompt_tokens)), np.int32
         ),
-        completion_ids=np.array(draw(st.lists(ids, min_size=n, max_size=n)), np.int32),
+        completion_ids=completion_ids,
         completion_lens=np.array(lens, np.int32),
         behavior_logp=np.array(draw(st.lists(logprobs(), min_size=n, max_size=n)), np.float32),
         token_versions=np.array(draw(st.permutations(versions)) if versions else [], np.int32),
@@ -81,7 +85,29 @@ def groups(draw: st.DrawFn, limits: wire.Limits) -> wire.Group:
         temperature=limits.temperature,
         num_reward_errors=draw(st.integers(0, G)),
         gen_s=draw(st.floats(0.0, 1e6)),
+        kept_offsets=kept.offsets, kept_ids=kept.ids, kept_unknown=kept.unknown,
     )  # fmt: skip
+
+
+@st.composite
+def kept_sets(draw: st.DrawFn, tokens: np.ndarray, limits: wire.Limits) -> kept_set.KeptSets:
+    """Legal kept sets of `tokens` for the run `limits` (vocab_size > max_kept > 0)."""
+    vocab, most = limits.vocab_size, limits.max_kept
+    assert vocab
+    assert most
+    assert vocab > most
+    others, unknown = [], []
+    for t, token in enumerate(tokens.tolist()):
+        if draw(st.integers(0, 9)) == 0:
+            unknown.append(t)
+            others.append(np.zeros(0, np.int32))
+            continue
+        size = draw(_length(1, most))
+        pool = st.sampled_from([0, vocab - 1]) | st.integers(0, vocab - 1)
+        chosen = draw(st.sets(pool.filter(lambda i, token=token: i != token),
+                              min_size=size - 1, max_size=size - 1))  # fmt: skip
+        others.append(np.array(sorted(chosen), np.int32))
+    return kept_set.from_lists(others, unknown)
 
 
 def _hints(cls: type[Any]) -> dict[str, Any]:
@@ -153,7 +179,7 @@ def _omit(draw: st.DrawFn, obj: Any, body: dict[str, Any]) -> Any:
         has_default = f.default is not dataclasses.MISSING or (
             f.default_factory is not dataclasses.MISSING
         )
-        if has_default and draw(st.booleans()):
+        if has_default and f.name in body and draw(st.booleans()):  # (left out when empty)
             del body[f.name]
             changes[f.name] = _default(f)
         elif dataclasses.is_dataclass(value):

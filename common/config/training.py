@@ -4,8 +4,9 @@ and the sharded learner's settings.
 Invariants kept by the checks (besides per-field ranges):
 - `staleness.publish_every <= staleness.max_staleness + 1`: otherwise no snapshot recent enough
   to start a lease would ever exist and producers would starve.
-- `sampling.top_p == 1` and `sampling.top_k == 0`: the learner computes log-probs over the full
-  vocabulary, so truncated sampling would bias every importance ratio.
+- truncated sampling (`sampling.top_p < 1`, `top_k > 0`, `min_p > 0`) keeps `top_k <=
+  sampling.max_kept`: every sampled token's kept set travels whole to the learner, which
+  renormalises its log-probs over it (common/kept_set.py, docs/sampling.md).
 - `sampling.group_size >= 2`: a group of one has no variance to learn from.
 """
 
@@ -26,6 +27,9 @@ from common.config.fields import (
     _meta,
     failed,
 )
+from common.kept_set import Truncation
+
+MAX_KEPT_LIMIT = 1 << 16  # the learner holds [tokens, max_kept] kept ids per micro-batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +40,20 @@ class SamplingConfig:
     temperature: float = _f(
         1.0, "Sampling temperature; the learner divides logits by the same value."
     )
-    top_p: float = _f(1.0, "Must stay 1.0 (full-vocabulary log-probs on both sides).")
-    top_k: int = _f(0, "Must stay 0 (full-vocabulary log-probs on both sides).")
+    top_p: float = _f(
+        1.0,
+        "Top-p (nucleus): keep a token iff the probability of the tokens more likely than it is "
+        "< top_p (1 = off). Importance ratios use each token's kept set (docs/sampling.md).",
+    )
+    top_k: int = _f(0, "Top-k: keep the k most likely tokens, ties at the k-th kept (0 = off).")
+    min_p: float = _f(
+        0.0, "Min-p: drop tokens less likely than min_p times the most likely one (0 = off)."
+    )
+    max_kept: int = _f(
+        256,
+        "With top_p, top_k or min_p on, the sampler also keeps at most this many tokens per step "
+        "(top_k <= max_kept), so each token's kept set travels whole to the learner.",
+    )
     max_new_tokens: int = _f(16, "Maximum completion length in tokens.")
     max_prompt_tokens: int = _f(1024, "Longer prompts are refused by the consumer.")
 
@@ -55,17 +71,30 @@ class SamplingConfig:
                 "(log-probs are of logits / temperature)",
             ),
             (
-                self.top_p == 1.0,
-                "sampling.top_p must be 1.0: the learner computes full-vocabulary log-probs, "
-                "so top-p sampling would bias every importance ratio",
+                0 < self.top_p <= 1,  # NaN fails too
+                f"sampling.top_p = {self.top_p} must be in (0, 1] (1 = off)",
+            ),
+            (self.top_k >= 0, f"sampling.top_k = {self.top_k} must be >= 0 (0 = off)"),
+            (
+                0 <= self.min_p < 1,
+                f"sampling.min_p = {self.min_p} must be in [0, 1) (0 = off)",
             ),
             (
-                self.top_k == 0,
-                "sampling.top_k must be 0: the learner computes full-vocabulary log-probs, "
-                "so top-k sampling would bias every importance ratio",
+                1 <= self.max_kept <= MAX_KEPT_LIMIT,
+                f"sampling.max_kept = {self.max_kept} must be in [1, {MAX_KEPT_LIMIT}]",
+            ),
+            (
+                self.top_k <= self.max_kept,
+                f"sampling.top_k = {self.top_k} > sampling.max_kept = {self.max_kept}: every "
+                "kept set travels whole to the learner; raise max_kept or lower top_k",
             ),
             (self.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1"),
         )
+
+    @property
+    def truncation(self) -> Truncation:
+        """The run's truncation (`active` False with top_p 1, top_k 0, min_p 0)."""
+        return Truncation(self.top_k, self.top_p, self.min_p, self.max_kept)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,13 @@ Conventions and invariants:
   disagree about what it says.
 - A `Group` is checked against the run (`Limits`): G completions, lengths that agree
   (sum(completion_lens) == len(completion_ids) == len(behavior_logp)), token ids in [0, vocab),
-  log-probs finite and <= 0, rewards finite, the run's sampling temperature.
+  log-probs finite and <= 0, rewards finite, the run's sampling temperature; and its kept sets
+  (`Limits.max_kept`: present exactly when the run truncates, offsets consistent with the
+  tokens, ids in [0, vocab), each set ascending without its sampled token, |K| <= max_kept:
+  `common.kept_set.encoding_problem`, whose temporaries stay within the memory bound below).
+  The fields of `Group.OMIT_EMPTY` are left out of the bytes when empty.
+- A peer of another schema version is refused by its first field (`schema_version`), with a
+  detail that names both versions: run the same release on both sides.
 - A `LeaseGrant`'s leases are checked for their shape (`check_lease`): a prompt as text or as
   chat messages, not both; columns "" or a JSON object's text. The columns stay text here: a
   JSON value can cost tens of times its size in Python objects, so only the producer's reward
@@ -44,6 +50,7 @@ import numpy as np
 
 from common import msgpack_reader as mp
 from common.errors import WireError
+from common.kept_set import encoding_problem
 from common.wire.messages import (
     FINISH_REASONS,
     SCHEMA_VERSION,
@@ -68,6 +75,9 @@ class Limits:
     temperature: float | None = None
     max_prompt_tokens: int = 1 << 20
     max_completion_tokens: int = 1 << 20
+    # kept sets: None = either way (no run to check against); 0 = the run does not truncate, so
+    # a group carries none; k > 0 = it does, so a group carries them, each of at most k ids
+    max_kept: int | None = None
 
 
 _KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(Message)}
@@ -91,6 +101,8 @@ def _to_wire(obj: Any) -> Any:
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
             if isinstance(obj, Group) and f.name in Group.ARRAYS:
+                if f.name in Group.OMIT_EMPTY and len(value) == 0:
+                    continue
                 out[f.name] = np.ascontiguousarray(value, dtype=Group.ARRAYS[f.name]).tobytes()
             else:
                 out[f.name] = _to_wire(value)
@@ -163,7 +175,9 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
     schema = r.head(at) if at is not None else missing
     if schema[0] != mp.INT or schema[1] != SCHEMA_VERSION:  # bool, float and str are not int
         raise WireError(
-            "schema_version", f"got {r.show(*schema)}, this build speaks {SCHEMA_VERSION}"
+            "schema_version",
+            f"got {r.show(*schema)}, this build speaks {SCHEMA_VERSION} (the peer runs another "
+            "asyncgrpo release: run the same one on the consumer and every producer)",
         )
     at = entries.pop("kind", None)
     tag, length, start = r.head(at) if at is not None else missing
@@ -258,3 +272,17 @@ def check_group(g: Group, limits: Limits) -> None:
         g.temperature, limits.temperature, rel_tol=1e-6
     ):
         raise WireError("sampling_mismatch", f"temperature {g.temperature} != {limits.temperature}")
+    _check_kept(g, limits)
+
+
+def _check_kept(g: Group, limits: Limits) -> None:
+    kept = g.kept
+    if limits.max_kept == 0 and (kept.present or len(kept.ids) or len(kept.unknown)):
+        raise WireError("sampling_mismatch", "kept sets in a run without truncated sampling")
+    if limits.max_kept and not kept.present:
+        raise WireError("sampling_mismatch", "the run samples truncated: kept sets are missing")
+    problem = encoding_problem(
+        kept, g.completion_ids, vocab_size=limits.vocab_size, max_kept=limits.max_kept or None
+    )
+    if problem is not None:
+        raise WireError("bad_kept_set", problem)

@@ -52,6 +52,12 @@ Conventions and invariants:
   producer hands to reward functions; the decoder checks the shape (`check_lease`).
 - `behavior_version` is the oldest weight version that produced any token of the group;
   `token_versions` is empty unless the weights changed mid-generation (then one int32 per token).
+- Truncated sampling (`RunSpec.top_p < 1`, `top_k > 0` or `min_p > 0`): every sampled token's
+  kept set travels with the group, `kept_offsets` int32 [sum L_i + 1] and `kept_ids` int32 (each
+  token's kept ids other than itself, ascending), `kept_unknown` int32 (tokens whose set the
+  engine could not record: never trained); `behavior_logp` is log q over the kept set. The
+  encoding and its rule: common/kept_set.py. Without truncation the three are empty and left
+  out of the message (`Group.OMIT_EMPTY`): an untruncated group costs no extra byte.
 """
 
 from __future__ import annotations
@@ -61,7 +67,11 @@ from typing import Any, ClassVar, Union
 
 import numpy as np
 
-SCHEMA_VERSION = 3  # 3: a lease carries a chat prompt (`messages`) and the row's `columns`
+from common.kept_set import KeptSets
+
+SCHEMA_VERSION = 3  # 3: kept sets of truncated sampling (Group.kept_*, RunSpec.min_p/max_kept); a
+# lease carries a chat prompt (`messages`) and the row's `columns`
+# 2: snapshot chunks moved to the data socket (`chunk_head` + bytes)
 FINISH_REASONS = ("stop", "length", "abort")
 OUTCOMES = (
     "trained",
@@ -81,6 +91,9 @@ _ARRAY_DTYPES: dict[str, np.dtype[Any]] = {  # fields of `Group` only
     "token_versions": np.dtype("<i4"),
     "behavior_logp": np.dtype("<f4"),
     "rewards": np.dtype("<f4"),
+    "kept_offsets": np.dtype("<i4"),
+    "kept_ids": np.dtype("<i4"),
+    "kept_unknown": np.dtype("<i4"),
 }
 
 
@@ -127,6 +140,8 @@ class RunSpec:
     temperature: float
     top_p: float
     top_k: int
+    min_p: float
+    max_kept: int  # bounds every kept set when top_p, top_k or min_p is on
     max_new_tokens: int
     prompt_format: str  # "raw" | "chat"
     model: str
@@ -327,6 +342,7 @@ class Group:
 
     KIND: ClassVar[str] = "group"
     ARRAYS: ClassVar[dict[str, np.dtype[Any]]] = _ARRAY_DTYPES  # raw array fields, their dtypes
+    OMIT_EMPTY: ClassVar[tuple[str, ...]] = ("kept_offsets", "kept_ids", "kept_unknown")
     lease_id: int
     producer_id: str
     prompt_index: int
@@ -341,10 +357,18 @@ class Group:
     temperature: float
     num_reward_errors: int = 0
     gen_s: float = 0.0  # wall seconds from lease start to the last completion
+    kept_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [sum L+1]
+    kept_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    kept_unknown: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
     @property
     def group_size(self) -> int:
         return len(self.completion_lens)
+
+    @property
+    def kept(self) -> KeptSets:
+        """The kept sets of all sum(L_i) tokens (empty without truncation)."""
+        return KeptSets(self.kept_offsets, self.kept_ids, self.kept_unknown)
 
     @property
     def num_tokens(self) -> int:
@@ -355,6 +379,11 @@ class Group:
         start = int(self.completion_lens[:i].sum())
         stop = start + int(self.completion_lens[i])
         return self.completion_ids[start:stop], self.behavior_logp[start:stop]
+
+    def completion_kept(self, i: int) -> KeptSets:
+        """The kept sets of completion `i`'s tokens (offsets rebased; empty when untruncated)."""
+        start = int(self.completion_lens[:i].sum())
+        return self.kept.slice(start, start + int(self.completion_lens[i]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,8 @@ def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,
+        min_p=s.min_p,
+        max_kept=s.max_kept,
         max_new_tokens=s.max_new_tokens,
         prompt_format=cfg.task.prompt_format,
         model=model,
@@ -351,8 +353,18 @@ def _restored_state(
 
 
 def _group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits:
-    """What a group message may hold: the run's G, vocabulary, temperature and lengths."""
+    """What a group message may hold: the run's G, vocabulary, temperature, lengths and kept
+    sets (required, of at most max_kept ids, exactly when the run samples truncated)."""
     s = cfg.sampling
+    worst = s.group_size * s.max_new_tokens * (8 + 4 * s.max_kept)  # bytes per token + kept ids
+    if s.truncation.active and worst > max_bytes:
+        log.warning(
+            "truncated sampling: a group of %d x %d tokens with full kept sets of "
+            "sampling.max_kept = %d ids takes %.0f MiB > net.max_message_mib = %.0f and would "
+            "be refused (too_large); typical top-p sets are far smaller (kept_size_mean in "
+            "metrics.jsonl), else raise net.max_message_mib or lower sampling.max_kept",
+            s.group_size, s.max_new_tokens, s.max_kept, worst / 2**20, max_bytes / 2**20,
+        )  # fmt: skip
     return wire.Limits(
         max_message_bytes=max_bytes,
         vocab_size=vocab_size,
@@ -360,6 +372,7 @@ def _group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limit
         temperature=s.temperature,
         max_prompt_tokens=s.max_prompt_tokens,
         max_completion_tokens=s.max_new_tokens,
+        max_kept=s.max_kept if s.truncation.active else 0,
     )
 
 

@@ -25,15 +25,23 @@ A row longer than the budget gets a micro-batch of its own. The loss is exact re
 split because it uses global normalisers (`loss_normalisers`, consumer/train/loss.py
 `aggregate(..., global_tokens=, global_seqs=)`): a data-parallel learner passes the counts of
 the whole batch to every rank.
+
+Truncated sampling: each row carries its completion's kept sets (`Row.kept`, common/kept_set.py).
+A token whose kept set the engine could not record (`kept.unknown`) is off the mask: never
+trained, not counted by the normalisers. The micro-batch lays the N trained tokens' sets out
+for the LM head as `kept_NK` (int64 [N, K], K = the largest set of the micro-batch, at most
+max_kept: column 0 the token itself, then its other kept ids) and `kept_valid_NK` (bool, False
+at padding entries); both None when the rows carry no kept sets.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from common.kept_set import KeptSets
 from common.wire import Group
 
 
@@ -44,6 +52,12 @@ class Row:
     behavior_logp: np.ndarray  # float32 [L - prompt_len]
     advantage: float
     group: int  # index of the group in the batch
+    kept: KeptSets = field(default_factory=KeptSets)  # the completion's kept sets, or empty
+
+    @property
+    def num_trained(self) -> int:
+        """Completion tokens that count in the loss (all but those with an unknown kept set)."""
+        return len(self.behavior_logp) - len(self.kept.unknown)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -62,7 +76,19 @@ class MicroBatch:
     behavior_logp_BT: torch.Tensor  # float32, 0 off the mask
     advantages_B: torch.Tensor  # float32
     rows: tuple[int, ...]  # indices into the batch's row list
-    num_tokens: int  # N: completion tokens
+    num_tokens: int  # N: completion tokens that are trained
+    num_unknown: int = 0  # completion tokens left out: their kept set is unknown
+    # -- kept sets of truncated sampling (None without): see the module docstring --------------
+    kept_NK: torch.Tensor | None = None  # int64 [N, K]: the token, then its other kept ids
+    kept_valid_NK: torch.Tensor | None = None  # bool [N, K]
+
+    @property
+    def kept(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(kept_NK, kept_valid_NK), or None without kept sets."""
+        if self.kept_NK is None:
+            return None
+        assert self.kept_valid_NK is not None
+        return self.kept_NK, self.kept_valid_NK
 
     @property
     def packed(self) -> bool:
@@ -87,14 +113,16 @@ def rows_of(groups: list[Group], advantages_NG: np.ndarray) -> list[Row]:
                     behavior_logp=np.asarray(logp, np.float32),
                     advantage=float(advantages_NG[n, i]),
                     group=n,
+                    kept=g.completion_kept(i),
                 )
             )
     return rows
 
 
 def loss_normalisers(rows: list[Row]) -> tuple[int, int]:
-    """(global_tokens, global_seqs) of the loss over these rows: completion tokens and rows."""
-    return sum(len(r.behavior_logp) for r in rows), len(rows)
+    """(global_tokens, global_seqs) of the loss over these rows: trained completion tokens and
+    rows."""
+    return sum(r.num_trained for r in rows), len(rows)
 
 
 def split_by_tokens(lengths: list[int], parts: int) -> list[int]:
@@ -169,8 +197,11 @@ def collate(
         tokens[b, : n - 1] = r.ids[1:]
         start = r.prompt_len - 1  # shifted position of the first completion token
         mask[b, start : n - 1] = True
+        if len(r.kept.unknown):
+            mask[b, start + r.kept.unknown] = False  # kept set unknown: never trained
         behavior[b, start : n - 1] = r.behavior_logp
     row_N, pos_N = np.nonzero(mask)  # row-major: the order of tokens_BT[mask_BT]
+    kept_NK, valid_NK = _kept_layout(picked, tokens[mask])
     starts = np.concatenate([[0], np.cumsum(lengths)])
     position_ids = attention_mask = cu_seqlens = None
     if packed:
@@ -204,4 +235,31 @@ def collate(
         ),
         rows=tuple(indices),
         num_tokens=int(mask.sum()),
+        num_unknown=sum(len(r.kept.unknown) for r in picked),
+        kept_NK=None if kept_NK is None else torch.from_numpy(kept_NK).to(device),
+        kept_valid_NK=None if valid_NK is None else torch.from_numpy(valid_NK).to(device),
     )
+
+
+def _kept_layout(
+    rows: list[Row], tokens_N: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+    """(kept_NK, valid_NK) of the trained tokens of `rows`, in mask order (see the module doc);
+    (None, None) when the rows carry no kept sets."""
+    if not rows or not rows[0].kept.present:
+        assert all(not r.kept.present for r in rows), "kept sets on some rows only"
+        return None, None
+    sizes = np.concatenate([r.kept.offsets[1:] - r.kept.offsets[:-1] for r in rows])
+    if any(len(r.kept.unknown) for r in rows):  # an unknown token is not in the mask
+        sizes = sizes[np.concatenate([r.kept.trained(len(r.behavior_logp)) for r in rows])]
+    ids = np.concatenate([r.kept.ids for r in rows])  # an unknown token lists none
+    n = len(tokens_N)
+    assert len(sizes) == n
+    width = 1 + (int(sizes.max()) if n else 0)
+    valid_NK = np.arange(width)[None, :] <= sizes[:, None]  # row-major: the ids' order
+    kept_NK = np.zeros((n, width), np.int64)
+    kept_NK[:, 0] = tokens_N
+    others = valid_NK.copy()
+    others[:, 0] = False
+    kept_NK[others] = ids
+    return kept_NK, valid_NK

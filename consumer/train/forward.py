@@ -3,8 +3,10 @@
 `CompletionForward(model)(micro_batch)` runs a transformers causal LM's decoder on the
 micro-batch's inputs (padded or packed, consumer/train/batching.py), picks the hidden states of the
 N positions that predict completion tokens, and returns their log-probs under the sampling
-distribution and the entropy there (consumer/train/lm_head.py): full-vocabulary logits are never
-formed for prompt positions, padding, or more than one chunk of positions at a time.
+distribution (renormalised over each token's kept set when the micro-batch carries kept sets:
+truncated sampling), the entropy and the kept mass there (consumer/train/lm_head.py `HeadOut`):
+full-vocabulary logits are never formed for prompt positions, padding, or more than one chunk of
+positions at a time.
 
 One module call does both, so that a sharded learner can wrap this module as its root: FSDP2
 unshards the root's own parameters (embeddings, final norm, LM head) in the root's pre-forward
@@ -24,11 +26,12 @@ import torch
 
 from consumer.train import attention as A
 from consumer.train.batching import MicroBatch
-from consumer.train.lm_head import chunk_rows_for, chunked_logprobs
+from consumer.train.lm_head import HeadOut, chunk_rows_for, chunked_head
 
 
 class CompletionForward(torch.nn.Module):
-    """decoder + chunked LM head; forward(mb) -> (logp_N, entropy_N or None)."""
+    """decoder + chunked LM head; forward(mb) -> HeadOut (logp_N, entropy_N or None, kept
+    mass)."""
 
     def __init__(
         self,
@@ -44,9 +47,7 @@ class CompletionForward(torch.nn.Module):
         self.temperature = temperature
         self.chunk_rows = chunk_rows_for(model.get_output_embeddings().out_features, chunk_mib)
 
-    def forward(
-        self, mb: MicroBatch, *, with_entropy: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, mb: MicroBatch, *, with_entropy: bool = True) -> HeadOut:
         hidden = self.model.get_decoder()(
             input_ids=mb.input_ids_BL,
             attention_mask=mb.attention_mask_BL,
@@ -58,7 +59,7 @@ class CompletionForward(torch.nn.Module):
         head = self.model.get_output_embeddings()
         kind = hidden_NH.device.type
         autocast = torch.is_autocast_enabled(kind)
-        return chunked_logprobs(
+        return chunked_head(
             hidden_NH,
             head.weight,
             head.bias,
@@ -67,6 +68,7 @@ class CompletionForward(torch.nn.Module):
             chunk_rows=self.chunk_rows,
             compute_dtype=torch.get_autocast_dtype(kind) if autocast else head.weight.dtype,
             with_entropy=with_entropy,
+            kept=mb.kept,
         )
 
 

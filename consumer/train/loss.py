@@ -57,6 +57,7 @@ KL_KINDS: tuple[str, ...] = get_args(KLKind)
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
 
 LOG_RATIO_CLAMP = 20.0  # |log-ratio| bound before exp (token ratios, TIS, k3)
+RATIO_BAND = (0.9, 1.1)  # `ratio_out_of_band`: the old/behaviour ratios outside it (a metric)
 K3_CLAMP = 10.0  # |k3| bound
 
 # The fixed set of metric keys `policy_loss` returns (all floats, always present). Means are over
@@ -75,6 +76,7 @@ METRIC_KEYS = (
     "behavior_gap_abs_mean",  # mean |old_logp - behavior_logp|
     "behavior_gap_abs_max",  # max |old_logp - behavior_logp|
     "kl_behavior",  # k3 estimate of KL(behaviour ‖ learner-old) on the behaviour's samples
+    "ratio_out_of_band",  # tokens whose exp(old_logp - behavior_logp) is outside RATIO_BAND
     "kl_ref",  # mean per-token KL estimate (`kl` kind) to the reference; 0 without ref_logp
     "num_tokens",  # number of valid tokens
 )
@@ -380,6 +382,7 @@ def _metrics(
 
     gap_abs_BT = gap_BT.abs()
     x_BT = gap_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    token_rho = torch.exp(x_BT)  # per token, whatever the TIS level
     dual_c = math.inf if dual_clip is None else dual_clip
     values = {
         "clip_frac_low": mean((adv_BT < 0) & (ratio_BT < 1 - clip_low)),
@@ -394,6 +397,7 @@ def _metrics(
         "behavior_gap_abs_mean": mean(gap_abs_BT),
         "behavior_gap_abs_max": extreme(gap_abs_BT, largest=True),
         "kl_behavior": mean(torch.exp(x_BT) - x_BT - 1),
+        "ratio_out_of_band": mean((token_rho < RATIO_BAND[0]) | (token_rho > RATIO_BAND[1])),
         "kl_ref": mean(kl_BT) if kl_BT is not None else n * 0,
         "num_tokens": n,
     }

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.kept_set import KeptSets
 from consumer.train.batching import Row
 
 
@@ -172,39 +173,67 @@ def share_text(text: str | None) -> str:
 def share_rows(rows: list[Row] | None) -> list[Row]:
     """Rank 0 passes its rows, every other rank None; every rank returns the same rows.
 
-    Five broadcasts: sizes [rows, ids, completion tokens], per-row int64 (length, prompt length,
-    group), float64 advantages, int32 ids, float32 behaviour log-probs."""
+    Five broadcasts: sizes [rows, ids, completion tokens, kept ids, kept sets present], per-row
+    int64 (length, prompt length, group), float64 advantages, int32 ids, float32 behaviour
+    log-probs; with kept sets (truncated sampling) two more: int32 per completion token (its
+    other kept ids, -1 when its kept set is unknown) and the int32 kept ids."""
     with failures("sharing a batch"):
-        sizes = torch.zeros(3, dtype=torch.int64)
+        sizes = torch.zeros(5, dtype=torch.int64)
         if rows is not None:
             sizes[:] = torch.tensor(
-                [len(rows), sum(len(r.ids) for r in rows), sum(len(r.behavior_logp) for r in rows)]
-            )
+                [len(rows), sum(len(r.ids) for r in rows), sum(len(r.behavior_logp) for r in rows),
+                 sum(len(r.kept.ids) for r in rows), int(bool(rows) and rows[0].kept.present)]
+            )  # fmt: skip
         dist.broadcast(sizes, src=0)
-        n, n_ids, n_completion = (int(x) for x in sizes)
+        n, n_ids, n_completion, n_kept, has_kept = (int(x) for x in sizes)
         meta = torch.zeros(n, 3, dtype=torch.int64)
         adv = torch.zeros(n, dtype=torch.float64)
         ids = torch.zeros(n_ids, dtype=torch.int32)
         behavior = torch.zeros(n_completion, dtype=torch.float32)
+        kept_sizes = torch.zeros(n_completion if has_kept else 0, dtype=torch.int32)
+        kept_ids = torch.zeros(n_kept, dtype=torch.int32)
         if rows is not None:
             meta[:] = torch.tensor([[len(r.ids), r.prompt_len, r.group] for r in rows]).view(n, 3)
             adv[:] = torch.tensor([r.advantage for r in rows], dtype=torch.float64)
             if n:
                 ids[:] = torch.from_numpy(np.concatenate([r.ids for r in rows]))
                 behavior[:] = torch.from_numpy(np.concatenate([r.behavior_logp for r in rows]))
-        for t in (meta, adv, ids, behavior):
+            if has_kept:
+                kept_sizes[:] = torch.from_numpy(np.concatenate([_signed_sizes(r) for r in rows]))
+                kept_ids[:] = torch.from_numpy(np.concatenate([r.kept.ids for r in rows]))
+        for t in (meta, adv, ids, behavior) + ((kept_sizes, kept_ids) if has_kept else ()):
             dist.broadcast(t, src=0)
     if rows is not None:
         return rows
-    return _rows_from(meta.numpy(), adv.numpy(), ids.numpy(), behavior.numpy())
+    kept = (kept_sizes.numpy(), kept_ids.numpy()) if has_kept else None
+    return _rows_from(meta.numpy(), adv.numpy(), ids.numpy(), behavior.numpy(), kept)
+
+
+def _signed_sizes(r: Row) -> np.ndarray:
+    """Each completion token's number of other kept ids; -1 where its kept set is unknown."""
+    out = np.diff(r.kept.offsets).astype(np.int32)
+    out[r.kept.unknown] = -1
+    return out
 
 
 def _rows_from(
-    meta: np.ndarray, adv: np.ndarray, ids: np.ndarray, behavior: np.ndarray
+    meta: np.ndarray,
+    adv: np.ndarray,
+    ids: np.ndarray,
+    behavior: np.ndarray,
+    kept: tuple[np.ndarray, np.ndarray] | None,
 ) -> list[Row]:
-    out, at, at_c = [], 0, 0
+    out, at, at_c, at_k = [], 0, 0, 0
     for (length, prompt_len, group), a in zip(meta.tolist(), adv.tolist(), strict=True):
         completion = length - prompt_len
+        sets = KeptSets()
+        if kept is not None:
+            signed = kept[0][at_c : at_c + completion]
+            counts = np.maximum(signed, 0)
+            offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+            unknown = np.flatnonzero(signed < 0).astype(np.int32)
+            sets = KeptSets(offsets, kept[1][at_k : at_k + int(offsets[-1])], unknown)
+            at_k += int(offsets[-1])
         out.append(
             Row(
                 ids=ids[at : at + length],
@@ -212,6 +241,7 @@ def _rows_from(
                 behavior_logp=behavior[at_c : at_c + completion],
                 advantage=a,
                 group=group,
+                kept=sets,
             )
         )
         at, at_c = at + length, at_c + completion

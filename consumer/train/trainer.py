@@ -13,7 +13,11 @@ a weight) wait for it on the GPU — the training thread itself never waits.
 Conventions:
 - Log-probs are of the sampling distribution, the rule of `common.logprobs.sampled_logprobs`
   (logits divided by `sampling.temperature`, exactly as the producers' engines do), computed from
-  hidden states by consumer/train/lm_head.py.
+  hidden states by consumer/train/lm_head.py. With truncated sampling every log-prob the loss
+  sees (current, old, reference) is renormalised over the token's kept set as the engine
+  recorded it (common/kept_set.py); a token whose set is unknown is not trained. Per step:
+  `kept_mass_mean` (the policy's mass on the kept sets, before the update), `kept_size_mean`
+  (|K|; the vocabulary size without truncation), `tokens_kept_unknown`.
 - `model.dtype = "bfloat16"` runs forward/backward under CUDA autocast in bf16 with fp32 master
   weights and optimizer state (CPU runs stay fp32).
 - `updates_per_batch = 1` (default): one optimizer step consumes the batch, `old_logp` is
@@ -58,6 +62,7 @@ from consumer.train.batching import (
     rows_of,
 )
 from consumer.train.forward import CompletionForward, check_plain_head, compile_layers
+from consumer.train.lm_head import HeadOut
 from consumer.train.schedule import make_scheduler
 
 log = logging.getLogger("asyncgrpo.consumer")
@@ -170,6 +175,7 @@ class DeviceTrainer:
         metrics = self._all_metrics(passes)
         out: dict[str, Any] = _combine(metrics)
         positions, real = out.pop("forward_positions_sum"), out.pop("forward_tokens_sum")
+        out["tokens_kept_unknown"] = int(out.pop("tokens_kept_unknown_sum", 0))
         out.update(
             attention=self.attention.path,
             padding_frac=1.0 - real / max(positions, 1.0),
@@ -253,22 +259,22 @@ class DeviceTrainer:
 
     def _forward_logp(
         self, policy: CompletionForward, mb: MicroBatch, *, with_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logp_BT in the loss frame, 0 off the mask; entropy_N at the completion tokens)."""
+    ) -> tuple[torch.Tensor, HeadOut]:
+        """(logp_BT in the loss frame, 0 off the mask; the head's per-token outputs)."""
         ctx = (
             torch.autocast("cuda", dtype=torch.bfloat16)
             if self._autocast
             else contextlib.nullcontext()
         )
         with ctx:
-            logp_N, entropy_N = policy(mb, with_entropy=with_entropy)
-        logp_BT = logp_N.new_zeros(mb.mask_BT.shape).masked_scatter(mb.mask_BT, logp_N)
-        return logp_BT, entropy_N
+            out = policy(mb, with_entropy=with_entropy)
+        logp_BT = out.logp_N.new_zeros(mb.mask_BT.shape).masked_scatter(mb.mask_BT, out.logp_N)
+        return logp_BT, out
 
     def _micro_loss(
         self, mb: MicroBatch, old_BT: torch.Tensor | None, *, global_tokens: int, global_seqs: int
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        logp_BT, entropy_N = self._forward_logp(self.policy, mb, with_entropy=True)
+        logp_BT, head = self._forward_logp(self.policy, mb, with_entropy=True)
         ref_BT = None
         if self.ref_policy is not None:
             with torch.no_grad():
@@ -284,8 +290,9 @@ class DeviceTrainer:
             global_tokens=global_tokens,
             global_seqs=global_seqs,
         )
-        assert entropy_N is not None
-        metrics["entropy"] = float(entropy_N.sum()) / max(mb.num_tokens, 1)
+        assert head.entropy_N is not None
+        metrics["entropy"] = float(head.entropy_N.sum()) / max(mb.num_tokens, 1)
+        metrics.update(kept_metrics(mb, head, self.vocab_size))
         return loss, metrics
 
     @torch.no_grad()
@@ -332,6 +339,17 @@ class DeviceTrainer:
             checkpoint.load_plain(
                 directory, self.model, self.optimizer, self.scheduler, device=self.device
             )
+
+
+@torch.no_grad()
+def kept_metrics(mb: MicroBatch, head: HeadOut, vocab_size: int) -> dict[str, float]:
+    """Means over the micro-batch's trained tokens of the kept mass S and of |K| (the whole
+    vocabulary without kept sets), and the tokens left out for an unknown kept set."""
+    n = max(mb.num_tokens, 1)
+    mass = float(head.log_kept_mass_N.detach().float().exp().sum()) / n
+    size = float(mb.kept_valid_NK.sum()) / n if mb.kept_valid_NK is not None else vocab_size
+    unknown = float(mb.num_unknown)
+    return {"kept_mass_mean": mass, "kept_size_mean": size, "tokens_kept_unknown_sum": unknown}
 
 
 def _stack_old(old: dict[int, torch.Tensor], ids: list[int], mb: MicroBatch) -> torch.Tensor:

@@ -11,11 +11,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.config import Config
+from common.kept_set import NO_TRUNCATION, Truncation
 from producer.engines.base import Engine
 
 
-def make_engine(cfg: Config, *, model_dir: Path | None, vocab_size: int, seed: int) -> Engine:
-    """Build the engine `cfg.producer.engine` names. `model_dir` is unused by the fake engine."""
+def make_engine(
+    cfg: Config,
+    *,
+    model_dir: Path | None,
+    vocab_size: int,
+    seed: int,
+    truncation: Truncation = NO_TRUNCATION,
+) -> Engine:
+    """Build the engine `cfg.producer.engine` names. `model_dir` is unused by the fake engine;
+    `truncation` (the run's) is what a vllm engine is started for (its max_logprobs, and the
+    release check); the others take it per request."""
     name = cfg.producer.engine
     if name == "fake":
         from producer.engines.fake import FakeEngine
@@ -41,5 +51,5 @@ def make_engine(cfg: Config, *, model_dir: Path | None, vocab_size: int, seed: i
     if name == "vllm":
         from producer.engines.vllm import VLLMEngine
 
-        return VLLMEngine(model_dir, cfg.vllm, seed=seed)
+        return VLLMEngine(model_dir, cfg.vllm, seed=seed, truncation=truncation)
     raise AssertionError(f"unknown engine {name!r} (config validation lists the choices)")

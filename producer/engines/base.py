@@ -6,6 +6,12 @@ checks it):
 - each completion's `token_ids` (int32) and `logprobs` (float32) have equal length in
   [1, params.max_new_tokens]; `logprobs[i]` is the log-probability of exactly `token_ids[i]` under
   the sampling distribution, log_softmax(logits / temperature), finite and <= 0;
+- with `params.truncation.active` (top-k, top-p, min-p), the sampling distribution is q, the
+  softmax over each step's kept set K (common/kept_set.py): `logprobs[i]` is log q, and `kept`
+  holds every token's K exactly as the engine sampled from it (`KeptSets`: offsets [L + 1],
+  the other kept ids, at most `max_kept` per token; a token whose K the engine cannot know
+  exactly is listed in `kept.unknown`, with an empty set and log-prob 0: it is never trained).
+  Without truncation `kept` is empty;
 - `versions[i]` is the weight version that produced token i (int32); the engine's `version`
   before the call is the version of the first token;
 - `finish_reason` is "stop" (the completion ends with an EOS/stop token, included) or "length";
@@ -24,6 +30,8 @@ from typing import Protocol
 
 import numpy as np
 
+from common.kept_set import NO_TRUNCATION, KeptSets, Truncation
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -32,6 +40,7 @@ class SamplingParams:
     max_new_tokens: int
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    truncation: Truncation = NO_TRUNCATION  # top-k / top-p / min-p, and max_kept
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -40,6 +49,7 @@ class Completion:
     logprobs: np.ndarray  # float32 [L]
     finish_reason: str  # "stop" | "length"
     versions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # int32 [L]
+    kept: KeptSets = field(default_factory=KeptSets)  # the kept sets (truncated sampling only)
 
 
 class Engine(Protocol):

@@ -3,6 +3,9 @@
 Used by tests, the stress command and transport benchmarks; its rewards are
 producer/scoring.py's `FakeRewards`. Keeps the contract of producer/engines/base.py: log-probs
 are those of a uniform policy, every token carries the version loaded when the call started.
+With truncated sampling each token gets a kept set of random ids around it (top-k: k of them;
+otherwise a size drawn in [1, max_kept]) and the uniform log-prob over that set, so transport
+tests carry kept sets of realistic sizes.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common import kept_set
+from common.kept_set import Truncation
 from producer.engines.base import Completion, SamplingParams
 
 
@@ -76,15 +81,34 @@ class FakeEngine:
             stop = length < top
             if stop:
                 ids[-1] = self._eos
+            kept, logps = kept_set.KeptSets(), np.full(length, logp, np.float32)
+            if params.truncation.active:
+                kept, logps = self._kept_sets(ids, params.truncation)
             out.append(
                 Completion(
                     token_ids=ids,
-                    logprobs=np.full(length, logp, np.float32),
+                    logprobs=logps,
                     finish_reason="stop" if stop else "length",
                     versions=np.full(length, version, np.int32),
+                    kept=kept,
                 )
             )
         return out
+
+    def _kept_sets(
+        self, ids: np.ndarray, truncation: Truncation
+    ) -> tuple[kept_set.KeptSets, np.ndarray]:
+        """Random kept sets around `ids` and the uniform log-prob over each."""
+        rng = np.random.default_rng(self._rng.getrandbits(64))
+        bound = truncation.k_bound(self._vocab)
+        others = []
+        for token in ids.tolist():
+            size = bound if truncation.top_k else int(rng.integers(1, bound + 1))
+            picked = rng.choice(self._vocab - 1, size - 1, replace=False).astype(np.int32)
+            picked[picked >= token] += 1  # every id but the token itself
+            others.append(np.sort(picked))
+        sizes = np.array([len(o) + 1 for o in others], np.float32)
+        return kept_set.from_lists(others), -np.log(sizes)
 
     async def load_weights(self, directory: Path, version: int) -> None:
         self._version = version

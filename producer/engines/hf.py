@@ -9,8 +9,10 @@ per-request Gumbel-max streams, one forward per token for all rows).
 Why our own loop rather than `model.generate`: the log-prob reported for a token must be exactly
 that of the sampling distribution, `log_softmax(logits / temperature)` in float32, the rule the
 learner applies too (`common.logprobs.sampled_logprobs`), so behaviour and learner log-probs agree
-to float32 rounding for the same weights; and every request must keep its own random stream, so
-that its seed alone decides its completions whatever else shares the batch.
+to float32 rounding for the same weights; every request must keep its own random stream, so
+that its seed alone decides its completions whatever else shares the batch; and truncated
+sampling must record each token's kept set exactly as it sampled from it (transformers applies
+min-p after top-k and top-p, vLLM before: we follow vLLM, common/kept_set.py).
 
 Batching: the producer runs one asyncio task per lease, each awaiting `generate`. Calls made in
 the same event-loop turn reach the torch thread together (one hand-over per turn), and the thread
@@ -182,7 +184,8 @@ class HFEngine:
         future: asyncio.Future[list[Completion]] = asyncio.get_running_loop().create_future()
         request = Request(
             prompt_ids=list(prompt_ids), n=params.n, temperature=params.temperature,
-            max_new_tokens=params.max_new_tokens, seed=seed, is_stop_V=stops, waiter=future,
+            max_new_tokens=params.max_new_tokens, seed=seed, is_stop_V=stops,
+            truncation=params.truncation, waiter=future,
         )  # fmt: skip
         self._submit(request)
         try:

@@ -16,6 +16,12 @@ Per token step, for all B rows at once (`Batch.sample`, then `Batch.forward`):
     logp = sampled_logprobs(logits, token, T) = log_softmax(z)[token]   (the learner's rule)
     logp = min(logp, 0)            (a token of probability 1 can round to +1e-8)
 
+With truncated sampling (the request's `truncation`: top-k, top-p, min-p, common/kept_set.py),
+z is `truncated_logits(logits, truncation, T)`: -inf outside the kept set K, vLLM's order of
+operations (temperature, min-p, top-k with ties and the max_kept cap, top-p). The same Gumbel
+noise then samples exactly q = softmax over K, logp = log_softmax(z)[token] is log q, and the
+row's K (its finite entries other than the token, ascending) is recorded with the token.
+
 Gumbel-max samples exactly softmax(z). Because every request draws its noise from its own
 generator, n x V numbers per step, whichever rows of it are still alive, a request's tokens depend
 only on its seed and the logits of its own rows: the same seed and weights give the same
@@ -47,7 +53,9 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from common.logprobs import sampled_logprobs
+from common import kept_set
+from common.kept_set import NO_TRUNCATION, Truncation
+from common.logprobs import sampled_logprobs, truncated_logits
 from producer.engines.base import Completion
 
 
@@ -61,6 +69,7 @@ class Request:
     max_new_tokens: int
     seed: int
     is_stop_V: np.ndarray  # bool per vocabulary id: the request's stop tokens and the model's EOS
+    truncation: Truncation = NO_TRUNCATION
     waiter: Any = None  # whoever waits for the result (the engine's future); never read here
     cancelled: bool = False  # set from another thread: drop the rows at the next step
     version: int = -1  # weights version the rows are sampled with (set at admission)
@@ -71,6 +80,7 @@ class Request:
     logp_nL: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     lengths_n: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     stopped_n: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    kept_nL: list[list[np.ndarray]] = field(default_factory=list)  # per row, per step: the others
 
     def start(self, version: int, device: torch.device) -> None:
         self.version = version
@@ -80,12 +90,20 @@ class Request:
         self.logp_nL = np.zeros((self.n, self.max_new_tokens), np.float32)
         self.lengths_n = np.zeros(self.n, np.int64)
         self.stopped_n = np.zeros(self.n, bool)
+        self.kept_nL = [[] for _ in range(self.n)] if self.truncation.active else []
 
-    def record(self, tokens_a: np.ndarray, logp_a: np.ndarray) -> np.ndarray:
-        """Store one step for the alive rows; return which of them go on (bool per alive row)."""
+    def record(
+        self, tokens_a: np.ndarray, logp_a: np.ndarray, kept_a: list[np.ndarray] | None = None
+    ) -> np.ndarray:
+        """Store one step for the alive rows (with each row's other kept ids when truncated);
+        return which of them go on (bool per alive row)."""
         rows, step = self.alive_a, self.steps
         self.ids_nL[rows, step] = tokens_a
         self.logp_nL[rows, step] = np.minimum(logp_a, 0.0)
+        if self.kept_nL:
+            assert kept_a is not None, "a truncated request's rows carry kept sets"
+            for row, others in zip(rows.tolist(), kept_a, strict=True):
+                self.kept_nL[row].append(others)
         self.steps = step + 1
         stop_a = self.is_stop_V[tokens_a]
         self.stopped_n[rows[stop_a]] = True
@@ -105,6 +123,7 @@ class Request:
                 logprobs=self.logp_nL[i, :k].copy(),
                 finish_reason="stop" if self.stopped_n[i] else "length",
                 versions=np.full(k, self.version, np.int32),
+                kept=kept_set.from_lists(self.kept_nL[i]) if self.kept_nL else kept_set.KeptSets(),
             )
             for i, k in enumerate(self.lengths_n.tolist())
         ]
@@ -198,13 +217,22 @@ class Batch:
         )
         gumbel_BV = -torch.log(-torch.log(uniform_BV))
         spans = self._spans()
-        if len({r.temperature for r in self.members}) == 1:
-            tokens_B, logp_B = _gumbel_max(logits_BV, gumbel_BV, self.members[0].temperature)
-        else:  # several temperatures: each member's rows with its own
-            parts = [_gumbel_max(logits_BV[s], gumbel_BV[s], r.temperature) for r, s in spans]
-            tokens_B, logp_B = (torch.cat(x) for x in zip(*parts, strict=True))
+        first = self.members[0]
+        if len({(r.temperature, r.truncation) for r in self.members}) == 1:
+            tokens_B, logp_B, kept_B = _gumbel_max(
+                logits_BV, gumbel_BV, first.temperature, first.truncation
+            )
+        else:  # several sampling settings: each member's rows with its own
+            parts = [
+                _gumbel_max(logits_BV[s], gumbel_BV[s], r.temperature, r.truncation)
+                for r, s in spans
+            ]
+            tokens_B, logp_B = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+            kept_B = [k for p in parts for k in (p[2] or [None] * len(p[0]))]
         tokens_np, logp_np = tokens_B.cpu().numpy(), logp_B.float().cpu().numpy()
-        keep_B = np.concatenate([r.record(tokens_np[s], logp_np[s]) for r, s in spans])
+        keep_B = np.concatenate(
+            [r.record(tokens_np[s], logp_np[s], kept_B[s] if kept_B else None) for r, s in spans]
+        )
         finished = [r for r in self.members if r.finished]
         self.members = [r for r in self.members if not r.finished]
         index = self._select(keep_B)
@@ -288,12 +316,23 @@ def _cache_of(out: Any) -> Any:
 
 
 def _gumbel_max(
-    logits_BV: torch.Tensor, gumbel_BV: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token, log-prob) per row: argmax(logits / T + Gumbel), log_softmax(logits / T)[token]."""
-    tokens_B = (logits_BV.float() / temperature + gumbel_BV).argmax(-1)
-    logp_B = sampled_logprobs(logits_BV[:, None], tokens_B[:, None], temperature=temperature)
-    return tokens_B, logp_B[:, 0]
+    logits_BV: torch.Tensor, gumbel_BV: torch.Tensor, temperature: float, truncation: Truncation
+) -> tuple[torch.Tensor, torch.Tensor, list[Any] | None]:
+    """(token, log-prob, other kept ids or None) per row: argmax(z + Gumbel), log_softmax(z)
+    at the token, z = logits / T, truncated to the kept set when `truncation` is active (then
+    the third item lists, per row, the kept ids other than the token, ascending, int32)."""
+    if not truncation.active:
+        tokens_B = (logits_BV.float() / temperature + gumbel_BV).argmax(-1)
+        logp_B = sampled_logprobs(logits_BV[:, None], tokens_B[:, None], temperature=temperature)
+        return tokens_B, logp_B[:, 0], None
+    z_BV = truncated_logits(logits_BV, truncation, temperature=temperature)
+    tokens_B = (z_BV + gumbel_BV).argmax(-1)
+    logp_B = z_BV.gather(-1, tokens_B[:, None])[:, 0] - torch.logsumexp(z_BV, dim=-1)
+    others_BV = torch.isfinite(z_BV)
+    others_BV[torch.arange(len(tokens_B), device=z_BV.device), tokens_B] = False
+    ids = others_BV.nonzero()[:, 1].to(torch.int32).cpu().numpy()  # row-major: ascending ids
+    counts = others_BV.sum(-1).cpu().numpy()
+    return tokens_B, logp_B, np.split(ids, np.cumsum(counts)[:-1])
 
 
 def _merge_left_padded(

@@ -2,15 +2,18 @@
 
 Owns: turning our `SamplingParams` into vLLM requests for the `n = G` samples of a group, many
 groups in flight at once (vLLM batches them continuously), converting vLLM's outputs into
-`Completion`s, and switching weights in place with per-token versions. Does not own: fetching
+`Completion`s (producer/engines/vllm_outputs.py; kept sets: vllm_kept.py), and switching
+weights in place with per-token versions. Does not own: fetching
 or hash-checking snapshots (common/snapshot.py and the producer loop do that before `load_weights`).
 
 Sampling: `logprobs_mode="processed_logprobs"` makes vLLM report log-probs of the sampling
 distribution, `log_softmax(logits / T)`, the learner's rule (`common.logprobs.sampled_logprobs`).
-`top_p = 1` and `top_k = 0` always: truncated sampling would renormalise over a support that the
-learner does not see (config validation refuses other values). `generation_config="vllm"` keeps
-a checkpoint's `generation_config.json` from changing these defaults. Requests ask for
-`logprobs=0` (the sampled token only), `flat_logprobs=True` and `detokenize=False`.
+Untruncated, requests ask for `logprobs=0` (the sampled token only). With top-k, top-p or min-p
+(`params.truncation`), they also ask for the max_kept + 1 best processed log-probs, from which
+producer/engines/vllm_kept.py takes each token's kept set and log q (the engine arg
+`max_logprobs` is raised to match; releases before 0.24 are refused at start).
+`generation_config="vllm"` keeps a checkpoint's `generation_config.json` from changing these
+settings. Requests ask for `flat_logprobs=True` and `detokenize=False`.
 
 Two request paths; both know, at a weight switch, how many tokens each sample had received:
 - final (used when vLLM's client exposes its per-request token counts, `client_token_counter`;
@@ -64,21 +67,24 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
-
-import numpy as np
 
 from common import snapshot as snap
 from common.config import VllmConfig
 from common.errors import ConfigError, SnapshotError
+from common.kept_set import NO_TRUNCATION, Truncation
+from producer.engines import vllm_kept
 from producer.engines.base import Completion, SamplingParams
+from producer.engines.vllm_outputs import (
+    RequestTrack,
+    client_token_counter,
+)
 
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "install with pip install -e '.[vllm]' on a CUDA machine"
-FINISH_REASONS = {"stop": "stop", "length": "length"}
 ReloadMode = Literal["inflight", "idle", "drain"]
 TIED_OPTIONAL = ("lm_head.weight",)  # tied models: vLLM ignores it; save_pretrained omits it
 
@@ -95,12 +101,14 @@ def import_vllm() -> Any:
 
 
 # ------------------------------------------------------------------------------ pure parts
-def engine_kwargs(model_dir: Path, vcfg: VllmConfig, *, seed: int) -> dict[str, Any]:
-    """`AsyncEngineArgs` keyword arguments; `max_model_len` capped at the model's positions."""
+def engine_kwargs(
+    model_dir: Path, vcfg: VllmConfig, *, seed: int, truncation: Truncation = NO_TRUNCATION
+) -> dict[str, Any]:
+    """`AsyncEngineArgs` keyword arguments; `max_model_len` capped at the model's positions;
+    `max_logprobs` raised to the candidates a truncated request asks for."""
     max_len = vcfg.max_model_len
-    positions = json.loads((Path(model_dir) / "config.json").read_text()).get(
-        "max_position_embeddings"
-    )
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    positions = config.get("max_position_embeddings")
     if isinstance(positions, int) and positions < max_len:
         log.info("vllm.max_model_len %d capped at the model's %d positions", max_len, positions)
         max_len = positions
@@ -118,12 +126,19 @@ def engine_kwargs(model_dir: Path, vcfg: VllmConfig, *, seed: int) -> dict[str, 
     }
     if vcfg.attention_backend:
         kw["attention_backend"] = vcfg.attention_backend
+    if truncation.active:  # vLLM's default is 20; the vocabulary caps what a request asks
+        vocab = config.get("vocab_size")
+        vocab = vocab if isinstance(vocab, int) else 1 << 30
+        kw["max_logprobs"] = max(20, vllm_kept.num_candidates(truncation, vocab))
     return kw
 
 
-def sampling_kwargs(params: SamplingParams, *, index: int | None = None) -> dict[str, Any]:
+def sampling_kwargs(
+    params: SamplingParams, *, index: int | None = None, vocab_size: int = 1 << 30
+) -> dict[str, Any]:
     """`vllm.SamplingParams` keyword arguments (the caller adds output_kind): the whole group,
-    or with `index` its sample `index` alone (n = 1, seed + index), as vLLM's fan-out does."""
+    or with `index` its sample `index` alone (n = 1, seed + index), as vLLM's fan-out does.
+    Truncation (and the candidates that give the kept sets): `vllm_kept.request_kwargs`."""
     assert params.n >= 1
     assert params.max_new_tokens >= 1
     assert params.temperature > 0, "config validation keeps sampling.temperature > 0"
@@ -133,126 +148,19 @@ def sampling_kwargs(params: SamplingParams, *, index: int | None = None) -> dict
     return {
         "n": params.n if index is None else 1,
         "temperature": params.temperature,
-        "top_p": 1.0,
-        "top_k": 0,  # 0 = off in vLLM 0.24 (-1 is still accepted)
+        **vllm_kept.request_kwargs(params.truncation, vocab_size),  # top_p, top_k, min_p, logprobs
         "max_tokens": params.max_new_tokens,
         "seed": seed,
         "stop_token_ids": list(params.stop_token_ids),
-        "logprobs": 0,  # the sampled token's log-prob only
         "flat_logprobs": True,  # a few flat lists per sample instead of a dict per token
         "detokenize": False,
     }
-
-
-def finish_reason(vllm_reason: str | None) -> str:
-    """vLLM's finish reason as ours; anything else (abort, error, unfinished) is a bug here."""
-    if vllm_reason not in FINISH_REASONS:
-        raise RuntimeError(f"vLLM finished a sample with reason {vllm_reason!r}")
-    return FINISH_REASONS[vllm_reason]
-
-
-def sampled_token_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
-    """Log-prob of `token_ids[i]` at each position, from vLLM's per-position logprobs.
-
-    `logprobs` is a list of {token_id: Logprob} or a FlatLogprobs (flat lists with the start of
-    each position); with `logprobs=0` a position holds exactly the sampled token. An output
-    with no new token carries no positions (vLLM's delta slice `[-0:]` would be everything).
-    """
-    if len(token_ids) == 0:
-        return []
-    assert logprobs is not None, "requests ask for logprobs=0"
-    assert len(logprobs) == len(token_ids), "one logprobs position per sampled token"
-    starts = getattr(logprobs, "start_indices", None)
-    flat_ids: Any = getattr(logprobs, "token_ids", None)
-    if starts is not None and [flat_ids[s] for s in starts] == list(token_ids):
-        return [logprobs.logprobs[s] for s in starts]
-    return [logprobs[i][t].logprob for i, t in enumerate(token_ids)]
-
-
-def token_versions(
-    length: int, start_version: int, boundaries: Iterable[tuple[int, int]]
-) -> np.ndarray:
-    """int32 [length]: `start_version`, then from each (count, version) boundary on, `version`."""
-    out = np.full(length, start_version, np.int32)
-    for count, version in boundaries:
-        out[count:] = version
-    return out
 
 
 def reload_mode(num_in_flight: int, inflight_updates: bool) -> ReloadMode:
     if num_in_flight == 0:
         return "idle"
     return "inflight" if inflight_updates else "drain"
-
-
-class RequestTrack:
-    """The samples of one group as their outputs arrive, and the group's version boundaries.
-
-    `child_ids`: the vLLM request id of each sample (final path), or None (one streamed request).
-    Token ids and log-probs are copied out of vLLM's output objects at once, so those objects
-    die young (keeping them alive made the garbage collector a visible cost per token).
-    """
-
-    def __init__(self, n: int, start_version: int, child_ids: list[str] | None = None) -> None:
-        self.n = n
-        self.start_version = start_version
-        self.child_ids = child_ids
-        self.ids: list[list[int]] = [[] for _ in range(n)]
-        self.logps: list[list[float]] = [[] for _ in range(n)]
-        self.finish: list[str | None] = [None] * n
-        self.boundaries: list[tuple[tuple[int, ...], int]] = []  # (tokens per sample, version)
-
-    def add(self, request_output: Any, index: int | None = None) -> None:
-        """Append a DELTA output's samples, or (with `index`) the final output of one sample."""
-        for c in request_output.outputs:
-            i = c.index if index is None else index
-            self.ids[i].extend(c.token_ids)
-            self.logps[i].extend(sampled_token_logprobs(c.token_ids, c.logprobs))
-            if c.finish_reason is not None:
-                self.finish[i] = c.finish_reason
-
-    def counts(self, client_count: Callable[[str], int] | None) -> tuple[int, ...]:
-        """Tokens received per sample: our own, or vLLM's client counts for unfinished samples."""
-        if self.child_ids is None or client_count is None:
-            return tuple(len(ids) for ids in self.ids)
-        return tuple(
-            len(self.ids[i]) if self.finish[i] is not None else client_count(child)
-            for i, child in enumerate(self.child_ids)
-        )
-
-    def switch(self, version: int, counts: Sequence[int]) -> None:
-        self.boundaries.append((tuple(counts), version))
-
-    def completions(self) -> list[Completion]:
-        out = []
-        for i, ids in enumerate(self.ids):
-            assert ids, f"sample {i} of {self.n} produced no token"
-            bounds = [(counts[i], version) for counts, version in self.boundaries]
-            out.append(
-                Completion(
-                    token_ids=np.asarray(ids, np.int32),
-                    logprobs=np.minimum(np.asarray(self.logps[i], np.float32), 0.0),
-                    finish_reason=finish_reason(self.finish[i]),
-                    versions=token_versions(len(ids), self.start_version, bounds),
-                )
-            )
-        return out
-
-
-def client_token_counter(llm: Any) -> Callable[[str], int] | None:
-    """Tokens vLLM's client has received for a request id (0 for an id it does not know), read
-    from its output processor: `external_req_ids[id]` -> internal id -> `request_states[...]`
-    `.detokenizer.num_output_tokens()` (vLLM 0.24). None where those are missing."""
-    op: Any = getattr(llm, "output_processor", None)
-    if not (hasattr(op, "external_req_ids") and hasattr(op, "request_states")):
-        return None
-
-    def count(request_id: str) -> int:
-        internal = op.external_req_ids.get(request_id)
-        state = op.request_states.get(internal[0]) if internal else None
-        return int(state.detokenizer.num_output_tokens()) if state is not None else 0
-
-    return count
 
 
 # ------------------------------------------------------------------------------ the engine
@@ -272,13 +180,20 @@ def close_client_context(llm: Any) -> None:
         ctx.destroy(linger=0)
 
 
-def start_async_llm(model_dir: Path, vcfg: VllmConfig, *, seed: int) -> Any:
-    """Start vLLM's AsyncLLM on `model_dir` (forks the engine process unless CUDA is up here)."""
-    import_vllm()
+def start_async_llm(
+    model_dir: Path, vcfg: VllmConfig, *, seed: int, truncation: Truncation = NO_TRUNCATION
+) -> Any:
+    """Start vLLM's AsyncLLM on `model_dir` (forks the engine process unless CUDA is up here);
+    `ConfigError` first when this vLLM cannot record the kept sets `truncation` needs."""
+    vllm = import_vllm()
+    problem = vllm_kept.support_problem(str(vllm.__version__)) if truncation.active else None
+    if problem is not None:
+        raise ConfigError(problem)
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(model_dir, vcfg, seed=seed)))
+    kwargs = engine_kwargs(model_dir, vcfg, seed=seed, truncation=truncation)
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
 
 def vllm_sampling_params(kwargs: dict[str, Any], stream: bool) -> Any:
@@ -305,15 +220,21 @@ class VLLMEngine:
         vcfg: VllmConfig,
         *,
         seed: int = 0,
+        truncation: Truncation = NO_TRUNCATION,
         llm: Any = None,
         make_sampling: Callable[[dict[str, Any], bool], Any] = vllm_sampling_params,
     ) -> None:
         self._vcfg = vcfg
+        self._truncation = truncation  # what the engine was started for (max_logprobs)
         self._make_sampling = make_sampling
         self._base_shapes = snap.tensor_shapes(Path(model_dir))
         config = json.loads((Path(model_dir) / "config.json").read_text())
         self._optional = TIED_OPTIONAL if config.get("tie_word_embeddings") else ()
-        self._llm = llm if llm is not None else start_async_llm(Path(model_dir), vcfg, seed=seed)
+        self._llm = (
+            llm
+            if llm is not None
+            else start_async_llm(Path(model_dir), vcfg, seed=seed, truncation=truncation)
+        )
         self._vocab = int(self._llm.model_config.get_vocab_size())
         self._count = client_token_counter(self._llm)  # None: stream deltas
         self._version = -1
@@ -354,17 +275,24 @@ class VLLMEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         """`params.n` samples of one prompt (request paths: module doc)."""
         assert len(prompt_ids) >= 1, "an empty prompt has nothing to condition on"
+        trunc = params.truncation
+        assert not trunc.active or trunc.max_kept <= self._truncation.max_kept, (
+            "the engine's max_logprobs was set for a smaller max_kept"
+        )
         while not self._open.is_set():  # a weight switch is running: start after it
             await self._open.wait()
         request_id = f"{self._id_prefix}-{next(self._ids)}"
         prompt = {"prompt_token_ids": list(prompt_ids)}
         children = None if self._count is None else [f"{request_id}-{j}" for j in range(params.n)]
-        track = RequestTrack(params.n, self._version, children)
+        track = RequestTrack(
+            params.n, self._version, children, truncation=trunc, vocab_size=self._vocab
+        )
         self._active[request_id] = track
         self._idle.clear()
         try:
             if children is None:
-                sampling = self._make_sampling(sampling_kwargs(params), True)
+                kwargs = sampling_kwargs(params, vocab_size=self._vocab)
+                sampling = self._make_sampling(kwargs, True)
                 async for output in self._llm.generate(prompt, sampling, request_id):
                     track.add(output)
             else:
@@ -383,7 +311,8 @@ class VLLMEngine:
         track: RequestTrack,
     ) -> None:
         async def one(index: int, child_id: str) -> None:
-            sampling = self._make_sampling(sampling_kwargs(params, index=index), False)
+            kwargs = sampling_kwargs(params, index=index, vocab_size=self._vocab)
+            sampling = self._make_sampling(kwargs, False)
             final = None
             async for output in self._llm.generate(prompt, sampling, child_id):
                 final = output

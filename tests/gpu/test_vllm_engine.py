@@ -1,4 +1,5 @@
-"""The vLLM engine on a real GPU: contract, log-prob agreement across reloads, in-flight versions.
+"""The vLLM engine on a real GPU: contract, log-prob agreement across reloads, in-flight versions,
+and truncated sampling (kept sets from processed log-probs, renormalised by the learner).
 
 One engine for the module (starting vLLM takes seconds), on a small random Qwen2 with heads of
 64 (a size FlashAttention takes) and a perturbed copy of it. The engine starts before this
@@ -27,6 +28,7 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed", allow_module_level=True)
 
 from common.config import VllmConfig
+from common.kept_set import Truncation
 from producer.engines.base import Completion, SamplingParams
 
 pytestmark = [
@@ -38,6 +40,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
 ]
 TOL = 0.02
+MAX_KEPT = 16  # below the tiny vocabulary (47): the cap binds, and N = 17 candidates < V
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,11 @@ async def engine(model_dirs: tuple[Path, Path]) -> AsyncIterator[Any]:
     from producer.engines.vllm import VLLMEngine
 
     vcfg = VllmConfig(gpu_memory_utilization=0.2, enforce_eager=True, max_model_len=256)
-    eng = VLLMEngine(model_dirs[0], vcfg, seed=0)
+    # started for truncated sampling (max_logprobs = MAX_KEPT + 1); untruncated requests ask
+    # for the sampled token's log-prob only, as always
+    eng = VLLMEngine(
+        model_dirs[0], vcfg, seed=0, truncation=Truncation(top_p=0.9, max_kept=MAX_KEPT)
+    )
     yield eng
     await eng.close()
 
@@ -189,3 +196,63 @@ async def test_a_snapshot_the_publisher_wrote_from_cuda_weights_loads_in_vllm(
     assert all((c.versions == 7).all() for c in out)
     assert mean_abs_delta(learners["B"], prompt, out, 1.0) < TOL
     assert mean_abs_delta(learners["A"], prompt, out, 1.0) > 5 * TOL
+
+
+@pytest.mark.parametrize(
+    "truncation",
+    [
+        Truncation(top_p=0.9, max_kept=MAX_KEPT),
+        Truncation(top_k=8, max_kept=MAX_KEPT),
+        Truncation(top_k=12, top_p=0.8, min_p=0.05, max_kept=MAX_KEPT),
+    ],
+    ids=["top_p", "top_k", "all_three"],
+)
+async def test_truncated_sampling_records_the_kept_sets_the_learner_renormalises_over(
+    engine: Any, model_dirs: tuple[Path, Path], learners: dict[str, Learner], truncation: Truncation
+):
+    """Each token's kept set (sampled id ∪ finite processed candidates) holds the token and at
+    most max_kept ids; the learner's log π_K over it is vLLM's log q to bf16 noise, while the
+    full-vocabulary log-prob falls short by log S; unknown sets (ties beyond max_kept, a -inf
+    sampled entry) stay rare."""
+    import torch
+
+    from common.logprobs import kept_set_logprobs
+
+    await engine.load_weights(model_dirs[0], 0)
+    prompts = [[6 + i, 7, 8] for i in range(8)]  # 64 rows: vLLM's Triton top-k/top-p kernels
+    params = SamplingParams(n=8, temperature=0.9, max_new_tokens=24, truncation=truncation)
+    groups = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    kept_d, full_d, sizes, unknown, total = [], [], [], 0, 0
+    learner = learners["A"]
+    for prompt, out in zip(prompts, groups, strict=True):
+        for c in out:
+            k = c.kept
+            assert k.present
+            total += len(c.token_ids)
+            unknown += len(k.unknown)
+            trained = k.trained(len(c.token_ids))
+            sets = [
+                [int(c.token_ids[t]), *k.ids[k.offsets[t] : k.offsets[t + 1]].tolist()]
+                for t in range(len(c.token_ids))
+            ]
+            assert all(len(s) <= MAX_KEPT for s in sets)
+            ids = torch.tensor([prompt + c.token_ids.tolist()], device="cuda")
+            with torch.no_grad():
+                logits = learner.model(ids).logits[0, len(prompt) - 1 : -1].double()
+            width = max(len(s) for s in sets)
+            kept_NK = torch.zeros(len(sets), width, dtype=torch.long, device="cuda")
+            valid_NK = torch.zeros_like(kept_NK, dtype=torch.bool)
+            for t, s in enumerate(sets):
+                kept_NK[t, : len(s)] = torch.tensor(s)
+                valid_NK[t, : len(s)] = True
+            log_k = kept_set_logprobs(logits, kept_NK, valid_NK, temperature=0.9).cpu().numpy()
+            log_full = learner.logprobs(prompt, c, 0.9)
+            kept_d.append((log_k - c.logprobs)[trained])
+            full_d.append((log_full - c.logprobs)[trained])
+            sizes += [len(s) for s, known in zip(sets, trained, strict=True) if known]
+    kept_gap, full_gap = np.concatenate(kept_d), np.concatenate(full_d)
+    assert unknown <= 0.05 * total, (unknown, total)
+    assert np.abs(kept_gap).mean() < TOL
+    assert abs(np.exp(kept_gap).mean() - 1) < TOL  # the ratio at the behaviour policy
+    assert np.exp(full_gap).mean() < 1 - 5 * TOL  # the naive ratio carries the kept mass S
+    assert 1 < np.mean(sizes) <= MAX_KEPT

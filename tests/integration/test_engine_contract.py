@@ -15,12 +15,15 @@ import numpy as np
 import pytest
 import torch
 
+from common import kept_set
+from common.kept_set import Truncation
 from producer.engines.base import Engine, SamplingParams
 from producer.engines.fake import FakeEngine
 
 EOS = 1  # the tiny model's "<eos>", also the fake engine's
 MAX_NEW = 6
 STOPS = tuple(range(1, 10))  # a fifth of the tiny vocabulary: both finish reasons show up
+TRUNCATION = Truncation(top_k=10, top_p=0.9, max_kept=12)
 
 
 @pytest.fixture(params=["fake", "hf", pytest.param("vllm", marks=pytest.mark.gpu)])
@@ -41,7 +44,7 @@ async def engine(request: pytest.FixtureRequest, tiny_model_dir: Path) -> AsyncI
         from producer.engines.vllm import VLLMEngine
 
         cfg = VllmConfig(gpu_memory_utilization=0.2, enforce_eager=True)
-        eng = VLLMEngine(tiny_model_dir, cfg, seed=0)
+        eng = VLLMEngine(tiny_model_dir, cfg, seed=0, truncation=TRUNCATION)
     yield eng
     await eng.close()
 
@@ -80,3 +83,24 @@ async def test_every_engine_keeps_the_completion_contract(engine: Engine, tiny_m
             assert c.finish_reason == "length"
             assert len(c.token_ids) == MAX_NEW
     assert {c.finish_reason for c in out} == {"stop", "length"}
+
+    assert all(not c.kept.present for c in out)  # untruncated: no kept sets
+
+
+async def test_every_engine_records_a_kept_set_per_token_when_sampling_truncated(
+    engine: Engine, tiny_model_dir: Path
+):
+    await engine.load_weights(tiny_model_dir, 0)
+    params = SamplingParams(
+        n=16, temperature=0.9, max_new_tokens=MAX_NEW, seed=2, truncation=TRUNCATION
+    )
+    out = await engine.generate([3, 4, 5], params)
+    for c in out:
+        assert c.kept.present
+        problem = kept_set.encoding_problem(
+            c.kept, c.token_ids, vocab_size=engine.vocab_size, max_kept=TRUNCATION.max_kept
+        )
+        assert problem is None
+        assert (c.kept.sizes()[c.kept.trained(len(c.token_ids))] <= 10).all()  # top_k 10
+        assert np.isfinite(c.logprobs).all()
+        assert (c.logprobs <= 0).all()

@@ -82,7 +82,7 @@ def test_log_probs_entropy_and_gradients_equal_the_full_logits_path(
     vocab = model.config.vocab_size
     forward = CompletionForward(model, attention, temperature=0.7, chunk_mib=3 * vocab * 4 / 2**20)
     assert forward.chunk_rows == 3  # several chunks of the 14 completion positions
-    logp, ent = forward(mb)
+    logp, ent, _ = forward(mb)
     ref_logp, ref_ent = _reference(model, [rows[i] for i in mb.rows], 0.7)
     torch.testing.assert_close(logp, ref_logp, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(ent, ref_ent, rtol=1e-10, atol=1e-10)

@@ -1,7 +1,8 @@
 """The sharded learner (FSDP2 under torchrun, gloo on the CPU) against one process on the same
 batches: parameters after 1 and 5 steps within 1e-5 (float32), for every aggregation mode and
-for packing + gradient checkpointing + two updates per batch + a sharded reference model; the
-step's loss metrics (gradient norm, tokens, entropy, clip and TIS figures) alike."""
+for packing + gradient checkpointing + two updates per batch + a sharded reference model, and for
+kept sets of truncated sampling; the step's loss metrics (gradient norm, tokens, entropy, clip and
+TIS figures, kept mass and sizes) alike."""
 
 from __future__ import annotations
 
@@ -47,7 +48,12 @@ def _compare(model_dir: Path, tmp_path: Path, cases: list[str], steps: int) -> N
 
 def test_two_ranks_equal_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Two steps of the default loss and of the packed / checkpointed / two-update / KL case."""
-    _compare(tiny_model_dir, tmp_path, ["token-mean", "packed-ckpt-2updates-kl"], steps=2)
+    _compare(
+        tiny_model_dir,
+        tmp_path,
+        ["token-mean", "packed-ckpt-2updates-kl", "top-k-kept-sets"],
+        steps=2,
+    )
 
 
 @pytest.mark.slow

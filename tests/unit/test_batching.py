@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import wire
+from common import kept_set, wire
 from consumer.train.batching import (
     Row,
     collate,
@@ -328,3 +328,39 @@ def test_split_by_tokens_is_within_one_row_of_even(lengths: list[int], parts: in
     assert all(0 <= k < parts for k in owner)
     loads = [sum(n for n, k in zip(lengths, owner, strict=True) if k == r) for r in range(parts)]
     assert max(loads) - min(loads) <= max(lengths, default=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kept sets (truncated sampling)
+
+
+def test_rows_carry_their_completions_kept_sets_and_collate_lays_them_out_per_token():
+    g = make_group([1, 2], [[5, 6], [7, 8, 9]])
+    kept = kept_set.from_lists(
+        [np.array([3], np.int32), np.zeros(0, np.int32), np.array([1, 2, 4], np.int32),
+         np.zeros(0, np.int32), np.array([0], np.int32)],
+        unknown=[3],
+    )  # fmt: skip
+    g = dataclasses.replace(
+        g, kept_offsets=kept.offsets, kept_ids=kept.ids, kept_unknown=kept.unknown
+    )
+    rows = rows_of([g], np.zeros((1, 2)))
+    assert rows[1].kept.offsets.tolist() == [0, 3, 3, 4]
+    assert rows[1].kept.unknown.tolist() == [1]
+    assert [r.num_trained for r in rows] == [2, 2]
+    assert loss_normalisers(rows) == (4, 2)
+    for packed in (False, True):
+        mb = collate(rows, [0, 1], pad_id=PAD, device=CPU, packed=packed)
+        assert mb.tokens_N.tolist() == [5, 6, 7, 9]  # token 8's kept set is unknown
+        assert (mb.num_tokens, mb.num_unknown) == (4, 1)
+        assert mb.mask_BT.sum() == 4
+        assert mb.kept_NK.tolist() == [[5, 3, 0, 0], [6, 0, 0, 0], [7, 1, 2, 4], [9, 0, 0, 0]]
+        assert mb.kept_valid_NK.sum(1).tolist() == [2, 1, 4, 2]
+        assert mb.kept_valid_NK[3, 1]  # the id 0 there is a real entry, not padding
+
+
+def test_rows_without_kept_sets_collate_without_them():
+    rows = rows_of([make_group([1, 2], [[5, 6], [7]])], np.zeros((1, 2)))
+    mb = collate(rows, [0, 1], pad_id=PAD, device=CPU)
+    assert mb.kept is None
+    assert mb.num_unknown == 0

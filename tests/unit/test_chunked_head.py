@@ -1,5 +1,6 @@
 """The chunked LM head: the same log-probs, entropy and gradients as full logits, in float64, and
-never a tensor the size of all positions' logits."""
+never a tensor the size of all positions' logits; also renormalised over kept sets (truncated
+sampling), with its own gradient check."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common.logprobs import entropy_from_logits, sampled_logprobs
-from consumer.train.lm_head import chunk_rows_for, chunked_logprobs
+from common.logprobs import entropy_from_logits, kept_set_logprobs, sampled_logprobs
+from consumer.train.lm_head import chunk_rows_for, chunked_head, chunked_logprobs
 
 N, H, V = 23, 6, 31
 
@@ -165,3 +166,103 @@ def test_bad_shapes_and_chunks_are_refused():
         chunked_logprobs(h, w, b, y[:-1], temperature=1.0, chunk_rows=2)
     with pytest.raises(ValueError, match="temperature"):
         chunked_logprobs(h, w, b, y, temperature=0.0, chunk_rows=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Renormalised over each position's kept set (truncated sampling)
+
+
+def _kept(y: torch.Tensor, seed: int = 0, *, most: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random kept sets in the learner's layout: the token in column 0, then 0..most-1 others,
+    padded (validity False) to the widest."""
+    gen = torch.Generator().manual_seed(seed)
+    n = len(y)
+    kept = torch.zeros(n, most, dtype=torch.long)
+    valid = torch.zeros(n, most, dtype=torch.bool)
+    for i in range(n):
+        size = int(torch.randint(1, most + 1, (), generator=gen))
+        others = [v for v in torch.randperm(V, generator=gen).tolist() if v != int(y[i])]
+        kept[i, :size] = torch.tensor([int(y[i]), *others[: size - 1]])
+        valid[i, :size] = True
+    return kept, valid
+
+
+@pytest.mark.parametrize(
+    ("temperature", "chunk_rows", "bias"), [(1.0, 1, True), (0.7, 4, False), (1.6, N, True)]
+)
+def test_kept_set_log_probs_and_gradients_equal_the_full_logits_path(temperature, chunk_rows, bias):
+    h, w, b, y = _inputs(6, bias=bias)
+    kept, valid = _kept(y)
+    out = chunked_head(
+        h, w, b, y, temperature=temperature, chunk_rows=chunk_rows, kept=(kept, valid)
+    )
+    logits = h @ w.T + (0 if b is None else b)
+    ref = kept_set_logprobs(logits, kept, valid, temperature=temperature)
+    torch.testing.assert_close(out.logp_N, ref, rtol=1e-12, atol=1e-12)
+    full = sampled_logprobs(logits, y, temperature=temperature)
+    torch.testing.assert_close(out.log_kept_mass_N, (full - ref).detach(), rtol=1e-10, atol=1e-12)
+    assert (out.log_kept_mass_N <= 1e-12).all()
+    assert not out.log_kept_mass_N.requires_grad
+    torch.testing.assert_close(
+        out.entropy_N, entropy_from_logits(logits.detach(), temperature=temperature)
+    )
+
+    upstream = torch.randn(N, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    params = [t for t in (h, w, b) if t is not None]
+    got = torch.autograd.grad((out.logp_N * upstream).sum(), params)
+    want = torch.autograd.grad((ref * upstream).sum(), params)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+
+
+def test_the_renormalised_head_passes_gradcheck_in_float64():
+    h, w, b, y = _inputs(7)
+    h, w, b = h[:5].detach().requires_grad_(), w[:7].detach().requires_grad_(), b[:7]
+    b = b.detach().requires_grad_()
+    y = y[:5] % 7
+    gen = torch.Generator().manual_seed(3)
+    kept = torch.stack([torch.cat([t[None], torch.randperm(7, generator=gen)[:3]]) for t in y])
+    valid = torch.ones_like(kept, dtype=torch.bool)
+    for i in range(5):  # drop repeats of the token; pad the second row
+        valid[i, 1:] = kept[i, 1:] != y[i]
+    valid[1, 2:] = False
+
+    def fn(h, w, b):
+        return chunked_head(h, w, b, y, temperature=0.8, chunk_rows=2, kept=(kept, valid)).logp_N
+
+    assert torch.autograd.gradcheck(fn, (h, w, b))
+
+
+def test_a_kept_set_of_the_token_alone_gives_log_prob_zero_and_no_gradient():
+    h, w, b, y = _inputs(8)
+    kept = y[:, None].clone()
+    out = chunked_head(
+        h,
+        w,
+        b,
+        y,
+        temperature=0.9,
+        chunk_rows=5,
+        kept=(kept, torch.ones_like(kept, dtype=torch.bool)),
+    )
+    assert out.logp_N.abs().max() == 0
+    (g,) = torch.autograd.grad(out.logp_N.sum(), h)
+    assert g.abs().max() == 0
+
+
+def test_kept_sets_add_no_tensor_the_size_of_all_positions_logits():
+    h, w, b, y = _inputs()
+    kept, valid = _kept(y, most=6)
+    chunk = 4
+    with _LargestTensor() as seen:
+        out = chunked_head(h, w, b, y, temperature=0.7, chunk_rows=chunk, kept=(kept, valid))
+        out.logp_N.sum().backward()
+    # the kept ids (at most max_kept per position) are the only new [N, ...] tensors
+    assert seen.largest <= max(chunk * V, V * H, kept.numel()) < N * V
+
+
+def test_kept_sets_of_another_shape_are_refused():
+    h, w, b, y = _inputs()
+    kept, valid = _kept(y)
+    with pytest.raises(ValueError, match="kept ids"):
+        chunked_head(h, w, b, y, temperature=1.0, chunk_rows=2, kept=(kept[:-1], valid[:-1]))

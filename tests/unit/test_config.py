@@ -222,8 +222,11 @@ def test_an_unknown_key_in_a_file_gets_a_suggestion(tmp_path):
 PROBLEMS = [
     (["sampling.group_size=1"], "GRPO needs G >= 2", "sampling.group_size"),
     (["sampling.temperature=0"], "temperature must be finite and > 0", "sampling.temperature"),
-    (["sampling.top_p=0.9"], "top-p sampling would bias", "sampling.top_p"),
-    (["sampling.top_k=50"], "top-k sampling would bias", "sampling.top_k"),
+    (["sampling.top_p=0"], "must be in (0, 1] (1 = off)", "sampling.top_p"),
+    (["sampling.top_k=-1"], "must be >= 0 (0 = off)", "sampling.top_k"),
+    (["sampling.min_p=1"], "must be in [0, 1) (0 = off)", "sampling.min_p"),
+    (["sampling.max_kept=0"], "must be in [1, 65536]", "sampling.max_kept"),
+    (["sampling.top_k=300"], "every kept set travels whole", "sampling.top_k"),
     (["sampling.max_new_tokens=0"], "max_new_tokens must be >= 1", "sampling.max_new_tokens"),
     (["staleness.max_staleness=-1"], "max_staleness must be >= 0", "staleness.max_staleness"),
     (["staleness.publish_every=0"], "publish_every must be >= 1", "staleness.publish_every"),
@@ -309,6 +312,8 @@ def test_problems_are_gathered_from_every_section_once():
         ["task.source=jsonl", "task.path=prompts.jsonl"],
         ["loss.dual_clip=3.0"],
         ["fake.min_tokens=16", "fake.max_tokens=16"],
+        ["sampling.top_p=0.9", "sampling.top_k=256", "sampling.min_p=0.99"],
+        ["sampling.top_p=1e-9", "sampling.max_kept=1", "sampling.top_k=1"],
     ],
 )
 def test_a_possible_setting_near_a_limit_is_accepted(sets):
@@ -320,6 +325,7 @@ def test_a_possible_setting_near_a_limit_is_accepted(sets):
     [
         (["sampling.temperature=inf"], ["sampling.temperature"]),  # the wire refuses it
         (["sampling.temperature=nan"], ["sampling.temperature"]),
+        *[([f"sampling.top_p={v}"], ["sampling.top_p"]) for v in ("nan", "1.5")],
         (["net.bind_host=0.0.0.0", "net.connect=tcp://10.0.0.2:5555"], ["bind_host", "connect"]),
         (["net.bind_host=*"], ["bind_host"]),
         (["fake.min_tokens=17"], ["fake.min_tokens"]),

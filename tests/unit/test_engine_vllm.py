@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,15 +30,12 @@ from common.errors import ConfigError, SnapshotError
 from common.snapshot import check_fits, tensor_shapes
 from producer.engines import make_engine
 from producer.engines.base import SamplingParams
-from producer.engines.vllm import (
+from producer.engines.vllm import VLLMEngine, engine_kwargs, reload_mode, sampling_kwargs
+from producer.engines.vllm_outputs import (
     RequestTrack,
-    VLLMEngine,
     client_token_counter,
-    engine_kwargs,
     finish_reason,
-    reload_mode,
     sampled_token_logprobs,
-    sampling_kwargs,
     token_versions,
 )
 
@@ -55,9 +53,35 @@ class FlatLogprobs:  # vllm.logprobs.FlatLogprobs, the fields read
     start_indices: list[int]
     token_ids: list[int]
     logprobs: list[float]
+    end_indices: list[int] | None = None  # vLLM 0.24 has them; older ones only starts
 
     def __len__(self) -> int:
         return len(self.start_indices)
+
+    def __add__(self, other: FlatLogprobs) -> FlatLogprobs:  # a final output's positions
+        shift = len(self.token_ids)
+        ends = (self.end_indices or []) + [e + shift for e in other.end_indices or []]
+        return FlatLogprobs(
+            self.start_indices + [s + shift for s in other.start_indices],
+            self.token_ids + other.token_ids, self.logprobs + other.logprobs, ends or None,
+        )  # fmt: skip
+
+
+def flat(positions: list[list[tuple[int, float]]], *, ends: bool = True) -> FlatLogprobs:
+    """FlatLogprobs of positions, each [(sampled id, log-prob), (top-1), (top-2), ...]."""
+    starts, ids, logps, stops = [], [], [], []
+    for entries in positions:
+        starts.append(len(ids))
+        ids += [t for t, _ in entries]
+        logps += [lp for _, lp in entries]
+        stops.append(len(ids))
+    return FlatLogprobs(starts, ids, logps, stops if ends else None)
+
+
+LOG = math.log
+INF = math.inf
+# K = {7, 8, 9}, q = 0.5, 0.3, 0.2; the rest of the N = 5 candidates dropped (-inf)
+K789 = [(7, LOG(0.5)), (8, LOG(0.3)), (9, LOG(0.2)), (0, -INF), (1, -INF)]
 
 
 @dataclass
@@ -136,7 +160,11 @@ class FakeAsyncLLM:
             await self._running.wait()  # a paused engine takes no step
             last = step == length - 1
             for j in range(n):
-                c = CompletionOutput(j, [7], [{7: Logprob(logp_of(self.weights))}])
+                if sampling["logprobs"]:  # truncated: the sampled token, then N candidates
+                    top = (K789 + [(k, -INF) for k in range(10, 60)])[: sampling["logprobs"]]
+                    c = CompletionOutput(j, [7], flat([[(7, LOG(0.5)), *top]]))
+                else:
+                    c = CompletionOutput(j, [7], [{7: Logprob(logp_of(self.weights))}])
                 c.finish_reason = "length" if last else None
                 out = RequestOutput(request_id, [c], finished=last and j == n - 1)
                 self.in_transit += 1
@@ -192,7 +220,7 @@ class FakeFinalAsyncLLM(FakeAsyncLLM):
         def deliver(out: RequestOutput) -> None:
             for c in out.outputs:
                 total.token_ids += c.token_ids
-                total.logprobs += c.logprobs
+                total.logprobs = c.logprobs if not total.logprobs else total.logprobs + c.logprobs
                 total.finish_reason = c.finish_reason
                 state.tokens += len(c.token_ids)
             if out.finished:

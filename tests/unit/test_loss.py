@@ -588,6 +588,7 @@ def test_metrics_by_hand_over_valid_tokens_only():
         "behavior_gap_abs_mean": (LOG(3.0) + LOG(2.0)) / 4,
         "behavior_gap_abs_max": LOG(3.0),
         "kl_behavior": (k3(LOG(3.0)) + k3(LOG(0.5))) / 4,
+        "ratio_out_of_band": 0.5,  # old/behaviour ratios 3, 1, 0.5, 1
         "kl_ref": 0.0,
         "num_tokens": 4.0,
     }

@@ -41,8 +41,10 @@ SPEC = wire.RunSpec(
     vocab_size=16,
     max_staleness=1,
     temperature=0.75,
-    top_p=1.0,
-    top_k=0,
+    top_p=0.9,
+    top_k=8,
+    min_p=0.05,
+    max_kept=16,
     max_new_tokens=4,
     prompt_format="raw",
     model="demo",
@@ -91,6 +93,24 @@ def group(**changes: typing.Any) -> wire.Group:
         if isinstance(fields[name], list):
             fields[name] = np.array(fields[name], dtype=dtype)
     return wire.Group(**fields)
+
+
+# A truncated run (top-k / top-p / min-p) of the same shape: every group carries its kept sets.
+TRUNCATED = dataclasses.replace(RUN, max_kept=4)
+UNTRUNCATED = dataclasses.replace(RUN, max_kept=0)
+
+
+def truncated_group(**changes: typing.Any) -> wire.Group:
+    """`group()` with kept sets: K = {4, 1, 9}, {5}, {6, 0} (the sampled token, then the others)."""
+    fields: dict[str, typing.Any] = dict(
+        kept_offsets=[0, 2, 2, 3], kept_ids=[1, 9, 0], kept_unknown=[],
+        behavior_logp=[-0.25, 0.0, -0.5],
+    )  # fmt: skip
+    fields.update(changes)
+    for name in ("kept_offsets", "kept_ids", "kept_unknown"):
+        if isinstance(fields[name], list):
+            fields[name] = np.array(fields[name], np.int32)
+    return group(**fields)
 
 
 MESSAGES: dict[str, typing.Any] = {
@@ -178,19 +198,20 @@ GOLDEN_HEX = {
         "0000000000"
     ),
     "welcome": (
-        "85a6736368656d6103a46b696e64a777656c636f6d65a372657101a473706563de0010aa67726f75"
+        "85a6736368656d6103a46b696e64a777656c636f6d65a372657101a473706563de0012aa67726f75"
         "705f73697a6502aa766f6361625f73697a6510ad6d61785f7374616c656e65737301ab74656d7065"
-        "726174757265cb3fe8000000000000a5746f705f70cb3ff0000000000000a5746f705f6b00ae6d61"
-        "785f6e65775f746f6b656e7304ad70726f6d70745f666f726d6174a3726177a56d6f64656ca46465"
-        "6d6fad726f6c6c6f7574735f706f7274cd15b4ad616e6e6f756e63655f706f7274cd15b5ab686561"
-        "7274626561745f73cb3ff0000000000000b16d61785f6d6573736167655f6279746573ce00100000"
-        "aa7265776172645f666e739282a2666eab65786163745f6d61746368a6776569676874cb3ff00000"
-        "0000000082a2666ea36d3a66a6776569676874cb3fe0000000000000b07265776172645f74696d65"
-        "6f75745f73cb4014000000000000a9646174615f706f7274cd15b6a673746174757385a672756e5f"
-        "6964a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f7484a776657273"
-        "696f6e03a96e756d5f6279746573cd0400a468617368a461663133a470617468ac2f722f76303030"
-        "3030332f6da461636b739282a86c656173655f696407a76f7574636f6d65a7747261696e656482a8"
-        "6c656173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2"
+        "726174757265cb3fe8000000000000a5746f705f70cb3feccccccccccccda5746f705f6b08a56d69"
+        "6e5f70cb3fa999999999999aa86d61785f6b65707410ae6d61785f6e65775f746f6b656e7304ad70"
+        "726f6d70745f666f726d6174a3726177a56d6f64656ca464656d6fad726f6c6c6f7574735f706f72"
+        "74cd15b4ad616e6e6f756e63655f706f7274cd15b5ab6865617274626561745f73cb3ff000000000"
+        "0000b16d61785f6d6573736167655f6279746573ce00100000aa7265776172645f666e739282a266"
+        "6eab65786163745f6d61746368a6776569676874cb3ff000000000000082a2666ea36d3a66a67765"
+        "69676874cb3fe0000000000000b07265776172645f74696d656f75745f73cb4014000000000000a9"
+        "646174615f706f7274cd15b6a673746174757385a672756e5f6964a6613162322d30ae706f6c6963"
+        "795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f6279746573cd"
+        "0400a468617368a461663133a470617468ac2f722f763030303030332f6da461636b739282a86c65"
+        "6173655f696407a76f7574636f6d65a7747261696e656482a86c656173655f696408a76f7574636f"
+        "6d65a765787069726564a866696e6973686564c2"
     ),
     "status": (
         "84a6736368656d6103a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
@@ -487,6 +508,31 @@ REJECTIONS = [
     ("bad_value", "columns_not_an_object", lease_grant(columns="[1, 2]"), RUN),
     ("bad_type", "columns_as_a_map", lease_grant(columns={"unit": "cm"}), RUN),
     ("bad_type", "chat_message_as_text", lease_grant(messages=["hi"]), RUN),
+    ("sampling_mismatch", "kept_sets_missing", wire.encode(group()), TRUNCATED),
+    ("sampling_mismatch", "kept_sets_unasked", wire.encode(truncated_group()), UNTRUNCATED),
+    ("bad_kept_set", "offsets_short", wire.encode(truncated_group(kept_offsets=[0, 2, 3])),
+     TRUNCATED),
+    ("bad_kept_set", "offsets_past_ids", wire.encode(truncated_group(kept_offsets=[0, 2, 2, 4])),
+     TRUNCATED),
+    ("bad_kept_set", "offsets_decrease", wire.encode(truncated_group(kept_offsets=[0, 2, 1, 3])),
+     TRUNCATED),
+    ("bad_kept_set", "id_equal_to_vocab", wire.encode(truncated_group(kept_ids=[1, 16, 0])),
+     TRUNCATED),
+    ("bad_kept_set", "negative_id", wire.encode(truncated_group(kept_ids=[-1, 9, 0])), TRUNCATED),
+    ("bad_kept_set", "not_ascending", wire.encode(truncated_group(kept_ids=[9, 1, 0])), TRUNCATED),
+    ("bad_kept_set", "an_id_twice", wire.encode(truncated_group(kept_ids=[9, 9, 0])), TRUNCATED),
+    ("bad_kept_set", "sampled_token_again", wire.encode(truncated_group(kept_ids=[1, 4, 0])),
+     TRUNCATED),
+    ("bad_kept_set", "over_max_kept", wire.encode(truncated_group(
+        kept_offsets=[0, 4, 4, 5], kept_ids=[0, 1, 2, 3, 0])), TRUNCATED),
+    ("bad_kept_set", "unknown_out_of_range", wire.encode(truncated_group(kept_unknown=[3])),
+     TRUNCATED),
+    ("bad_kept_set", "unknown_with_ids", wire.encode(truncated_group(kept_unknown=[0])),
+     TRUNCATED),
+    ("bad_kept_set", "ids_without_offsets", wire.encode(group(kept_ids=np.array([1], np.int32))),
+     wire.Limits()),
+    ("bad_array", "kept_ids_not_whole_int32", edited(truncated_group(), "kept_ids",
+                                                     value=b"\x00" * 11), TRUNCATED),
     # Nesting sidesteps max_items; 1,009 bytes once reached a RecursionError through repr().
     ("not_msgpack", "deep_schema_value", b"\x81\xa6schema" + b"\x91" * 1000 + b"\xc0", RUN),
     ("not_msgpack", "too_many_values", pack([[0] * 8] * 8), wire.Limits(max_objects=60)),
@@ -502,6 +548,7 @@ REJECTIONS = [
 
 
 ONE_PROMPT = "a lease holds a prompt text or chat messages, one of them"
+PEER = " (the peer runs another asyncgrpo release: run the same one on the consumer and every producer)"  # noqa: E501
 # What each refusal tells the sender (and the log), besides its reason. The reader is ours
 # (common/msgpack_reader.py), so its not_msgpack details are fixed too, not msgpack's exceptions.
 DETAILS = {
@@ -509,11 +556,11 @@ DETAILS = {
     "not_a_map-list": "list",
     "not_a_map-int": "int",
     "not_a_map-str": "str",
-    "schema_version-one": "got 1, this build speaks 3",
-    "schema_version-missing": "got None, this build speaks 3",
-    "schema_version-bool": "got True, this build speaks 3",
-    "schema_version-float": "got 1.0, this build speaks 3",
-    "schema_version-str": "got '1', this build speaks 3",
+    "schema_version-one": "got 1, this build speaks 3" + PEER,
+    "schema_version-missing": "got None, this build speaks 3" + PEER,
+    "schema_version-bool": "got True, this build speaks 3" + PEER,
+    "schema_version-float": "got 1.0, this build speaks 3" + PEER,
+    "schema_version-str": "got '1', this build speaks 3" + PEER,
     "unknown_kind-name": "",
     "unknown_kind-missing": "",
     "unknown_kind-bytes": "",
@@ -573,6 +620,23 @@ DETAILS = {
     "bad_value-zero_temperature": "temperature must be finite and > 0",
     "bad_value-nan_temperature": "temperature must be finite and > 0",
     "sampling_mismatch-temperature": "temperature 1.0 != 0.75",
+    "sampling_mismatch-kept_sets_missing": "the run samples truncated: kept sets are missing",
+    "sampling_mismatch-kept_sets_unasked": "kept sets in a run without truncated sampling",
+    "bad_kept_set-offsets_short": "kept_offsets must be [0, ..., len(kept_ids)], one more than "
+    "the tokens",
+    "bad_kept_set-offsets_past_ids": "kept_offsets must be [0, ..., len(kept_ids)], one more than "
+    "the tokens",
+    "bad_kept_set-offsets_decrease": "kept_offsets must not decrease",
+    "bad_kept_set-id_equal_to_vocab": "kept id 16 out of range",
+    "bad_kept_set-negative_id": "kept id -1 out of range",
+    "bad_kept_set-not_ascending": "each kept set must be ascending, without repeats",
+    "bad_kept_set-an_id_twice": "each kept set must be ascending, without repeats",
+    "bad_kept_set-sampled_token_again": "a kept set lists its sampled token again",
+    "bad_kept_set-over_max_kept": "a kept set of 5 ids > max_kept 4",
+    "bad_kept_set-unknown_out_of_range": "kept_unknown must be ascending token indices",
+    "bad_kept_set-unknown_with_ids": "a token whose kept set is unknown lists kept ids",
+    "bad_kept_set-ids_without_offsets": "kept ids without offsets",
+    "bad_array-kept_ids_not_whole_int32": "Group.kept_ids: 11 bytes is not a multiple of int32",
     "not_msgpack-truncated": "truncated",
     "not_msgpack-truncated_header": "truncated",
     "not_msgpack-random_bytes": "trailing data after the message",
@@ -808,7 +872,9 @@ def test_the_optional_fields_are_exactly_those_listed():
 
     classes = {c for c in vars(wire).values() if dataclasses.is_dataclass(c)} - {wire.Limits}
     found = {(c, name) for c in classes for name in optional_fields(c)}
-    assert found == set(OPTIONAL)
+    # the kept sets: left out exactly when empty (an untruncated group), refused when missing
+    # from a truncated run's group (sampling_mismatch)
+    assert found == set(OPTIONAL) | {(wire.Group, name) for name in wire.Group.OMIT_EMPTY}
 
 
 @pytest.mark.parametrize(

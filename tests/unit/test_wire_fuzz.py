@@ -19,16 +19,18 @@ from collections.abc import Iterator
 
 import msgpack
 import pytest
-from test_wire import MESSAGES, RUN, group
+from test_wire import MESSAGES, RUN, TRUNCATED, group, truncated_group
 
 from common import wire
 from common.errors import WireError
 
 DEFAULT_CASES = 20_000
 SLOW_CASES = 1_000_000
-LIMITS = [wire.Limits(), RUN, wire.Limits(max_message_bytes=4096, max_items=64)]
+LIMITS = [wire.Limits(), RUN, TRUNCATED, wire.Limits(max_message_bytes=4096, max_items=64)]
 SEEDS = [wire.encode(m) for m in MESSAGES.values()] + [
     wire.encode(group(token_versions=[2, 3, 3])),
+    wire.encode(truncated_group()),
+    wire.encode(truncated_group(kept_offsets=[0, 2, 2, 2], kept_ids=[1, 9], kept_unknown=[2])),
 ]
 BODIES = [msgpack.unpackb(s, raw=False) for s in SEEDS]
 
@@ -171,6 +173,7 @@ def test_the_fuzzer_finds_only_wire_errors_and_allocations_within_the_bound():
     assert stats["not_msgpack"] > 100  # the cases reach every layer of the decoder
     assert stats["bad_type"] > 100
     assert stats["accepted"] > 100
+    assert stats["bad_kept_set"] > 10  # the kept sets' checks are reached too
 
 
 @pytest.mark.slow
