@@ -29,10 +29,16 @@ def norm(name: str) -> str:
 
 
 def declared(*extras: str) -> list[Requirement]:
-    reqs = list(PROJECT["dependencies"])
+    """The requirements of the project and of `extras`, an extra that names the project's own
+    (`asyncgrpo[data]`) replaced by that extra's requirements."""
+    out = [Requirement(r) for r in PROJECT["dependencies"]]
     for extra in extras:
-        reqs += PROJECT["optional-dependencies"][extra]
-    return [Requirement(r) for r in reqs]
+        for req in map(Requirement, PROJECT["optional-dependencies"][extra]):
+            if norm(req.name) == norm(PROJECT["name"]):
+                out += [r for r in declared(*req.extras) if r not in out]
+            else:
+                out.append(req)
+    return out
 
 
 def test_the_cpu_lock_pins_every_declared_dependency_inside_its_range() -> None:
