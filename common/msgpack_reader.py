@@ -260,8 +260,10 @@ def prepare(*classes: type[Any], names: tuple[str, ...] = ()) -> None:
 
 def read_entries(r: Reader, n: int, pos: int, where: str) -> tuple[dict[str, int], int]:
     """A map's entries as {key: position of its value} and the position after the map; every
-    value is walked (`Reader.skip`). A bin key is kept under a name no field has."""
-    r.charge(DICT_BASE + n * (DICT_ENTRY + 32))
+    value is walked (`Reader.skip`). A bin key is kept under a name no field has. Charged: the
+    dict, each key that is built (a str that is no field name of the schema, the name of a bin
+    key) and each position that is not a cached small int."""
+    r.charge(DICT_BASE + n * DICT_ENTRY)
     out: dict[str, int] = {}
     for _ in range(n):
         tag, length, start = r.head(pos)
@@ -269,11 +271,12 @@ def read_entries(r: Reader, n: int, pos: int, where: str) -> tuple[dict[str, int
             key = _NAMES.get(r.data[start : r.end_of(start, length)]) or r.read_str(start, length)
         elif tag == BIN:
             key = f"<bytes #{len(out)}>"
+            r.charge(STR_BASE + len(key))
         else:
             raise not_msgpack(f"a map key of type {TYPE_NAMES[tag]}")
         if key in out:
             raise WireError("duplicate_key", f"{where}: {key[:SHOW_CHARS]!r}")
-        out[key] = value_at = r.end_of(start, length)
+        out[key] = value_at = r.read_int(r.end_of(start, length))
         pos = r.skip(value_at)
     return out, pos
 
