@@ -55,6 +55,7 @@ FLOAT_BYTES = 24
 BYTES_BASE = 33
 STR_BASE = 80  # compact str header (40 ASCII, 56 Latin-1 or wider) plus room
 TUPLE_BASE, SLOT_BYTES = 40, 8
+OBJECT_BASE = 64  # a slotted dataclass instance, before its slots
 DICT_BASE, DICT_ENTRY = 184, 60  # entries include the old table while a dict grows
 _ANY_WIDE = re.compile(rb"[\xc4-\xff]")  # a UTF-8 lead byte of a code point above U+00FF
 _ANY_ASTRAL = re.compile(rb"[\xf0-\xff]")  # ... above U+FFFF (4 bytes per char in a str)
@@ -295,8 +296,22 @@ def build(r: Reader, cls: type[Any], entries: dict[str, int], where: str) -> Any
             kwargs[name] = f.read(r, at, f"{where}.{name}")[0]
         elif f.required:
             raise WireError("missing_field", f"{where}.{name}")
-    r.charge(64 + SLOT_BYTES * len(plan))
+    r.charge(OBJECT_BASE + SLOT_BYTES * len(plan))
     return cls(**kwargs)
+
+
+def fixed_cost(tp: Any) -> int:
+    """The most the typed reads charge for one value of type `tp` (int, float, bool, str, or a
+    dataclass of those) beyond 4 bytes per byte of its strings' characters (`read_str` charges
+    at most that, plus `STR_BASE`): every int at its largest (64 bits), every string's header.
+    What one item of a list of `tp` may build that its own bytes do not pay for."""
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        fields = dataclasses.fields(tp)
+        own = OBJECT_BASE + SLOT_BYTES * len(fields)
+        return own + sum(fixed_cost(hints[f.name]) for f in fields)
+    costs = {int: INT_BASE + INT_DIGIT * 3, float: FLOAT_BYTES, bool: 0, str: STR_BASE}
+    return costs[tp]
 
 
 def read_of(tp: Any) -> Read:

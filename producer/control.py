@@ -46,12 +46,19 @@ class Rejected(Exception):
 
 class ControlClient:
     def __init__(
-        self, ctx: zmq.asyncio.Context, endpoint: str, *, keys: Keys | None, max_message_bytes: int
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: str,
+        *,
+        keys: Keys | None,
+        max_message_bytes: int,
+        max_in_flight: int = wire.MAX_LEASES_PER_GRANT,
     ) -> None:
         self.sock = client_socket(
             ctx, zmq.DEALER, endpoint, keys=keys, max_message_bytes=max_message_bytes
         )
-        self.limits = wire.Limits(max_message_bytes=max_message_bytes)
+        # grants of up to `max_in_flight` leases and statuses of every ack decode (wire.sizes)
+        self.limits = wire.reply_limits(max_message_bytes, max_in_flight)
         self._next = 1
         self._waiting: dict[int, asyncio.Future[wire.Message]] = {}
         self.num_bad_replies = 0

@@ -95,8 +95,9 @@ class Producer:
         self.keys = load_keys(cfg.net.keys_dir, "client") if cfg.net.keys_dir else None
         self.max_bytes = int(cfg.net.max_message_mib * (1 << 20))
         self.control = ControlClient(
-            ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes
-        )
+            ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes,
+            max_in_flight=cfg.producer.max_in_flight,
+        )  # fmt: skip
         self.control.on_pushed = self._on_pushed
         self.session: Session | None = None
         self.relay = (

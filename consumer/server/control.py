@@ -161,15 +161,16 @@ class Control:
         return wire.LeaseGrant(msg.req, leases, st.status(msg.producer_id))
 
     def grant(
-        self, msg: wire.LeaseRequest, now: float, limit: int = 1024
+        self, msg: wire.LeaseRequest, now: float, limit: int = wire.MAX_LEASES_PER_GRANT
     ) -> tuple[wire.Lease, ...]:
-        """Up to `min(msg.max_leases, limit)` new leases for `msg`'s producer (maybe none)."""
+        """Up to `min(msg.max_leases, limit)` new leases for `msg`'s producer (maybe none; never
+        more than one grant carries: common/wire/sizes.py)."""
         st = self._state
         if not st.accepting or not st.granting or st.snapshot is None:
             return ()
         records = st.book.grant(
             msg.producer_id,
-            max(0, min(msg.max_leases, limit, 1024)),
+            max(0, min(msg.max_leases, limit, wire.MAX_LEASES_PER_GRANT)),
             policy_version=st.policy_version,
             published_version=st.snapshot.version,
             now=now,

@@ -133,8 +133,9 @@ class Server:
             spec, rollouts_port=rollouts_port, announce_port=announce_port, data_port=self.data.port
         )
         fanout = FanOut(snapshot_root, max_children=cfg.snapshot.fanout, count=st.count)
-        control_limits = wire.Limits(max_message_bytes=1 << 20, max_items=1 << 16)
-        self._control = Control(st, control, spec=self.spec, limits=control_limits, fanout=fanout)
+        self._control = Control(
+            st, control, spec=self.spec, limits=wire.control_limits(), fanout=fanout
+        )
         intake = Intake(st, _group_limits(cfg, max_bytes, vocab_size=spec.vocab_size))
         self._books = Books(st, run_dir, refused_keys=refused_keys)
         self._calls = Calls()
