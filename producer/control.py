@@ -7,7 +7,9 @@ itself and the caller retries). A `Reject` reply raises `Rejected(reason)`. A mo
 (`watch_link`) follows the connection's events: `link` says what it has seen (nothing
 listening, connected, a failing security handshake) for "waiting for the consumer" lines,
 and a key the consumer's authenticator refuses fails every request with `KeyRefused` at once.
-A status the consumer pushes unasked (req 0: room for held groups) goes to `on_pushed`.
+A status the consumer pushes unasked (req 0: room for held groups) goes to `on_pushed`, and so
+does the status of a reply that comes after its request timed out: the consumer hands acks and
+the end of the run over in a status once, so none is dropped unapplied.
 
 The producer's other sockets: the group sender (producer/outbox.py), snapshot announcements
 (producer/announcements.py), snapshot chunks (producer/fetch/chunk_client.py).
@@ -32,6 +34,7 @@ from common.sockets import client_socket
 
 log = logging.getLogger("asyncgrpo.producer")
 _NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+_WITH_STATUS = (wire.StatusReply, wire.LeaseGrant, wire.Welcome)
 
 
 class KeyRefused(ConfigError):
@@ -105,8 +108,8 @@ class ControlClient:
             fut = self._waiting.get(req)
             if fut is not None and not fut.done():
                 fut.set_result(reply)
-            elif req == 0 and isinstance(reply, wire.StatusReply) and self.on_pushed is not None:
-                self.on_pushed(reply.status)
+            elif isinstance(reply, _WITH_STATUS) and self.on_pushed is not None:
+                self.on_pushed(reply.status)  # pushed unasked (req 0), or came too late
             elif isinstance(reply, wire.Reject) and req == 0:
                 # The consumer could not parse a request well enough to know its id.
                 log.warning("consumer rejected a request: %s %s", reply.reason, reply.detail)
