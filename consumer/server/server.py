@@ -137,7 +137,12 @@ class Server:
             st, control, spec=self.spec, limits=wire.control_limits(), fanout=fanout
         )
         intake = Intake(st, _group_limits(cfg, max_bytes, vocab_size=spec.vocab_size))
-        self._books = Books(st, run_dir, refused_keys=refused_keys)
+        data = self.data
+
+        def refused() -> int:  # the key gates of control (the caller's) and of the data socket
+            return (refused_keys() if refused_keys is not None else 0) + data.refused_keys
+
+        self._books = Books(st, run_dir, refused_keys=refused)
         self._calls = Calls()
         self._loop = Loop(
             st, control=self._control, intake=intake, books=self._books, calls=self._calls,
