@@ -30,6 +30,7 @@ from common.wire.codec import (
     encode_chunk,
 )
 from common.wire.messages import (
+    BAD_SOURCE_REASONS,
     FINISH_REASONS,
     HOLD,
     OUTCOMES,
@@ -78,6 +79,7 @@ __all__ = [
     "ACK_BYTES",
     "ALLOC_BASE_BYTES",
     "ALLOC_FACTOR",
+    "BAD_SOURCE_REASONS",
     "FINISH_REASONS",
     "HOLD",
     "LEASE_BYTES",

@@ -14,6 +14,9 @@ Invariants:
   with req 0 pushed over its producer's control connection, not left for its next request.
 - Leases are granted only while the run accepts groups, grants are open (`Server.open_grants`)
   and a snapshot is published.
+- Bounded per peer: at most `MAX_PRODUCERS` producer records (a registration of one more id is
+  refused, `too_many_producers`, until gone ones are forgotten: consumer/server/loop.py, which
+  prunes every record of a producer it forgets, here with `forget`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from consumer.server.state import NetState, ProducerView, peer_key
 from consumer.snapshots.fanout import FanOut
 
 log = logging.getLogger("asyncgrpo.consumer")
+MAX_PRODUCERS = 1 << 14  # producer ids with a record at once (their views, routes, relays, ...)
 
 
 class Control:
@@ -123,6 +127,8 @@ class Control:
     def _register(self, msg: wire.Register, key: str, now: float) -> wire.Welcome:
         st = self._state
         view = st.producers.get(msg.producer_id)
+        if view is None and len(st.producers) >= MAX_PRODUCERS:
+            raise WireError("too_many_producers", f"{MAX_PRODUCERS} producer ids are registered")
         free = view is None or (
             view.state in ("gone", "left") and not st.book.holds(msg.producer_id)
         )
@@ -159,6 +165,11 @@ class Control:
         if not leases:
             st.count("lease_replies_empty")
         return wire.LeaseGrant(msg.req, leases, st.status(msg.producer_id))
+
+    def forget(self, producer_id: str) -> None:
+        """Drop what this side keeps of a producer the server forgets (consumer/server/loop.py)."""
+        self.parked.drop(producer_id)
+        self._fanout.forget(producer_id)
 
     def grant(
         self, msg: wire.LeaseRequest, now: float, limit: int = wire.MAX_LEASES_PER_GRANT
