@@ -419,3 +419,16 @@ def test_an_incoming_file_refuses_writes_after_it_was_closed(tmp_path):
     incoming.close()
     with pytest.raises(SnapshotError, match="written after it was closed"):
         incoming.write(4, b"efgh")
+
+
+def test_an_incoming_file_refuses_a_chunk_given_twice_whether_hashed_or_waiting(tmp_path):
+    incoming = snap.IncomingFile(tmp_path / "part", expected_hash="0" * 64, expected_bytes=12)
+    incoming.add(0, b"abcd")
+    with pytest.raises(SnapshotError, match="chunk at 0 given twice"):
+        incoming.follow(0, b"abcd")  # already hashed
+    incoming.add(8, b"ijkl")  # early: waits for the gap
+    with pytest.raises(SnapshotError, match="chunk at 8 given twice"):
+        incoming.follow(8, b"ijkl")
+    incoming.add(4, b"efgh")
+    assert incoming.hashed == 12
+    incoming.close()
