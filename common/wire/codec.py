@@ -12,7 +12,8 @@ Conventions and invariants:
   at most `ALLOC_FACTOR` (4) bytes of Python objects per message byte plus `ALLOC_BASE_BYTES`
   (16 KiB), plus an allowance per item of the lists whose length the run sets and the
   receiver expects (`Limits.max_leases`, `max_lease_ids`, `max_acks`: `LEASE_BYTES`,
-  `LEASE_ID_BYTES`, `ACK_BYTES` each), else `over_budget` (`alloc_bound`). An empty list is 1
+  `LEASE_ID_BYTES`, `ACK_BYTES` each), given only to the kinds that carry them (once the kind
+  is read), else `over_budget` (`alloc_bound`). An empty list is 1
   byte on the wire and ~60 in Python: without a budget, a message of nested empty lists costs
   ~64x its size. The allowances exist because the protocol's own lists cost more than the
   factor: a held lease id of 1-9 bytes builds up to 52, a lease with a 6-character prompt
@@ -54,9 +55,15 @@ from common.wire.messages import (
     Ack,
     Chunk,
     ChunkHead,
+    Goodbye,
     Group,
+    Heartbeat,
     Lease,
+    LeaseGrant,
     Message,
+    Register,
+    StatusReply,
+    Welcome,
 )
 
 
@@ -155,7 +162,7 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
     view = view.toreadonly()  # hashable slices: field names are looked up by their bytes
     r = mp.Reader(
         view,
-        budget=alloc_bound(len(view), limits) - _UNCHARGED_BYTES,
+        budget=alloc_bound(len(view), limits, Heartbeat) - _UNCHARGED_BYTES,  # no allowance
         max_items=limits.max_items,
         max_objects=limits.max_objects,
     )
@@ -181,6 +188,7 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
     cls = _KINDS.get(r.read_str(start, length)) if tag == mp.STR else None
     if cls is None:
         raise WireError("unknown_kind")
+    r.budget += _allowance(cls, limits)  # for the lists this kind carries (`alloc_bound`)
     try:
         msg = mp.build(r, cls, entries, cls.__name__)
         if isinstance(msg, Group):
@@ -207,15 +215,23 @@ _UNCHARGED_BYTES = 4 << 10  # kept back for what is not charged: an exception an
 # the keyword map of a message being built, error texts
 
 
-def alloc_bound(num_bytes: int, limits: Limits) -> int:
-    """The most `decode` builds (bytes of objects) for a message of `num_bytes` under `limits`."""
-    return (
-        ALLOC_FACTOR * num_bytes
-        + ALLOC_BASE_BYTES
-        + LEASE_BYTES * limits.max_leases
-        + LEASE_ID_BYTES * limits.max_lease_ids
-        + ACK_BYTES * limits.max_acks
-    )
+def alloc_bound(num_bytes: int, limits: Limits, kind: type[Any] | None = None) -> int:
+    """The most `decode` builds (bytes of objects) for a message of `num_bytes` under `limits`:
+    of kind `kind` (its class), or of any kind (None)."""
+    own = ALLOC_FACTOR * num_bytes + ALLOC_BASE_BYTES
+    if kind is None:
+        return own + max(_allowance(k, limits) for k in _KINDS.values())
+    return own + _allowance(kind, limits)
+
+
+def _allowance(kind: type[Any], limits: Limits) -> int:
+    """The budget a message of `kind` gets for the lists the receiver expects in it: lease ids
+    in a registration or goodbye, leases in a grant, acks in every status; none elsewhere (a
+    heartbeat of many tiny counters stays `over_budget`)."""
+    if kind in (Register, Goodbye):
+        return LEASE_ID_BYTES * limits.max_lease_ids
+    acks = ACK_BYTES * limits.max_acks if kind in (LeaseGrant, StatusReply, Welcome) else 0
+    return acks + (LEASE_BYTES * limits.max_leases if kind is LeaseGrant else 0)
 
 
 def _group_ids(r: mp.Reader, entries: dict[str, int]) -> tuple[int | None, str | None]:

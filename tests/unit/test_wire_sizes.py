@@ -134,3 +134,16 @@ def test_messages_that_would_not_fit_net_max_message_mib_are_refused_with_what_t
     need = wire.largest_message_bytes(1024) / (1 << 20)
     assert f"{need:.3f} MiB" in message
     C.validate(_config(*sets, f"net.max_message_mib={need + 0.001:.3f}", "net.max_queued_mib=1"))
+
+
+def test_only_the_kinds_that_carry_those_lists_get_their_allowance():
+    """A heartbeat of 500 tiny counters (~170 bytes of objects per 5 wire bytes) stays
+    over_budget under the control limits: the lease ids' allowance is a registration's and a
+    goodbye's, not every message's."""
+    costly = wire.Heartbeat(1, "x", 0, "idle", 0, {f"{i:03}": float(i) for i in range(500)})
+    data = wire.encode(costly)
+    with pytest.raises(wire.WireError, match="over_budget"):
+        wire.decode(data, wire.control_limits())
+    assert wire.alloc_bound(len(data), wire.control_limits(), wire.Heartbeat) < (
+        wire.alloc_bound(len(data), wire.control_limits(), wire.Register)
+    )
