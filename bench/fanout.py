@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -235,6 +236,7 @@ async def fan_out(
                     producer_id=f"f{i}",
                     keys=None,
                     max_message_bytes=MAX_MESSAGE,
+                    report=functools.partial(control.request, timeout_s=120),
                     relay=relay,
                     timeout_s=120,
                     relay_timeout_s=60,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -134,6 +135,7 @@ def fetch(control: str, raw: str, info_fields: list[Any], keys: str, repeats: in
                 fetcher = Fetcher(
                     client, ctx, data_endpoint=endpoint_with_port(control, welcome.spec.data_port),
                     producer_id=name, keys=client_keys, max_message_bytes=64 << 20,
+                    report=functools.partial(client.request, timeout_s=60),
                 )  # fmt: skip
                 t0 = time.perf_counter()
                 await fetcher.fetch(info, tmp, held=None)

@@ -55,6 +55,7 @@ FLOAT_BYTES = 24
 BYTES_BASE = 33
 STR_BASE = 80  # compact str header (40 ASCII, 56 Latin-1 or wider) plus room
 TUPLE_BASE, SLOT_BYTES = 40, 8
+OBJECT_BASE = 64  # a slotted dataclass instance, before its slots
 DICT_BASE, DICT_ENTRY = 184, 60  # entries include the old table while a dict grows
 _ANY_WIDE = re.compile(rb"[\xc4-\xff]")  # a UTF-8 lead byte of a code point above U+00FF
 _ANY_ASTRAL = re.compile(rb"[\xf0-\xff]")  # ... above U+FFFF (4 bytes per char in a str)
@@ -260,8 +261,10 @@ def prepare(*classes: type[Any], names: tuple[str, ...] = ()) -> None:
 
 def read_entries(r: Reader, n: int, pos: int, where: str) -> tuple[dict[str, int], int]:
     """A map's entries as {key: position of its value} and the position after the map; every
-    value is walked (`Reader.skip`). A bin key is kept under a name no field has."""
-    r.charge(DICT_BASE + n * (DICT_ENTRY + 32))
+    value is walked (`Reader.skip`). A bin key is kept under a name no field has. Charged: the
+    dict, each key that is built (a str that is no field name of the schema, the name of a bin
+    key) and each position that is not a cached small int."""
+    r.charge(DICT_BASE + n * DICT_ENTRY)
     out: dict[str, int] = {}
     for _ in range(n):
         tag, length, start = r.head(pos)
@@ -269,11 +272,12 @@ def read_entries(r: Reader, n: int, pos: int, where: str) -> tuple[dict[str, int
             key = _NAMES.get(r.data[start : r.end_of(start, length)]) or r.read_str(start, length)
         elif tag == BIN:
             key = f"<bytes #{len(out)}>"
+            r.charge(STR_BASE + len(key))
         else:
             raise not_msgpack(f"a map key of type {TYPE_NAMES[tag]}")
         if key in out:
             raise WireError("duplicate_key", f"{where}: {key[:SHOW_CHARS]!r}")
-        out[key] = value_at = r.end_of(start, length)
+        out[key] = value_at = r.read_int(r.end_of(start, length))
         pos = r.skip(value_at)
     return out, pos
 
@@ -292,8 +296,26 @@ def build(r: Reader, cls: type[Any], entries: dict[str, int], where: str) -> Any
             kwargs[name] = f.read(r, at, f"{where}.{name}")[0]
         elif f.required:
             raise WireError("missing_field", f"{where}.{name}")
-    r.charge(64 + SLOT_BYTES * len(plan))
+    r.charge(OBJECT_BASE + SLOT_BYTES * len(plan))
     return cls(**kwargs)
+
+
+def fixed_cost(tp: Any) -> int:
+    """The most the typed reads charge for one value of type `tp` (int, float, bool, str, a
+    dataclass of those, or a tuple of one of them: two items' worth) beyond 4 bytes per byte of
+    its strings' characters (`read_str` charges at most that, plus `STR_BASE`): every int at its
+    largest (64 bits), every string's header. What one item of a list of `tp` may build that
+    its own bytes do not pay for."""
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        fields = dataclasses.fields(tp)
+        own = OBJECT_BASE + SLOT_BYTES * len(fields)
+        return own + sum(fixed_cost(hints[f.name]) for f in fields)
+    if typing.get_origin(tp) is tuple:  # tuple[X, ...]: room for two items (a system and a user
+        (item, _) = typing.get_args(tp)  # turn); the message's own bytes pay for more
+        return TUPLE_BASE + 2 * (2 * SLOT_BYTES + fixed_cost(item))
+    costs = {int: INT_BASE + INT_DIGIT * 3, float: FLOAT_BYTES, bool: 0, str: STR_BASE}
+    return costs[tp]
 
 
 def read_of(tp: Any) -> Read:

@@ -8,7 +8,9 @@ itself and the caller retries). A `Reject` reply raises `Rejected(reason)`. A mo
 listening, connected, a failing security handshake) for "waiting for the consumer" lines,
 and a key the consumer's authenticator refuses fails every request with `KeyRefused` at once;
 so does a consumer that answers in another wire schema (`SchemaMismatch`: another release).
-A status the consumer pushes unasked (req 0: room for held groups) goes to `on_pushed`.
+A status the consumer pushes unasked (req 0: room for held groups) goes to `on_pushed`, and so
+does the status of a reply that comes after its request timed out: the consumer hands acks and
+the end of the run over in a status once, so none is dropped unapplied.
 
 The producer's other sockets: the group sender (producer/outbox.py), snapshot announcements
 (producer/announcements.py), snapshot chunks (producer/fetch/chunk_client.py).
@@ -33,6 +35,7 @@ from common.sockets import client_socket
 
 log = logging.getLogger("asyncgrpo.producer")
 _NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+_WITH_STATUS = (wire.StatusReply, wire.LeaseGrant, wire.Welcome)
 
 
 class KeyRefused(ConfigError):
@@ -51,12 +54,19 @@ class Rejected(Exception):
 
 class ControlClient:
     def __init__(
-        self, ctx: zmq.asyncio.Context, endpoint: str, *, keys: Keys | None, max_message_bytes: int
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: str,
+        *,
+        keys: Keys | None,
+        max_message_bytes: int,
+        max_in_flight: int = wire.MAX_LEASES_PER_GRANT,
     ) -> None:
         self.sock = client_socket(
             ctx, zmq.DEALER, endpoint, keys=keys, max_message_bytes=max_message_bytes
         )
-        self.limits = wire.Limits(max_message_bytes=max_message_bytes)
+        # grants of up to `max_in_flight` leases and statuses of every ack decode (wire.sizes)
+        self.limits = wire.reply_limits(max_message_bytes, max_in_flight)
         self._next = 1
         self._waiting: dict[int, asyncio.Future[wire.Message]] = {}
         self.num_bad_replies = 0
@@ -109,8 +119,8 @@ class ControlClient:
             fut = self._waiting.get(req)
             if fut is not None and not fut.done():
                 fut.set_result(reply)
-            elif req == 0 and isinstance(reply, wire.StatusReply) and self.on_pushed is not None:
-                self.on_pushed(reply.status)
+            elif isinstance(reply, _WITH_STATUS) and self.on_pushed is not None:
+                self.on_pushed(reply.status)  # pushed unasked (req 0), or came too late
             elif isinstance(reply, wire.Reject) and req == 0:
                 # The consumer could not parse a request well enough to know its id.
                 log.warning("consumer rejected a request: %s %s", reply.reason, reply.detail)

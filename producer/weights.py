@@ -40,7 +40,7 @@ from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from common.keys import Keys
 from producer.control import ControlClient, Rejected
 from producer.engines.base import Engine
-from producer.fetch.fetcher import Fetcher, Held
+from producer.fetch.fetcher import Fetcher, Held, Report
 from producer.fetch.relay import Relay
 from producer.state import State
 
@@ -62,12 +62,13 @@ class Weights:
         max_message_bytes: int,
         relay: Relay | None,
         timeout_s: float,
+        report: Report,
     ) -> None:
         self.cfg, self.state = cfg, state
         self.cache = Path(tempfile.mkdtemp(prefix="asyncgrpo-snapshots-"))
         self.fetcher = Fetcher(
             control, ctx, data_endpoint="", producer_id=state.producer_id, keys=keys,
-            max_message_bytes=max_message_bytes, relay=relay, timeout_s=timeout_s,
+            max_message_bytes=max_message_bytes, relay=relay, timeout_s=timeout_s, report=report,
         )  # fmt: skip
         self.held: Held | None = None  # the newest snapshot file fetched and verified here
 

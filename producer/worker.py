@@ -95,8 +95,9 @@ class Producer:
         self.keys = load_keys(cfg.net.keys_dir, "client") if cfg.net.keys_dir else None
         self.max_bytes = int(cfg.net.max_message_mib * (1 << 20))
         self.control = ControlClient(
-            ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes
-        )
+            ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes,
+            max_in_flight=cfg.producer.max_in_flight,
+        )  # fmt: skip
         self.control.on_pushed = self._on_pushed
         self.session: Session | None = None
         self.relay = (
@@ -109,7 +110,7 @@ class Producer:
         )  # fmt: skip
         self.weights = Weights(
             cfg, self.state, self.control, ctx, keys=self.keys, max_message_bytes=self.max_bytes,
-            relay=self.relay, timeout_s=_REQUEST_TIMEOUT_S,
+            relay=self.relay, timeout_s=_REQUEST_TIMEOUT_S, report=self.request_status,
         )  # fmt: skip
         self.rng = random.Random(cfg.run.seed ^ pid)
         self.started = time.monotonic()
@@ -213,9 +214,13 @@ class Producer:
         self.state.changed.bump()
         return restarted
 
-    async def _request_status(
+    async def request_status(
         self, msg: wire.Message, timeout_s: float = _REQUEST_TIMEOUT_S
     ) -> wire.Message | None:
+        """Send `msg` and apply the status of its reply (`_on_status`): the one path of every
+        request answered with a status (heartbeats, lease requests, fetch reports), since the
+        consumer hands acks and the end of the run over in it once. None when it timed out
+        (counted) or the consumer had forgotten us (registered again)."""
         try:
             reply = await self.control.request(msg, timeout_s=timeout_s)
         except TimeoutError:
@@ -273,7 +278,7 @@ class Producer:
             )  # fmt: skip
             # a short timeout: after a consumer restart, the request the old one never answered
             # must not delay registering with the new one (which may be about to stop)
-            await self._request_status(msg, timeout_s=min(max(5 * beat, 2.0), _REQUEST_TIMEOUT_S))
+            await self.request_status(msg, timeout_s=min(max(5 * beat, 2.0), _REQUEST_TIMEOUT_S))
             if self.session is not None:
                 self.state.count("groups_resent", await self.session.outbox.resend())
             await asyncio.sleep(beat)
@@ -313,7 +318,7 @@ class Producer:
                 await state.changed.wait_for(may_ask, 1.0)
                 continue
             msg = wire.LeaseRequest(0, state.producer_id, free(), session.engine.version)
-            reply = await self._request_status(msg)
+            reply = await self.request_status(msg)
             leases = reply.leases if isinstance(reply, wire.LeaseGrant) else ()
             for lease in leases:
                 state.in_flight.add(lease.lease_id)
@@ -431,8 +436,12 @@ class Producer:
         if self.session is None:
             return
         held = tuple(self.session.outbox.pending)
-        with contextlib.suppress(TimeoutError, Rejected, ConfigError):  # refused: nothing to say
-            await self.control.request(wire.Goodbye(0, self.state.producer_id, held), timeout_s=2.0)
+        with contextlib.suppress(TimeoutError, Rejected, ConfigError):  # KeyRefused is one
+            reply = await self.control.request(
+                wire.Goodbye(0, self.state.producer_id, held), timeout_s=2.0
+            )
+            if isinstance(reply, wire.StatusReply):
+                self._on_status(reply.status)
 
     async def close(self, *, keep_engine: bool = False) -> KeptEngine | None:
         """Close sockets, rewards and (unless kept for a next run) the engine; the kept one."""

@@ -2,7 +2,8 @@
 
 Each section lists its own impossible settings (`problems()`, beside its fields); `problems`
 here gathers them in `CHECK_ORDER`, the order users see them in (the first is the one
-`validate` raises), then the few checks that read several sections (`_across`).
+`validate` raises), then the few checks that read several sections (`_across`, and
+`_message_problems`: the largest control messages a producer's leases make must fit a message).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def problems(cfg: Config) -> list[str]:
     """Every impossible setting, as a message that names the key and says why: each section's
     own, then those that span sections."""
     own = [message for name in CHECK_ORDER for message in getattr(cfg, name).problems()]
-    return own + _across(cfg)
+    return own + _across(cfg) + ([] if own else _message_problems(cfg))
 
 
 def _across(cfg: Config) -> list[str]:
@@ -85,6 +86,35 @@ def _across(cfg: Config) -> list[str]:
             "rows to half of it",
         ),
     )
+
+
+def _message_problems(cfg: Config) -> list[str]:
+    """A producer holds at most min(producer.max_in_flight, (staleness.max_staleness + 1) x
+    train.prompts_per_step) leases (the consumer keeps no more open): its registration names
+    them all, a grant carries up to 1,024 of them. Both must fit one control message
+    (common/wire/sizes.py): at most `MAX_LEASE_IDS` ids, and `net.max_message_mib`."""
+    from common.wire import sizes  # the wire's sizes, imported only when checked
+
+    open_leases = (cfg.staleness.max_staleness + 1) * cfg.train.prompts_per_step
+    held = min(cfg.producer.max_in_flight, open_leases)
+    which = (
+        f"producer.max_in_flight = {cfg.producer.max_in_flight}"
+        if held == cfg.producer.max_in_flight
+        else f"(staleness.max_staleness + 1) x train.prompts_per_step = {open_leases}"
+    )
+    if held > sizes.MAX_LEASE_IDS:
+        return [
+            f"{which}: a producer would hold {held} leases, and one registration names at most "
+            f"{sizes.MAX_LEASE_IDS}; lower it"
+        ]
+    need = sizes.largest_message_bytes(held)
+    if need > cfg.net.max_message_mib * (1 << 20):
+        return [
+            f"net.max_message_mib = {cfg.net.max_message_mib:g} is too small for {which}: "
+            f"the control messages of {held} leases take up to {need / (1 << 20):.3f} MiB before "
+            "their prompts' text; raise net.max_message_mib above that"
+        ]
+    return []
 
 
 def field_help() -> list[tuple[str, str, Any, str]]:

@@ -4,7 +4,9 @@
   `SCHEMA_VERSION`, the finish reasons, the lease outcomes and the backpressure acks;
 - codec.py: `encode(msg) -> bytes` (deterministic) and `decode(data, limits) -> Message`, which
   raises only `WireError(reason)` whatever the bytes and builds a bounded amount of objects;
-  `encode_chunk` / `decode_reply` for the two-frame chunk replies of the data path.
+  `encode_chunk` / `decode_reply` for the two-frame chunk replies of the data path;
+- sizes.py: the lists whose length a run sets (leases, lease ids, acks), the limits the control
+  channel's two ends decode them with, and the settings whose largest messages would not fit.
 
 Everyone else imports from here (`from common import wire`; `wire.encode`, `wire.Group`) and
 never builds message dicts by hand.
@@ -14,9 +16,13 @@ from __future__ import annotations
 
 from common.errors import WireError
 from common.wire.codec import (
+    ACK_BYTES,
     ALLOC_BASE_BYTES,
     ALLOC_FACTOR,
+    LEASE_BYTES,
+    LEASE_ID_BYTES,
     Limits,
+    alloc_bound,
     check_group,
     check_lease,
     decode,
@@ -25,6 +31,7 @@ from common.wire.codec import (
     encode_chunk,
 )
 from common.wire.messages import (
+    BAD_SOURCE_REASONS,
     FINISH_REASONS,
     HOLD,
     OUTCOMES,
@@ -57,12 +64,31 @@ from common.wire.messages import (
     StatusReply,
     Welcome,
 )
+from common.wire.sizes import (
+    ACKS_PER_REPLY,
+    MAX_CONTROL_BYTES,
+    MAX_LEASE_IDS,
+    MAX_LEASES_PER_GRANT,
+    control_limits,
+    largest_grant,
+    largest_message_bytes,
+    largest_register,
+    reply_limits,
+)
 
 __all__ = [
+    "ACKS_PER_REPLY",
+    "ACK_BYTES",
     "ALLOC_BASE_BYTES",
     "ALLOC_FACTOR",
+    "BAD_SOURCE_REASONS",
     "FINISH_REASONS",
     "HOLD",
+    "LEASE_BYTES",
+    "LEASE_ID_BYTES",
+    "MAX_CONTROL_BYTES",
+    "MAX_LEASES_PER_GRANT",
+    "MAX_LEASE_IDS",
     "OUTCOMES",
     "SCHEMA_VERSION",
     "SEND",
@@ -94,10 +120,16 @@ __all__ = [
     "StatusReply",
     "Welcome",
     "WireError",
+    "alloc_bound",
     "check_group",
     "check_lease",
+    "control_limits",
     "decode",
     "decode_reply",
     "encode",
     "encode_chunk",
+    "largest_grant",
+    "largest_message_bytes",
+    "largest_register",
+    "reply_limits",
 ]

@@ -10,8 +10,17 @@ Conventions and invariants:
   size (checked first; ZMQ_MAXMSGSIZE drops larger frames earlier), entries per list or map
   (`max_items`), values per message (`max_objects`), nesting (32), and memory: decoding builds
   at most `ALLOC_FACTOR` (4) bytes of Python objects per message byte plus `ALLOC_BASE_BYTES`
-  (16 KiB), else `over_budget` (an empty list is 1 byte on the wire and ~60 in Python: without
-  this, a message of nested empty lists costs ~64x its size). No ext types, no pickle. Unknown
+  (16 KiB), plus an allowance per item of the lists whose length the run sets and the
+  receiver expects (`Limits.max_leases`, `max_lease_ids`, `max_acks`: `LEASE_BYTES`,
+  `LEASE_ID_BYTES`, `ACK_BYTES` each), given only to the kinds that carry them (once the kind
+  is read), else `over_budget` (`alloc_bound`). An empty list is 1
+  byte on the wire and ~60 in Python: without a budget, a message of nested empty lists costs
+  ~64x its size. The allowances exist because the protocol's own lists cost more than the
+  factor: a held lease id of 1-9 bytes builds up to 52, a lease with a 6-character prompt
+  ~7 bytes per byte; they are what one such item builds beyond the factor's share of its
+  characters (`msgpack_reader.fixed_cost`), so the largest grant, registration and goodbye
+  the run's settings make decode (common/wire/sizes.py), and a hostile message of any shape
+  builds at most the same bound. No ext types, no pickle. Unknown
   fields, wrong types (bool is not int), invalid UTF-8 and trailing bytes are refused. Error
   details never format untrusted values beyond short scalars (`Reader.show`).
 - Map keys: the encoder writes `schema`, `kind`, then the fields in declaration order (so equal
@@ -54,18 +63,28 @@ from common.kept_set import encoding_problem
 from common.wire.messages import (
     FINISH_REASONS,
     SCHEMA_VERSION,
+    Ack,
     Chunk,
     ChunkHead,
+    Goodbye,
     Group,
+    Heartbeat,
     Lease,
     LeaseGrant,
     Message,
+    Register,
+    StatusReply,
+    Welcome,
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a receiver accepts. `None` skips the run-specific checks (control replies)."""
+    """What a receiver accepts. `None` skips the run-specific checks (control replies).
+    `max_leases`, `max_lease_ids` and `max_acks`: the longest lists of leases (a grant), lease
+    ids (the held leases of a registration or goodbye) and acks (a status) the receiver
+    expects, each item with its allowance in the decoding budget (`alloc_bound`;
+    common/wire/sizes.py sets them for the control channel)."""
 
     max_message_bytes: int = 64 << 20
     max_items: int = 1 << 20  # entries of one msgpack list or map
@@ -78,6 +97,9 @@ class Limits:
     # kept sets: None = either way (no run to check against); 0 = the run does not truncate, so
     # a group carries none; k > 0 = it does, so a group carries them, each of at most k ids
     max_kept: int | None = None
+    max_leases: int = 0
+    max_lease_ids: int = 0
+    max_acks: int = 0
 
 
 _KINDS: dict[str, type[Any]] = {cls.KIND: cls for cls in typing.get_args(Message)}
@@ -147,7 +169,7 @@ def decode_reply(frames: list[memoryview], limits: Limits = Limits()) -> Message
 
 def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
     """Parse and check one message. Raises only `WireError`; builds at most
-    `ALLOC_FACTOR * len(data) + ALLOC_BASE_BYTES` bytes of objects (see the module doc)."""
+    `alloc_bound(len(data), limits)` bytes of objects (see the module doc)."""
     if len(data) > limits.max_message_bytes:
         raise WireError("too_large", f"{len(data)} bytes > {limits.max_message_bytes}")
     view = memoryview(data)
@@ -156,7 +178,7 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
     view = view.toreadonly()  # hashable slices: field names are looked up by their bytes
     r = mp.Reader(
         view,
-        budget=ALLOC_FACTOR * len(view) + ALLOC_BASE_BYTES - _UNCHARGED_BYTES,
+        budget=alloc_bound(len(view), limits, Heartbeat) - _UNCHARGED_BYTES,  # no allowance
         max_items=limits.max_items,
         max_objects=limits.max_objects,
     )
@@ -184,6 +206,7 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
     cls = _KINDS.get(r.read_str(start, length)) if tag == mp.STR else None
     if cls is None:
         raise WireError("unknown_kind")
+    r.budget += _allowance(cls, limits)  # for the lists this kind carries (`alloc_bound`)
     try:
         msg = mp.build(r, cls, entries, cls.__name__)
         if isinstance(msg, Group):
@@ -200,11 +223,36 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
 
 # The decoder's memory bound: what it builds is charged to a budget of ALLOC_FACTOR bytes per
 # message byte plus a constant for the fixed costs of any message (its map of fields, the
-# message object). Peaks measured with tracemalloc: tests/unit/test_wire_fuzz.py.
+# message object, the map of keys of the list item being built), plus an allowance per item of
+# the lists the receiver expects (`Limits`): its two list slots (the list the items are read
+# into, then the tuple) and what it builds beyond the factor's share of its characters. Peaks
+# measured with tracemalloc: tests/unit/test_wire_fuzz.py.
 ALLOC_FACTOR = 4
 ALLOC_BASE_BYTES = 16 << 10
+LEASE_BYTES = 2 * mp.SLOT_BYTES + mp.fixed_cost(Lease)  # 1080
+LEASE_ID_BYTES = 2 * mp.SLOT_BYTES + mp.fixed_cost(int)  # 52
+ACK_BYTES = 2 * mp.SLOT_BYTES + mp.fixed_cost(Ack)  # 212
 _UNCHARGED_BYTES = 4 << 10  # kept back for what is not charged: an exception and its traceback,
 # the keyword map of a message being built, error texts
+
+
+def alloc_bound(num_bytes: int, limits: Limits, kind: type[Any] | None = None) -> int:
+    """The most `decode` builds (bytes of objects) for a message of `num_bytes` under `limits`:
+    of kind `kind` (its class), or of any kind (None)."""
+    own = ALLOC_FACTOR * num_bytes + ALLOC_BASE_BYTES
+    if kind is None:
+        return own + max(_allowance(k, limits) for k in _KINDS.values())
+    return own + _allowance(kind, limits)
+
+
+def _allowance(kind: type[Any], limits: Limits) -> int:
+    """The budget a message of `kind` gets for the lists the receiver expects in it: lease ids
+    in a registration or goodbye, leases in a grant, acks in every status; none elsewhere (a
+    heartbeat of many tiny counters stays `over_budget`)."""
+    if kind in (Register, Goodbye):
+        return LEASE_ID_BYTES * limits.max_lease_ids
+    acks = ACK_BYTES * limits.max_acks if kind in (LeaseGrant, StatusReply, Welcome) else 0
+    return acks + (LEASE_BYTES * limits.max_leases if kind is LeaseGrant else 0)
 
 
 def _group_ids(r: mp.Reader, entries: dict[str, int]) -> tuple[int | None, str | None]:

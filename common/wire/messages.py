@@ -84,6 +84,9 @@ OUTCOMES = (
 # its producer keeps it (`hold`), until told to send it again (`send`):
 # consumer/server/admission.py.
 HOLD, SEND = "hold", "send"
+# Why a fetcher dropped a relay (`BadSource.reason`); the consumer counts any other reason as
+# `other` (consumer/snapshots/fanout.py)
+BAD_SOURCE_REASONS = ("wrong_bytes", "truncated", "stalled", "refused")
 _ARRAY_DTYPES: dict[str, np.dtype[Any]] = {  # fields of `Group` only
     "prompt_ids": np.dtype("<i4"),
     "completion_ids": np.dtype("<i4"),
@@ -220,7 +223,7 @@ class Source:
 @dataclass(frozen=True, slots=True)
 class BadSource:
     endpoint: str
-    reason: str  # wrong_bytes | truncated | stalled | refused
+    reason: str  # one of BAD_SOURCE_REASONS
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,8 @@ _BOOKS_EVERY_S = 2.0  # ledger.json and the producers' files: rewritten at most 
 
 class Books:
     """Writes the lease book's files of `run_dir` from `state`; `refused_keys` counts the
-    CurveZMQ connections the key gate refused (consumer/key_gate.py), if there is one."""
+    CurveZMQ connections the key gates refused (consumer/key_gate.py: control's and the data
+    socket's), if there are any."""
 
     def __init__(
         self, state: NetState, run_dir: Path, *, refused_keys: Callable[[], int] | None

@@ -16,6 +16,9 @@ Invariants:
   and a snapshot is published. A lease carries its prompt's row (prompt, answer, columns: at
   most `task.max_row_kib`, at most half a message); one grant holds no more leases than half a
   message fits with the data's largest row, so every grant fits in the producer's message limit.
+- Bounded per peer: at most `MAX_PRODUCERS` producer records (a registration of one more id is
+  refused, `too_many_producers`, until gone ones are forgotten: consumer/server/loop.py, which
+  prunes every record of a producer it forgets, here with `forget`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from consumer.snapshots.fanout import FanOut
 
 log = logging.getLogger("asyncgrpo.consumer")
 _LEASE_OVERHEAD_BYTES = 256  # a lease's other fields and msgpack headers, rounded up
+MAX_PRODUCERS = 1 << 14  # producer ids with a record at once (their views, routes, relays, ...)
 
 
 class Control:
@@ -126,6 +130,8 @@ class Control:
     def _register(self, msg: wire.Register, key: str, now: float) -> wire.Welcome:
         st = self._state
         view = st.producers.get(msg.producer_id)
+        if view is None and len(st.producers) >= MAX_PRODUCERS:
+            raise WireError("too_many_producers", f"{MAX_PRODUCERS} producer ids are registered")
         free = view is None or (
             view.state in ("gone", "left") and not st.book.holds(msg.producer_id)
         )
@@ -163,12 +169,17 @@ class Control:
             st.count("lease_replies_empty")
         return wire.LeaseGrant(msg.req, leases, st.status(msg.producer_id))
 
+    def forget(self, producer_id: str) -> None:
+        """Drop what this side keeps of a producer the server forgets (consumer/server/loop.py)."""
+        self.parked.drop(producer_id)
+        self._fanout.forget(producer_id)
+
     def grant(
-        self, msg: wire.LeaseRequest, now: float, limit: int = 1024
+        self, msg: wire.LeaseRequest, now: float, limit: int = wire.MAX_LEASES_PER_GRANT
     ) -> tuple[wire.Lease, ...]:
-        """Up to `min(msg.max_leases, limit)` new leases for `msg`'s producer (maybe none), and
-        no more than fit in half a message with the largest rows of the data (a row is at most
-        half a message: config check)."""
+        """Up to `min(msg.max_leases, limit)` new leases for `msg`'s producer (maybe none; never
+        more than one grant carries: common/wire/sizes.py), and no more than fit in half a message
+        with the largest rows of the data (a row is at most half a message: config check)."""
         st = self._state
         if not st.accepting or not st.granting or st.snapshot is None:
             return ()
@@ -176,7 +187,7 @@ class Control:
         fit = max(1, half_message // (st.prompts.max_row_bytes + _LEASE_OVERHEAD_BYTES))
         records = st.book.grant(
             msg.producer_id,
-            max(0, min(msg.max_leases, limit, 1024, fit)),
+            max(0, min(msg.max_leases, limit, wire.MAX_LEASES_PER_GRANT, fit)),
             policy_version=st.policy_version,
             published_version=st.snapshot.version,
             now=now,

@@ -47,13 +47,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from common.run_files import Balance, LeaseLine
-from common.wire import HOLD, OUTCOMES, SEND, Ack
+from common.wire import ACKS_PER_REPLY, HOLD, OUTCOMES, SEND, Ack
 from consumer.server.prompts import PromptOrder
 
 OPEN_STATES = ("issued", "held", "received")
 RETRY_OUTCOMES = ("expired", "dropped_stale")
 MAX_ACKS = 1 << 14  # per producer: ~1.6 MB of acks at most
-ACKS_PER_REPLY = 1 << 10  # ~5 msgpack values each: far below wire.Limits.max_objects
 _ID_BITS = 40
 
 

@@ -165,6 +165,7 @@ class Loop:
             st.identities.forget(p)
             st.routes.pop(p, None)
             st.told_finished.discard(p)
+            self._control.forget(p)  # its parked request, fetch records and relay
         if expired:
             self._books.append_finished()
             st.ledger_dirty = True

@@ -135,10 +135,16 @@ class Server:
             spec, rollouts_port=rollouts_port, announce_port=announce_port, data_port=self.data.port
         )
         fanout = FanOut(snapshot_root, max_children=cfg.snapshot.fanout, count=st.count)
-        control_limits = wire.Limits(max_message_bytes=1 << 20, max_items=1 << 16)
-        self._control = Control(st, control, spec=self.spec, limits=control_limits, fanout=fanout)
+        self._control = Control(
+            st, control, spec=self.spec, limits=wire.control_limits(), fanout=fanout
+        )
         intake = Intake(st, _group_limits(cfg, max_bytes, vocab_size=spec.vocab_size))
-        self._books = Books(st, run_dir, refused_keys=refused_keys)
+        data = self.data
+
+        def refused() -> int:  # the key gates of control (the caller's) and of the data socket
+            return (refused_keys() if refused_keys is not None else 0) + data.refused_keys
+
+        self._books = Books(st, run_dir, refused_keys=refused)
         self._calls = Calls()
         self._loop = Loop(
             st, control=self._control, intake=intake, books=self._books, calls=self._calls,

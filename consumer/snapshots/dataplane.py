@@ -17,7 +17,8 @@ Invariants:
 - Same bind and security rules as control (common/sockets.py `server_socket`): with keys it is
   a CurveZMQ server, and its context runs its own authenticator over the same allowlist
   (consumer/key_gate.py), which admits or refuses a peer (and logs the refusal) before it can
-  send a single request.
+  send a single request; its refusals (`refused_keys`) go into the same
+  `rejected.unknown_key` as control's (consumer/server/server.py).
 - Requests are tiny: the socket's ZMQ_MAXMSGSIZE is `MAX_REQUEST_BYTES` (a larger frame drops
   the peer's connection in libzmq) and decoding is bounded (common/wire/).
 - Nothing a peer sends stops the thread: a malformed request is answered with a `Reject` and
@@ -86,6 +87,11 @@ class DataPlane:
         self._thread = threading.Thread(target=self._run, name="consumer-data", daemon=True)
         self._log = LogLimiter(log)
         self._maps = FileMaps()
+
+    @property
+    def refused_keys(self) -> int:
+        """CurveZMQ connections this socket's authenticator refused (keys not in the allowlist)."""
+        return self._gate.refused if self._gate is not None else 0
 
     def start(self) -> None:
         self._thread.start()

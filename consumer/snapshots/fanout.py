@@ -20,9 +20,16 @@ are written (consumer/snapshots/fetch_files.py writes them just after the announ
 Trust: the plan travels over the authenticated control channel; relays are untrusted producers.
 A fetcher accepts a relay's chunk only if it hashes to the plan's digest, so a relay can slow a
 fetch but never change its bytes. A reported bad source (`wrong_bytes`, `truncated`, `stalled`,
-`refused`) is counted (`fetch_bad_source.<reason>`), logged (rate-limited), and no longer given
-out for that version; a source reported `MAX_BAD_REPORTS` times is never given out again.
-(A hostile producer may report an honest relay: that costs the relay its children, nothing else.)
+`refused`: `wire.BAD_SOURCE_REASONS`; any other reason is counted as `other`, so a peer cannot
+name ledger counters) is counted (`fetch_bad_source.<reason>`), logged (rate-limited), and no
+longer given out for that version; a source reported `MAX_BAD_REPORTS` times is never given out
+again. (A hostile producer may report an honest relay: that costs the relay its children,
+nothing else.)
+
+Bounds: every record is per producer (its fetch in progress, where it relays) or per relay
+endpoint (the holders of a file, its bad reports: kept only for endpoints a producer relays
+from, so a report naming anything else changes nothing), and `forget(producer_id)` drops a
+producer's records with it when the server forgets the producer (consumer/server/loop.py).
 
 No sockets, no threads: the server calls `plan` and `done` on its network thread; the chunks
 themselves are served by the data socket's thread (consumer/snapshots/dataplane.py).
@@ -113,28 +120,48 @@ class FanOut:
         """A fetcher's report: free its slot, take note of bad sources, add a new relay."""
         self._slots.pop(msg.producer_id, None)
         self._count("fetch_ok" if msg.ok else "fetch_failed", 1)
+        relays = {r.endpoint for r in self._relays.values()}
+        first: dict[str, str] = {}  # one report per endpoint and message: its first reason
         for bad in msg.bad_sources:
-            self._bad[bad.endpoint] += 1
-            self._count(f"fetch_bad_source.{bad.reason[:32]}", 1)
+            first.setdefault(bad.endpoint, bad.reason)
+        for endpoint, why in first.items():
+            reason = why if why in wire.BAD_SOURCE_REASONS else "other"
+            self._count(f"fetch_bad_source.{reason}", 1)
+            if endpoint not in relays:  # no relay of ours: nothing to withhold, nothing kept
+                continue
+            self._bad[endpoint] += 1
             self._log.log(
-                f"bad_source.{bad.reason[:32]}",
+                f"bad_source.{reason}",
                 logging.WARNING,
                 "relay %s reported by %s for v%d: %s (%d reports)",
-                bad.endpoint[:100],
+                endpoint[:100],
                 msg.producer_id,
                 msg.version,
-                bad.reason[:32],
-                self._bad[bad.endpoint],
+                reason,
+                self._bad[endpoint],
             )
-            for held in self._versions.values():
-                for holders in held.holders.values():
-                    holders.pop(bad.endpoint, None)
+            self._drop_holder(endpoint)
         relay = self._relays.get(msg.producer_id)
         entry = self._versions.get(msg.version)
         if msg.ok and msg.serving and relay is not None and entry is not None:
             files = ("weights", "delta") if msg.file == "delta" else ("weights",)
             for file in files:
                 entry.holders.setdefault(file, {})[relay.endpoint] = relay
+
+    def forget(self, producer_id: str) -> None:
+        """Drop `producer_id`'s records: its fetch in progress, its relay, and what is kept of
+        its relay's endpoint (unless another producer relays from it)."""
+        self._slots.pop(producer_id, None)
+        relay = self._relays.pop(producer_id, None)
+        if relay is None or any(r.endpoint == relay.endpoint for r in self._relays.values()):
+            return
+        self._bad.pop(relay.endpoint, None)
+        self._drop_holder(relay.endpoint)
+
+    def _drop_holder(self, endpoint: str) -> None:
+        for held in self._versions.values():
+            for holders in held.holders.values():
+                holders.pop(endpoint, None)
 
     # -- state ---------------------------------------------------------------------------------
     def _version(self, version: int) -> _Version | None:

@@ -26,7 +26,10 @@ sources it names, check each against its hash, and apply a delta on exactly its 
    its base hash, the result checked against the snapshot's hash). A refused delta (another
    base, a failed digest) is counted (`delta_refused`) and the full weights are fetched instead.
 4. `wire.FetchDone` reports the outcome and the bad sources, and, when this producer relays
-   (producer/fetch/relay.py), that it now serves the files it fetched.
+   (producer/fetch/relay.py), that it now serves the files it fetched. It goes out through
+   `report` (the producer's `Producer.request_status`), which applies the status the consumer
+   answers with like that of any other request: the acks and the end of the run it carries are
+   handed over once, and would be lost if the reply were dropped.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +59,7 @@ from producer.fetch.relay import Relay
 
 log = logging.getLogger("asyncgrpo.producer")
 CONSUMER = ""
+Report = Callable[[wire.FetchDone], Awaitable[object]]  # send a report, apply its reply's status
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,7 @@ class Fetcher:
         producer_id: str,
         keys: Keys | None,
         max_message_bytes: int,
+        report: Report,
         relay: Relay | None = None,
         window: int = 8,
         timeout_s: float = 10.0,
@@ -100,7 +106,7 @@ class Fetcher:
         self.data_endpoint = (
             data_endpoint  # the consumer's data socket (consumer/snapshots/dataplane.py)
         )
-        self.producer_id, self.relay = producer_id, relay
+        self.producer_id, self.relay, self.report = producer_id, relay, report
         self.max_message_bytes = max_message_bytes
         self.window, self.timeout_s, self.relay_timeout_s = window, timeout_s, relay_timeout_s
         self.counters: dict[str, float] = {}
@@ -187,7 +193,7 @@ class Fetcher:
             tuple(outcome.bad_sources), ok and self.relay is not None,
         )  # fmt: skip
         with contextlib.suppress(TimeoutError, Rejected):  # a lost report only costs a slot
-            await self.control.request(msg, timeout_s=self.timeout_s)
+            await self.report(msg)
 
     # -- chunks --------------------------------------------------------------------------------
     async def _download(self, plan: wire.FetchPlan, path: Path, outcome: Outcome) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -121,6 +122,7 @@ async def fetcher_of(
             yield Fetcher(
                 control, ctx, data_endpoint=consumer.data_endpoint, producer_id=name, keys=None,
                 max_message_bytes=MAX_MESSAGE, relay=server, relay_timeout_s=relay_timeout_s,
+                report=functools.partial(control.request, timeout_s=10),  # no state to apply to
             )  # fmt: skip
     finally:
         for task in tasks:

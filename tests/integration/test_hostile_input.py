@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
+import subprocess
+import sys
 
 import msgpack
 import numpy as np
@@ -277,3 +280,49 @@ def test_curve_keys_admit_producers_with_keys_and_shut_out_those_without(tmp_pat
     ledger = RF.read_ledger(run_dir)
     assert ledger.balance.trained == 6
     assert ledger.counters["rejected.unknown_key"] >= 1  # the stranger's refused handshakes
+
+
+@pytest.mark.timeout(240)
+def test_a_key_outside_the_allowlist_on_the_data_socket_is_counted_where_control_refusals_are(
+    tmp_path,
+):
+    """The data socket has its own key gate: its refusals were logged but counted nowhere."""
+    from common.keys import create_keys, load_keys
+
+    keys = tmp_path / "keys"
+    create_keys(keys, ["stranger"])
+    (keys / "clients" / "stranger.key").unlink()  # not in the consumer's allowlist
+    stranger = load_keys(keys / "producers" / "stranger", "client")
+    run_dir = tmp_path / "run"
+    consumer = cli(
+        "consumer", "--run-dir", str(run_dir), "--steps", "3", "--keys", str(keys),
+        "--set", "net.control_port=0", "--set", "task.source=jsonl",
+        "--set", f"task.path={prompts_file(tmp_path)}", log=tmp_path / "consumer.log",
+    )  # fmt: skip
+    ctx = zmq.Context()
+    try:
+        endpoint(run_dir, [consumer])
+        data = RF.read_endpoints(run_dir / RF.ENDPOINTS).data
+        assert data is not None
+        sock = intruder_socket(ctx, zmq.DEALER, data, (stranger.public, stranger.secret,
+                                                       stranger.server_public))  # fmt: skip
+        sock.send(wire.encode(wire.FileChunkRequest(1, 0, "weights", 0, 1 << 20)))
+        wait_for(lambda: "refused a CurveZMQ connection from 127.0.0.1" in
+                 (tmp_path / "consumer.log").read_text(), timeout_s=60,
+                 what="the consumer's refusal line", procs=[consumer])  # fmt: skip
+        sock.close(linger=0)
+        consumer.send_signal(signal.SIGINT)
+        assert consumer.wait(60) == 0
+    finally:
+        stop(consumer)
+        ctx.destroy(linger=0)
+    ledger = RF.read_ledger(run_dir)
+    assert ledger.counters.get("rejected.unknown_key", 0) >= 1, ledger.counters
+    shown = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "status", str(run_dir)], capture_output=True,
+        text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert "rejected.unknown_key" in shown, shown
+    subprocess.run([sys.executable, "-m", "launch.cli", "report", str(run_dir)], check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    assert "rejected.unknown_key" in (run_dir / RF.SUMMARY).read_text()

@@ -272,6 +272,43 @@ def test_leases_a_producer_drops_at_the_end_of_the_run_end_as_shutdown(server, t
     a.close(linger=0)
 
 
+def test_registrations_beyond_the_producer_records_kept_are_refused(server, monkeypatch):
+    import consumer.server.control
+
+    srv, ctx = server
+    monkeypatch.setattr(consumer.server.control, "MAX_PRODUCERS", 2)
+    a, b = _connect(srv, ctx, "a"), _connect(srv, ctx, "b")
+    c = ctx.socket(zmq.DEALER)
+    c.connect(f"tcp://127.0.0.1:{srv.ports['control']}")
+    refused = _request(c, wire.Register(1, "c", "h", 1, "fake", -1))
+    assert isinstance(refused, wire.Reject)
+    assert refused.reason == "too_many_producers"
+    assert isinstance(_request(a, wire.Register(2, "a", "h", 1, "fake", -1)), wire.Welcome)
+    assert srv.view()["counters"]["control_rejected.too_many_producers"] == 1
+    for sock in (a, b, c):
+        sock.close(linger=0)
+
+
+@pytest.mark.parametrize("server", [["net.producer_timeout_s=0.2"]], indirect=True)
+def test_a_producer_the_server_forgets_takes_its_fetch_records_along(server, monkeypatch):
+    import consumer.server.loop
+
+    srv, ctx = server
+    monkeypatch.setattr(consumer.server.loop, "_FORGET_AFTER_S", 0.0)  # then 10 x 0.2 s
+    r = _connect(srv, ctx, "r")
+    relay = wire.Source("tcp://10.0.0.3:6000", "")
+    _request(r, wire.FetchRequest(2, "r", 5, -1, "", relay))  # not kept: refused, relay noted
+    fanout = srv._control._fanout
+    bad = (wire.BadSource(relay.endpoint, "stalled"),)
+    _request(r, wire.FetchDone(3, "r", 5, "weights", False, 0, bad, False))
+    assert fanout._relays
+    assert fanout._bad
+    _request(r, wire.Goodbye(4, "r", ()))
+    _wait(lambda: "r" not in srv.view()["producers"], "r forgotten")
+    _wait(lambda: not fanout._relays and not fanout._bad, "r's fetch records dropped")
+    r.close(linger=0)
+
+
 def test_a_server_stopped_before_it_started_closes_its_sockets(tmp_path):
     """A learner that fails between building its server and starting it must not leak the
     sockets (nor the wake-up socket pair: an unclosed one surfaced as a ResourceWarning at some

@@ -179,7 +179,8 @@ def test_a_group_for_another_producers_open_lease_is_refused_and_the_lease_stays
 
 
 def test_acks_are_bounded_per_producer_and_leave_in_replies_of_bounded_size():
-    from consumer.server.leases import ACKS_PER_REPLY, MAX_ACKS
+    from common.wire import ACKS_PER_REPLY
+    from consumer.server.leases import MAX_ACKS
 
     book = make_book()
     for lease_id in range(MAX_ACKS + 5):  # unknown leases: each is acked as expired

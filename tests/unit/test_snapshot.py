@@ -392,3 +392,43 @@ def test_the_publisher_syncs_each_snapshot_and_leaks_no_descriptor(tmp_path, mon
             "chunks.json", "config.json", snap.MANIFEST_FILE, snap.WEIGHTS_FILE,
             "tokenizer.json",
         ]  # fmt: skip
+
+
+def test_a_verified_link_is_made_only_to_the_file_still_open(tmp_path):
+    """common/snapshot.py `_link_same_file`: the open file is linked; a file replaced since it
+    was opened is not (nothing is left under the target name)."""
+    path, target = tmp_path / "model.safetensors", tmp_path / "pinned"
+    path.write_bytes(b"first")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert snap._link_same_file(fd, path, target) is True
+        assert os.stat(target).st_ino == os.fstat(fd).st_ino
+        target.unlink()
+        replacement = tmp_path / "next"
+        replacement.write_bytes(b"other")
+        replacement.replace(path)  # the writer replaced the file meanwhile
+        assert snap._link_same_file(fd, path, target) is False
+        assert not target.exists()
+    finally:
+        os.close(fd)
+
+
+def test_an_incoming_file_refuses_writes_after_it_was_closed(tmp_path):
+    incoming = snap.IncomingFile(tmp_path / "part", expected_hash="0" * 64, expected_bytes=8)
+    incoming.write(0, b"abcd")
+    incoming.close()
+    with pytest.raises(SnapshotError, match="written after it was closed"):
+        incoming.write(4, b"efgh")
+
+
+def test_an_incoming_file_refuses_a_chunk_given_twice_whether_hashed_or_waiting(tmp_path):
+    incoming = snap.IncomingFile(tmp_path / "part", expected_hash="0" * 64, expected_bytes=12)
+    incoming.add(0, b"abcd")
+    with pytest.raises(SnapshotError, match="chunk at 0 given twice"):
+        incoming.follow(0, b"abcd")  # already hashed
+    incoming.add(8, b"ijkl")  # early: waits for the gap
+    with pytest.raises(SnapshotError, match="chunk at 8 given twice"):
+        incoming.follow(8, b"ijkl")
+    incoming.add(4, b"efgh")
+    assert incoming.hashed == 12
+    incoming.close()
