@@ -68,16 +68,30 @@ def reward_failures(views: Mapping[str, RF.ProducerStatus]) -> tuple[int, int]:
     return errors, timeouts
 
 
+def step_text(step: int, steps: int, beyond: str = "") -> str:
+    """`step 3/50`; without a step limit (`steps` 0) `step 3`; past the limit (a sweep's
+    asynchronous setting runs on to the synchronous one's wall-clock) `step 59 (30 done,
+    BEYOND)`, never `step 59/30`."""
+    if steps <= 0:
+        return f"step {step}"
+    if step > steps:
+        return f"step {step} ({steps} done" + (f", {beyond})" if beyond else ")")
+    return f"step {step}/{steps}"
+
+
 def summary_line(
     rec: StepRecord | None,
     steps: int,
     elapsed_s: float,
     ledger: RF.Balance | None = None,
     views: Mapping[str, RF.ProducerStatus] | None = None,
+    *,
+    beyond: str = "",
 ) -> str:
     """One plain progress line; before the first step, the ledger's counts (`ledger.json`'s
     balance) say whether groups arrive and why none was trained; `views` (the producers'
-    latest, common/run_files.py) add reward failures."""
+    latest, common/run_files.py) add reward failures; `beyond` says why a run goes on past
+    `steps` (`step_text`)."""
     if rec is None:
         counts = ledger.to_json() if ledger is not None else {}
         seen = {k: v for k, v in counts.items() if k not in ("ok", "open") and v}
@@ -87,7 +101,7 @@ def summary_line(
     acc = rec.heldout_accuracy
     errors, timeouts = reward_failures(views or {})
     return (
-        f"[{elapsed_s:6.0f}s] step {rec.step}/{steps} reward {rec.reward_mean:.3f}"
+        f"[{elapsed_s:6.0f}s] {step_text(rec.step, steps, beyond)} reward {rec.reward_mean:.3f}"
         + (f" heldout {acc:.3f}" if acc is not None else "")
         + f" staleness {rec.staleness_mean:.2f}/{rec.staleness_max}"
         + f" tok/s {rec.tokens_per_s:.0f} idle {rec.learner_idle_frac:.2f}"
@@ -174,7 +188,9 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
         (window[-1].groups_trained - window[0].groups_trained) / span if span > 0 else None
     )
     top = Table.grid(padding=(0, 2))
-    top.add_row("step", f"{done}/{steps}", "elapsed", f"{elapsed_s:.0f} s")
+    top.add_row(
+        "step", step_text(done, steps).removeprefix("step "), "elapsed", f"{elapsed_s:.0f} s"
+    )
     if rec is not None:
         top.add_row("reward", _fmt(rec.reward_mean), "held-out accuracy", _fmt(acc))
         top.add_row(
