@@ -57,6 +57,21 @@ ForceOpt = Annotated[
         "ledger, snapshots, checkpoints and logs).",
     ),
 ]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Continue the run in --run-dir from its checkpoint (without --config: with the "
+        "config it was started with, RUN_DIR/config.toml).",
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="model.path: a Hugging Face model directory, a model name in the local Hugging "
+        "Face cache, or 'demo'."
+    ),
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")]
 StepsOpt = Annotated[int | None, typer.Option(help="run.steps: optimizer steps to take.")]
 MaxStalenessOpt = Annotated[
@@ -86,6 +101,14 @@ def load_given(
         return C.load_given(config, sets or [], values, fallback=fallback)
     except ConfigError as exc:
         fail(str(exc))
+
+
+def resumed_config(config: Path | None, resume: bool, run_dir: str | None) -> Path | None:
+    """The config file a command reads: `config`, or for `--resume` without one, the run's own
+    RUN_DIR/config.toml (the settings it was started with)."""
+    if config is None and resume and run_dir and (Path(run_dir) / RF.CONFIG).is_file():
+        return Path(run_dir) / RF.CONFIG
+    return config
 
 
 def load_config(

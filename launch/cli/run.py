@@ -31,6 +31,8 @@ from launch.cli.app import (
     InsecureOpt,
     KeysOpt,
     MaxStalenessOpt,
+    ModelOpt,
+    ResumeOpt,
     SetOpt,
     StepsOpt,
     VerboseOpt,
@@ -39,6 +41,7 @@ from launch.cli.app import (
     load_given,
     make_run_dir,
     resolve_model,
+    resumed_config,
     setup_logging,
 )
 
@@ -134,9 +137,7 @@ def consumer(
         typer.Option("--run-dir", help="run.dir: where metrics, ledger and snapshots go."),
     ] = None,
     steps: StepsOpt = None,
-    model: Annotated[
-        str | None, typer.Option(help="model.path: HF model directory, or 'demo'.")
-    ] = None,
+    model: ModelOpt = None,
     max_staleness: MaxStalenessOpt = None,
     bind: Annotated[str | None, typer.Option(help="net.bind_host: address to listen on.")] = None,
     port: Annotated[
@@ -144,9 +145,7 @@ def consumer(
     ] = None,
     keys: KeysOpt = None,
     insecure: InsecureOpt = False,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the run directory's checkpoint.")
-    ] = False,
+    resume: ResumeOpt = False,
     force: ForceOpt = False,
     nproc_per_node: NprocOpt = 1,
     verbose: VerboseOpt = False,
@@ -158,7 +157,7 @@ def consumer(
         "staleness.max_staleness": max_staleness, "net.bind_host": bind, "net.control_port": port,
         "net.keys_dir": keys, "net.insecure": insecure or None, "run.resume": resume or None,
     }  # fmt: skip
-    cfg = load_config(config, set_, flags)
+    cfg = load_config(resumed_config(config, resume, run_dir), set_, flags)
     if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
         _exec_torchrun(nproc_per_node)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -279,11 +278,13 @@ def launch(
         str | None, typer.Option("--run-dir", help="Run directory (default: runs/TIMESTAMP).")
     ] = None,
     steps: StepsOpt = None,
+    model: ModelOpt = None,
     producers: ProducersOpt = None,
     engine: EngineOpt = None,
     max_staleness: MaxStalenessOpt = None,
     live: LiveOpt = None,
     evaluate: EvalOpt = True,
+    resume: ResumeOpt = False,
     force: ForceOpt = False,
 ) -> None:
     """Run the whole pipeline here: one consumer and N producers, supervised.
@@ -294,9 +295,11 @@ def launch(
     """
     flags = {
         "run.dir": run_dir, "run.steps": steps, "producer.engine": engine,
-        "staleness.max_staleness": max_staleness,
+        "staleness.max_staleness": max_staleness, "model.path": model,
+        "run.resume": resume or None,
     }  # fmt: skip
-    cfg, given = load_given(config, set_, flags, fallback=DEMO_CONFIG)
+    file = resumed_config(config, resume, run_dir)
+    cfg, given = load_given(file, set_, flags, fallback=DEMO_CONFIG)
     out = make_run_dir(cfg, force)
     from launch import local
 
