@@ -192,7 +192,7 @@ class Learner:
                     f"only {len(ready)} of run.wait_for_producers = {need} producers were ready "
                     f"within run.wait_for_producers_s = {limit_s:g} s "
                     f"({', '.join(sorted(ready)) or 'none'}): are they started, pointed at this "
-                    "consumer (--connect) and given its keys?"
+                    "consumer (`asyncgrpo producer --connect`) and given their keys?"
                 )
             if now - last_line > 30:
                 last_line = now

@@ -131,11 +131,13 @@ class NetConfig:
                 secure or is_loopback(self.bind_host),
                 f"net.bind_host = {self.bind_host!r} is not a loopback address: "
                 "traffic beyond this machine must be encrypted; "
-                "create keys with `asyncgrpo keys DIR` and set net.keys_dir, or pass --insecure",
+                "create keys with `asyncgrpo keys DIR` and set net.keys_dir, or "
+                "set net.insecure = true to send it unencrypted",
             ),
             (
                 secure or is_loopback(endpoint_host(self.connect)),
                 f"net.connect = {self.connect!r} leaves this machine: "
-                "set net.keys_dir (CurveZMQ) or pass --insecure",
+                "set net.keys_dir (CurveZMQ keys: `asyncgrpo keys DIR`), or net.insecure = true "
+                "to send it unencrypted",
             ),
         )

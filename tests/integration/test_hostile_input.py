@@ -220,7 +220,7 @@ def test_a_non_loopback_bind_without_keys_is_refused_with_advice(tmp_path):
     text = (tmp_path / "c.log").read_text()
     assert "net.bind_host" in text
     assert "asyncgrpo keys" in text
-    assert "--insecure" in text
+    assert "net.insecure = true" in text
 
 
 @pytest.mark.timeout(240)
