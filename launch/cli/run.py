@@ -183,7 +183,10 @@ def consumer(
 PRODUCER_EPILOG = (
     "The sampling settings, G, the rewards and the model come from the consumer.\n\n"
     "`asyncgrpo producer --connect tcp://127.0.0.1:5555 --engine hf`\n\n"
-    "`asyncgrpo producer --connect tcp://10.0.0.1:5555 --keys keys/ --engine vllm`"
+    "Across machines, with its own keys (`asyncgrpo keys keys/ --producer gpu1` on the "
+    "consumer's host, then keys/producers/gpu1/ copied here):\n\n"
+    "`asyncgrpo producer --connect tcp://10.0.0.1:5555 --keys keys/producers/gpu1 --id gpu1 "
+    "--engine vllm`"
 )
 ConnectFileOpt = Annotated[
     str | None,
