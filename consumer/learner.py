@@ -47,6 +47,7 @@ from common import run_files as RF
 from common import snapshot as snap
 from common import wire
 from common.config import Config
+from common.endpoints import advertised_host, tcp_endpoint
 from common.errors import ConfigError
 from common.keys import load_keys
 from consumer.key_gate import start_key_gate
@@ -138,8 +139,8 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
-        host = self.cfg.net.bind_host
-        endpoints = RF.Endpoints(**{k: f"tcp://{host}:{p}" for k, p in self.server.ports.items()})
+        host = advertised_host(self.cfg.net.bind_host, self.cfg.net.advertise_host)
+        endpoints = RF.Endpoints(**{k: tcp_endpoint(host, p) for k, p in self.server.ports.items()})
         RF.write_endpoints(self.run_dir, endpoints)  # whole or absent: producers may be waiting
         self.server.start()
         log.info(

@@ -58,6 +58,11 @@ class NetConfig:
     bind_host: str = _f(
         "127.0.0.1", "Consumer bind address; non-loopback needs keys_dir or insecure."
     )
+    advertise_host: str = _f(
+        "",
+        "Consumer: the host endpoints.json names for producers (net.connect_file); empty = "
+        "net.bind_host, or this host's name when bound to every interface (0.0.0.0, ::).",
+    )
     control_port: int = _f(
         5555, "Control (ROUTER) port; 0 = pick a free one (written to endpoints.json)."
     )

@@ -140,6 +140,13 @@ def consumer(
     model: ModelOpt = None,
     max_staleness: MaxStalenessOpt = None,
     bind: Annotated[str | None, typer.Option(help="net.bind_host: address to listen on.")] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            help="net.advertise_host: the host endpoints.json names for producers (default: "
+            "the --bind address, or this host's name for 0.0.0.0 or ::)."
+        ),
+    ] = None,
     port: Annotated[
         int | None, typer.Option(help="net.control_port: the port producers --connect to.")
     ] = None,
@@ -155,6 +162,7 @@ def consumer(
     flags = {
         "run.dir": run_dir, "run.steps": steps, "model.path": model,
         "staleness.max_staleness": max_staleness, "net.bind_host": bind, "net.control_port": port,
+        "net.advertise_host": advertise,
         "net.keys_dir": keys, "net.insecure": insecure or None, "run.resume": resume or None,
     }  # fmt: skip
     cfg = load_config(resumed_config(config, resume, run_dir), set_, flags)
