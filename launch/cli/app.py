@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -72,6 +73,7 @@ ModelOpt = Annotated[
         "Face cache, or 'demo'."
     ),
 ]
+EXIT_INTERRUPTED = 130  # a run stopped by Ctrl-C or SIGTERM (128 + SIGINT, as shells say)
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")]
 StepsOpt = Annotated[int | None, typer.Option(help="run.steps: optimizer steps to take.")]
 MaxStalenessOpt = Annotated[
@@ -145,12 +147,22 @@ def resolve_model(path: str) -> Path:
         fail(str(exc))
 
 
-def make_run_dir(cfg: C.Config, force: bool = False) -> Path:
-    """The run directory, created; one holding another run needs --resume or --force."""
+@contextmanager
+def new_run_dir(cfg: C.Config, force: bool = False) -> Iterator[Path]:
+    """The run directory, created (one holding another run needs --resume or --force), for the
+    preparation of a run: created here and still empty when that fails, it is removed again (a
+    failed start leaves no empty run directory behind)."""
     from launch.run_dir import claim
 
     run_dir = Path(cfg.run.dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    existed = run_dir.exists()
     try:
-        return claim(run_dir, resume=cfg.run.resume, force=force)
+        out = claim(run_dir, resume=cfg.run.resume, force=force)
     except ConfigError as exc:
         fail(str(exc))
+    try:
+        yield out
+    except BaseException:
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise

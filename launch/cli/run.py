@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +26,7 @@ from common import run_files as RF
 from common.errors import ConfigError
 from launch.cli.app import (
     DEMO_CONFIG,
+    EXIT_INTERRUPTED,
     ConfigOpt,
     EngineOpt,
     ForceOpt,
@@ -39,7 +41,7 @@ from launch.cli.app import (
     fail,
     load_config,
     load_given,
-    make_run_dir,
+    new_run_dir,
     resolve_model,
     resumed_config,
     setup_logging,
@@ -65,8 +67,8 @@ def _consumer_run(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.C
         if not cfg.run.dir:
             fail("--prepared needs the run's own config.toml (run.dir is empty)")
         return Path(cfg.run.dir), cfg
-    out = make_run_dir(cfg, force)
-    return out, prepare_run(cfg, out)
+    with new_run_dir(cfg, force) as out:
+        return out, prepare_run(cfg, out)
 
 
 def _join_ranks(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.Config, str]:
@@ -302,7 +304,8 @@ def launch(
 
     Without --config it trains the embedded demo (a tiny model this project builds itself) on the
     synthetic arithmetic task, shows live progress, evaluates the starting model and the final
-    snapshot on the held-out split, and writes plots. Ctrl-C stops cleanly (final snapshot).
+    snapshot on the held-out split, and writes plots. Ctrl-C stops cleanly (final snapshot, then
+    the summary; exit 130); a second Ctrl-C skips the final evaluation.
     """
     flags = {
         "run.dir": run_dir, "run.steps": steps, "producer.engine": engine,
@@ -311,27 +314,48 @@ def launch(
     }  # fmt: skip
     file = resumed_config(config, resume, run_dir)
     cfg, given = load_given(file, set_, flags, fallback=DEMO_CONFIG)
-    out = make_run_dir(cfg, force)
     from launch import local
 
-    cfg, producers = _split_cores(cfg, given, producers)
-    cfg = local.local_config(cfg, given)
-    if not cfg.train.simulate_step_s:
-        typer.echo(
-            f"model: {cfg.model.path} (building it the first time can take a minute)", err=True
-        )
-    cfg = prepare_run(cfg, out.resolve(), {"net.control_port": 0})
+    with new_run_dir(cfg, force) as out:
+        cfg, producers = _split_cores(cfg, given, producers)
+        cfg = local.local_config(cfg, given)
+        if not cfg.train.simulate_step_s:
+            typer.echo(
+                f"model: {cfg.model.path} (building it the first time can take a minute)",
+                err=True,
+            )
+        cfg = prepare_run(cfg, out.resolve(), {"net.control_port": 0})
     model_dir = None if cfg.train.simulate_step_s else Path(cfg.model.path)
     typer.echo(f"run directory: {out}", err=True)
     show = sys.stderr.isatty() if live is None else live
-    code = local.run(out / RF.CONFIG, out, steps=cfg.run.steps, num_producers=producers, live=show)
-    if evaluate and model_dir is not None and cfg.task.source == "synthetic":
-        _evaluate_run(out, model_dir)
+    evaluates = evaluate and model_dir is not None and cfg.task.source == "synthetic"
+    stopped, hurried = threading.Event(), threading.Event()
+    code = local.run(
+        out / RF.CONFIG, out, steps=cfg.run.steps, num_producers=producers, live=show,
+        stop_event=stopped, hurry_event=hurried,
+        again="skip the final evaluation" if evaluates else "",
+    )  # fmt: skip
+    _finish(out, model_dir if evaluates and not hurried.is_set() else None)
+    raise typer.Exit(EXIT_INTERRUPTED if stopped.is_set() and code == 0 else code)
+
+
+def _finish(run_dir: Path, evaluate_with: Path | None) -> None:
+    """After a launch's run: the held-out evaluation (with `evaluate_with`, the starting model's
+    directory; a Ctrl-C skips it), then the summary and plots (a Ctrl-C there leaves them to
+    `asyncgrpo report RUN_DIR`)."""
     from launch.report import report as write_report
 
-    for path in write_report(out):
-        typer.echo(f"wrote {path}", err=True)
-    raise typer.Exit(code)
+    if evaluate_with is not None:
+        typer.echo("evaluating the start and final models (Ctrl-C: skip it)", err=True)
+        try:
+            _evaluate_run(run_dir, evaluate_with)
+        except KeyboardInterrupt:
+            typer.echo("evaluation skipped", err=True)
+    try:
+        for path in write_report(run_dir):
+            typer.echo(f"wrote {path}", err=True)
+    except KeyboardInterrupt:
+        typer.echo(f"no summary written: `asyncgrpo report {run_dir}` writes it", err=True)
 
 
 def _split_cores(
