@@ -29,6 +29,7 @@ producer that never hears it gives up on its own after `net.consumer_timeout_s`
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
@@ -142,6 +143,8 @@ class Learner:
         host = advertised_host(self.cfg.net.bind_host, self.cfg.net.advertise_host)
         endpoints = RF.Endpoints(**{k: tcp_endpoint(host, p) for k, p in self.server.ports.items()})
         RF.write_endpoints(self.run_dir, endpoints)  # whole or absent: producers may be waiting
+        RF.write_consumer(self.run_dir, RF.ConsumerProcess(
+            host=socket.gethostname(), pid=os.getpid(), started=time.time()))  # fmt: skip
         self.server.start()
         log.info(
             "consumer %s listening on %s (run dir %s)",

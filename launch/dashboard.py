@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rich.console import Group
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
@@ -136,6 +138,33 @@ class Progress:
             log.info("%s", summary_line(rec, self.steps, time.monotonic() - t0, balance, views))
 
 
+def run_state(run_dir: Path) -> str:
+    """Finished, running (its consumer's process is alive: consumer.json), or stopped without
+    finishing (crashed or interrupted), with what to do about it."""
+    if (run_dir / RF.FINAL).exists():
+        return "finished"
+    proc = RF.read_consumer(run_dir)
+    if proc is not None and proc.host != socket.gethostname():
+        return f"not finished; its consumer runs (or ran) on {proc.host}, pid {proc.pid}"
+    if proc is not None and _alive(proc.pid, proc.started):
+        return f"running (consumer pid {proc.pid})"
+    if proc is None:
+        return "not finished, and no consumer has listened for it yet (starting, or stopped first)"
+    return (
+        f"stopped without finishing (its consumer, pid {proc.pid}, is gone: crashed or "
+        f"interrupted); `asyncgrpo launch --run-dir {run_dir} --resume` continues it"
+    )
+
+
+def _alive(pid: int, started: float) -> bool:
+    """Process `pid` exists, is no zombie, and began by `started` (not a reused pid)."""
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE and p.create_time() <= started + 1
+    except psutil.Error:
+        return False
+
+
 def status(run_dir: Path) -> str:
     """Where a run stands, from its files: progress, ledger, producers, reward failures."""
     tail = MetricsTail(run_dir / RF.METRICS)
@@ -144,8 +173,7 @@ def status(run_dir: Path) -> str:
     ledger = RF.latest_ledger(run_dir)
     balance = ledger.balance if ledger is not None else None
     steps = _configured_steps(run_dir)
-    finished = (run_dir / RF.FINAL).exists()
-    lines = [f"run {run_dir}: " + ("finished" if finished else "not finished (or running)")]
+    lines = [f"run {run_dir}: {run_state(run_dir)}"]
     views = RF.latest_producers(run_dir, rec)
     lines.append(summary_line(rec, steps, rec.time_s if rec else 0.0, balance, views))
     if ledger is not None:
