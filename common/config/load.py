@@ -151,10 +151,23 @@ def _suggest(name: str, options: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _elsewhere(key: str) -> str:
+    """A suggestion for a key given in the wrong section, found by its name in the others
+    (`run.max_staleness`: 'staleness.max_staleness'; `train.model_path`: 'model.path')."""
+    keys = {f"{n}.{f.name}": f"{n}_{f.name}" for n, t in _section_types().items()
+            for f in dataclasses.fields(t)}  # fmt: skip
+    by_name = [k for k in keys if k.split(".")[1] == key]
+    close = by_name or [
+        k for k in keys if difflib.get_close_matches(key, [keys[k]], n=1, cutoff=0.8)
+    ]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _coerce(section_cls: type[Any], key: str, value: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(section_cls)}
     if key not in fields:
-        raise ConfigError(f"unknown key {where}{_suggest(key, fields)}")
+        hint = _suggest(key, fields) or _elsewhere(key)
+        raise ConfigError(f"unknown key {where}{hint}")
     tp = typing.get_type_hints(section_cls)[key]
     allowed = choices(tp)
     out = _coerce_value(type(allowed[0]) if allowed else tp, value, where)

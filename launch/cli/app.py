@@ -33,6 +33,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"asyncgrpo {version('asyncgrpo')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """The options of `asyncgrpo` itself (before a command)."""
+
+
 # The embedded demo's config: what `launch` (and `stress --engine demo`) run without --config.
 DEMO_CONFIG = Path(__file__).parent.parent / "configs" / "demo.toml"
 

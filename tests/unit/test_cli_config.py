@@ -41,3 +41,15 @@ def test_every_importance_correction_mode_maps_to_config_modes():
     for mode in IS_MODES[1:]:
         cfg = C.override(C.Config(), is_overrides(mode))
         assert f"{cfg.loss.tis_level}-{cfg.loss.tis_mode}" == mode
+
+
+def test_asyncgrpo_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    from typer.testing import CliRunner
+
+    from launch.cli import app
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output == f"asyncgrpo {version('asyncgrpo')}\n"
