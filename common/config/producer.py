@@ -14,7 +14,12 @@ class ProducerConfig:
     engine: EngineName = _f("hf", "Generation engine.")
     id: str = _f("", "Producer name in logs and the ledger; empty = host-pid.")
     model: str = _f("", "Local model directory; empty = the path the consumer announces.")
-    max_in_flight: int = _f(4, "Prompts (leases) a producer holds at once.")
+    max_in_flight: int = _f(
+        4,
+        "Prompts (leases) a producer holds at once. launch sets it for hf producers by one rule, "
+        "ceil((max_staleness + 1) * prompts_per_step / producers) (launch/cores.py); a producer "
+        "started by hand holds this many unless told: give it the same rule's number.",
+    )
     device: str = _f("auto", "hf engine device: auto, cpu, cuda, cuda:N.")
     torch_threads: int = _f(1, "torch intra-op threads in an hf producer (0 = torch default).")
     trust_local_hash: bool = _f(

@@ -229,7 +229,12 @@ def producer(
         typer.Option(help="producer.model: local model dir (default: the consumer's), or 'demo'."),
     ] = None,
     max_in_flight: Annotated[
-        int | None, typer.Option(help="producer.max_in_flight: prompts held at once.")
+        int | None,
+        typer.Option(
+            help="producer.max_in_flight: prompts held at once (default 4). launch gives each hf "
+            "producer ceil((max_staleness + 1) * prompts_per_step / producers): that is the "
+            "number to give a producer started by hand to match it."
+        ),
     ] = None,
     producer_id: Annotated[
         str | None, typer.Option("--id", help="producer.id: name in logs and ledger.")
