@@ -10,11 +10,17 @@ Conventions:
   replacing PORT (common/sockets.py `endpoint_with_port`).
 - Loopback is 127.0.0.0/8, ::1 and the name `localhost`; `ipc://` and `inproc://` endpoints
   count as loopback (they never leave the host). Any other name counts as leaving the machine.
+- A consumer bound to every interface (0.0.0.0, ::, *) advertises, in endpoints.json, the host
+  `net.advertise_host` names, else this host's name (`socket.gethostname()`): an address another
+  host can connect to, never the wildcard (`advertised_host`).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
+
+WILDCARDS = frozenset({"0.0.0.0", "::", "*"})  # bind to every interface; connect to none
 
 
 def is_loopback(host: str) -> bool:
@@ -25,6 +31,19 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def advertised_host(bind_host: str, advertise_host: str = "") -> str:
+    """The host a consumer bound at `bind_host` tells producers to connect to: `advertise_host`
+    when given, this host's name for a wildcard bind, else `bind_host` itself."""
+    if advertise_host:
+        return advertise_host
+    return socket.gethostname() if bind_host in WILDCARDS else bind_host
+
+
+def tcp_endpoint(host: str, port: int) -> str:
+    """'tcp://host:port', an IPv6 address in brackets ('tcp://[::1]:5555')."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def endpoint_host(endpoint: str) -> str:

@@ -52,7 +52,7 @@ def server_socket(
     if keys is None and not insecure and not is_loopback(host):
         raise ConfigError(
             f"refusing to bind {host}: not loopback and no CurveZMQ keys "
-            "(set net.keys_dir, or pass --insecure)"
+            "(set net.keys_dir, or net.insecure = true)"
         )
     sock = ctx.socket(kind)
     configure(sock, max_message_bytes=max_message_bytes, hwm=hwm)

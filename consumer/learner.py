@@ -29,6 +29,7 @@ producer that never hears it gives up on its own after `net.consumer_timeout_s`
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
@@ -47,6 +48,7 @@ from common import run_files as RF
 from common import snapshot as snap
 from common import wire
 from common.config import Config
+from common.endpoints import advertised_host, tcp_endpoint
 from common.errors import ConfigError
 from common.keys import load_keys
 from consumer.key_gate import start_key_gate
@@ -140,9 +142,11 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
-        host = self.cfg.net.bind_host
-        endpoints = RF.Endpoints(**{k: f"tcp://{host}:{p}" for k, p in self.server.ports.items()})
+        host = advertised_host(self.cfg.net.bind_host, self.cfg.net.advertise_host)
+        endpoints = RF.Endpoints(**{k: tcp_endpoint(host, p) for k, p in self.server.ports.items()})
         RF.write_endpoints(self.run_dir, endpoints)  # whole or absent: producers may be waiting
+        RF.write_consumer(self.run_dir, RF.ConsumerProcess(
+            host=socket.gethostname(), pid=os.getpid(), started=time.time()))  # fmt: skip
         self.server.start()
         log.info(
             "consumer %s listening on %s (run dir %s)",
@@ -194,7 +198,7 @@ class Learner:
                     f"only {len(ready)} of run.wait_for_producers = {need} producers were ready "
                     f"within run.wait_for_producers_s = {limit_s:g} s "
                     f"({', '.join(sorted(ready)) or 'none'}): are they started, pointed at this "
-                    "consumer (--connect) and given its keys?"
+                    "consumer (`asyncgrpo producer --connect`) and given their keys?"
                 )
             if now - last_line > 30:
                 last_line = now
@@ -409,14 +413,36 @@ def _reuse_ports(cfg: Config, run_dir: Path) -> Config:
 
 def local_model_dir(path: str) -> Path:
     """`model.path` as an absolute local Hugging Face model directory (the command line has
-    already turned 'demo' into the embedded model's directory)."""
+    already turned 'demo' into the embedded model's directory): a directory holding
+    config.json, or a model name (`Qwen/Qwen2.5-0.5B`) already in this host's Hugging Face cache
+    (read offline: nothing is downloaded)."""
     p = Path(path).expanduser()
-    if not (p / "config.json").exists():
+    if (p / "config.json").exists():
+        return p.resolve()
+    cached = _cached_model(path) if not p.exists() else None
+    if cached is None:
+        from huggingface_hub import constants
+
         raise ConfigError(
-            f"model.path = {path!r} is not a local Hugging Face model directory on the "
-            "consumer's host (no config.json); models cannot be downloaded here: pass a directory"
+            f"model.path = {path!r} is neither a Hugging Face model directory on the consumer's "
+            f"host (no config.json) nor a model in its Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}); nothing is downloaded: pass a directory, or fetch "
+            "the model into the cache first (`huggingface-cli download NAME`)"
         )
-    return p.resolve()
+    return cached
+
+
+def _cached_model(name: str) -> Path | None:
+    """The snapshot directory of model `name` in the local Hugging Face cache (offline), or
+    None when it is not there (or `name` is not a model name)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        found = Path(snapshot_download(name, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError):
+        return None
+    return found if (found / "config.json").exists() else None
 
 
 def check_chat_template(prompts: PromptSource, cfg: Config, model_dir: Path | None) -> None:

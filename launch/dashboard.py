@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rich.console import Group
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
@@ -68,16 +70,30 @@ def reward_failures(views: Mapping[str, RF.ProducerStatus]) -> tuple[int, int]:
     return errors, timeouts
 
 
+def step_text(step: int, steps: int, beyond: str = "") -> str:
+    """`step 3/50`; without a step limit (`steps` 0) `step 3`; past the limit (a sweep's
+    asynchronous setting runs on to the synchronous one's wall-clock) `step 59 (30 done,
+    BEYOND)`, never `step 59/30`."""
+    if steps <= 0:
+        return f"step {step}"
+    if step > steps:
+        return f"step {step} ({steps} done" + (f", {beyond})" if beyond else ")")
+    return f"step {step}/{steps}"
+
+
 def summary_line(
     rec: StepRecord | None,
     steps: int,
     elapsed_s: float,
     ledger: RF.Balance | None = None,
     views: Mapping[str, RF.ProducerStatus] | None = None,
+    *,
+    beyond: str = "",
 ) -> str:
     """One plain progress line; before the first step, the ledger's counts (`ledger.json`'s
     balance) say whether groups arrive and why none was trained; `views` (the producers'
-    latest, common/run_files.py) add reward failures."""
+    latest, common/run_files.py) add reward failures; `beyond` says why a run goes on past
+    `steps` (`step_text`)."""
     if rec is None:
         counts = ledger.to_json() if ledger is not None else {}
         seen = {k: v for k, v in counts.items() if k not in ("ok", "open") and v}
@@ -87,7 +103,7 @@ def summary_line(
     acc = rec.heldout_accuracy
     errors, timeouts = reward_failures(views or {})
     return (
-        f"[{elapsed_s:6.0f}s] step {rec.step}/{steps} reward {rec.reward_mean:.3f}"
+        f"[{elapsed_s:6.0f}s] {step_text(rec.step, steps, beyond)} reward {rec.reward_mean:.3f}"
         + (f" heldout {acc:.3f}" if acc is not None else "")
         + f" staleness {rec.staleness_mean:.2f}/{rec.staleness_max}"
         + f" tok/s {rec.tokens_per_s:.0f} idle {rec.learner_idle_frac:.2f}"
@@ -122,6 +138,33 @@ class Progress:
             log.info("%s", summary_line(rec, self.steps, time.monotonic() - t0, balance, views))
 
 
+def run_state(run_dir: Path) -> str:
+    """Finished, running (its consumer's process is alive: consumer.json), or stopped without
+    finishing (crashed or interrupted), with what to do about it."""
+    if (run_dir / RF.FINAL).exists():
+        return "finished"
+    proc = RF.read_consumer(run_dir)
+    if proc is not None and proc.host != socket.gethostname():
+        return f"not finished; its consumer runs (or ran) on {proc.host}, pid {proc.pid}"
+    if proc is not None and _alive(proc.pid, proc.started):
+        return f"running (consumer pid {proc.pid})"
+    if proc is None:
+        return "not finished, and no consumer has listened for it yet (starting, or stopped first)"
+    return (
+        f"stopped without finishing (its consumer, pid {proc.pid}, is gone: crashed or "
+        f"interrupted); `asyncgrpo launch --run-dir {run_dir} --resume` continues it"
+    )
+
+
+def _alive(pid: int, started: float) -> bool:
+    """Process `pid` exists, is no zombie, and began by `started` (not a reused pid)."""
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE and p.create_time() <= started + 1
+    except psutil.Error:
+        return False
+
+
 def status(run_dir: Path) -> str:
     """Where a run stands, from its files: progress, ledger, producers, reward failures."""
     tail = MetricsTail(run_dir / RF.METRICS)
@@ -130,8 +173,7 @@ def status(run_dir: Path) -> str:
     ledger = RF.latest_ledger(run_dir)
     balance = ledger.balance if ledger is not None else None
     steps = _configured_steps(run_dir)
-    finished = (run_dir / RF.FINAL).exists()
-    lines = [f"run {run_dir}: " + ("finished" if finished else "not finished (or running)")]
+    lines = [f"run {run_dir}: {run_state(run_dir)}"]
     views = RF.latest_producers(run_dir, rec)
     lines.append(summary_line(rec, steps, rec.time_s if rec else 0.0, balance, views))
     if ledger is not None:
@@ -174,7 +216,9 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
         (window[-1].groups_trained - window[0].groups_trained) / span if span > 0 else None
     )
     top = Table.grid(padding=(0, 2))
-    top.add_row("step", f"{done}/{steps}", "elapsed", f"{elapsed_s:.0f} s")
+    top.add_row(
+        "step", step_text(done, steps).removeprefix("step "), "elapsed", f"{elapsed_s:.0f} s"
+    )
     if rec is not None:
         top.add_row("reward", _fmt(rec.reward_mean), "held-out accuracy", _fmt(acc))
         top.add_row(

@@ -228,11 +228,20 @@ def run(
     producer_env: Callable[[int], dict[str, str]] | None = None,
     on_tick: Callable[[Supervisor], None] | None = None,
     stop_event: threading.Event | None = None,
+    hurry_event: threading.Event | None = None,
+    label: str = "",
+    beyond: str = "",
+    again: str = "",
 ) -> int:
     """Start everything, watch it (restarting producers), stop cleanly; the consumer's code.
 
     Ctrl-C (SIGINT) or SIGTERM to the launcher ends the run early, the same clean way, and so
-    does setting `stop_event` (which a signal sets too, so the caller can tell afterwards).
+    does setting `stop_event` (which a signal sets too, so the caller can tell afterwards); a
+    second one sets `hurry_event` and is passed on to the consumer. Without `live`, a plain
+    progress line every 10 s, starting with `label` (a sweep's setting), never wrapped (one line
+    per record in a log file), `beyond` saying why a run goes on past `steps`
+    (`launch.dashboard.step_text`); `again` is what the stopping line says a second Ctrl-C does
+    besides that.
     """
     from rich.console import Console
     from rich.live import Live
@@ -244,10 +253,13 @@ def run(
         consumer_env=consumer_env, producer_env=producer_env,
     )  # fmt: skip
     stop = stop_event if stop_event is not None else threading.Event()
+    hurry = hurry_event if hurry_event is not None else threading.Event()
 
     def ask_stop(signum: int, _frame: object) -> None:
-        if stop.is_set() and sup.consumer is not None:  # again: the consumer stops waiting
-            sup.consumer.signal(signal.SIGINT)  # for producers to hear the end
+        if stop.is_set():
+            hurry.set()
+            if sup.consumer is not None:  # again: the consumer stops waiting
+                sup.consumer.signal(signal.SIGINT)  # for producers to hear the end
         stop.set()
 
     previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -258,6 +270,15 @@ def run(
     def view() -> Any:
         restarts = {c.name: c.restarts for c in sup.producers}
         return render(tail, steps=steps, elapsed_s=time.monotonic() - t0, restarts=restarts)
+
+    def say(text: str) -> None:  # a plain line, never wrapped at the console's width
+        console.print(
+            f"{label} {text}" if label else text, highlight=False, markup=False, soft_wrap=True
+        )
+
+    def line() -> None:
+        rec = tail.records[-1] if tail.records else None
+        say(summary_line(rec, steps, time.monotonic() - t0, beyond=beyond))
 
     code: int | None = None
     try:
@@ -276,17 +297,18 @@ def run(
                     on_tick(sup)
                 if not live and time.monotonic() - last_line > 10:
                     last_line = time.monotonic()
-                    rec = tail.records[-1] if tail.records else None
-                    console.print(summary_line(rec, steps, time.monotonic() - t0), highlight=False)
+                    line()
                 time.sleep(0.25)
     finally:
         if stop.is_set():
-            console.print("stopping: the consumer finishes its step and writes a final snapshot…")
+            say("stopping: the consumer finishes its step and writes a final snapshot… (Ctrl-C "
+                "again: stop without waiting for the producers to hear the end"
+                + (f"; {again})" if again else ")"))  # fmt: skip
         stopped = sup.stop()
         code = code if code is not None else stopped
         for s, handler in previous.items():
             signal.signal(s, handler)
         tail.poll()
     if tail.records:
-        console.print(summary_line(tail.records[-1], steps, time.monotonic() - t0), highlight=False)
+        line()
     return int(code) if code is not None else 1

@@ -8,7 +8,8 @@ that failed or timed out included):
 - tis.png: TIS weight mean and fraction truncated vs step;
 - throughput.png: completion tokens/s and learner idle fraction over wall time;
 - lag.png: the learner's version and every producer's loaded weight version over wall time.
-Works on partial runs (a run stopped early plots what it has).
+Works on partial runs (a run stopped early plots what it has; a plot with nothing to show, such
+as staleness before any group was trained, is not written).
 """
 
 from __future__ import annotations
@@ -209,6 +210,7 @@ def report(run_dir: Path) -> list[Path]:
             plot_throughput(records, out),
             plot_lag(records, RF.read_producer_history(run_dir), out),
         ]
-    written.append(plot_staleness(leases, out))
+    if staleness_counts(leases):
+        written.append(plot_staleness(leases, out))
     (run_dir / RF.SUMMARY).write_text(summarize(run_dir))
     return [*written, run_dir / RF.SUMMARY]

@@ -22,7 +22,7 @@ from common.errors import ConfigError
 PREVIOUS_RUN = (RF.METRICS, RF.LEASES, RF.LEDGER, RF.SNAPSHOTS, RF.CHECKPOINTS,
                 RF.LEGACY_CHECKPOINT)  # fmt: skip
 # what `--force` removes besides them: a run's other outputs (config.toml is rewritten anyway)
-_ALSO_REMOVED = (RF.FINAL, RF.ENDPOINTS, RF.EVAL, RF.SUMMARY, RF.PLOTS, RF.PROCESSES)
+_ALSO_REMOVED = (RF.FINAL, RF.ENDPOINTS, RF.CONSUMER, RF.EVAL, RF.SUMMARY, RF.PLOTS, RF.PROCESSES)
 
 
 def previous_run(run_dir: Path) -> list[str]:

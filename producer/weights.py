@@ -19,7 +19,8 @@ the failure is counted and logged, and a newer announcement is taken at once); a
 superseded while it was fetched is skipped, not backed off from; a verified snapshot that does
 not fit the model (names, shapes) raises `ConfigError` (the producer exits 2): that cannot get
 better by retrying. Counters (`reloads`, `reload_s`, `fetch_s`, `snapshots_*`) go to
-`State.counters`; the fetcher's own go out through `counters`.
+`State.counters`; the fetcher's own go out through `counters`. At INFO, one line per snapshot
+loaded (`loaded weights vN (where it came from)`): never more than one per learner step.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Weights:
             max_message_bytes=max_message_bytes, relay=relay, timeout_s=timeout_s, report=report,
         )  # fmt: skip
         self.held: Held | None = None  # the newest snapshot file fetched and verified here
+        self.source = ""  # where the last snapshot fetched came from: its `loaded weights` line
 
     @property
     def counters(self) -> dict[str, float]:
@@ -96,7 +98,7 @@ class Weights:
                 self.state.weights_run = run
                 self.state.count("reloads")
                 self.state.count("reload_s", time.perf_counter() - t0)
-                log.info("loaded weights v%d", target.version)
+                log.info("loaded weights v%d (%s)", target.version, self.source)
                 self.state.changed.bump()
             except SnapshotMismatch as exc:  # the model is wrong: retrying can never help
                 raise ConfigError(
@@ -108,7 +110,7 @@ class Weights:
                     # A newer snapshot was announced meanwhile; the consumer keeps only the last
                     # few, so this one may simply have been rotated away. Go to the newer one.
                     self.state.count("snapshots_superseded")
-                    log.info("snapshot v%d superseded before it was loaded", target.version)
+                    log.debug("snapshot v%d superseded before it was loaded", target.version)
                     continue
                 self.state.count("snapshot_failures")
                 log.warning(
@@ -129,6 +131,7 @@ class Weights:
         manifest when written here, see `producer.trust_local_hash`; else hashed), else
         fetched over the network (producer/fetch/fetcher.py). Counted in the producer's counters."""
         t0 = time.perf_counter()
+        unusable = ""
         local = Path(info.path)
         directory = self.cache / f"v{info.version:06d}"
         if await asyncio.to_thread(local.is_file):  # may be a slow shared filesystem
@@ -142,11 +145,12 @@ class Weights:
                     trust_writer=self.cfg.producer.trust_local_hash,
                 )
                 self.state.count("snapshots_local_trusted" if trusted else "snapshots_local")
+                self.source = "the consumer's file, " + ("trusted" if trusted else "hashed")
                 self.state.count("fetch_s", time.perf_counter() - t0)
                 self._prune_cache()
                 return directory
             except SnapshotError as exc:
-                log.info("shared-filesystem snapshot unusable (%s): fetching over the network", exc)
+                unusable = f"; the consumer's file was unusable here: {exc}"
         directory = self.cache / f"v{info.version:06d}"
         outcome = await self.fetcher.fetch(info, directory, held=self.held)
         self.held = Held(info.version, directory / snap.WEIGHTS_FILE, info.hash)
@@ -154,8 +158,9 @@ class Weights:
         self.state.count(f"snapshots_fetched_{outcome.file}")
         self.state.count("fetch_bytes", outcome.num_bytes)
         self.state.count("fetch_s", time.perf_counter() - t0)
-        log.info("snapshot v%d fetched over the network (%d bytes in %.2f s), BLAKE3 hash verified",
-                 info.version, info.num_bytes, time.perf_counter() - t0)  # fmt: skip
+        took = time.perf_counter() - t0
+        self.source = (f"fetched over the network ({info.num_bytes} bytes in {took:.2f} s), "
+                       f"BLAKE3 hash verified{unusable}")  # fmt: skip
         self._prune_cache()
         return directory
 

@@ -73,16 +73,33 @@ def load_given(
     file = path or fallback
     if file:
         data = _read_toml(file)
-        cfg = from_dict(data, cfg)
+        cfg = _absolute(from_dict(data, cfg), Path(file).parent)
         if path:
             given |= {f"{section}.{key}" for section, table in data.items() for key in table}
     overrides = list(overrides)
     cfg = apply_overrides(cfg, overrides)
     given |= {item.partition("=")[0].strip() for item in overrides}
-    cfg = override(cfg, values or {})
+    cfg = _absolute(override(cfg, values or {}), Path.cwd())
     given |= set(values or {})
     validate(cfg)
     return Loaded(cfg, frozenset(given))
+
+
+# Keys naming a file or directory: relative in a config file, against that file's directory;
+# given on the command line (--set, flags), against the current directory. Either way the
+# loaded config holds them absolute, so a config written into a run directory means the same.
+FILE_KEYS = ("task.path", "task.eval_path", "net.keys_dir", "net.connect_file")
+
+
+def _absolute(cfg: Config, base: Path) -> Config:
+    """`cfg` with the relative `FILE_KEYS` made absolute against `base`."""
+    values = {}
+    for key in FILE_KEYS:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value and not Path(value).is_absolute():
+            values[key] = os.path.abspath(base / value)
+    return override(cfg, values) if values else cfg
 
 
 def _read_toml(path: str | Path) -> dict[str, Any]:
@@ -151,10 +168,23 @@ def _suggest(name: str, options: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _elsewhere(key: str) -> str:
+    """A suggestion for a key given in the wrong section, found by its name in the others
+    (`run.max_staleness`: 'staleness.max_staleness'; `train.model_path`: 'model.path')."""
+    keys = {f"{n}.{f.name}": f"{n}_{f.name}" for n, t in _section_types().items()
+            for f in dataclasses.fields(t)}  # fmt: skip
+    by_name = [k for k in keys if k.split(".")[1] == key]
+    close = by_name or [
+        k for k in keys if difflib.get_close_matches(key, [keys[k]], n=1, cutoff=0.8)
+    ]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _coerce(section_cls: type[Any], key: str, value: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(section_cls)}
     if key not in fields:
-        raise ConfigError(f"unknown key {where}{_suggest(key, fields)}")
+        hint = _suggest(key, fields) or _elsewhere(key)
+        raise ConfigError(f"unknown key {where}{hint}")
     tp = typing.get_type_hints(section_cls)[key]
     allowed = choices(tp)
     out = _coerce_value(type(allowed[0]) if allowed else tp, value, where)

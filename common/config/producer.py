@@ -16,8 +16,11 @@ class ProducerConfig:
     model: str = _f("", "Local model directory; empty = the path the consumer announces.")
     max_in_flight: int = _f(
         4,
-        "Prompts (leases) a producer holds at once. Its registration names them all (at most"
-        " 65,536) and must fit net.max_message_mib: checked at start.",
+        "Prompts (leases) a producer holds at once. launch sets it for hf producers by one rule, "
+        "ceil((max_staleness + 1) * prompts_per_step / producers) (launch/cores.py); a producer "
+        "started by hand holds this many unless told: give it the same rule's number. Its "
+        "registration names them all (at most 65,536) and must fit net.max_message_mib: checked "
+        "at start.",
     )
     device: str = _f("auto", "hf engine device: auto, cpu, cuda, cuda:N.")
     torch_threads: int = _f(1, "torch intra-op threads in an hf producer (0 = torch default).")

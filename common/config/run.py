@@ -59,7 +59,10 @@ class ModelConfig:
     """`[model]`: the policy the learner trains and how it holds it."""
 
     path: str = _f(
-        "demo", "HF model directory or name to train and sample; 'demo' = the embedded tiny model."
+        "demo",
+        "Model to train and sample: a Hugging Face model directory, or a model name already in "
+        "this host's Hugging Face cache (read offline, never downloaded); 'demo' = the embedded "
+        "tiny model.",
     )
     dtype: ModelDtype = _f("float32", "Learner parameter dtype.")
     device: str = _f("auto", "Learner device: auto (cuda if available), cpu, cuda, cuda:N.")

@@ -58,6 +58,11 @@ class NetConfig:
     bind_host: str = _f(
         "127.0.0.1", "Consumer bind address; non-loopback needs keys_dir or insecure."
     )
+    advertise_host: str = _f(
+        "",
+        "Consumer: the host endpoints.json names for producers (net.connect_file); empty = "
+        "net.bind_host, or this host's name when bound to every interface (0.0.0.0, ::).",
+    )
     control_port: int = _f(
         5555, "Control (ROUTER) port; 0 = pick a free one (written to endpoints.json)."
     )
@@ -131,11 +136,13 @@ class NetConfig:
                 secure or is_loopback(self.bind_host),
                 f"net.bind_host = {self.bind_host!r} is not a loopback address: "
                 "traffic beyond this machine must be encrypted; "
-                "create keys with `asyncgrpo keys DIR` and set net.keys_dir, or pass --insecure",
+                "create keys with `asyncgrpo keys DIR` and set net.keys_dir, or "
+                "set net.insecure = true to send it unencrypted",
             ),
             (
                 secure or is_loopback(endpoint_host(self.connect)),
                 f"net.connect = {self.connect!r} leaves this machine: "
-                "set net.keys_dir (CurveZMQ) or pass --insecure",
+                "set net.keys_dir (CurveZMQ keys: `asyncgrpo keys DIR`), or net.insecure = true "
+                "to send it unencrypted",
             ),
         )

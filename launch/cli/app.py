@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -31,6 +32,27 @@ app = typer.Typer(
     rich_markup_mode="markdown",  # docstring paragraphs are re-flowed to the terminal width
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"asyncgrpo {version('asyncgrpo')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """The options of `asyncgrpo` itself (before a command)."""
+
 
 # The embedded demo's config: what `launch` (and `stress --engine demo`) run without --config.
 DEMO_CONFIG = Path(__file__).parent.parent / "configs" / "demo.toml"
@@ -57,6 +79,22 @@ ForceOpt = Annotated[
         "ledger, snapshots, checkpoints and logs).",
     ),
 ]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Continue the run in --run-dir from its checkpoint (without --config: with the "
+        "config it was started with, RUN_DIR/config.toml).",
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="model.path: a Hugging Face model directory, a model name in the local Hugging "
+        "Face cache, or 'demo'."
+    ),
+]
+EXIT_INTERRUPTED = 130  # a run stopped by Ctrl-C or SIGTERM (128 + SIGINT, as shells say)
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")]
 StepsOpt = Annotated[int | None, typer.Option(help="run.steps: optimizer steps to take.")]
 MaxStalenessOpt = Annotated[
@@ -86,6 +124,14 @@ def load_given(
         return C.load_given(config, sets or [], values, fallback=fallback)
     except ConfigError as exc:
         fail(str(exc))
+
+
+def resumed_config(config: Path | None, resume: bool, run_dir: str | None) -> Path | None:
+    """The config file a command reads: `config`, or for `--resume` without one, the run's own
+    RUN_DIR/config.toml (the settings it was started with)."""
+    if config is None and resume and run_dir and (Path(run_dir) / RF.CONFIG).is_file():
+        return Path(run_dir) / RF.CONFIG
+    return config
 
 
 def load_config(
@@ -122,12 +168,22 @@ def resolve_model(path: str) -> Path:
         fail(str(exc))
 
 
-def make_run_dir(cfg: C.Config, force: bool = False) -> Path:
-    """The run directory, created; one holding another run needs --resume or --force."""
+@contextmanager
+def new_run_dir(cfg: C.Config, force: bool = False) -> Iterator[Path]:
+    """The run directory, created (one holding another run needs --resume or --force), for the
+    preparation of a run: created here and still empty when that fails, it is removed again (a
+    failed start leaves no empty run directory behind)."""
     from launch.run_dir import claim
 
     run_dir = Path(cfg.run.dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    existed = run_dir.exists()
     try:
-        return claim(run_dir, resume=cfg.run.resume, force=force)
+        out = claim(run_dir, resume=cfg.run.resume, force=force)
     except ConfigError as exc:
         fail(str(exc))
+    try:
+        yield out
+    except BaseException:
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise

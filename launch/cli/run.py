@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -25,20 +26,24 @@ from common import run_files as RF
 from common.errors import ConfigError
 from launch.cli.app import (
     DEMO_CONFIG,
+    EXIT_INTERRUPTED,
     ConfigOpt,
     EngineOpt,
     ForceOpt,
     InsecureOpt,
     KeysOpt,
     MaxStalenessOpt,
+    ModelOpt,
+    ResumeOpt,
     SetOpt,
     StepsOpt,
     VerboseOpt,
     fail,
     load_config,
     load_given,
-    make_run_dir,
+    new_run_dir,
     resolve_model,
+    resumed_config,
     setup_logging,
 )
 
@@ -62,8 +67,8 @@ def _consumer_run(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.C
         if not cfg.run.dir:
             fail("--prepared needs the run's own config.toml (run.dir is empty)")
         return Path(cfg.run.dir), cfg
-    out = make_run_dir(cfg, force)
-    return out, prepare_run(cfg, out)
+    with new_run_dir(cfg, force) as out:
+        return out, prepare_run(cfg, out)
 
 
 def _join_ranks(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.Config, str]:
@@ -134,19 +139,22 @@ def consumer(
         typer.Option("--run-dir", help="run.dir: where metrics, ledger and snapshots go."),
     ] = None,
     steps: StepsOpt = None,
-    model: Annotated[
-        str | None, typer.Option(help="model.path: HF model directory, or 'demo'.")
-    ] = None,
+    model: ModelOpt = None,
     max_staleness: MaxStalenessOpt = None,
     bind: Annotated[str | None, typer.Option(help="net.bind_host: address to listen on.")] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            help="net.advertise_host: the host endpoints.json names for producers (default: "
+            "the --bind address, or this host's name for 0.0.0.0 or ::)."
+        ),
+    ] = None,
     port: Annotated[
         int | None, typer.Option(help="net.control_port: the port producers --connect to.")
     ] = None,
     keys: KeysOpt = None,
     insecure: InsecureOpt = False,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the run directory's checkpoint.")
-    ] = False,
+    resume: ResumeOpt = False,
     force: ForceOpt = False,
     nproc_per_node: NprocOpt = 1,
     verbose: VerboseOpt = False,
@@ -156,9 +164,10 @@ def consumer(
     flags = {
         "run.dir": run_dir, "run.steps": steps, "model.path": model,
         "staleness.max_staleness": max_staleness, "net.bind_host": bind, "net.control_port": port,
+        "net.advertise_host": advertise,
         "net.keys_dir": keys, "net.insecure": insecure or None, "run.resume": resume or None,
     }  # fmt: skip
-    cfg = load_config(config, set_, flags)
+    cfg = load_config(resumed_config(config, resume, run_dir), set_, flags)
     if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
         _exec_torchrun(nproc_per_node)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -184,7 +193,10 @@ def consumer(
 PRODUCER_EPILOG = (
     "The sampling settings, G, the rewards and the model come from the consumer.\n\n"
     "`asyncgrpo producer --connect tcp://127.0.0.1:5555 --engine hf`\n\n"
-    "`asyncgrpo producer --connect tcp://10.0.0.1:5555 --keys keys/ --engine vllm`"
+    "Across machines, with its own keys (`asyncgrpo keys keys/ --producer gpu1` on the "
+    "consumer's host, then keys/producers/gpu1/ copied here):\n\n"
+    "`asyncgrpo producer --connect tcp://10.0.0.1:5555 --keys keys/producers/gpu1 --id gpu1 "
+    "--engine vllm`"
 )
 ConnectFileOpt = Annotated[
     str | None,
@@ -217,7 +229,12 @@ def producer(
         typer.Option(help="producer.model: local model dir (default: the consumer's), or 'demo'."),
     ] = None,
     max_in_flight: Annotated[
-        int | None, typer.Option(help="producer.max_in_flight: prompts held at once.")
+        int | None,
+        typer.Option(
+            help="producer.max_in_flight: prompts held at once (default 4). launch gives each hf "
+            "producer ceil((max_staleness + 1) * prompts_per_step / producers): that is the "
+            "number to give a producer started by hand to match it."
+        ),
     ] = None,
     producer_id: Annotated[
         str | None, typer.Option("--id", help="producer.id: name in logs and ledger.")
@@ -279,45 +296,71 @@ def launch(
         str | None, typer.Option("--run-dir", help="Run directory (default: runs/TIMESTAMP).")
     ] = None,
     steps: StepsOpt = None,
+    model: ModelOpt = None,
     producers: ProducersOpt = None,
     engine: EngineOpt = None,
     max_staleness: MaxStalenessOpt = None,
     live: LiveOpt = None,
     evaluate: EvalOpt = True,
+    resume: ResumeOpt = False,
     force: ForceOpt = False,
 ) -> None:
     """Run the whole pipeline here: one consumer and N producers, supervised.
 
     Without --config it trains the embedded demo (a tiny model this project builds itself) on the
     synthetic arithmetic task, shows live progress, evaluates the starting model and the final
-    snapshot on the held-out split, and writes plots. Ctrl-C stops cleanly (final snapshot).
+    snapshot on the held-out split, and writes plots. Ctrl-C stops cleanly (final snapshot, then
+    the summary; exit 130); a second Ctrl-C skips the final evaluation.
     """
     flags = {
         "run.dir": run_dir, "run.steps": steps, "producer.engine": engine,
-        "staleness.max_staleness": max_staleness,
+        "staleness.max_staleness": max_staleness, "model.path": model,
+        "run.resume": resume or None,
     }  # fmt: skip
-    cfg, given = load_given(config, set_, flags, fallback=DEMO_CONFIG)
-    out = make_run_dir(cfg, force)
+    file = resumed_config(config, resume, run_dir)
+    cfg, given = load_given(file, set_, flags, fallback=DEMO_CONFIG)
     from launch import local
 
-    cfg, producers = _split_cores(cfg, given, producers)
-    cfg = local.local_config(cfg, given)
-    if not cfg.train.simulate_step_s:
-        typer.echo(
-            f"model: {cfg.model.path} (building it the first time can take a minute)", err=True
-        )
-    cfg = prepare_run(cfg, out.resolve(), {"net.control_port": 0})
+    with new_run_dir(cfg, force) as out:
+        cfg, producers = _split_cores(cfg, given, producers)
+        cfg = local.local_config(cfg, given)
+        if not cfg.train.simulate_step_s:
+            typer.echo(
+                f"model: {cfg.model.path} (building it the first time can take a minute)",
+                err=True,
+            )
+        cfg = prepare_run(cfg, out.resolve(), {"net.control_port": 0})
     model_dir = None if cfg.train.simulate_step_s else Path(cfg.model.path)
     typer.echo(f"run directory: {out}", err=True)
     show = sys.stderr.isatty() if live is None else live
-    code = local.run(out / RF.CONFIG, out, steps=cfg.run.steps, num_producers=producers, live=show)
-    if evaluate and model_dir is not None and cfg.task.source == "synthetic":
-        _evaluate_run(out, model_dir)
+    evaluates = evaluate and model_dir is not None and cfg.task.source == "synthetic"
+    stopped, hurried = threading.Event(), threading.Event()
+    code = local.run(
+        out / RF.CONFIG, out, steps=cfg.run.steps, num_producers=producers, live=show,
+        stop_event=stopped, hurry_event=hurried,
+        again="skip the final evaluation" if evaluates else "",
+    )  # fmt: skip
+    _finish(out, model_dir if evaluates and not hurried.is_set() else None)
+    raise typer.Exit(EXIT_INTERRUPTED if stopped.is_set() and code == 0 else code)
+
+
+def _finish(run_dir: Path, evaluate_with: Path | None) -> None:
+    """After a launch's run: the held-out evaluation (with `evaluate_with`, the starting model's
+    directory; a Ctrl-C skips it), then the summary and plots (a Ctrl-C there leaves them to
+    `asyncgrpo report RUN_DIR`)."""
     from launch.report import report as write_report
 
-    for path in write_report(out):
-        typer.echo(f"wrote {path}", err=True)
-    raise typer.Exit(code)
+    if evaluate_with is not None:
+        typer.echo("evaluating the start and final models (Ctrl-C: skip it)", err=True)
+        try:
+            _evaluate_run(run_dir, evaluate_with)
+        except KeyboardInterrupt:
+            typer.echo("evaluation skipped", err=True)
+    try:
+        for path in write_report(run_dir):
+            typer.echo(f"wrote {path}", err=True)
+    except KeyboardInterrupt:
+        typer.echo(f"no summary written: `asyncgrpo report {run_dir}` writes it", err=True)
 
 
 def _split_cores(

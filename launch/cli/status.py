@@ -1,5 +1,7 @@
 """`asyncgrpo status` and `asyncgrpo report`: where a run stands and its plots, from its files
-(running or finished; launch/dashboard.py and launch/report.py read them)."""
+(running or finished; launch/dashboard.py and launch/report.py read them). A stress sweep's
+directory is not a run: `report` writes the sweep's own summary and plots again
+(launch/stress/run.py), `status` says where its runs are."""
 
 from __future__ import annotations
 
@@ -9,24 +11,45 @@ from typing import Annotated
 import typer
 
 from common import run_files as RF
+from common.errors import ConfigError
 from launch.cli.app import fail
 
 
-def report(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
-    """Write PNG plots (RUN_DIR/plots) and summary.md for a run, finished or not."""
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory, or a stress sweep's --out.")],
+) -> None:
+    """Write PNG plots (RUN_DIR/plots) and summary.md for a run, finished or not; for a stress
+    sweep's directory, its results.csv, summary.md and plots again."""
     from launch.report import report as write_report
+    from launch.stress.run import is_sweep, report_sweep
 
     if not run_dir.is_dir():
         fail(f"{run_dir} is not a directory")
-    for path in write_report(run_dir):
+    if is_sweep(run_dir):
+        try:
+            written = report_sweep(run_dir)
+        except ConfigError as exc:
+            fail(str(exc))
+    elif (run_dir / RF.CONFIG).exists() or (run_dir / RF.METRICS).exists():
+        written = write_report(run_dir)
+    else:
+        fail(f"{run_dir} is not a run directory (no config.toml or metrics.jsonl)")
+    for path in written:
         typer.echo(f"wrote {path}")
 
 
 def status(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
-    """Where a run stands (running or finished), from its files: the last step, the ledger,
-    refused messages, each producer's weights, groups and reward failures."""
+    """Where a run stands (running, finished, or stopped without finishing), from its files:
+    the last step, the ledger, refused messages, each producer's weights, groups and reward
+    failures."""
     from launch.dashboard import status as run_status
+    from launch.stress.run import is_sweep
 
+    if is_sweep(run_dir):
+        fail(
+            f"{run_dir} is a stress sweep, not one run: its summary.md and results.csv compare "
+            f"its settings; `asyncgrpo status {run_dir}/runs/SETTING` shows one of them"
+        )
     if not (run_dir / RF.CONFIG).exists():
         fail(f"{run_dir} is not a run directory (no config.toml)")
     typer.echo(run_status(run_dir))

@@ -12,6 +12,7 @@ from common import config as C
 from common.errors import ConfigError
 from launch.cli.app import (
     DEMO_CONFIG,
+    EXIT_INTERRUPTED,
     ConfigOpt,
     InsecureOpt,
     KeysOpt,
@@ -254,7 +255,7 @@ def _finish(out: Path, rows: list[dict[str, Any]], interrupted: bool) -> NoRetur
     typer.echo(f"wrote {out / 'results.csv'}, {out / 'summary.md'} and {out / 'plots'}")
     if interrupted:
         typer.echo("interrupted: run the same command with --resume to finish", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(EXIT_INTERRUPTED)
     raise typer.Exit(1 if any(r["status"] != "ok" for r in rows) else 0)
 
 

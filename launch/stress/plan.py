@@ -56,6 +56,14 @@ class Setting:
     def name(self) -> str:
         return f"ms{self.ms}-p{self.producers}-{self.is_mode}-s{self.seed}"
 
+    def describe(self) -> str:
+        """What the setting varies, for progress lines: `max_staleness 2, seed 0, 2 producers,
+        IS off`."""
+        return (
+            f"max_staleness {self.ms}, seed {self.seed}, {self.producers} producer"
+            f"{'s' if self.producers != 1 else ''}, IS {self.is_mode}"
+        )
+
     def sync(self) -> Setting:
         """The synchronous setting this one is compared with at equal wall-clock."""
         return Setting(0, self.producers, self.is_mode, self.seed)

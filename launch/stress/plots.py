@@ -1,6 +1,7 @@
 """Plots of a staleness sweep (rows of launch/stress/results.py): one PNG per question a user
 asks. Settings repeated over seeds are drawn as their mean with the range as an error bar
-(`aggregate`); failed settings are left out."""
+(`aggregate`); failed settings are left out. Every title says how many seeds stand behind a
+point and, on a loaded machine, that it was (launch/stress/verdict.py `caveat`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import matplotlib.pyplot as plt
 
 from launch.report import save_figure
 from launch.stress.results import aggregate
+from launch.stress.verdict import caveat
 
 
 def _lines(ax: Any, aggs: list[dict[str, Any]], key: str, label: str) -> None:
@@ -37,11 +39,13 @@ def _lines(ax: Any, aggs: list[dict[str, Any]], key: str, label: str) -> None:
     ax.set_xlabel("max_staleness")
 
 
-def _figure(path: Path, title: str, ylabel: str, draw: Callable[[Any], object]) -> Path:
+def _figure(
+    path: Path, title: str, ylabel: str, draw: Callable[[Any], object], caveat: str = ""
+) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     draw(ax)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(f"{title}\n{caveat}" if caveat else title, fontsize=10 if caveat else None)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     return save_figure(fig, path)
@@ -64,6 +68,7 @@ def plot_all(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     aggs = aggregate(ok)
+    said = caveat(aggs, ok)
     figures = [
         ("throughput_vs_staleness", "throughput vs staleness", "steps per hour",
          [("steps_per_hour", "steps/hour")]),
@@ -79,7 +84,7 @@ def plot_all(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
              [("final_accuracy", "equal steps"), ("accuracy_at_equal_time", "equal wall-clock")])
         )  # fmt: skip
     written = [
-        _figure(plots / f"{name}.png", title, ylabel, _by_staleness(aggs, *series))
+        _figure(plots / f"{name}.png", title, ylabel, _by_staleness(aggs, *series), said)
         for name, title, ylabel, series in figures
     ]
     written.append(
@@ -88,6 +93,7 @@ def plot_all(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
             "reward over wall-clock time",
             "mean reward (smoothed)",
             lambda ax: _curves(ax, ok),
+            said,
         )
     )
     written.append(_histograms(plots / "staleness_histograms.png", aggs, ok))

@@ -18,6 +18,9 @@ which starts when every producer holds the first snapshot):
   (version `steps`, or the newest written before it when a newer one superseded its write) and
   `accuracy_at_equal_time` of `equal_time_version` (the newest by `t_sync_s`).
 - `hosts`: {host: [producer ids]} of the producers that held leases (the ledger's record).
+- `load_mean`: the machine's mean 1-minute load average during the setting, `cores` the cores
+  it could use (launch/stress/setting.py); summary.md's verdict (launch/stress/verdict.py)
+  weighs the timings by them.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from common.metrics import StepRecord, read_steps
 WINDOW = 10  # steps over which rewards are averaged
 COLUMNS = [
     "setting", "status", "error", "max_staleness", "producers", "is_mode", "seed", "engine",
-    "placement", "hosts", "steps", "wall_s", "run_wall_s", "steps_per_hour", "speedup_vs_sync",
+    "placement", "hosts", "load_mean", "cores", "steps", "wall_s", "run_wall_s",
+    "steps_per_hour", "speedup_vs_sync",
     "groups_per_s", "tokens_per_s", "learner_idle_frac", "producer_idle_frac", "trained",
     "dropped_stale", "dropped_zero_variance", "expired", "staleness_mean_trained",
     "staleness_max_trained", "staleness_hist", "tis_weight_mean", "tis_frac_truncated", "ess",
@@ -48,7 +52,7 @@ COLUMNS = [
 AGGREGATED = [
     "steps_per_hour", "speedup_vs_sync", "learner_idle_frac", "producer_idle_frac",
     "dropped_stale", "tis_weight_mean", "ess", "final_reward", "reward_at_equal_time",
-    "time_to_target_s", "final_accuracy", "accuracy_at_equal_time",
+    "time_to_target_s", "final_accuracy", "accuracy_at_equal_time", "load_mean",
 ]  # fmt: skip
 
 
@@ -214,13 +218,18 @@ def _spread(agg: dict[str, Any], key: str, fmt: str = ".3g", scale: float = 1.0)
 
 
 def summary(rows: list[dict[str, Any]], plots: list[Path], notes: list[str]) -> str:
-    """summary.md: the settings over seeds (mean, range), failures, notes, plots."""
+    """summary.md: the verdict (launch/stress/verdict.py), the settings over seeds (mean,
+    range), failures, notes, plots."""
+    from launch.stress.verdict import verdict
+
     head = [
         "max_staleness", "producers", "IS", "seeds", "steps/hour", "speedup vs sync",
         "learner idle", "dropped stale", "reward (equal steps)", "reward at sync wall-clock",
         "time to target (s)", "held-out (equal steps)", "held-out at sync wall-clock",
     ]  # fmt: skip
     lines = ["# Staleness sweep", "", *notes, ""] if notes else ["# Staleness sweep", ""]
+    lines += verdict(aggregate(rows), [r for r in rows if r.get("status") == "ok"])
+    lines += ["## Settings", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in aggregate(rows):
         cells = [

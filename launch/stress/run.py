@@ -4,7 +4,8 @@
 the same sweep, `--force` starts afresh), runs the settings in order with
 launch/stress/setting.py's runner (`run_all`), keeps each setting's row in
 `runs/<setting>/result.json` as soon as it exists, and rewrites results.csv, summary.md and the
-plots after every row (launch/stress/results.py, launch/stress/plots.py).
+plots after every row (launch/stress/results.py, launch/stress/plots.py). `report_sweep` writes
+them again from the result.json files alone (`asyncgrpo report SWEEP_DIR`).
 """
 
 from __future__ import annotations
@@ -132,6 +133,30 @@ def run_all(
     except KeyboardInterrupt:  # Ctrl-C between two settings (during one, `stop` is set)
         return list(rows.values()), True
     return list(rows.values()), False
+
+
+def is_sweep(out: Path) -> bool:
+    """`out` is a sweep's directory (it holds sweep.json), not one run's."""
+    return (out / SWEEP_FILE).is_file()
+
+
+def read_rows(out: Path) -> list[dict[str, Any]]:
+    """The row of every setting of the sweep in `out` that ended (ok or failed), in the order a
+    sweep runs them (per seed, producers and IS mode, each synchronous baseline first)."""
+    rows = [json.loads(p.read_text()) for p in (out / "runs").glob(f"*/{RESULT_FILE}")]
+    order = ("seed", "producers", "is_mode")
+    return sorted(rows, key=lambda r: (*(r.get(k) for k in order), r.get("max_staleness", 0)))
+
+
+def report_sweep(out: Path) -> list[Path]:
+    """results.csv, summary.md and the plots of the sweep in `out`, from its settings'
+    result.json files; `ConfigError` when no setting has ended yet."""
+    rows = read_rows(out)
+    if not rows:
+        raise ConfigError(
+            f"{out} is a stress sweep with no finished setting yet (no runs/*/{RESULT_FILE})"
+        )
+    return write_outputs(out, rows, [])
 
 
 def write_outputs(out: Path, rows: list[dict[str, Any]], notes: list[str]) -> list[Path]:

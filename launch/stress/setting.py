@@ -81,7 +81,9 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
                 producer_args=args,
                 consumer_env=where.consumer_env() if where else None,
                 producer_env=where.producer_env if where else None,
-                on_tick=watcher, stop_event=stop,
+                on_tick=watcher, stop_event=stop, label=f"[{setting.describe()}]",
+                beyond=f"to match the synchronous setting's {t_sync:.1f} s of training"
+                if t_sync else "",
             )  # fmt: skip
         except SettingFailed as exc:
             return failed(str(exc))
@@ -102,7 +104,11 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
             log.exception("setting %s: reading or evaluating the run failed", setting.name)
             return failed(f"{type(exc).__name__}: {exc}")
         placed = where.describe() if where else f"{sweep.external} external producers"
-        return {**row, "status": "ok", "error": "", "engine": sweep.engine, "placement": placed}
+        from launch.cores import usable_cores
+
+        load = {"load_mean": watcher.load_mean, "cores": usable_cores()}
+        return {**row, **load, "status": "ok", "error": "", "engine": sweep.engine,
+                "placement": placed}  # fmt: skip
 
     return run_setting
 

@@ -12,7 +12,10 @@
   run has both taken `steps` steps and run for `until_s` seconds, so that an asynchronous setting
   faster than the synchronous one is still seen at the synchronous setting's wall-clock;
 - raises `SettingFailed` when every local producer has failed for good (non-zero exits, restarts
-  used up) while the consumer still waits for groups that will never come.
+  used up) while the consumer still waits for groups that will never come;
+- samples the machine's 1-minute load average (`os.getloadavg`, the setting's own processes
+  included) at every tick: `load_mean` is the mean over the setting (what the sweep's summary
+  weighs its timings by, launch/stress/verdict.py).
 """
 
 from __future__ import annotations
@@ -46,9 +49,16 @@ class Watcher:
             self.targets[AT_SYNC_TIME] = 0
         self.captured: dict[str, int] = {}  # version held per capture directory
         self.stopping = False
+        self.loads: list[float] = []
+
+    @property
+    def load_mean(self) -> float | None:
+        """The mean 1-minute load average over the ticks so far (None before the first)."""
+        return sum(self.loads) / len(self.loads) if self.loads else None
 
     def __call__(self, sup: Supervisor) -> None:
         self.poll()
+        self.loads.append(os.getloadavg()[0])
         last = self.tail.records[-1] if self.tail.records else None
         if (
             self.until_s is not None

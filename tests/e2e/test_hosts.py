@@ -131,6 +131,8 @@ def test_three_hosts_train_refuse_a_stranger_survive_a_cut_link_and_stop_clean(t
                 said = _text(log / f"{name}.log")
                 assert "fetched over the network" in said
                 assert "BLAKE3 hash verified" in said
+                fetched = [x for x in said.splitlines() if "fetched over the network" in x]
+                assert all("loaded weights v" in x for x in fetched)  # one INFO line a step
 
             # a stranger's key is refused, and both sides say so
             t0 = time.monotonic()

@@ -36,11 +36,13 @@ def ledger_balances(run_dir: Path) -> RF.Ledger:
     return ledger
 
 
-def fake_launch(tmp_path: Path, model_dir: Path, *, steps: int, latency_s: float):
+def fake_launch(
+    tmp_path: Path, model_dir: Path, *, steps: int, latency_s: float, evaluate: bool = False
+):
     """`asyncgrpo launch` with the fake engine on the tiny model (scheduling, not learning)."""
     return cli(
         "launch", "--run-dir", str(tmp_path / "run"), "--steps", str(steps), "--no-live",
-        "--no-eval", "--engine", "fake", "--set", f"model.path={model_dir}",
+        "--eval" if evaluate else "--no-eval", "--engine", "fake", "--model", str(model_dir),
         "--set", "sampling.group_size=4", "--set", "train.prompts_per_step=4",
         "--set", "train.eval_every=0", "--set", f"fake.latency_s={latency_s}",
         log=tmp_path / "launch.log",
@@ -90,11 +92,12 @@ def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snap
     try:
         wait_for_steps(run_dir, 5, launcher)
         launcher.send_signal(signal.SIGINT)
-        assert launcher.wait(120) == 0, (tmp_path / "launch.log").read_text()[-3000:]
+        assert launcher.wait(120) == 130, (tmp_path / "launch.log").read_text()[-3000:]
     finally:
         stop(launcher)
     no_child_survives(run_dir)
     ledger_balances(run_dir)
+    assert (run_dir / RF.SUMMARY).exists()
     steps = len(read_jsonl(run_dir / RF.METRICS))
     assert steps < 10000
     final = run_dir / "snapshots" / f"v{steps:06d}"
@@ -129,3 +132,55 @@ def test_a_producer_that_dies_is_restarted_and_the_run_finishes(tmp_path, tiny_m
     assert ledger.balance.trained == 40 * 4
     assert len(read_jsonl(run_dir / RF.METRICS)) == 40
     no_child_survives(run_dir)
+
+
+@pytest.mark.timeout(300)
+def test_launch_resume_continues_a_finished_run_with_the_config_it_was_started_with(
+    tmp_path, tiny_model_dir
+):
+    run_dir = tmp_path / "run"
+    first = fake_launch(tmp_path, tiny_model_dir, steps=4, latency_s=0.01)
+    try:
+        assert first.wait(240) == 0, (tmp_path / "launch.log").read_text()[-3000:]
+    finally:
+        stop(first)
+    again = cli("launch", "--run-dir", str(run_dir), "--no-live", log=tmp_path / "again.log")
+    assert again.wait(120) == 2  # the hint names options launch has ...
+    said = (tmp_path / "again.log").read_text()
+    assert "pass --resume to continue it, or --force" in said
+    resumed = cli(  # ... and taken at its word, with no --config: the run's own config.toml
+        "launch", "--run-dir", str(run_dir), "--resume", "--steps", "7", "--no-live",
+        log=tmp_path / "resumed.log",
+    )  # fmt: skip
+    try:
+        assert resumed.wait(240) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+    finally:
+        stop(resumed)
+    assert [r["step"] for r in read_jsonl(run_dir / RF.METRICS)] == list(range(1, 8))
+    assert "resumed at version 4" in (run_dir / RF.CONSUMER_LOG).read_text()
+    ledger_balances(run_dir)
+    no_child_survives(run_dir)
+
+
+@pytest.mark.timeout(300)
+def test_a_second_ctrl_c_skips_the_final_evaluation_and_still_writes_the_summary(
+    tmp_path, tiny_model_dir
+):
+    run_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    launcher = fake_launch(tmp_path, tiny_model_dir, steps=10000, latency_s=0.02, evaluate=True)
+    try:
+        wait_for_steps(run_dir, 3, launcher)
+        launcher.send_signal(signal.SIGINT)
+        wait_for(lambda: "stopping:" in log.read_text(), timeout_s=60,
+                 what="the stopping line", procs=[launcher])  # fmt: skip
+        stopping = [x for x in log.read_text().splitlines() if x.startswith("stopping:")]
+        assert stopping[0].endswith("skip the final evaluation)")  # one line, never wrapped
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(120) == 130, log.read_text()[-3000:]
+    finally:
+        stop(launcher)
+    said = log.read_text()
+    assert "held-out greedy accuracy" not in said
+    assert (run_dir / RF.SUMMARY).exists() or f"asyncgrpo report {run_dir}" in said
+    no_child_survives(run_dir)
+    ledger_balances(run_dir)

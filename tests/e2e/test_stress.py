@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import signal
 import socket
 from pathlib import Path
@@ -90,7 +91,15 @@ def test_a_sweep_stopped_by_ctrl_c_resumes_where_it_stopped(tmp_path):
     assert rows[0]["placement"] == "learner cpu; p1 cpu; p2 cpu"
     for name in ("throughput_vs_staleness", "idle_fractions", "reward_vs_time"):
         assert (out / "plots" / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
-    assert "Staleness sweep" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "Staleness sweep" in summary
+    assert "## Verdict" in summary
+    assert "- Seeds per setting: 1." in summary
+    assert f"on {rows[0]['cores']} usable cores" in summary
+    assert float(rows[0]["load_mean"]) >= 0
+    said = log.read_text()  # each setting's progress lines say which it is, never "step 9/8"
+    assert "[max_staleness 2, seed 0, 2 producers, IS token-truncate] [" in said
+    assert all(int(m[1]) <= int(m[2]) for m in re.finditer(r"step (\d+)/(\d+)", said))
 
 
 def a_port() -> int:

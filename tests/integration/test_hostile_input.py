@@ -223,7 +223,36 @@ def test_a_non_loopback_bind_without_keys_is_refused_with_advice(tmp_path):
     text = (tmp_path / "c.log").read_text()
     assert "net.bind_host" in text
     assert "asyncgrpo keys" in text
-    assert "--insecure" in text
+    assert "net.insecure = true" in text
+
+
+@pytest.mark.timeout(240)
+def test_a_wildcard_bind_advertises_an_address_a_producer_following_the_file_reaches(tmp_path):
+    """endpoints.json of a consumer bound to 0.0.0.0 names this host (a producer on another host
+    reads the same file), never 0.0.0.0, and a producer started with --connect-file trains."""
+    import socket
+
+    run_dir = tmp_path / "run"
+    consumer = cli(
+        "consumer", "--run-dir", str(run_dir), "--steps", "2", "--bind", "0.0.0.0", "--insecure",
+        "--set", "train.simulate_step_s=0.01", "--set", "net.control_port=0",
+        "--set", "sampling.group_size=2", "--set", "train.prompts_per_step=2",
+        "--set", "task.source=jsonl", "--set", f"task.path={prompts_file(tmp_path)}",
+        log=tmp_path / "consumer.log",
+    )  # fmt: skip
+    producer = cli(
+        "producer", "--connect-file", str(run_dir / RF.ENDPOINTS), "--engine", "fake",
+        "--insecure", log=tmp_path / "producer.log",
+    )  # fmt: skip
+    try:
+        ep = endpoint(run_dir, [consumer])
+        assert ep.startswith(f"tcp://{socket.gethostname()}:"), ep
+        assert consumer.wait(120) == 0, (tmp_path / "consumer.log").read_text()[-2000:]
+        assert producer.wait(60) == 0, (tmp_path / "producer.log").read_text()[-2000:]
+    finally:
+        stop(consumer, producer)
+    assert "0.0.0.0" not in (run_dir / RF.ENDPOINTS).read_text()
+    assert RF.read_ledger(run_dir).balance.trained == 4
 
 
 @pytest.mark.timeout(240)

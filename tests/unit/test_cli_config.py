@@ -15,7 +15,7 @@ QUOTED = 'runs/it\'s "quoted" \\ dir'
 def test_flags_with_quotes_and_backslashes_arrive_as_typed():
     cfg = load_config(None, ["run.steps=5"], {"run.dir": QUOTED, "net.keys_dir": Path(QUOTED)})
     assert cfg.run.dir == QUOTED
-    assert cfg.net.keys_dir == QUOTED
+    assert cfg.net.keys_dir == str(Path.cwd() / QUOTED)  # a path on the command line: from here
     assert cfg.run.steps == 5
 
 
@@ -41,3 +41,15 @@ def test_every_importance_correction_mode_maps_to_config_modes():
     for mode in IS_MODES[1:]:
         cfg = C.override(C.Config(), is_overrides(mode))
         assert f"{cfg.loss.tis_level}-{cfg.loss.tis_mode}" == mode
+
+
+def test_asyncgrpo_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    from typer.testing import CliRunner
+
+    from launch.cli import app
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output == f"asyncgrpo {version('asyncgrpo')}\n"

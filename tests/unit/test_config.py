@@ -193,6 +193,8 @@ def test_a_toml_value_of_the_wrong_type_is_refused_naming_the_key(data, message)
         ({"rewards": {"fns": [{"fnn": "x"}]}}, r"rewards.fns\[0\].fnn \(did you mean 'fn'\?\)"),
         ({"zzz": {}}, r"unknown section \[zzz\]$"),
         ({"sampling": {"qqqqqq": 1}}, r"unknown key sampling.qqqqqq$"),
+        ({"run": {"max_staleness": 2}}, r"run.max_staleness \(did you mean 'staleness.max_st"),
+        ({"train": {"model_path": "x"}}, r"train.model_path \(did you mean 'model.path'\?\)"),
         ({"run": 5}, r"\[run\] must be a table"),
     ],
 )

@@ -46,3 +46,16 @@ async def test_a_file_that_never_becomes_valid_ends_in_one_clear_error(tmp_path,
             path.write_text(content)
         with pytest.raises(ConfigError, match=f"net.connect_file = .*{problem}"):
             await wait_for_endpoint(path, timeout_s=0.0)
+
+
+def test_a_wildcard_bind_advertises_this_hosts_name_or_the_chosen_host() -> None:
+    import socket
+
+    from common.endpoints import advertised_host, tcp_endpoint
+
+    assert advertised_host("0.0.0.0") == socket.gethostname()
+    assert advertised_host("::") == socket.gethostname()
+    assert advertised_host("0.0.0.0", "gpu-learner.lan") == "gpu-learner.lan"
+    assert advertised_host("10.0.0.1") == "10.0.0.1"  # a bound address is reachable as it is
+    assert tcp_endpoint("::1", 5555) == "tcp://[::1]:5555"
+    assert tcp_endpoint("vm", 5555) == "tcp://vm:5555"

@@ -93,3 +93,19 @@ def test_a_prepared_consumer_takes_the_run_as_the_launcher_wrote_it(tmp_path, mo
     assert unprepared.exit_code == 2
     assert "already holds a run" in unprepared.output
     assert learned == [(cfg, run_dir)]
+
+
+@pytest.mark.parametrize("command", ["launch", "consumer"])
+def test_a_start_that_fails_leaves_no_empty_run_directory(tmp_path, command):
+    """A model that is not there fails the run's preparation: the directory made for the run
+    goes again; one that was there before (the user's own) stays."""
+    args = ["--model", str(tmp_path / "no-such-model"), "--set", "task.source=synthetic"]
+    fresh = tmp_path / "runs" / "new"
+    failed = CliRunner().invoke(app, [command, "--run-dir", str(fresh), *args])
+    assert failed.exit_code == 2, failed.output
+    assert "no-such-model" in failed.output
+    assert not fresh.exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    assert CliRunner().invoke(app, [command, "--run-dir", str(mine), *args]).exit_code == 2
+    assert mine.is_dir()

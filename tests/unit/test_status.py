@@ -108,3 +108,34 @@ def test_a_consumer_run_by_hand_logs_progress_lines(tmp_path, caplog, monkeypatc
             deadline -= 1
         progress.stop()
     assert "step 3/50 reward 0.250" in caplog.records[0].getMessage()
+
+
+def test_status_tells_a_running_run_from_one_whose_consumer_is_gone(tmp_path):
+    """consumer.json names a live process (this test's own): running; a process that has exited
+    (a real one, waited for): stopped without finishing, with the command that continues it."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from launch.dashboard import run_state
+
+    run_dir = _run_dir(tmp_path)
+    host = socket.gethostname()
+    assert run_state(run_dir).startswith("not finished, and no consumer has listened for it")
+    RF.write_consumer(run_dir, RF.ConsumerProcess(host=host, pid=os.getpid(), started=time.time()))
+    assert run_state(run_dir) == f"running (consumer pid {os.getpid()})"
+    assert f"run {run_dir}: running" in status(run_dir)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    RF.write_consumer(run_dir, RF.ConsumerProcess(host=host, pid=dead.pid, started=time.time()))
+    said = run_state(run_dir)
+    assert said.startswith(f"stopped without finishing (its consumer, pid {dead.pid}, is gone")
+    assert said.endswith(f"`asyncgrpo launch --run-dir {run_dir} --resume` continues it")
+    old = RF.ConsumerProcess(host=host, pid=os.getpid(), started=time.time() - 3600 * 24 * 365)
+    RF.write_consumer(run_dir, old)  # our pid, but a process that began after that consumer
+    assert run_state(run_dir).startswith("stopped without finishing")
+    snap_final = run_dir / RF.FINAL
+    snap_final.write_text('{"version": 3}')
+    assert run_state(run_dir) == "finished"
