@@ -312,8 +312,8 @@ def launch(
     code = local.run(
         out / "config.toml", out, steps=cfg.run.steps, num_producers=producers, live=show
     )
-    if evaluate and model_dir is not None and cfg.task.source == "synthetic":
-        _evaluate_run(out, model_dir)
+    if evaluate and model_dir is not None:
+        _evaluate_run(cfg, out, model_dir)
     from launch.report import report as write_report
 
     for path in write_report(out):
@@ -353,16 +353,21 @@ def _split_cores(
     return cfg, chosen.producers
 
 
-def _evaluate_run(run_dir: Path, model_dir: Path) -> None:
-    from consumer.evaluate import evaluate_run
+def _evaluate_run(cfg: C.Config, run_dir: Path, model_dir: Path) -> None:
+    """The held-out score of the start and the final snapshot (launch/heldout.py), if the task
+    has a held-out split."""
+    from launch import heldout
 
-    r = evaluate_run(run_dir, model_dir)
+    if not heldout.has_heldout(cfg):
+        return
+    typer.echo(f"evaluating the start and the final snapshot: {heldout.describe(cfg)}", err=True)
+    r = heldout.evaluate_run(cfg, run_dir, model_dir)
     if r is None:
         typer.echo("no snapshot to evaluate", err=True)
         return
     start, final = r["initial_accuracy"], r["final_accuracy"]
     typer.secho(
-        f"held-out greedy accuracy: start {start:.1%} → final (v{r['final_version']}) "
+        f"held-out {r['heldout']}: start {start:.1%} → final (v{r['final_version']}) "
         f"{final:.1%} on {r['heldout_size']} problems",
         fg=typer.colors.GREEN if final > start else typer.colors.YELLOW,
         err=True,
