@@ -34,6 +34,10 @@ class StepRecord:
     step_wall_s: float  # since the previous step ended
     reward_mean: float  # over every completion trained this step
     reward_std: float
+    # over every completion of every group that arrived for this step, those dropped (zero
+    # variance, stale) included: the policy's sampled reward, which `reward_mean` is not once
+    # groups start to be all right (absent from runs older than the field)
+    reward_mean_seen: float | None = None
     frac_reward_zero_std: float  # groups seen (kept or dropped) whose rewards were all equal
     staleness_mean: float  # learner version - behaviour version, over the trained groups
     staleness_max: int

@@ -73,6 +73,7 @@ class Collected:
     dropped: Counter[str] = field(default_factory=Counter)
     zero_std: int = 0  # groups seen (kept or dropped) whose rewards are all equal
     seen: int = 0
+    rewards_seen: list[float] = field(default_factory=list)  # every completion's
     wait_s: float = 0.0
     round_trip_s: float | None = None  # previous step's end -> first kept group
 
@@ -224,6 +225,7 @@ class Learner:
                 continue
             out.seen += 1
             out.zero_std += zero_variance(g.rewards)
+            out.rewards_seen.extend(g.rewards.tolist())
             why = verdict(
                 g,
                 policy_version=self.version,
@@ -275,6 +277,7 @@ class Learner:
             "step_wall_s": now - last,
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
+            "reward_mean_seen": float(np.mean(got.rewards_seen)),
             "frac_reward_zero_std": got.zero_std / max(got.seen, 1),
             "staleness_mean": float(np.mean(lags)),
             "staleness_max": int(max(lags)),

@@ -15,6 +15,11 @@ What is evaluated (`describe(cfg)` says it in words, `has_heldout(cfg)` whether 
   (`consumer.evaluate.greedy_accuracy`, what `asyncgrpo launch` reports);
 - otherwise (a task of your own without `eval_path`): nothing; the sweep reports reward curves.
 
+`evaluate_run(cfg, run_dir, model_dir)`: the starting model and the snapshot the run ended with,
+scored so, written to RUN_DIR/eval.json (`initial_accuracy`, `final_accuracy`: the scores;
+`heldout_size`, `final_version`, `model`, `heldout`: `describe(cfg)`), what `asyncgrpo launch`
+prints at the end of a run.
+
 Runs in the calling process, on the first visible CUDA GPU if there is one, else the CPU.
 """
 
@@ -130,3 +135,38 @@ async def _score(cfg: Config, texts: list[str], rows: list[PromptRow]) -> list[f
             )
         )
     return [float(s.rewards[0]) for s in scored]
+
+
+def evaluate_run(cfg: Config, run_dir: Path, model_dir: Path) -> dict[str, Any] | None:
+    """Score the start and the end of a finished run (module docstring); None without a
+    snapshot or without a held-out split."""
+    import json
+
+    from common import snapshot as snap
+
+    if not has_heldout(cfg):
+        return None
+    if not cfg.task.eval_path:
+        from consumer.evaluate import evaluate_run as synthetic_run
+
+        result = synthetic_run(run_dir, model_dir)
+        if result is not None:
+            result["heldout"] = describe(cfg)
+            (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
+        return result
+    root = run_dir / "snapshots"
+    versions = snap.list_versions(root)
+    version = snap.final_version(run_dir)
+    if version is None or version not in versions:
+        if not versions:
+            return None
+        version = versions[-1]
+    start = evaluate(cfg, model_dir)
+    final = evaluate(cfg, model_dir, snap.snapshot_dir(root, version))
+    result: dict[str, Any] = {
+        "initial_accuracy": start.score, "final_accuracy": final.score,
+        "heldout_size": final.size, "final_version": version, "model": str(model_dir),
+        "heldout": describe(cfg),
+    }  # fmt: skip
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
+    return result

@@ -180,7 +180,8 @@ def summarize(run_dir: Path) -> str:
         ]
     if ev:
         lines += [
-            f"- held-out greedy accuracy: {ev.get('initial_accuracy', float('nan')):.3f} → "
+            f"- held-out {ev.get('heldout', 'greedy accuracy')}: "
+            f"{ev.get('initial_accuracy', float('nan')):.3f} → "
             f"{ev.get('final_accuracy', float('nan')):.3f} (n = {ev.get('heldout_size')})"
         ]
     if ledger is not None:

@@ -7,7 +7,12 @@
   a row whose prompt is a message list) always goes through the chat template, whatever
   `prompt_format` says.
 - `decode` drops special tokens (EOS included), which is what reward functions should see.
-- `stop_ids`: the EOS id(s) of the tokenizer and the model's generation config.
+- `stop_ids`: the EOS id(s) of the tokenizer and the model's generation config; with `"chat"`,
+  also every special token the chat template writes around a message (ChatML's `<|im_start|>`
+  and `<|im_end|>`, Llama 3's `<|start_header_id|>`...): a model that emits one has ended its
+  turn, and what it writes after it (a new "user" turn) is not its answer. SmolLM2-Instruct,
+  sampled at temperature 1, ends a turn with `<|im_start|>` instead of its EOS `<|im_end|>` now
+  and then.
 - Without a model directory (fake engine) prompts map bytes to ids below `vocab_size - 1`
   (the fake engine's EOS is `vocab_size - 1`; messages: their contents, one after another)
   and completions decode to "".
@@ -16,11 +21,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from common.errors import ConfigError
 from common.wire import ChatTurn
 
 
@@ -42,7 +48,22 @@ class PromptCodec:
         if gen.exists():
             eos = json.loads(gen.read_text()).get("eos_token_id")
             stops.update([eos] if isinstance(eos, int) else (eos or []))
+        if prompt_format == "chat":
+            stops.update(self._template_specials(model_dir))
         self.stop_ids = tuple(sorted(stops))
+
+    def _template_specials(self, model_dir: Path) -> set[int]:
+        """The special token ids in a one-message chat prompt (ConfigError without a template)."""
+        assert self.tokenizer is not None
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError(
+                f"task.prompt_format = 'chat' but the tokenizer of {model_dir} has no chat "
+                "template: use task.prompt_format = 'raw'"
+            )
+        special = set(self.tokenizer.all_special_ids) | {
+            i for i, added in self.tokenizer.added_tokens_decoder.items() if added.special
+        }
+        return {int(i) for i in self._chat_ids([ChatTurn("user", "x")]) if i in special}
 
     def encode(self, prompt: str | Sequence[ChatTurn]) -> list[int]:
         """The token ids of a prompt: text, or chat messages (see the module doc)."""
@@ -53,13 +74,18 @@ class PromptCodec:
             return [b % (self.vocab_size - 1) for b in text.encode()] or [0]
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt)["input_ids"])
-        messages = [{"role": t.role, "content": t.content} for t in prompt]
+        return self._chat_ids(prompt)
+
+    def _chat_ids(self, turns: Sequence[ChatTurn]) -> list[int]:
+        """The chat template's ids of `turns` and the generation prompt."""
+        assert self.tokenizer is not None
+        messages = [{"role": t.role, "content": t.content} for t in turns]
         ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True
         )
-        if isinstance(ids, dict):  # newer transformers return a BatchEncoding
+        if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding (not a dict)
             ids = ids["input_ids"]
-        return list(ids)
+        return [int(i) for i in ids]  # type: ignore[arg-type]
 
     def decode(self, ids: np.ndarray) -> str:
         if self.tokenizer is None:

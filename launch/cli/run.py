@@ -333,27 +333,28 @@ def launch(
     model_dir = None if cfg.train.simulate_step_s else Path(cfg.model.path)
     typer.echo(f"run directory: {out}", err=True)
     show = sys.stderr.isatty() if live is None else live
-    evaluates = evaluate and model_dir is not None and cfg.task.source == "synthetic"
+    from launch import heldout
+
+    evaluates = evaluate and model_dir is not None and heldout.has_heldout(cfg)
     stopped, hurried = threading.Event(), threading.Event()
     code = local.run(
         out / RF.CONFIG, out, steps=cfg.run.steps, num_producers=producers, live=show,
         stop_event=stopped, hurry_event=hurried,
         again="skip the final evaluation" if evaluates else "",
     )  # fmt: skip
-    _finish(out, model_dir if evaluates and not hurried.is_set() else None)
+    _finish(cfg, out, model_dir if evaluates and not hurried.is_set() else None)
     raise typer.Exit(EXIT_INTERRUPTED if stopped.is_set() and code == 0 else code)
 
 
-def _finish(run_dir: Path, evaluate_with: Path | None) -> None:
+def _finish(cfg: C.Config, run_dir: Path, evaluate_with: Path | None) -> None:
     """After a launch's run: the held-out evaluation (with `evaluate_with`, the starting model's
     directory; a Ctrl-C skips it), then the summary and plots (a Ctrl-C there leaves them to
     `asyncgrpo report RUN_DIR`)."""
     from launch.report import report as write_report
 
     if evaluate_with is not None:
-        typer.echo("evaluating the start and final models (Ctrl-C: skip it)", err=True)
         try:
-            _evaluate_run(run_dir, evaluate_with)
+            _evaluate_run(cfg, run_dir, evaluate_with)
         except KeyboardInterrupt:
             typer.echo("evaluation skipped", err=True)
     try:
@@ -395,16 +396,24 @@ def _split_cores(
     return cfg, chosen.producers
 
 
-def _evaluate_run(run_dir: Path, model_dir: Path) -> None:
-    from consumer.evaluate import evaluate_run
+def _evaluate_run(cfg: C.Config, run_dir: Path, model_dir: Path) -> None:
+    """The held-out score of the start and the final snapshot (launch/heldout.py), if the task
+    has a held-out split."""
+    from launch import heldout
 
-    r = evaluate_run(run_dir, model_dir)
+    if not heldout.has_heldout(cfg):
+        return
+    typer.echo(
+        f"evaluating the start and the final snapshot: {heldout.describe(cfg)} (Ctrl-C: skip it)",
+        err=True,
+    )
+    r = heldout.evaluate_run(cfg, run_dir, model_dir)
     if r is None:
         typer.echo("no snapshot to evaluate", err=True)
         return
     start, final = r["initial_accuracy"], r["final_accuracy"]
     typer.secho(
-        f"held-out greedy accuracy: start {start:.1%} → final (v{r['final_version']}) "
+        f"held-out {r['heldout']}: start {start:.1%} → final (v{r['final_version']}) "
         f"{final:.1%} on {r['heldout_size']} problems",
         fg=typer.colors.GREEN if final > start else typer.colors.YELLOW,
         err=True,

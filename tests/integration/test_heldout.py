@@ -65,3 +65,34 @@ def test_a_jsonl_task_without_eval_path_has_no_heldout_score():
     cfg = C.override(C.Config(), {"task.source": "jsonl", "task.path": "x.jsonl"})
     assert not heldout.has_heldout(cfg)
     assert heldout.describe(cfg) == ""
+
+
+def test_a_finished_runs_start_and_final_snapshot_are_scored_into_eval_json(tmp_path, model_dir):
+    """What `asyncgrpo launch` prints at the end of a JSONL task's run (launch/cli/run.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from consumer.snapshots.publisher import Publisher
+
+    prompts = [e.prompt for e in make_examples("heldout", 6)]
+    model, tokenizer = load_model(model_dir)
+    tokenizer.padding_side = "left"
+    texts = _greedy(model, tokenizer, prompts, "cpu", 8)
+    rows = [{"question": p, "answer": t.strip() if i % 2 else "never"}
+            for i, (p, t) in enumerate(zip(prompts, texts, strict=True))]  # fmt: skip
+    cfg = user_config(tmp_path, rows, "reward_fixtures:sum_is_right")
+    run_dir = tmp_path / "run"
+    assert heldout.evaluate_run(cfg, run_dir, model_dir) is None  # no snapshot yet
+    state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    publisher = Publisher(run_dir / "snapshots", model_dir, keep_last=2, on_published=print)
+    for version in (1, 2):  # the same weights: the same score at the start and the end
+        publisher.submit(state, version=version, step=version, dtype=torch.float32)
+    publisher.close()
+
+    result = heldout.evaluate_run(cfg, run_dir, model_dir)
+    assert result is not None
+    assert result["final_version"] == 2  # no final.json: the newest complete snapshot
+    assert result["initial_accuracy"] == result["final_accuracy"] == pytest.approx(3 / 6)
+    assert result["heldout_size"] == 6
+    assert result["heldout"] == "mean reward, greedy, heldout.jsonl"
+    assert json.loads((run_dir / "eval.json").read_text()) == result
