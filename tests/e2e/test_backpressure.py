@@ -73,7 +73,7 @@ def test_a_slow_learner_holds_producers_back_within_its_bound_and_loses_nothing(
         "--steps", "8", "--step-s", "0.25", "--prompts-per-step", "4", "--max-staleness", "3",
         "--tokens", "2048", "--in-flight", "2", "--max-message-mib", "0.5",
         "--set", "net.max_queued_mib=0.5", "--set", "net.heartbeat_s=0.2",
-        "--set", "net.producer_timeout_s=30",
+        "--set", "net.producer_timeout_s=30", "--set", "task.max_row_kib=64",
     ]  # fmt: skip
     run, codes, log = run_swarm(swarm, tmp_path, 8, args)
     assert codes == [0] * 8, log[-3000:]

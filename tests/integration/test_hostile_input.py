@@ -112,7 +112,7 @@ def test_hostile_frames_on_both_sockets_are_counted_and_the_run_completes_with_h
     sets = [
         "train.simulate_step_s=0.01", "sampling.group_size=4", f"train.prompts_per_step={P}",
         "staleness.max_staleness=1", "net.control_port=0", "net.max_message_mib=1",
-        "task.source=jsonl", f"task.path={prompts_file(tmp_path)}",
+        "task.max_row_kib=256", "task.source=jsonl", f"task.path={prompts_file(tmp_path)}",
     ]  # fmt: skip
     args = ["consumer", "--run-dir", str(run_dir), "--steps", str(STEPS), "--keys", str(keys)]
     for s in sets:
