@@ -134,6 +134,7 @@ def test_a_producer_that_dies_is_restarted_and_the_run_finishes(tmp_path, tiny_m
     no_child_survives(run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_launch_resume_continues_a_finished_run_with_the_config_it_was_started_with(
     tmp_path, tiny_model_dir

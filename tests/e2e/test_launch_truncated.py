@@ -49,6 +49,7 @@ def test_a_launch_with_top_k_trains_every_token_on_its_kept_set(tmp_path, tiny_m
         assert m["rejected_messages"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_a_stress_sweep_with_top_k_20_runs_and_carries_the_kept_sets(tmp_path):
     out, log = tmp_path / "sweep", tmp_path / "stress.log"
