@@ -160,7 +160,7 @@ def resolve_model(path: str) -> Path:
         from launch.demo_model import ensure_demo_model
 
         return ensure_demo_model()
-    from consumer.learner import local_model_dir
+    from common.model_dir import local_model_dir
 
     try:
         return local_model_dir(path)

@@ -9,7 +9,7 @@ from huggingface_hub import constants
 from typer.testing import CliRunner
 
 from common.errors import ConfigError
-from consumer.learner import local_model_dir
+from common.model_dir import local_model_dir
 from launch.cli import app
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"

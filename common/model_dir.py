@@ -1,0 +1,43 @@
+"""`model.path` to a local Hugging Face model directory: a directory, or a model name already in
+this host's Hugging Face cache (read offline: nothing is downloaded). The learner and the command
+line resolve it alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.errors import ConfigError
+
+
+def local_model_dir(path: str) -> Path:
+    """`model.path` as an absolute local Hugging Face model directory (the command line has
+    already turned 'demo' into the embedded model's directory): a directory holding
+    config.json, or a model name (`Qwen/Qwen2.5-0.5B`) already in this host's Hugging Face cache
+    (read offline: nothing is downloaded)."""
+    p = Path(path).expanduser()
+    if (p / "config.json").exists():
+        return p.resolve()
+    cached = _cached_model(path) if not p.exists() else None
+    if cached is None:
+        from huggingface_hub import constants
+
+        raise ConfigError(
+            f"model.path = {path!r} is neither a Hugging Face model directory on the consumer's "
+            f"host (no config.json) nor a model in its Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}); nothing is downloaded: pass a directory, or fetch "
+            "the model into the cache first (`huggingface-cli download NAME`)"
+        )
+    return cached
+
+
+def _cached_model(name: str) -> Path | None:
+    """The snapshot directory of model `name` in the local Hugging Face cache (offline), or
+    None when it is not there (or `name` is not a model name)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        found = Path(snapshot_download(name, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError):
+        return None
+    return found if (found / "config.json").exists() else None
