@@ -216,6 +216,30 @@ def local_config(cfg: Config, given: AbstractSet[str]) -> Config:
     return C.override(cfg, {"snapshot.anchor_every": 0})
 
 
+def _watch(
+    sup: Supervisor,
+    stop: threading.Event,
+    tail: Any,
+    on_tick: Callable[[Supervisor], None] | None,
+    line: Callable[[], None] | None,
+) -> int | None:
+    """Tick the supervisor every 0.25 s until `stop` is set or the run ends (its exit code);
+    `line`, if given, prints a progress line every 10 s."""
+    last_line = time.monotonic()
+    while not stop.is_set():
+        code = sup.tick()
+        tail.poll()
+        if on_tick is not None:
+            on_tick(sup)
+        if line is not None and time.monotonic() - last_line > 10:
+            last_line = time.monotonic()
+            line()
+        if code is not None:
+            return code
+        time.sleep(0.25)
+    return None
+
+
 def run(
     config_path: Path,
     run_dir: Path,
@@ -283,22 +307,13 @@ def run(
     code: int | None = None
     try:
         sup.start()
-        last_line = time.monotonic()
         display = (
             Live(get_renderable=view, console=console, refresh_per_second=2)
             if live
             else nullcontext()
         )
         with display:
-            while not stop.is_set() and code is None:
-                code = sup.tick()
-                tail.poll()
-                if on_tick is not None:
-                    on_tick(sup)
-                if not live and time.monotonic() - last_line > 10:
-                    last_line = time.monotonic()
-                    line()
-                time.sleep(0.25)
+            code = _watch(sup, stop, tail, on_tick, None if live else line)
     finally:
         if stop.is_set():
             say("stopping: the consumer finishes its step and writes a final snapshot… (Ctrl-C "
