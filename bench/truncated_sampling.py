@@ -77,7 +77,8 @@ def config(truncation: Truncation) -> C.Config:
 
 def untruncated(g: wire.Group) -> wire.Group:
     empty = np.zeros(0, np.int32)
-    return dataclasses.replace(g, kept_offsets=empty, kept_ids=empty, kept_unknown=empty)
+    no_counts = np.zeros(0, np.uint8)
+    return dataclasses.replace(g, kept_counts=no_counts, kept_ids=empty, kept_unknown=empty)
 
 
 class Sampler:
@@ -120,7 +121,7 @@ class Sampler:
             behavior_logp=np.concatenate([c.logprobs for c in completions]),
             token_versions=np.zeros(0, np.int32), rewards=np.array(rewards, np.float32),
             finish_reasons=tuple(c.finish_reason for c in completions),
-            temperature=self.cfg.sampling.temperature, kept_offsets=kept.offsets,
+            temperature=self.cfg.sampling.temperature, kept_counts=kept.other_counts(),
             kept_ids=kept.ids, kept_unknown=kept.unknown,
         )  # fmt: skip
 
@@ -224,7 +225,7 @@ def large_groups(n: int = 4, G: int = 8, L: int = 256, vocab: int = 150_000) -> 
             completion_lens=np.full(G, L, np.int32),
             behavior_logp=-rng.random(G * L, dtype=np.float32),
             token_versions=np.zeros(0, np.int32), rewards=rng.random(G, dtype=np.float32),
-            finish_reasons=("length",) * G, temperature=1.0, kept_offsets=kept.offsets,
+            finish_reasons=("length",) * G, temperature=1.0, kept_counts=kept.other_counts(),
             kept_ids=kept.ids,
         ))  # fmt: skip
     return out

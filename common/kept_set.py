@@ -33,12 +33,16 @@ recorded and max_kept plays no part: K is the vocabulary.
 Encoding (`KeptSets`, one per completion, concatenated per group on the wire): for L tokens,
 `offsets` int32 [L + 1] (offsets[0] = 0, non-decreasing) and `ids` int32 [offsets[L]]: token t's
 kept ids OTHER than the sampled token itself, ascending, at ids[offsets[t]:offsets[t + 1]]; so
-K_t = {token_t} ∪ that slice and |K_t| = 1 + offsets[t + 1] - offsets[t]. Leaving out the
-sampled id (always in K) makes the sets cost 4 bytes per kept id and nothing else: the offset
-of a token takes the place of its own id. `unknown` int32 [U], ascending token indices whose kept
-set the engine could not record exactly (vLLM: more candidates than it reported, or a sampled
-token without a finite processed log-prob); their slice is empty and they are never trained
-(the learner masks them and counts them). An untruncated completion has all three empty.
+K_t = {token_t} ∪ that slice and |K_t| = 1 + offsets[t + 1] - offsets[t]. `unknown` int32 [U],
+ascending token indices whose kept set the engine could not record exactly (vLLM: more
+candidates than it reported, or a sampled token without a finite processed log-prob); their
+slice is empty and they are never trained (the learner masks them and counts them). An
+untruncated completion has all three empty.
+
+On the wire the offsets travel as their differences, one byte per token (`other_counts`:
+|K_t| - 1, uint8, so max_kept <= `MAX_KEPT_WIRE` = 256), and `from_counts` rebuilds them: with
+the sampled id left out (always in K), a token costs 1 byte beyond its own id and log-prob, and
+each further kept id 4 bytes.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import numpy as np
 
 I32 = np.int32
 _I32_MAX = (1 << 31) - 1
+MAX_KEPT_WIRE = 256  # the wire carries |K_t| - 1 in one byte (`other_counts`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +172,13 @@ class KeptSets:
         out[self.unknown] = False
         return out
 
+    def other_counts(self) -> np.ndarray:
+        """uint8 [L]: per token, its kept ids other than itself (|K_t| - 1; 0 for an unknown
+        token): the offsets' wire form (`from_counts` inverts it). Needs sets <= MAX_KEPT_WIRE."""
+        counts = np.diff(self.offsets)
+        assert not len(counts) or int(counts.max()) < MAX_KEPT_WIRE, "a kept set > MAX_KEPT_WIRE"
+        return counts.astype(np.uint8)
+
     def slice(self, start: int, stop: int) -> KeptSets:
         """The kept sets of tokens [start, stop), offsets rebased to 0 (views where possible)."""
         if not self.present:
@@ -177,6 +189,22 @@ class KeptSets:
         if len(unknown):
             unknown = (unknown[(unknown >= start) & (unknown < stop)] - start).astype(I32)
         return KeptSets(offsets - base, self.ids[base : int(offsets[-1])], unknown)
+
+
+def from_counts(counts: np.ndarray, ids: np.ndarray, unknown: np.ndarray) -> KeptSets:
+    """The kept sets whose wire form is `counts` (uint8 [L], `KeptSets.other_counts`), `ids`
+    and `unknown`: offsets int32 [L + 1] by a running sum (the one array this builds; empty
+    counts = no kept sets). Counts that do not sum to len(ids) give offsets that
+    `encoding_problem` refuses; the sum cannot overflow int32 before that is seen, as it is
+    taken only when it is len(ids) (<= 2**31 - 1)."""
+    if not len(counts):
+        return KeptSets(_empty(), ids, unknown)
+    offsets = np.zeros(len(counts) + 1, I32)
+    if int(counts.sum(dtype=np.int64)) == len(ids):
+        np.cumsum(counts, dtype=I32, out=offsets[1:])
+    else:
+        offsets[-1] = -1  # refused below: the last offset must be len(ids)
+    return KeptSets(offsets, ids, unknown)
 
 
 def from_lists(others: Sequence[np.ndarray], unknown: Sequence[int] = ()) -> KeptSets:
@@ -225,12 +253,12 @@ def encoding_problem(
         return None if len(ids) == 0 and len(unknown) == 0 else "kept ids without offsets"
     n = len(tokens)
     if len(offsets) != n + 1 or offsets[0] != 0 or int(offsets[-1]) != len(ids):
-        return "kept_offsets must be [0, ..., len(kept_ids)], one more than the tokens"
+        return "kept sets: one count per token, the counts summing to len(kept_ids)"
     sizes = offsets[1:] - offsets[:-1]
     most = (max_kept - 1) if max_kept is not None else _I32_MAX
     if n and int(_unsigned(sizes).max()) > most:
         if int(sizes.min()) < 0:
-            return "kept_offsets must not decrease"
+            return "kept set offsets must not decrease"
         return f"a kept set of {int(sizes.max()) + 1} ids > max_kept {max_kept}"
     if len(ids):
         bound = vocab_size if vocab_size is not None else _I32_MAX + 1

@@ -382,7 +382,7 @@ class Producer:
                 temperature=spec.temperature,
                 num_reward_errors=scored.num_failed,
                 gen_s=time.perf_counter() - t0,
-                kept_offsets=kept.offsets,
+                kept_counts=kept.other_counts(),
                 kept_ids=kept.ids,
                 kept_unknown=kept.unknown,
             )

@@ -117,7 +117,7 @@ def batch(step: int, *, vocab: int, groups: int = 3, g: int = 4, kept: int = 0) 
                 rewards=rewards,
                 finish_reasons=("length",) * g,
                 temperature=1.0,
-                kept_offsets=sets.offsets,
+                kept_counts=sets.other_counts(),
                 kept_ids=sets.ids,
                 kept_unknown=sets.unknown,
             )

@@ -85,7 +85,7 @@ def groups(draw: st.DrawFn, limits: wire.Limits) -> wire.Group:
         temperature=limits.temperature,
         num_reward_errors=draw(st.integers(0, G)),
         gen_s=draw(st.floats(0.0, 1e6)),
-        kept_offsets=kept.offsets, kept_ids=kept.ids, kept_unknown=kept.unknown,
+        kept_counts=kept.other_counts(), kept_ids=kept.ids, kept_unknown=kept.unknown,
     )  # fmt: skip
 
 

@@ -27,9 +27,9 @@ from common.config.fields import (
     _meta,
     failed,
 )
-from common.kept_set import Truncation
+from common.kept_set import MAX_KEPT_WIRE, Truncation
 
-MAX_KEPT_LIMIT = 1 << 16  # the learner holds [tokens, max_kept] kept ids per micro-batch
+MAX_KEPT_LIMIT = MAX_KEPT_WIRE  # the wire carries a kept set's size in one byte per token
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ class SamplingConfig:
     max_kept: int = _f(
         256,
         "With top_p, top_k or min_p on, the sampler also keeps at most this many tokens per step "
-        "(top_k <= max_kept), so each token's kept set travels whole to the learner.",
+        "(top_k <= max_kept, at most 256), so each token's kept set travels whole to the learner.",
     )
     max_new_tokens: int = _f(16, "Maximum completion length in tokens.")
     max_prompt_tokens: int = _f(1024, "Longer prompts are refused by the consumer.")
@@ -81,7 +81,8 @@ class SamplingConfig:
             ),
             (
                 1 <= self.max_kept <= MAX_KEPT_LIMIT,
-                f"sampling.max_kept = {self.max_kept} must be in [1, {MAX_KEPT_LIMIT}]",
+                f"sampling.max_kept = {self.max_kept} must be in [1, {MAX_KEPT_LIMIT}] (each "
+                "token carries its kept set's size in one byte)",
             ),
             (
                 self.top_k <= self.max_kept,

@@ -1,4 +1,4 @@
-"""Wire schema v3, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
+"""Wire schema v4, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
 
 Conventions and invariants:
 - Arrays (`Group.ARRAYS`) are encoded as the raw little-endian bytes of their fixed dtype;
@@ -30,8 +30,8 @@ Conventions and invariants:
 - A `Group` is checked against the run (`Limits`): G completions, lengths that agree
   (sum(completion_lens) == len(completion_ids) == len(behavior_logp)), token ids in [0, vocab),
   log-probs finite and <= 0, rewards finite, the run's sampling temperature; and its kept sets
-  (`Limits.max_kept`: present exactly when the run truncates, offsets consistent with the
-  tokens, ids in [0, vocab), each set ascending without its sampled token, |K| <= max_kept:
+  (`Limits.max_kept`: present exactly when the run truncates, one count per token summing to
+  the kept ids, ids in [0, vocab), each set ascending without its sampled token, |K| <= max_kept:
   `common.kept_set.encoding_problem`, whose temporaries stay within the memory bound below).
   The fields of `Group.OMIT_EMPTY` are left out of the bytes when empty.
 - A peer of another schema version is refused by its first field (`schema_version`), with a

@@ -53,10 +53,11 @@ Conventions and invariants:
 - `behavior_version` is the oldest weight version that produced any token of the group;
   `token_versions` is empty unless the weights changed mid-generation (then one int32 per token).
 - Truncated sampling (`RunSpec.top_p < 1`, `top_k > 0` or `min_p > 0`): every sampled token's
-  kept set travels with the group, `kept_offsets` int32 [sum L_i + 1] and `kept_ids` int32 (each
-  token's kept ids other than itself, ascending), `kept_unknown` int32 (tokens whose set the
-  engine could not record: never trained); `behavior_logp` is log q over the kept set. The
-  encoding and its rule: common/kept_set.py. Without truncation the three are empty and left
+  kept set travels with the group, `kept_counts` uint8 [sum L_i] (each token's kept ids other
+  than itself: |K| - 1) and `kept_ids` int32 (those ids, ascending, token after token),
+  `kept_unknown` int32 (tokens whose set the engine could not record: never trained);
+  `behavior_logp` is log q over the kept set. The encoding and its rule: common/kept_set.py.
+  Without truncation the three are empty and left
   out of the message (`Group.OMIT_EMPTY`): an untruncated group costs no extra byte.
 """
 
@@ -67,10 +68,11 @@ from typing import Any, ClassVar, Union
 
 import numpy as np
 
-from common.kept_set import KeptSets
+from common.kept_set import KeptSets, from_counts
 
-SCHEMA_VERSION = 3  # 3: kept sets of truncated sampling (Group.kept_*, RunSpec.min_p/max_kept); a
-# lease carries a chat prompt (`messages`) and the row's `columns`
+SCHEMA_VERSION = 4  # 4: a kept set's size in one byte per token (Group.kept_counts)
+# 3: kept sets of truncated sampling (Group.kept_*, RunSpec.min_p/max_kept); a lease carries a
+# chat prompt (`messages`) and the row's `columns`
 # 2: snapshot chunks moved to the data socket (`chunk_head` + bytes)
 FINISH_REASONS = ("stop", "length", "abort")
 OUTCOMES = (
@@ -94,7 +96,7 @@ _ARRAY_DTYPES: dict[str, np.dtype[Any]] = {  # fields of `Group` only
     "token_versions": np.dtype("<i4"),
     "behavior_logp": np.dtype("<f4"),
     "rewards": np.dtype("<f4"),
-    "kept_offsets": np.dtype("<i4"),
+    "kept_counts": np.dtype("u1"),
     "kept_ids": np.dtype("<i4"),
     "kept_unknown": np.dtype("<i4"),
 }
@@ -345,7 +347,7 @@ class Group:
 
     KIND: ClassVar[str] = "group"
     ARRAYS: ClassVar[dict[str, np.dtype[Any]]] = _ARRAY_DTYPES  # raw array fields, their dtypes
-    OMIT_EMPTY: ClassVar[tuple[str, ...]] = ("kept_offsets", "kept_ids", "kept_unknown")
+    OMIT_EMPTY: ClassVar[tuple[str, ...]] = ("kept_counts", "kept_ids", "kept_unknown")
     lease_id: int
     producer_id: str
     prompt_index: int
@@ -360,7 +362,7 @@ class Group:
     temperature: float
     num_reward_errors: int = 0
     gen_s: float = 0.0  # wall seconds from lease start to the last completion
-    kept_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [sum L+1]
+    kept_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # [sum L]
     kept_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     kept_unknown: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
@@ -371,7 +373,7 @@ class Group:
     @property
     def kept(self) -> KeptSets:
         """The kept sets of all sum(L_i) tokens (empty without truncation)."""
-        return KeptSets(self.kept_offsets, self.kept_ids, self.kept_unknown)
+        return from_counts(self.kept_counts, self.kept_ids, self.kept_unknown)
 
     @property
     def num_tokens(self) -> int:

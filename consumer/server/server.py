@@ -362,7 +362,9 @@ def _group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limit
     """What a group message may hold: the run's G, vocabulary, temperature, lengths and kept
     sets (required, of at most max_kept ids, exactly when the run samples truncated)."""
     s = cfg.sampling
-    worst = s.group_size * s.max_new_tokens * (8 + 4 * s.max_kept)  # bytes per token + kept ids
+    # per token: id, log-prob, version (when the weights changed mid-group), set size, and the
+    # other max_kept - 1 kept ids
+    worst = s.group_size * s.max_new_tokens * (9 + 4 * s.max_kept)
     if s.truncation.active and worst > max_bytes:
         log.warning(
             "truncated sampling: a group of %d x %d tokens with full kept sets of "

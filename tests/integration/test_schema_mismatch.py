@@ -29,7 +29,7 @@ async def _old_consumer(router: zmq.asyncio.Socket) -> None:
     while True:
         identity, payload = await router.recv_multipart()
         body = msgpack.unpackb(wire.encode(status), raw=False)
-        body["schema"] = 2
+        body["schema"] = 3
         body["req"] = msgpack.unpackb(payload, raw=False)["req"]
         await router.send_multipart([identity, msgpack.packb(body, use_bin_type=True)])
 
@@ -42,7 +42,7 @@ async def test_a_consumer_of_another_schema_fails_the_producers_requests_naming_
     tasks = [asyncio.create_task(client.read_replies()), asyncio.create_task(_old_consumer(router))]
     try:
         async with asyncio.timeout(30):
-            with pytest.raises(SchemaMismatch, match=r"got 2, this build speaks 3") as info:
+            with pytest.raises(SchemaMismatch, match=r"got 3, this build speaks 4") as info:
                 await client.request(REGISTER, timeout_s=20)
             assert isinstance(info.value, ConfigError)
             assert "run the same one on the consumer and every producer" in str(info.value)

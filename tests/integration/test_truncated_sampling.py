@@ -97,7 +97,7 @@ def _group(completions: list[Completion]) -> wire.Group:
         behavior_logp=np.concatenate([c.logprobs for c in completions]),
         token_versions=np.zeros(0, np.int32), rewards=np.arange(len(lens), dtype=np.float32),
         finish_reasons=tuple(c.finish_reason for c in completions), temperature=TEMPERATURE,
-        kept_offsets=kept.offsets, kept_ids=kept.ids, kept_unknown=kept.unknown,
+        kept_counts=kept.other_counts(), kept_ids=kept.ids, kept_unknown=kept.unknown,
     )  # fmt: skip
 
 
@@ -135,7 +135,7 @@ async def test_the_learners_kept_set_log_prob_is_the_behaviour_log_q_and_the_ful
     assert abs(ratio_kept.mean() - 1) < 1e-5
 
     untruncated = dataclasses.replace(
-        group, kept_offsets=np.zeros(0, np.int32), kept_ids=np.zeros(0, np.int32)
+        group, kept_counts=np.zeros(0, np.uint8), kept_ids=np.zeros(0, np.int32)
     )
     naive = np.concatenate(trainer.logprobs([untruncated]))  # full-vocabulary log-softmax
     ratio_full = np.exp(naive.astype(np.float64) - behaviour)  # = S, the kept mass
@@ -155,7 +155,7 @@ async def test_a_training_step_reports_the_kept_mass_sizes_and_the_ratio_band(ti
     assert m["num_tokens"] == group.num_tokens
 
     untruncated = dataclasses.replace(
-        group, kept_offsets=np.zeros(0, np.int32), kept_ids=np.zeros(0, np.int32)
+        group, kept_counts=np.zeros(0, np.uint8), kept_ids=np.zeros(0, np.int32)
     )
     naive = DeviceTrainer(C.override(cfg, {"sampling.top_k": 0}), tiny_model_dir)
     m = naive.step([untruncated])  # the same tokens, trained as if untruncated: biased ratios

@@ -342,7 +342,7 @@ def test_rows_carry_their_completions_kept_sets_and_collate_lays_them_out_per_to
         unknown=[3],
     )  # fmt: skip
     g = dataclasses.replace(
-        g, kept_offsets=kept.offsets, kept_ids=kept.ids, kept_unknown=kept.unknown
+        g, kept_counts=kept.other_counts(), kept_ids=kept.ids, kept_unknown=kept.unknown
     )
     rows = rows_of([g], np.zeros((1, 2)))
     assert rows[1].kept.offsets.tolist() == [0, 3, 3, 4]

@@ -165,8 +165,8 @@ def sets(offsets: list[int], ids: list[int], unknown: list[int] | None = None) -
 @pytest.mark.parametrize(
     ("kept", "fragment"),
     [
-        (sets([0, 1, 1], [4]), "one more than"),
-        (sets([1, 1, 1, 1], [4]), "one more than"),
+        (sets([0, 1, 1], [4]), "one count per token"),
+        (sets([1, 1, 1, 1], [4]), "one count per token"),
         (sets([0, 2, 1, 2], [4, 5]), "not decrease"),
         (sets([0, 1, 1, 1], [99]), "out of range"),
         (sets([0, 1, 1, 1], [-1]), "out of range"),
@@ -190,3 +190,26 @@ def test_a_well_formed_encoding_has_no_problem_and_sets_may_restart_low():
     kept = sets([0, 3, 3, 5], [0, 4, 9, 0, 1])
     assert ks.encoding_problem(kept, TOKENS, vocab_size=16, max_kept=4) is None
     assert ks.encoding_problem(KeptSets(), TOKENS, vocab_size=16, max_kept=4) is None
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [sets([0, 3, 3, 5], [0, 4, 9, 0, 1]), sets([0, 0, 0, 0], [], [0, 2]), sets([], [])],
+    ids=["sets", "all_unknown", "untruncated"],
+)
+def test_the_wire_form_of_the_offsets_rebuilds_them(kept):
+    counts = kept.other_counts()
+    assert counts.dtype == np.uint8
+    assert len(counts) == max(len(kept.offsets) - 1, 0)
+    back = ks.from_counts(counts, kept.ids, kept.unknown)
+    assert back.present == kept.present
+    assert back.offsets.tolist() == kept.offsets.tolist()
+
+
+def test_counts_that_do_not_sum_to_the_ids_are_refused_without_overflow():
+    """Counts of 255 on 2**24 tokens sum past int32: refused, not wrapped around to a match."""
+    counts = np.full(1 << 24, 255, np.uint8)
+    kept = ks.from_counts(counts, np.zeros(7, np.int32), np.zeros(0, np.int32))
+    problem = ks.encoding_problem(kept, np.zeros(1 << 24, np.int32), vocab_size=16, max_kept=256)
+    assert problem is not None
+    assert "one count per token" in problem

@@ -1,4 +1,4 @@
-"""Wire schema v3: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
+"""Wire schema v4: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
 
 from __future__ import annotations
 
@@ -103,13 +103,13 @@ UNTRUNCATED = dataclasses.replace(RUN, max_kept=0)
 def truncated_group(**changes: typing.Any) -> wire.Group:
     """`group()` with kept sets: K = {4, 1, 9}, {5}, {6, 0} (the sampled token, then the others)."""
     fields: dict[str, typing.Any] = dict(
-        kept_offsets=[0, 2, 2, 3], kept_ids=[1, 9, 0], kept_unknown=[],
+        kept_counts=[2, 0, 1], kept_ids=[1, 9, 0], kept_unknown=[],
         behavior_logp=[-0.25, 0.0, -0.5],
     )  # fmt: skip
     fields.update(changes)
-    for name in ("kept_offsets", "kept_ids", "kept_unknown"):
+    for name in ("kept_counts", "kept_ids", "kept_unknown"):
         if isinstance(fields[name], list):
-            fields[name] = np.array(fields[name], np.int32)
+            fields[name] = np.array(fields[name], wire.Group.ARRAYS[name])
     return group(**fields)
 
 
@@ -153,42 +153,42 @@ MESSAGES: dict[str, typing.Any] = {
 # changed: that is a schema change, so bump wire.SCHEMA_VERSION (old and new peers can't talk).
 GOLDEN_HEX = {
     "register": (
-        "89a6736368656d6103a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
+        "89a6736368656d6104a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
         "a27030a4686f7374a168a37069642aa6656e67696e65a466616b65ae6c6f616465645f7665727369"
         "6f6e03ab68656c645f6c6561736573920708"
     ),
     "heartbeat": (
-        "88a6736368656d6103a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
+        "88a6736368656d6104a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
         "64a27030ae6c6f616465645f76657273696f6e03a57374617465aa67656e65726174696e67ad6e75"
         "6d5f696e5f666c6967687402a8636f756e7465727382ab67726f7570735f73656e74cb4014000000"
         "000000ad7265776172645f6572726f7273cb0000000000000000"
     ),
     "lease_req": (
-        "86a6736368656d6103a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
+        "86a6736368656d6104a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
         "64a27030aa6d61785f6c656173657304ae6c6f616465645f76657273696f6e03"
     ),
     "goodbye": (
-        "85a6736368656d6103a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
+        "85a6736368656d6104a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
         "7030ab68656c645f6c65617365739107"
     ),
     "fetch_req": (
-        "88a6736368656d6103a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
+        "88a6736368656d6104a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
         "64a27030a776657273696f6e03ac68656c645f76657273696f6e02a968656c645f68617368a46162"
         "3132a572656c617982a8656e64706f696e74b37463703a2f2f31302e302e302e323a36303030aa73"
         "65727665725f6b6579a16b"
     ),
     "fetch_done": (
-        "8aa6736368656d6103a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
+        "8aa6736368656d6104a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
         "6964a27030a776657273696f6e03a466696c65a564656c7461a26f6bc3a96e756d5f627974657306"
         "ab6261645f736f75726365739182a8656e64706f696e74b37463703a2f2f31302e302e302e333a36"
         "303030a6726561736f6eab77726f6e675f6279746573a773657276696e67c3"
     ),
     "file_chunk_req": (
-        "87a6736368656d6103a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
+        "87a6736368656d6104a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
         "6f6e03a466696c65a777656967687473a66f666673657400a96d61785f6279746573cd1000"
     ),
     "fetch_plan": (
-        "8da6736368656d6103a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
+        "8da6736368656d6104a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
         "66696c65a564656c7461ac626173655f76657273696f6e02a96e756d5f627974657306a468617368"
         "a463643334ab726573756c745f68617368a461663133ab6368756e6b5f627974657304ac6368756e"
         "6b5f686173686573c440000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d"
@@ -198,7 +198,7 @@ GOLDEN_HEX = {
         "0000000000"
     ),
     "welcome": (
-        "85a6736368656d6103a46b696e64a777656c636f6d65a372657101a473706563de0012aa67726f75"
+        "85a6736368656d6104a46b696e64a777656c636f6d65a372657101a473706563de0012aa67726f75"
         "705f73697a6502aa766f6361625f73697a6510ad6d61785f7374616c656e65737301ab74656d7065"
         "726174757265cb3fe8000000000000a5746f705f70cb3feccccccccccccda5746f705f6b08a56d69"
         "6e5f70cb3fa999999999999aa86d61785f6b65707410ae6d61785f6e65775f746f6b656e7304ad70"
@@ -214,12 +214,12 @@ GOLDEN_HEX = {
         "6d65a765787069726564a866696e6973686564c2"
     ),
     "status": (
-        "84a6736368656d6103a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
+        "84a6736368656d6104a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
         "64a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f74c0a461636b7390"
         "a866696e6973686564c3"
     ),
     "lease_grant": (
-        "85a6736368656d6103a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739288"
+        "85a6736368656d6104a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739288"
         "a86c656173655f6964cf0000010000000005ac70726f6d70745f696e64657809a47374657004ab6d"
         "696e5f76657273696f6e03a670726f6d7074a4322b323da6616e73776572a134a86d657373616765"
         "7390a7636f6c756d6e73a088a86c656173655f696406ac70726f6d70745f696e6465780aa4737465"
@@ -233,15 +233,15 @@ GOLDEN_HEX = {
         "a76f7574636f6d65a765787069726564a866696e6973686564c2"
     ),
     "chunk_head": (
-        "87a6736368656d6103a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
+        "87a6736368656d6104a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
         "6f666673657400ab746f74616c5f627974657306a96e756d5f627974657306"
     ),
     "reject": (
-        "85a6736368656d6103a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
+        "85a6736368656d6104a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
         "6769737465726564a664657461696cae7265676973746572206669727374"
     ),
     "group": (
-        "de0010a6736368656d6103a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
+        "de0010a6736368656d6104a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
         "725f6964a27030ac70726f6d70745f696e64657809b06265686176696f725f76657273696f6e02aa"
         "70726f6d70745f696473c40c010000000200000003000000ae636f6d706c6574696f6e5f696473c4"
         "0c040000000500000006000000af636f6d706c6574696f6e5f6c656e73c4080100000002000000ad"
@@ -251,7 +251,7 @@ GOLDEN_HEX = {
         "72645f6572726f727300a567656e5f73cb3fd0000000000000"
     ),
     "announce": (
-        "85a6736368656d6103a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
+        "85a6736368656d6104a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
         "6c6963795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f627974"
         "6573cd0400a468617368a461663133a470617468ac2f722f763030303030332f6d"
     ),
@@ -408,7 +408,7 @@ def lease_grant(**changes: typing.Any) -> bytes:
     return pack(body)
 
 
-GROUP_BODY_PREFIX = b"\x83\xa6schema\x03\xa4kind\xa5group\xaecompletion_ids"
+GROUP_BODY_PREFIX = b"\x83\xa6schema\x04\xa4kind\xa5group\xaecompletion_ids"
 REJECTIONS = [
     # (reason, id, data, limits)
     ("too_large", "over_the_limit", wire.encode(group()), wire.Limits(max_message_bytes=64)),
@@ -510,12 +510,13 @@ REJECTIONS = [
     ("bad_type", "chat_message_as_text", lease_grant(messages=["hi"]), RUN),
     ("sampling_mismatch", "kept_sets_missing", wire.encode(group()), TRUNCATED),
     ("sampling_mismatch", "kept_sets_unasked", wire.encode(truncated_group()), UNTRUNCATED),
-    ("bad_kept_set", "offsets_short", wire.encode(truncated_group(kept_offsets=[0, 2, 3])),
+    ("bad_kept_set", "counts_short", wire.encode(truncated_group(kept_counts=[2, 1])), TRUNCATED),
+    ("bad_kept_set", "counts_past_ids", wire.encode(truncated_group(kept_counts=[2, 0, 2])),
      TRUNCATED),
-    ("bad_kept_set", "offsets_past_ids", wire.encode(truncated_group(kept_offsets=[0, 2, 2, 4])),
+    ("bad_kept_set", "counts_short_of_ids", wire.encode(truncated_group(kept_counts=[1, 0, 1])),
      TRUNCATED),
-    ("bad_kept_set", "offsets_decrease", wire.encode(truncated_group(kept_offsets=[0, 2, 1, 3])),
-     TRUNCATED),
+    ("bad_kept_set", "counts_at_their_widest", wire.encode(truncated_group(
+        kept_counts=[255, 255, 255])), TRUNCATED),
     ("bad_kept_set", "id_equal_to_vocab", wire.encode(truncated_group(kept_ids=[1, 16, 0])),
      TRUNCATED),
     ("bad_kept_set", "negative_id", wire.encode(truncated_group(kept_ids=[-1, 9, 0])), TRUNCATED),
@@ -524,7 +525,7 @@ REJECTIONS = [
     ("bad_kept_set", "sampled_token_again", wire.encode(truncated_group(kept_ids=[1, 4, 0])),
      TRUNCATED),
     ("bad_kept_set", "over_max_kept", wire.encode(truncated_group(
-        kept_offsets=[0, 4, 4, 5], kept_ids=[0, 1, 2, 3, 0])), TRUNCATED),
+        kept_counts=[4, 0, 1], kept_ids=[0, 1, 2, 3, 0])), TRUNCATED),
     ("bad_kept_set", "unknown_out_of_range", wire.encode(truncated_group(kept_unknown=[3])),
      TRUNCATED),
     ("bad_kept_set", "unknown_with_ids", wire.encode(truncated_group(kept_unknown=[0])),
@@ -536,7 +537,7 @@ REJECTIONS = [
     # Nesting sidesteps max_items; 1,009 bytes once reached a RecursionError through repr().
     ("not_msgpack", "deep_schema_value", b"\x81\xa6schema" + b"\x91" * 1000 + b"\xc0", RUN),
     ("not_msgpack", "too_many_values", pack([[0] * 8] * 8), wire.Limits(max_objects=60)),
-    ("duplicate_key", "top", b"\x83\xa6schema\x03\xa4kind\xa5group\xa6schema\x03", RUN),
+    ("duplicate_key", "top", b"\x83\xa6schema\x04\xa4kind\xa5group\xa6schema\x04", RUN),
     ("duplicate_key", "nested", bytes.fromhex(GOLDEN_HEX["announce"][:-2]).replace(
         b"\x84\xa7version", b"\x85\xa7version\x03\xa7version") + b"m", RUN),
     ("duplicate_key", "counter", edited(MESSAGES["heartbeat"], "counters", value={"a": 1})
@@ -556,11 +557,11 @@ DETAILS = {
     "not_a_map-list": "list",
     "not_a_map-int": "int",
     "not_a_map-str": "str",
-    "schema_version-one": "got 1, this build speaks 3" + PEER,
-    "schema_version-missing": "got None, this build speaks 3" + PEER,
-    "schema_version-bool": "got True, this build speaks 3" + PEER,
-    "schema_version-float": "got 1.0, this build speaks 3" + PEER,
-    "schema_version-str": "got '1', this build speaks 3" + PEER,
+    "schema_version-one": "got 1, this build speaks 4" + PEER,
+    "schema_version-missing": "got None, this build speaks 4" + PEER,
+    "schema_version-bool": "got True, this build speaks 4" + PEER,
+    "schema_version-float": "got 1.0, this build speaks 4" + PEER,
+    "schema_version-str": "got '1', this build speaks 4" + PEER,
     "unknown_kind-name": "",
     "unknown_kind-missing": "",
     "unknown_kind-bytes": "",
@@ -622,11 +623,14 @@ DETAILS = {
     "sampling_mismatch-temperature": "temperature 1.0 != 0.75",
     "sampling_mismatch-kept_sets_missing": "the run samples truncated: kept sets are missing",
     "sampling_mismatch-kept_sets_unasked": "kept sets in a run without truncated sampling",
-    "bad_kept_set-offsets_short": "kept_offsets must be [0, ..., len(kept_ids)], one more than "
-    "the tokens",
-    "bad_kept_set-offsets_past_ids": "kept_offsets must be [0, ..., len(kept_ids)], one more than "
-    "the tokens",
-    "bad_kept_set-offsets_decrease": "kept_offsets must not decrease",
+    "bad_kept_set-counts_short": "kept sets: one count per token, the counts summing to "
+    "len(kept_ids)",
+    "bad_kept_set-counts_past_ids": "kept sets: one count per token, the counts summing to "
+    "len(kept_ids)",
+    "bad_kept_set-counts_short_of_ids": "kept sets: one count per token, the counts summing to "
+    "len(kept_ids)",
+    "bad_kept_set-counts_at_their_widest": "kept sets: one count per token, the counts summing "
+    "to len(kept_ids)",
     "bad_kept_set-id_equal_to_vocab": "kept id 16 out of range",
     "bad_kept_set-negative_id": "kept id -1 out of range",
     "bad_kept_set-not_ascending": "each kept set must be ascending, without repeats",

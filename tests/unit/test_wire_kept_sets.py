@@ -1,4 +1,4 @@
-"""Wire schema 3's kept sets (truncated sampling): golden bytes, no byte for an untruncated group,
+"""Wire schema 4's kept sets (truncated sampling): golden bytes, no byte for an untruncated group,
 4 bytes per kept id, decoding within the allocation bound, and every legal truncated group
 accepted and round-tripped (its rejections are in tests/unit/test_wire.py's table)."""
 
@@ -17,18 +17,18 @@ from test_wire import EDGE_RUN, PROPERTY, TRUNCATED, UNTRUNCATED, group, truncat
 from common import kept_set, wire
 from common.errors import WireError
 
-# Golden encoding of `truncated_group()` (kept sets: offsets and the other ids, int32). A change
-# here means the bytes on the wire changed: bump wire.SCHEMA_VERSION.
+# Golden encoding of `truncated_group()` (kept sets: uint8 counts and the other ids, int32). A
+# change here means the bytes on the wire changed: bump wire.SCHEMA_VERSION.
 GOLDEN_TRUNCATED_GROUP_HEX = (
-    "de0012a6736368656d6103a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
+    "de0012a6736368656d6104a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
     "725f6964a27030ac70726f6d70745f696e64657809b06265686176696f725f76657273696f6e02aa"
     "70726f6d70745f696473c40c010000000200000003000000ae636f6d706c6574696f6e5f696473c4"
     "0c040000000500000006000000af636f6d706c6574696f6e5f6c656e73c4080100000002000000ad"
     "6265686176696f725f6c6f6770c40c000080be00000000000000bfae746f6b656e5f76657273696f"
     "6e73c400a772657761726473c4080000803f00000000ae66696e6973685f726561736f6e7392a473"
     "746f70a66c656e677468ab74656d7065726174757265cb3fe8000000000000b16e756d5f72657761"
-    "72645f6572726f727300a567656e5f73cb3fd0000000000000ac6b6570745f6f666673657473c410"
-    "00000000020000000200000003000000a86b6570745f696473c40c010000000900000000000000"
+    "72645f6572726f727300a567656e5f73cb3fd0000000000000ab6b6570745f636f756e7473c40302"
+    "0001a86b6570745f696473c40c010000000900000000000000"
 )
 
 
@@ -50,9 +50,11 @@ def test_an_untruncated_group_carries_no_byte_of_kept_sets():
     assert not wire.decode(data, UNTRUNCATED).kept.present
 
 
-def test_kept_sets_cost_four_bytes_per_kept_id_beyond_the_untruncated_group():
-    """The sampled id is not repeated in its set, so a token's offset takes the place of its
-    own id: the extra bytes are 4 per kept id, plus the two keys and one more offset."""
+def test_kept_sets_cost_one_byte_per_token_and_four_per_further_kept_id():
+    """The sampled id is not repeated in its set and a set's size travels in one byte, so the
+    extra bytes are 1 per token and 4 per kept id beyond the sampled one, plus two keys: the
+    whole group within 8 bytes per token (id, log-prob) + 4 per kept id (|K| per token, the
+    sampled one included), with 3 bytes per token to spare."""
     G, L, P, k = 8, 256, 16, 20
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 150_000, G * L, dtype=np.int32)
@@ -66,12 +68,12 @@ def test_kept_sets_cost_four_bytes_per_kept_id_beyond_the_untruncated_group():
         rewards=rng.random(G, dtype=np.float32), finish_reasons=("length",) * G,
         temperature=1.0, num_reward_errors=0, gen_s=1.5,
     )  # fmt: skip
-    msg = dataclasses.replace(base, kept_offsets=kept.offsets, kept_ids=kept.ids)
+    msg = dataclasses.replace(base, kept_counts=kept.other_counts(), kept_ids=kept.ids)
     extra = len(wire.encode(msg)) - len(wire.encode(base))
-    num_kept = G * L * k  # |K| summed over the tokens, the sampled one included
-    keys = len("kept_offsets") + len("kept_ids") + 2 + 3 + 5  # str headers; bin16, bin32
-    assert extra == 4 * num_kept + 4 + keys
-    assert len(wire.encode(msg)) <= 8 * G * L + 4 * num_kept + 4 * P + 8 * G + 450
+    num_tokens, num_kept = G * L, G * L * k  # |K| summed over the tokens, the sampled one included
+    keys = len("kept_counts") + len("kept_ids") + 2 + 3 + 5  # str headers; bin16, bin32
+    assert extra == num_tokens + 4 * (num_kept - num_tokens) + keys
+    assert len(wire.encode(msg)) <= 5 * num_tokens + 4 * num_kept + 4 * P + 8 * G + 450
     limits = wire.Limits(vocab_size=150_000, group_size=G, temperature=1.0, max_kept=k)
     assert wire.decode(wire.encode(msg), limits).kept.sizes().tolist() == [k] * (G * L)
 
@@ -87,7 +89,7 @@ def test_decoding_kept_sets_stays_within_the_allocation_bound():
         prompt_ids=np.array([1, 2], np.int32), completion_ids=tokens,
         completion_lens=np.full(G, L, np.int32), behavior_logp=np.zeros(G * L, np.float32),
         token_versions=np.zeros(0, np.int32), rewards=np.zeros(G, np.float32),
-        finish_reasons=("length",) * G, temperature=1.0, kept_offsets=kept.offsets,
+        finish_reasons=("length",) * G, temperature=1.0, kept_counts=kept.other_counts(),
         kept_ids=kept.ids,
     )  # fmt: skip
     data = wire.encode(msg)
@@ -120,10 +122,11 @@ def test_every_legal_group_of_a_truncated_run_is_accepted_and_round_trips(g):
 @given(g=groups(EDGE_TRUNCATED), data=st.data())
 def test_a_legal_kept_set_with_its_sampled_token_listed_is_refused(g, data):
     t = data.draw(st.integers(0, g.num_tokens - 1).filter(lambda t: t not in g.kept_unknown))
-    others = [g.kept_ids[g.kept_offsets[i] : g.kept_offsets[i + 1]] for i in range(g.num_tokens)]
+    offsets = g.kept.offsets
+    others = [g.kept_ids[offsets[i] : offsets[i + 1]] for i in range(g.num_tokens)]
     others[t] = np.sort(np.append(others[t], g.completion_ids[t])).astype(np.int32)
     bad = kept_set.from_lists(others, g.kept_unknown.tolist())
-    msg = dataclasses.replace(g, kept_offsets=bad.offsets, kept_ids=bad.ids)
+    msg = dataclasses.replace(g, kept_counts=bad.other_counts(), kept_ids=bad.ids)
     with pytest.raises(WireError) as info:
         wire.decode(wire.encode(msg), EDGE_TRUNCATED)
     assert info.value.reason == "bad_kept_set"
