@@ -251,6 +251,11 @@ async def test_truncated_sampling_records_the_kept_sets_the_learner_renormalises
             full_d.append((log_full - c.logprobs)[trained])
             sizes += [len(s) for s, known in zip(sets, trained, strict=True) if known]
     kept_gap, full_gap = np.concatenate(kept_d), np.concatenate(full_d)
+    print(  # the figures docs/sampling.md quotes for the vLLM path (run with -s)
+        f"vllm kept sets {truncation}: tokens {total}, unknown {unknown}, mean |K| "
+        f"{np.mean(sizes):.2f}, mean |d| kept {np.abs(kept_gap).mean():.4f}, ratio kept "
+        f"{np.exp(kept_gap).mean():.4f}, ratio full vocab {np.exp(full_gap).mean():.4f}"
+    )
     assert unknown <= 0.05 * total, (unknown, total)
     assert np.abs(kept_gap).mean() < TOL
     assert abs(np.exp(kept_gap).mean() - 1) < TOL  # the ratio at the behaviour policy
