@@ -21,7 +21,9 @@ carrying the sets costs on the wire, in the decoder and in the learner step.
    `--repeats` steps each.
 
 Top-level keys: ratio_mean_kept_set, ratio_max_abs_dev_kept_set, ratio_mean_full_vocab (the top_p
-0.9 case; both cases under `cases`), wire_bytes_per_token, wire_budget_bytes_per_token,
+0.9 case; both cases under `cases`), wire_bytes_per_token, wire_budget_bytes_per_token (the
+demo's groups), wire_bytes_per_token_large, wire_budget_bytes_per_token_large,
+wire_extra_bytes_per_kept_id (the large group; kept ids counted with the sampled one),
 decode_ratio_top_k_20, learner_step_ratio_top_k_20, load averages at start and end.
 """
 
@@ -283,10 +285,13 @@ def main() -> None:
         "large_top_k_20": wire_and_decode(large_groups(), big_limits),
     }
     print("wire", json.dumps(out["wire"]), flush=True)
-    d = out["wire"]["demo_top_k_20"]
+    d, large = out["wire"]["demo_top_k_20"], out["wire"]["large_top_k_20"]
     out.update(
         wire_bytes_per_token=d["bytes_per_token"],
         wire_budget_bytes_per_token=d["budget_bytes_per_token"],
+        wire_bytes_per_token_large=large["bytes_per_token"],
+        wire_budget_bytes_per_token_large=large["budget_bytes_per_token"],
+        wire_extra_bytes_per_kept_id=large["extra_bytes_per_kept_id"],
         decode_ratio_top_k_20=d["decode_ratio"],
         demo_kept_set_size=int(vocab),
     )
