@@ -32,6 +32,11 @@ class RunConfig:
         False,
         "Continue from the run directory's checkpoint (model, optimizer, RNG, cursor, ledger).",
     )
+    record_stream: bool = _f(
+        True,
+        "Record every admitted group (its wire bytes) and each step's batch in RUN/stream/, so "
+        "that `asyncgrpo replay` can train on the same data again (docs/replay.md).",
+    )
     wait_for_producers: int = _f(
         0,
         "Grant no lease (and start no clock) until this many producers are registered and hold "
