@@ -176,6 +176,7 @@ class DeviceTrainer:
         out: dict[str, Any] = _combine(metrics)
         positions, real = out.pop("forward_positions_sum"), out.pop("forward_tokens_sum")
         out["tokens_kept_unknown"] = int(out.pop("tokens_kept_unknown_sum", 0))
+        out["loss"] = out.pop("loss_sum", 0.0) / updates  # the mean update's full-batch loss
         out.update(
             attention=self.attention.path,
             padding_frac=1.0 - real / max(positions, 1.0),
@@ -291,6 +292,7 @@ class DeviceTrainer:
             global_seqs=global_seqs,
         )
         assert head.entropy_N is not None
+        metrics["loss_sum"] = float(loss.detach())  # global normalisers: passes add up
         metrics["entropy"] = float(head.entropy_N.sum()) / max(mb.num_tokens, 1)
         metrics.update(kept_metrics(mb, head, self.vocab_size))
         return loss, metrics

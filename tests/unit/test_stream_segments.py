@@ -49,7 +49,8 @@ def test_a_recorded_stream_reads_back_step_by_step(tmp_path: Path) -> None:
     record_steps(tmp_path, 3)
     rec = R.index(tmp_path)
     assert [s.entry.version for s in rec.steps] == [0, 1, 2]
-    assert rec.torn is None and rec.tokens == 24
+    assert rec.torn is None
+    assert rec.tokens == 24
     g = R.load_group(rec.steps[1].groups[1], wire.Limits(group_size=2), step=1)
     assert g.lease_id == 3
 
@@ -67,7 +68,8 @@ def test_a_torn_tail_is_ignored_by_the_reader_and_cut_by_the_next_writer(tmp_pat
     with open(path, "ab") as f:  # a kill mid-write: half a record
         f.write(S.frame(S.GROUP, wire.encode(group(99)))[:30])
     rec = R.index(tmp_path)
-    assert len(rec.steps) == 2 and rec.torn is not None
+    assert len(rec.steps) == 2
+    assert rec.torn is not None
     S.SegmentWriter(tmp_path, schema=wire.SCHEMA_VERSION)  # a resumed run opens it again
     assert path.stat().st_size == whole
 
@@ -108,7 +110,7 @@ def test_a_missing_or_truncated_middle_segment_is_refused(tmp_path: Path) -> Non
 
 def test_a_stream_of_another_wire_schema_is_refused(tmp_path: Path) -> None:
     record_steps(tmp_path, 1)
-    with pytest.raises(StreamError, match="wire schema .* this build speaks"):
+    with pytest.raises(StreamError, match=r"wire schema .* this build speaks"):
         R.index(tmp_path, schema=wire.SCHEMA_VERSION + 1)
 
 
