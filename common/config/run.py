@@ -83,6 +83,12 @@ class ModelConfig:
         False, "torch.compile each decoder layer of the learner (in place; off until measured)."
     )
     torch_threads: int = _f(0, "torch intra-op threads for the learner (0 = torch default).")
+    deterministic: bool = _f(
+        False,
+        "Deterministic learner kernels on a GPU (torch.use_deterministic_algorithms, cuBLAS "
+        "workspace :4096:8), so a replay reproduces every snapshot hash (docs/replay.md); CPU "
+        "runs are deterministic without it.",
+    )
 
     def problems(self) -> list[str]:
         """None beyond the field types (the model directory is checked where it is loaded)."""

@@ -95,6 +95,8 @@ class DeviceTrainer:
         self.device = resolve_device(cfg.model.device)
         if cfg.model.torch_threads:
             torch.set_num_threads(cfg.model.torch_threads)
+        if cfg.model.deterministic:
+            use_deterministic_kernels()
         torch.manual_seed(cfg.run.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.to(self.device)  # type: ignore[arg-type]  # transformers' wrapped `to`
@@ -341,6 +343,18 @@ class DeviceTrainer:
             checkpoint.load_plain(
                 directory, self.model, self.optimizer, self.scheduler, device=self.device
             )
+
+
+def use_deterministic_kernels() -> None:
+    """Kernels that give the same bits every run (docs/replay.md): cuBLAS with a fixed
+    workspace (read when its handle is made, so before the first matmul), no nondeterministic
+    algorithm (torch raises where an op has none), cuDNN without autotuning."""
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 @torch.no_grad()
