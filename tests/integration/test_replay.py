@@ -1,17 +1,20 @@
 """A replay in one process (consumer/replay.py) on the tiny model: a recorded stream trains to
 the same snapshot hashes every time, a replay's own stream replays to its hashes, a changed TIS
 cap differs from the first step with its |Δparam| named, and a recording the config does not
-match is refused naming the file and the step."""
+match is refused naming the file and the step; a replay from a checkpoint continues to the
+same hashes."""
 
 from __future__ import annotations
 
 import pytest
-from replay_streams import STEPS, P, record, replay
+from replay_streams import STEPS, P, config, record, replay
 
-from common.errors import StreamError
-from consumer.replay import compare
+from common import run_files as RF
+from common.errors import ConfigError, StreamError
+from consumer.replay import Replay, compare
 from consumer.stream import reader as R
 from consumer.stream.recorder import STREAM
+from consumer.train import checkpoint
 
 
 def test_a_stream_replays_to_the_same_hashes_and_a_replay_replays_itself(tmp_path, tiny_model_dir):
@@ -25,8 +28,6 @@ def test_a_stream_replays_to_the_same_hashes_and_a_replay_replays_itself(tmp_pat
                   run_dir=tmp_path / "c")  # fmt: skip
     assert cmp.compared == list(range(STEPS + 1))
     assert cmp.first_diff is None
-    from common import run_files as RF
-
     balance = RF.read_ledger(tmp_path / "a").balance
     assert (balance.trained, balance.dropped_stale) == (STEPS * P, STEPS)
 
@@ -49,3 +50,28 @@ def test_a_recording_the_config_does_not_match_is_refused_at_its_step(tmp_path, 
         replay(tiny_model_dir, source, tmp_path / "a")
     with pytest.raises(StreamError, match=r"000000\.seg: step 0: a recorded group does not fit"):
         replay(tiny_model_dir, source, tmp_path / "b", **{"sampling.group_size": 2})
+
+
+def test_a_replay_from_a_checkpoint_continues_to_the_same_hashes(tmp_path, tiny_model_dir):
+
+    from common import run_files as RF
+
+    source = tmp_path / "run"
+    record(source)
+    whole = replay(tiny_model_dir, source, tmp_path / "a")
+    first = tmp_path / "first"  # one step, then a checkpoint in the recorded run's directory
+    first.mkdir()
+    cfg = config(tiny_model_dir, first)
+    part = Replay(cfg, first, R.index(source / STREAM), source, check_passes=True)
+    part.run(1)
+    checkpoint.save(source, trainer=part.trainer, version=1, book_state=RF.BookState(book={}))
+    rest = tmp_path / "rest"
+    rest.mkdir()
+    r = Replay(config(tiny_model_dir, rest), rest, R.index(source / STREAM), source,
+               check_passes=True)  # fmt: skip
+    with pytest.raises(ConfigError, match="holds only its checkpoint of version 1"):
+        r.start_from(2)
+    r.start_from(1)
+    done = r.run(None)
+    assert done.steps == STEPS - 1
+    assert done.hashes == {v: whole[v] for v in range(1, STEPS + 1)}
