@@ -3,6 +3,7 @@ step loop, owns shutdown.
 
 Threads: the network thread (consumer/server/) owns every socket and the lease book, and
 this thread reaches it only through `Server`'s typed methods; the publisher thread writes snapshots;
+the recorder thread writes what this one consumed to RUN/stream/ (consumer/stream/recorder.py);
 this (main) thread runs the training loop and never touches a socket. One step:
 
     collect P admitted groups (gate: stale → dropped_stale, all-equal rewards →
