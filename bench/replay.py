@@ -13,7 +13,10 @@ metrics.jsonl:
   (no start-up, model loading or final plots on either side).
 
 JSON keys (stable; medians over pairs): on_s_per_step, off_s_per_step, recording_overhead
-(on / off - 1), replay_s_per_step, replay_over_original (replay loop_s / the recorded run's
+(on / off - 1: under another load it measures the load), recording_s_per_step (recording the
+run's stream again in this process, its groups decoded beforehand: puts, encoding, writes, per
+step) and recording_over_off_step (that / off_s_per_step: the recorder's work apart from the
+load), replay_s_per_step, replay_over_original (replay loop_s / the recorded run's
 loop_s), versions_compared and hashes_equal (every replay: all snapshot hashes equal),
 stream_bytes (the recorded run's RUN/stream/), stream_bytes_per_token (per completion token
 trained), group_bytes_per_token (the groups' wire bytes alone), checkpoint_bytes (its
@@ -87,6 +90,29 @@ def sizes(run_dir: Path) -> dict[str, float]:
     }  # fmt: skip
 
 
+def recording_cpu(run_dir: Path, scratch: Path) -> float:
+    """Seconds per step that recording `run_dir`'s stream again takes in this process (the
+    training thread's puts, the recorder thread's encoding and writes, until closed): the
+    recorder's work, apart from the load of whatever else shares the machine."""
+    import time
+
+    from common import wire
+    from consumer.stream.reader import index, load_group
+    from consumer.stream.recorder import Recorder
+
+    rec = index(run_dir / "stream")
+    steps = [([load_group(at, wire.Limits(), step=s.entry.version) for at in s.groups], s.entry)
+             for s in rec.steps]  # fmt: skip
+    t0 = time.perf_counter()
+    recorder = Recorder(scratch)
+    for groups, entry in steps:
+        for g in groups:
+            recorder.group(g)
+        recorder.step(entry)
+    recorder.close()
+    return (time.perf_counter() - t0) / max(len(steps), 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=300)
@@ -99,7 +125,7 @@ def main() -> None:
         base = args.keep or Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
         runs: list[dict[str, Any]] = []
-        on, off, rep, size = [], [], [], {}
+        on, off, rep, cpu, size = [], [], [], [], {}
         for i in range(args.pairs):
             order = (True, False) if i % 2 == 0 else (False, True)
             pair = {r: launch(base / f"p{i}-{'on' if r else 'off'}", args.steps, r) for r in order}
@@ -110,6 +136,7 @@ def main() -> None:
             rep.append(r)
             runs += [pair[order[0]], pair[order[1]], r]
             size = sizes(base / f"p{i}-on")
+            cpu.append(recording_cpu(base / f"p{i}-on", base / f"p{i}-rerecord"))
         med = statistics.median
         out = {
             "on_s_per_step": med(x["s_per_step"] for x in on),
@@ -123,6 +150,8 @@ def main() -> None:
             "runs": runs,
         }  # fmt: skip
         out["recording_overhead"] = out["on_s_per_step"] / out["off_s_per_step"] - 1
+        out["recording_s_per_step"] = med(cpu)
+        out["recording_over_off_step"] = out["recording_s_per_step"] / out["off_s_per_step"]
     text = json.dumps(out, indent=1)
     print(text)
     if args.json:
