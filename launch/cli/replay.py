@@ -114,7 +114,7 @@ def _run(
     steps, from_checkpoint, verify, passes = options
     if recording.torn:
         typer.echo(f"note: {recording.torn}", err=True)
-    shown = ", ".join(k for k in changes if not k.startswith("run.")) or "none"
+    shown = ", ".join(k for k in changes if not k.startswith(("run.", "snapshot."))) or "none"
     typer.echo(f"replaying {len(recording.steps)} recorded steps of {source} into {out} "
                f"(settings changed: {shown})", err=True)  # fmt: skip
     try:
@@ -127,11 +127,15 @@ def _run(
     report(out)
     cmp = compare(recording.snapshots, done.hashes, source=source, run_dir=out)
     typer.echo(f"replayed {done.steps} steps in {done.wall_s:.1f} s")
-    if cmp.first_diff is None:
+    if cmp.first_diff is None and (cmp.compared or not verify):
         typer.echo(
             f"snapshot hashes: all {len(cmp.compared)} versions compared equal the original's"
         )
         return
+    if cmp.first_diff is None:
+        typer.secho(f"error: {source} recorded no snapshot hash of a version replayed",
+                    fg=typer.colors.RED, err=True)  # fmt: skip
+        raise typer.Exit(1)
     delta = "unknown (a snapshot is no longer on disk)"
     if cmp.max_abs_delta is not None:
         delta = f"{cmp.max_abs_delta:.3g}"
@@ -141,5 +145,6 @@ def _run(
         f"there = {delta}"
     )
     if verify:
-        fail(line)
+        typer.secho(f"error: {line}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
     typer.echo(line)

@@ -71,9 +71,15 @@ def test_an_async_demo_run_replays_with_every_snapshot_hash_equal(demo_run, tmp_
 @pytest.mark.timeout(900)
 def test_a_changed_tis_cap_trains_differs_and_is_overlaid(demo_run, tmp_path):
     cap = tmp_path / "cap"
-    done = asyncgrpo("replay", str(demo_run), "--run-dir", str(cap), "--set", "loss.tis_cap=1.001")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "is the first of" in done.stdout  # a version whose weights differ
+    done = asyncgrpo(
+        "replay", "--verify", str(demo_run), "--run-dir", str(cap), "--set", "loss.tis_cap=1.001"
+    )
+    assert done.returncode == 1, done.stderr[-3000:]  # --verify: the weights differ
+    assert re.search(
+        r"version \d+ \(after step \d+\) is the first of 13 compared that differs "
+        r"from the original's; max \|Δparam\| there = \d",
+        done.stderr,
+    ), done.stderr
     original = read_jsonl(demo_run / RF.METRICS)
     replayed = read_jsonl(cap / RF.METRICS)
     assert len(replayed) == STEPS
