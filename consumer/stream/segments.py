@@ -9,16 +9,22 @@ then holds records, each
     u8 kind | u32 payload length | payload | 16-byte BLAKE3 of (kind, length, payload)
 
 (integers little-endian). Kinds: `GROUP` (a `common.wire.Group` as its wire bytes), `STEP`
-and `SNAPSHOT` (UTF-8 JSON, consumer/stream/records.py). 21 bytes of framing per record.
+and `SNAPSHOT` (UTF-8 JSON, consumer/stream/records.py). 21 bytes of framing per record. A
+finished segment ends with a `SEAL` record whose payload is the 32-byte BLAKE3 of every byte
+before it: the whole segment's hash.
 
 Invariants:
 - A segment is only ever appended to; a new one starts when the current one passes
   `max_bytes` or a writer is opened again (a resumed run), so a finished segment never changes.
 - Every record carries its own hash: a reader trusts nothing it has not checked, and names the
   file and offset of the first record that fails.
+- A segment is sealed when it is finished (rolled, closed, or found unsealed by the next
+  writer, after `repair`), so only the newest one can be unsealed, and a sealed segment whose
+  hash fails is corrupt, however its records look.
 - A torn tail (a kill mid-write: a partial header, a record running past the end of the file,
-  or a last record whose hash fails) exists only at the end of the newest segment; `repair`
-  cuts it back to the last whole record. Anything wrong elsewhere is corruption, never repaired.
+  or a last record whose hash fails) exists only at the end of the newest, unsealed segment;
+  `repair` cuts it back to the last whole record. Anything else wrong is corruption (an
+  unknown record kind included: a torn write leaves a prefix of a record), never repaired.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ FORMAT = 1
 HEADER = struct.Struct("<8sHHI")
 FRAME = struct.Struct("<BI")
 DIGEST_BYTES = 16
-GROUP, STEP, SNAPSHOT = 1, 2, 3
-KINDS = (GROUP, STEP, SNAPSHOT)
+GROUP, STEP, SNAPSHOT, SEAL = 1, 2, 3, 4
+KINDS = (GROUP, STEP, SNAPSHOT)  # the records a segment's body holds
+SEAL_BYTES = FRAME.size + 32 + DIGEST_BYTES
 SUFFIX = ".seg"
 
 
@@ -63,7 +70,7 @@ def _digest(kind: int, payload: bytes | memoryview) -> bytes:
 
 def frame(kind: int, payload: bytes) -> bytes:
     """One record's bytes."""
-    assert kind in KINDS, kind
+    assert kind in (*KINDS, SEAL), kind
     return FRAME.pack(kind, len(payload)) + payload + _digest(kind, payload)
 
 
@@ -112,7 +119,8 @@ def _walk(path: Path, data: bytes) -> Iterator[tuple[Record | None, int, str | N
         kind, n = FRAME.unpack_from(data, pos)
         end = pos + FRAME.size + n + DIGEST_BYTES
         if kind not in KINDS:
-            yield None, pos, f"unknown record kind {kind}"
+            what = "a seal whose hash fails" if kind == SEAL else f"unknown record kind {kind}"
+            yield None, pos, what
             return
         if end > len(data):
             yield None, pos, f"record of {n} bytes runs past the end of the file"
@@ -125,46 +133,73 @@ def _walk(path: Path, data: bytes) -> Iterator[tuple[Record | None, int, str | N
         pos = end
 
 
+def _body(path: Path, data: bytes) -> tuple[bytes, bool]:
+    """(the bytes before the seal, True) for a sealed segment whose hash holds; (data, False)
+    for an unsealed one; StreamError for a sealed one whose hash fails."""
+    if len(data) < HEADER.size + SEAL_BYTES:
+        return data, False
+    at = len(data) - SEAL_BYTES
+    kind, n = FRAME.unpack_from(data, at)
+    payload = data[at + FRAME.size : len(data) - DIGEST_BYTES]
+    if kind != SEAL or n != 32 or _digest(SEAL, payload) != data[-DIGEST_BYTES:]:
+        return data, False
+    if blake3.blake3(data[:at]).digest() != payload:
+        raise StreamError(f"{path}: corrupt: the segment's hash does not match its seal")
+    return data[:at], True
+
+
+def _torn(data: bytes, stop: int, why: str) -> bool:
+    """Whether a failure at `stop` of an unsealed segment is what a kill mid-write leaves."""
+    if why == "record hash does not match":  # written out of order before a power loss
+        n = int(FRAME.unpack_from(data, stop)[1])
+        return stop + FRAME.size + n + DIGEST_BYTES == len(data)
+    return why == "partial record header" or why.endswith("runs past the end of the file")
+
+
 def scan(path: Path, schema: int) -> Scan:
-    """How far `path` holds whole records (the header checked)."""
+    """How far `path` holds whole records (the header and any seal checked)."""
     data = path.read_bytes()
     check_header(path, data, schema)
+    body, _sealed = _body(path, data)
     end, torn = HEADER.size, None
-    for record, stop, why in _walk(path, data):
+    for record, stop, why in _walk(path, body):
         end, torn = (stop, why) if record is None else (stop, None)
     return Scan(end=end, size=len(data), torn=torn)
 
 
 def read(path: Path, schema: int, *, tail: bool) -> Iterator[Record]:
     """The records of `path`. A record that fails raises StreamError naming the file and its
-    offset, unless `tail` (the newest segment) and it is a torn tail: then reading stops there."""
+    offset, unless `tail` (the newest segment), unsealed, and the failure is a torn tail: then
+    reading stops there."""
     data = path.read_bytes()
     check_header(path, data, schema)
-    for record, stop, why in _walk(path, data):
+    body, sealed = _body(path, data)
+    for record, stop, why in _walk(path, body):
         if record is not None:
             yield record
             continue
-        if tail and why != "record hash does not match":
+        assert why is not None
+        if tail and not sealed and _torn(body, stop, why):
             return  # a kill mid-write: the records before it are whole
-        if tail and _is_last(data, stop):
-            return
         raise StreamError(f"{path}: corrupt at byte {stop}: {why}")
 
 
-def _is_last(data: bytes, pos: int) -> bool:
-    """Whether the (bad) record at `pos` is the file's last: its frame reaches the end."""
-    n = int(FRAME.unpack_from(data, pos)[1])
-    return pos + FRAME.size + n + DIGEST_BYTES == len(data)
+def sealed(path: Path) -> bool:
+    """Whether `path` ends with a seal whose hash holds (StreamError if it does not)."""
+    return _body(path, path.read_bytes())[1]
 
 
 def repair(path: Path, schema: int) -> int:
     """Cut a torn tail off `path` (the newest segment); returns the bytes removed. Corruption
-    before the last record raises StreamError instead."""
+    anywhere else raises StreamError instead."""
     data = path.read_bytes()
     check_header(path, data, schema)
+    if _body(path, data)[1]:
+        return 0
     for record, stop, why in _walk(path, data):
         if record is None:
-            if why == "record hash does not match" and not _is_last(data, stop):
+            assert why is not None
+            if not _torn(data, stop, why):
                 raise StreamError(f"{path}: corrupt at byte {stop}: {why}")
             with open(path, "r+b") as f:
                 f.truncate(stop)
@@ -174,6 +209,15 @@ def repair(path: Path, schema: int) -> int:
     return 0
 
 
+def seal(path: Path) -> None:
+    """Append the seal (the hash of everything before it) to an unsealed, whole segment."""
+    digest = blake3.blake3(path.read_bytes()).digest()
+    with open(path, "ab") as f:
+        f.write(frame(SEAL, digest))
+        f.flush()
+        os.fsync(f.fileno())
+
+
 class SegmentWriter:
     """Appends records to `directory`'s segments (one thread uses it: the recorder's)."""
 
@@ -181,8 +225,10 @@ class SegmentWriter:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory, self.schema, self.max_bytes = directory, schema, max_bytes
         existing = segments(directory)
-        for path in existing[-1:]:
+        for path in existing[-1:]:  # a killed or resumed run's: whole, then sealed
             repair(path, schema)
+            if not sealed(path):
+                seal(path)
         self.index = int(existing[-1].stem) + 1 if existing else 0
         self._file: BinaryIO | None = None
         self.bytes_written = 0  # records' bytes, headers excluded, by this writer
@@ -194,14 +240,17 @@ class SegmentWriter:
     def _open(self) -> BinaryIO:
         if self._file is None:
             self._file = open(self.path, "xb")  # noqa: SIM115 (closed by roll/close)
-            self._file.write(HEADER.pack(MAGIC, FORMAT, self.schema, self.index))
+            header = HEADER.pack(MAGIC, FORMAT, self.schema, self.index)
+            self._file.write(header)
             self._size = HEADER.size
+            self._hasher = blake3.blake3(header)
         return self._file
 
     def append(self, kind: int, payload: bytes) -> None:
         f = self._open()
         data = frame(kind, payload)
         f.write(data)
+        self._hasher.update(data)
         self._size += len(data)
         self.bytes_written += len(data)
         if self._size >= self.max_bytes:
@@ -224,8 +273,9 @@ class SegmentWriter:
             self._file.flush()
 
     def roll(self) -> None:
-        """Finish the current segment; the next record starts a new one."""
+        """Finish (seal) the current segment; the next record starts a new one."""
         if self._file is not None:
+            self._file.write(frame(SEAL, self._hasher.digest()))
             self.sync()
             self._file.close()
             self._file = None

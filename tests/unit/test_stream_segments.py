@@ -33,7 +33,7 @@ def group(lease_id: int, G: int = 2) -> wire.Group:
 
 
 def record_steps(
-    directory: Path, steps: int, *, per_step: int = 2, max_bytes: int = 1 << 20
+    directory: Path, steps: int, *, per_step: int = 2, max_bytes: int = 1 << 20, close: bool = True
 ) -> S.SegmentWriter:
     w = S.SegmentWriter(directory, schema=wire.SCHEMA_VERSION, max_bytes=max_bytes)
     for v in range(steps):
@@ -42,6 +42,10 @@ def record_steps(
             w.append(S.GROUP, wire.encode(group(i)))
         w.append(S.STEP, StepEntry(version=v, kept=tuple(ids), tokens=4 * per_step).to_bytes())
     w.close()
+    if not close:  # a killed run's newest segment: never sealed
+        last = S.segments(directory)[-1]
+        with open(last, "r+b") as f:
+            f.truncate(last.stat().st_size - S.SEAL_BYTES)
     return w
 
 
@@ -62,7 +66,7 @@ def test_segments_roll_at_their_size_and_read_as_one_stream(tmp_path: Path) -> N
 
 
 def test_a_torn_tail_is_ignored_by_the_reader_and_cut_by_the_next_writer(tmp_path: Path) -> None:
-    record_steps(tmp_path, 2)
+    record_steps(tmp_path, 2, close=False)
     (path,) = S.segments(tmp_path)
     whole = path.stat().st_size
     with open(path, "ab") as f:  # a kill mid-write: half a record
@@ -71,11 +75,13 @@ def test_a_torn_tail_is_ignored_by_the_reader_and_cut_by_the_next_writer(tmp_pat
     assert len(rec.steps) == 2
     assert rec.torn is not None
     S.SegmentWriter(tmp_path, schema=wire.SCHEMA_VERSION)  # a resumed run opens it again
-    assert path.stat().st_size == whole
+    assert path.stat().st_size == whole + S.SEAL_BYTES  # cut back, then sealed
+    assert S.sealed(path)
+    assert len(R.index(tmp_path).steps) == 2
 
 
 def test_a_torn_last_record_whose_hash_fails_is_cut_back(tmp_path: Path) -> None:
-    record_steps(tmp_path, 2)
+    record_steps(tmp_path, 2, close=False)
     (path,) = S.segments(tmp_path)
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF  # the last record's digest: written partly before the kill
@@ -90,7 +96,9 @@ def test_a_corrupt_byte_names_the_file_and_the_step(tmp_path: Path) -> None:
     data = bytearray(first.read_bytes())
     data[S.HEADER.size + 10] ^= 0x01
     first.write_bytes(bytes(data))
-    with pytest.raises(StreamError, match=rf"{first.name}: corrupt at byte \d+.*\(step 0\)"):
+    with pytest.raises(
+        StreamError, match=rf"{first.name}: corrupt: the segment's hash .*\(step 0\)"
+    ):
         R.index(tmp_path)
     with pytest.raises(StreamError, match="corrupt"):
         S.repair(first, wire.SCHEMA_VERSION)  # corruption is never "repaired"
@@ -101,7 +109,7 @@ def test_a_missing_or_truncated_middle_segment_is_refused(tmp_path: Path) -> Non
     paths = S.segments(tmp_path)
     with open(paths[1], "r+b") as f:
         f.truncate(paths[1].stat().st_size - 5)
-    with pytest.raises(StreamError, match=rf"{paths[1].name}: corrupt .*runs past the end"):
+    with pytest.raises(StreamError, match=rf"{paths[1].name}: corrupt at byte \d+"):
         R.index(tmp_path)
     paths[1].unlink()
     with pytest.raises(StreamError, match=rf"{paths[1].name} is missing.*after step \d"):
@@ -133,3 +141,25 @@ def test_resume_cuts_the_stream_back_to_the_checkpoint(tmp_path: Path) -> None:
     record_steps(tmp_path, 1)  # a later incarnation's segment, after the checkpoint
     assert S.cut_after(tmp_path, name, size) == [S.segment_name(1)]
     assert len(R.index(tmp_path).steps) == 2
+
+
+def test_a_damaged_length_in_a_sealed_segment_is_corruption_not_a_torn_tail(tmp_path: Path) -> None:
+    record_steps(tmp_path, 2)  # closed: sealed
+    (path,) = S.segments(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[S.HEADER.size + 3] ^= 0x10  # the first record's length: it now runs past the end
+    path.write_bytes(bytes(data))
+    with pytest.raises(StreamError, match=r"000000\.seg: corrupt: the segment's hash"):
+        R.index(tmp_path)
+    with pytest.raises(StreamError, match="corrupt"):
+        S.SegmentWriter(tmp_path, schema=wire.SCHEMA_VERSION)  # never cut back as if torn
+
+
+def test_an_unknown_record_kind_in_the_newest_segment_is_corruption(tmp_path: Path) -> None:
+    record_steps(tmp_path, 2, close=False)
+    (path,) = S.segments(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[S.HEADER.size] = 9
+    path.write_bytes(bytes(data))
+    with pytest.raises(StreamError, match="unknown record kind 9"):
+        R.index(tmp_path)
