@@ -133,19 +133,25 @@ def _walk(path: Path, data: bytes) -> Iterator[tuple[Record | None, int, str | N
         pos = end
 
 
-def _body(path: Path, data: bytes) -> tuple[bytes, bool]:
-    """(the bytes before the seal, True) for a sealed segment whose hash holds; (data, False)
-    for an unsealed one; StreamError for a sealed one whose hash fails."""
+def _seal(data: bytes) -> str:
+    """ "none" (no seal at the end), "ok" (sealed, the hash holds) or "bad" (it does not)."""
     if len(data) < HEADER.size + SEAL_BYTES:
-        return data, False
+        return "none"
     at = len(data) - SEAL_BYTES
     kind, n = FRAME.unpack_from(data, at)
     payload = data[at + FRAME.size : len(data) - DIGEST_BYTES]
     if kind != SEAL or n != 32 or _digest(SEAL, payload) != data[-DIGEST_BYTES:]:
-        return data, False
-    if blake3.blake3(data[:at]).digest() != payload:
+        return "none"
+    return "ok" if blake3.blake3(data[:at]).digest() == payload else "bad"
+
+
+def _body(path: Path, data: bytes) -> tuple[bytes, bool]:
+    """(the bytes before the seal, True) for a sealed segment whose hash holds; (data, False)
+    for an unsealed one; StreamError for a sealed one whose hash fails."""
+    state = _seal(data)
+    if state == "bad":
         raise StreamError(f"{path}: corrupt: the segment's hash does not match its seal")
-    return data[:at], True
+    return (data[:-SEAL_BYTES], True) if state == "ok" else (data, False)
 
 
 def _torn(data: bytes, stop: int, why: str) -> bool:
@@ -173,15 +179,18 @@ def read(path: Path, schema: int, *, tail: bool) -> Iterator[Record]:
     reading stops there."""
     data = path.read_bytes()
     check_header(path, data, schema)
-    body, sealed = _body(path, data)
+    state = _seal(data)
+    body = data[:-SEAL_BYTES] if state != "none" else data
     for record, stop, why in _walk(path, body):
         if record is not None:
             yield record
             continue
         assert why is not None
-        if tail and not sealed and _torn(body, stop, why):
+        if tail and state == "none" and _torn(body, stop, why):
             return  # a kill mid-write: the records before it are whole
         raise StreamError(f"{path}: corrupt at byte {stop}: {why}")
+    if state == "bad":  # every record whole: the damage is in the seal itself
+        raise StreamError(f"{path}: corrupt: the segment's hash does not match its seal")
 
 
 def sealed(path: Path) -> bool:

@@ -97,7 +97,7 @@ def test_a_corrupt_byte_names_the_file_and_the_step(tmp_path: Path) -> None:
     data[S.HEADER.size + 10] ^= 0x01
     first.write_bytes(bytes(data))
     with pytest.raises(
-        StreamError, match=rf"{first.name}: corrupt: the segment's hash .*\(step 0\)"
+        StreamError, match=rf"{first.name}: corrupt at byte \d+: record hash .*\(step 0\)"
     ):
         R.index(tmp_path)
     with pytest.raises(StreamError, match="corrupt"):
@@ -149,7 +149,7 @@ def test_a_damaged_length_in_a_sealed_segment_is_corruption_not_a_torn_tail(tmp_
     data = bytearray(path.read_bytes())
     data[S.HEADER.size + 3] ^= 0x10  # the first record's length: it now runs past the end
     path.write_bytes(bytes(data))
-    with pytest.raises(StreamError, match=r"000000\.seg: corrupt: the segment's hash"):
+    with pytest.raises(StreamError, match=r"000000\.seg: corrupt at byte \d+: record of \d+"):
         R.index(tmp_path)
     with pytest.raises(StreamError, match="corrupt"):
         S.SegmentWriter(tmp_path, schema=wire.SCHEMA_VERSION)  # never cut back as if torn
@@ -162,4 +162,15 @@ def test_an_unknown_record_kind_in_the_newest_segment_is_corruption(tmp_path: Pa
     data[S.HEADER.size] = 9
     path.write_bytes(bytes(data))
     with pytest.raises(StreamError, match="unknown record kind 9"):
+        R.index(tmp_path)
+
+
+def test_a_damaged_seal_over_whole_records_is_named(tmp_path: Path) -> None:
+    record_steps(tmp_path, 2)
+    (path,) = S.segments(tmp_path)
+    data = path.read_bytes()
+    body, seal = data[: -S.SEAL_BYTES], bytearray(data[-S.SEAL_BYTES :])
+    seal[S.FRAME.size] ^= 0x01  # the whole-segment hash, the seal record itself well formed
+    path.write_bytes(body + S.frame(S.SEAL, bytes(seal[S.FRAME.size : -S.DIGEST_BYTES])))
+    with pytest.raises(StreamError, match=r"000000\.seg: corrupt: the segment's hash .*\(step 2\)"):
         R.index(tmp_path)
