@@ -22,12 +22,13 @@ import threading
 from concurrent.futures import Future
 from pathlib import Path
 
+from common import run_files as RF
 from common import wire
 from consumer.stream import segments as S
 from consumer.stream.records import SnapshotEntry, StepEntry
 
 log = logging.getLogger("asyncgrpo.consumer")
-STREAM = "stream"
+STREAM = RF.STREAM
 _Item = tuple[int, object] | Future[tuple[str, int]] | None
 
 
