@@ -1,8 +1,9 @@
 """Exceptions that cross module boundaries.
 
-`ConfigError` and `SnapshotError` are for users (bad settings, corrupt files): their message says
-what is wrong and which key or file to change. `WireError` carries a short `reason` code that is
-used as a metrics key (`rejected.<reason>`). Programmer invariants use `assert`, not these.
+`ConfigError`, `SnapshotError` and `StreamError` are for users (bad settings, corrupt files):
+their message says what is wrong and which key or file to change. `WireError` carries a short
+`reason` code that is used as a metrics key (`rejected.<reason>`).
+Programmer invariants use `assert`, not these.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ class SnapshotError(AsyncGRPOError, ValueError):
 class SnapshotMismatch(SnapshotError):
     """A snapshot whose tensors do not fit the model (names or shapes): its bytes are fine, the
     model is wrong, so no retry can help."""
+
+
+class StreamError(AsyncGRPOError, ValueError):
+    """A recorded stream (RUN/stream/) that cannot be replayed as it is: a missing, truncated or
+    corrupt segment, another format or schema version, or a config that does not match it. The
+    message names the file and, where one is concerned, the step."""
 
 
 class WireError(AsyncGRPOError, ValueError):

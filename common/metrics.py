@@ -81,6 +81,7 @@ class StepRecord:
     snapshots_superseded: int | None = None  # snapshots skipped for a newer one, so far
     # -- the trainer (None when the stand-in trainer does not measure it) ----------------------
     step_s: float | None = None  # the optimizer step itself
+    loss: float | None = None  # the loss of the step's batch (mean over its updates)
     num_tokens: float | None = None  # valid completion tokens in the loss
     grad_norm: float | None = None  # before clipping
     lr: float | None = None  # the learning rate this step (its first update) used

@@ -60,6 +60,7 @@ SUMMARY = "summary.md"
 PROCESSES = "processes.json"
 SNAPSHOTS = "snapshots"
 CHECKPOINTS = "checkpoints"
+STREAM = "stream"  # the recorded stream (consumer/stream/)
 LEGACY_CHECKPOINT = "checkpoint"  # the layout before checkpoints/LATEST
 PLOTS = "plots"
 CONSUMER_LOG = "consumer.log"

@@ -12,6 +12,8 @@ sample; never touches the train split.
   agree, tied embeddings may be stored once) or a `SnapshotError`.
 - `accuracy_of(model, tokenizer, examples)` decodes with a model already in memory and leaves
   its train/eval mode and the tokenizer's padding side as they were.
+- `PeriodicEval`: the learner's (and a replay's) held-out accuracy every `train.eval_every`
+  steps on the synthetic task with a real model: `{"heldout_accuracy", "eval_s"}` or `{}`.
 - `evaluate_run(run_dir, model_dir)` evaluates the snapshot a finished run ended with (and, with
   `initial=True`, the model it started from) on the whole held-out split and writes
   `RUN_DIR/eval.json`: `final_accuracy`, `heldout_size`, `final_version`, `model` (and
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,33 @@ class EvalResult:
     accuracy: float
     correct: int
     total: int
+
+
+class PeriodicEval:
+    """Held-out greedy accuracy every train.eval_every steps (synthetic task, real model)."""
+
+    def __init__(self, cfg: Any, model_dir: Path | None) -> None:
+        self.cfg, self.model_dir = cfg, model_dir
+        self._loaded: tuple[Any, list[Example]] | None = None
+
+    def __call__(self, version: int, model: Any) -> dict[str, Any]:
+        """`model()` gives the model to decode with (called only when this step evaluates)."""
+        every = self.cfg.train.eval_every
+        if not every or version % every or self.model_dir is None:
+            return {}
+        if self.cfg.task.source != "synthetic":
+            return {}
+        t0 = time.perf_counter()
+        if self._loaded is None:
+            from transformers import AutoTokenizer
+
+            examples = make_examples("heldout", self.cfg.train.eval_size, seed=self.cfg.run.seed)
+            self._loaded = (AutoTokenizer.from_pretrained(self.model_dir), examples)
+        tokenizer, examples = self._loaded
+        result = accuracy_of(
+            model(), tokenizer, examples, max_new_tokens=self.cfg.sampling.max_new_tokens
+        )
+        return {"heldout_accuracy": result.accuracy, "eval_s": time.perf_counter() - t0}
 
 
 def accuracy_of(

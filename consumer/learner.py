@@ -3,6 +3,7 @@ step loop, owns shutdown.
 
 Threads: the network thread (consumer/server/) owns every socket and the lease book, and
 this thread reaches it only through `Server`'s typed methods; the publisher thread writes snapshots;
+the recorder thread writes what this one consumed to RUN/stream/ (consumer/stream/recorder.py);
 this (main) thread runs the training loop and never touches a socket. One step:
 
     collect P admitted groups (gate: stale → dropped_stale, all-equal rewards →
@@ -28,6 +29,7 @@ producer that never hears it gives up on its own after `net.consumer_timeout_s`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -52,12 +54,15 @@ from common.endpoints import advertised_host, tcp_endpoint
 from common.errors import ConfigError
 from common.keys import load_keys
 from common.model_dir import local_model_dir
+from consumer.evaluate import PeriodicEval
 from consumer.key_gate import start_key_gate
 from consumer.server.prompts import PromptSource, make_source
 from consumer.server.server import Server, run_spec
 from consumer.snapshots.fetch_files import FetchFiles, snapshot_chunk_bytes
 from consumer.snapshots.publisher import Publisher
 from consumer.staleness import lag, verdict, zero_variance
+from consumer.stream.recorder import Recorder, resume_position
+from consumer.stream.records import StepEntry
 from consumer.train import checkpoint
 from consumer.train.protocol import Trainer
 
@@ -72,6 +77,7 @@ STOP_WAIT_S = 5.0
 class Collected:
     kept: list[wire.Group] = field(default_factory=list)
     dropped: Counter[str] = field(default_factory=Counter)
+    dropped_ids: list[tuple[int, str]] = field(default_factory=list)  # (lease id, why)
     zero_std: int = 0  # groups seen (kept or dropped) whose rewards are all equal
     seen: int = 0
     rewards_seen: list[float] = field(default_factory=list)  # every completion's
@@ -124,6 +130,9 @@ class Learner:
             log.info(
                 "resumed at version %d (incarnation %d)", self.version, self.server.incarnation
             )
+        # RUN/stream/: what the learner consumed, for `asyncgrpo replay` (consumer/stream/)
+        resume_at = resume_position(book_state.log_sizes) if book_state else None
+        self.recorder = Recorder(run_dir, resume_from=resume_at) if cfg.run.record_stream else None
         self.publisher = Publisher(
             run_dir / "snapshots",
             self.model_dir,
@@ -135,11 +144,11 @@ class Learner:
                 anchor_every=cfg.snapshot.anchor_every,
                 max_ratio=cfg.snapshot.delta_max_ratio,
             ),
-            on_published=self.server.announce_snapshot,
+            on_published=self._on_published,
         )
         self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
         self.published = -1
-        self._eval: tuple[Any, Any] | None = None
+        self.heldout = PeriodicEval(cfg, self.model_dir)
         self._step_end: float | None = None  # perf_counter when the last optimizer step ended
 
     # ------------------------------------------------------------------------------------------
@@ -166,7 +175,7 @@ class Learner:
                 if got is None:
                     break
                 record = self._train(got, t_start, last)
-                record.update(self._maybe_evaluate())
+                record.update(self.heldout(self.version, self.trainer.eval_model))
                 last = time.perf_counter()
                 self.metrics.write(M.StepRecord(**record))
                 every = self.cfg.train.checkpoint_every
@@ -225,6 +234,8 @@ class Learner:
                     return None
                 continue
             out.seen += 1
+            if self.recorder is not None:
+                self.recorder.group(g)
             out.zero_std += zero_variance(g.rewards)
             out.rewards_seen.extend(g.rewards.tolist())
             why = verdict(
@@ -239,6 +250,7 @@ class Learner:
                 out.kept.append(g)
                 continue
             out.dropped[why] += 1
+            out.dropped_ids.append((g.lease_id, why))
             if (
                 why == "dropped_zero_variance"
                 and out.dropped[why] % (20 * c.train.prompts_per_step) == 0
@@ -268,6 +280,12 @@ class Learner:
         now = time.perf_counter()
         rewards = np.concatenate([g.rewards for g in got.kept])
         tokens = sum(g.num_tokens for g in got.kept)
+        if self.recorder is not None:
+            self.recorder.step(StepEntry(
+                version=v, kept=tuple(g.lease_id for g in got.kept),
+                dropped=tuple(got.dropped_ids), seed=self.cfg.run.seed,
+                micro_batches=metrics.get("micro_batches"), lr=metrics.get("lr"), tokens=tokens,
+            ))  # fmt: skip
         books = self.server.step_summary()  # its size does not grow with the producers
         totals = books.totals
         return {
@@ -304,34 +322,6 @@ class Learner:
             **metrics,
         }
 
-    def _maybe_evaluate(self) -> dict[str, Any]:
-        """Held-out greedy accuracy every train.eval_every steps (synthetic task, real model)."""
-        every = self.cfg.train.eval_every
-        if (
-            not every
-            or self.version % every
-            or self.model_dir is None
-            or self.cfg.task.source != "synthetic"
-        ):
-            return {}
-        from common.tasks import make_examples
-        from consumer.evaluate import accuracy_of
-
-        t0 = time.perf_counter()
-        if self._eval is None:
-            from transformers import AutoTokenizer
-
-            examples = make_examples("heldout", self.cfg.train.eval_size, seed=self.cfg.run.seed)
-            self._eval = (AutoTokenizer.from_pretrained(self.model_dir), examples)
-        tokenizer, examples = self._eval
-        result = accuracy_of(
-            self.trainer.eval_model(),
-            tokenizer,
-            examples,
-            max_new_tokens=self.cfg.sampling.max_new_tokens,
-        )
-        return {"heldout_accuracy": result.accuracy, "eval_s": time.perf_counter() - t0}
-
     def _publish(self, wait: bool = False) -> None:
         import torch
 
@@ -344,12 +334,21 @@ class Learner:
         if wait:
             self.publisher.wait()
 
+    def _on_published(self, info: wire.SnapshotInfo) -> None:
+        """The publisher's thread: a snapshot is ready; record its hash, then announce it."""
+        if self.recorder is not None:
+            self.recorder.snapshot(info)
+        self.server.announce_snapshot(info)
+
     def _checkpoint(self) -> None:
         """Save learner and lease book together with how far the append-only logs had got, so a
         resumed run truncates them to exactly the state it continues from."""
         self.publisher.wait()
         self.metrics.flush()
         state = self.server.checkpoint_state(logs=(RF.LEASES, RF.METRICS))
+        if self.recorder is not None:  # the stream as far as this checkpoint (all durable)
+            name, size = self.recorder.position()
+            state = dataclasses.replace(state, log_sizes={**state.log_sizes, name: size})
         checkpoint.save(self.run_dir, trainer=self.trainer, version=self.version, book_state=state)
 
     def _let_producers_hear_the_end(self) -> None:
@@ -382,6 +381,8 @@ class Learner:
             self.publisher.close()
             self.server.expire_open("shutdown")
             self._checkpoint()
+            if self.recorder is not None:
+                self.recorder.close()
             snap.write_final(self.run_dir, self.published)
             self.trainer.close()  # a sharded learner's other ranks stop here
         finally:

@@ -2,12 +2,12 @@
 unless the user says `--resume` (continue it) or `--force` (start afresh there).
 
 A run directory "holds a run" when any file a consumer writes during a run is there (metrics,
-leases, ledger, snapshots, checkpoints; `PREVIOUS_RUN`); a `config.toml` or a log alone does
-not count (the launcher writes a config before it starts the consumer; a consumer that failed
-at start-up leaves a log). Without this check a second run
-appended its metrics and leases to the first one's and overwrote its snapshots: two runs mixed
-into one, silently. `--force` deletes those files and the run's other outputs (logs, plots,
-summary), nothing else.
+leases, ledger, snapshots, checkpoints, the recorded stream; `PREVIOUS_RUN`); a `config.toml`
+or a log alone does not count (the launcher writes a config before it starts the consumer; a
+consumer that failed at start-up leaves a log). Without this check a second run appended its
+metrics and leases to the first one's and overwrote its snapshots: two runs mixed into one,
+silently. `--force` deletes those files and the run's other outputs (logs, plots, summary),
+nothing else.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from common.errors import ConfigError
 
 # what a run writes into its run directory and leaves behind; any of these means "a run was here"
 PREVIOUS_RUN = (RF.METRICS, RF.LEASES, RF.LEDGER, RF.SNAPSHOTS, RF.CHECKPOINTS,
-                RF.LEGACY_CHECKPOINT)  # fmt: skip
+                RF.LEGACY_CHECKPOINT, RF.STREAM)  # fmt: skip
 # what `--force` removes besides them: a run's other outputs (config.toml is rewritten anyway)
 _ALSO_REMOVED = (RF.FINAL, RF.ENDPOINTS, RF.CONSUMER, RF.EVAL, RF.SUMMARY, RF.PLOTS, RF.PROCESSES)
 

@@ -35,6 +35,8 @@ SHOWN_BY = {
     "launch/placement.py": ("stress",),
     "launch/stress/": ("stress",),
     "launch/cli/stress.py": ("stress",),
+    "consumer/replay.py": ("replay",),  # the replaying learner: only `asyncgrpo replay`
+    "consumer/stream/": ("consumer", "replay"),
     "consumer/": ("consumer",),
     "producer/": ("producer",),
 }

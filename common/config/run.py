@@ -32,6 +32,11 @@ class RunConfig:
         False,
         "Continue from the run directory's checkpoint (model, optimizer, RNG, cursor, ledger).",
     )
+    record_stream: bool = _f(
+        True,
+        "Record every admitted group (its wire bytes) and each step's batch in RUN/stream/, so "
+        "that `asyncgrpo replay` can train on the same data again (docs/replay.md).",
+    )
     wait_for_producers: int = _f(
         0,
         "Grant no lease (and start no clock) until this many producers are registered and hold "
@@ -78,6 +83,12 @@ class ModelConfig:
         False, "torch.compile each decoder layer of the learner (in place; off until measured)."
     )
     torch_threads: int = _f(0, "torch intra-op threads for the learner (0 = torch default).")
+    deterministic: bool = _f(
+        False,
+        "Deterministic learner kernels on a GPU (torch.use_deterministic_algorithms, cuBLAS "
+        "workspace :4096:8), so a replay reproduces every snapshot hash (docs/replay.md); CPU "
+        "runs are deterministic without it.",
+    )
 
     def problems(self) -> list[str]:
         """None beyond the field types (the model directory is checked where it is loaded)."""

@@ -138,7 +138,7 @@ class Server:
         self._control = Control(
             st, control, spec=self.spec, limits=wire.control_limits(), fanout=fanout
         )
-        intake = Intake(st, _group_limits(cfg, max_bytes, vocab_size=spec.vocab_size))
+        intake = Intake(st, group_limits(cfg, max_bytes, vocab_size=spec.vocab_size))
         data = self.data
 
         def refused() -> int:  # the key gates of control (the caller's) and of the data socket
@@ -358,7 +358,7 @@ def _restored_state(
     )  # fmt: skip
 
 
-def _group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits:
+def group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits:
     """What a group message may hold: the run's G, vocabulary, temperature, lengths and kept
     sets (required, of at most max_kept ids, exactly when the run samples truncated)."""
     s = cfg.sampling

@@ -110,6 +110,11 @@ def current(run_dir: Path) -> Path | None:
     return legacy if (legacy / "state.json").exists() else None
 
 
+def version_of(directory: Path) -> int:
+    """The policy version a checkpoint directory holds."""
+    return int(json.loads((directory / "state.json").read_text())["version"])
+
+
 def _write_atomically(path: Path, text: str) -> None:
     """Replace `path` by a file holding `text`: readers see the old or the new, never a part."""
     tmp = path.with_name(path.name + ".tmp")

@@ -95,6 +95,8 @@ class DeviceTrainer:
         self.device = resolve_device(cfg.model.device)
         if cfg.model.torch_threads:
             torch.set_num_threads(cfg.model.torch_threads)
+        if cfg.model.deterministic:
+            use_deterministic_kernels()
         torch.manual_seed(cfg.run.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.to(self.device)  # type: ignore[arg-type]  # transformers' wrapped `to`
@@ -176,6 +178,7 @@ class DeviceTrainer:
         out: dict[str, Any] = _combine(metrics)
         positions, real = out.pop("forward_positions_sum"), out.pop("forward_tokens_sum")
         out["tokens_kept_unknown"] = int(out.pop("tokens_kept_unknown_sum", 0))
+        out["loss"] = out.pop("loss_sum", 0.0) / updates  # the mean update's full-batch loss
         out.update(
             attention=self.attention.path,
             padding_frac=1.0 - real / max(positions, 1.0),
@@ -291,6 +294,7 @@ class DeviceTrainer:
             global_seqs=global_seqs,
         )
         assert head.entropy_N is not None
+        metrics["loss_sum"] = float(loss.detach())  # global normalisers: passes add up
         metrics["entropy"] = float(head.entropy_N.sum()) / max(mb.num_tokens, 1)
         metrics.update(kept_metrics(mb, head, self.vocab_size))
         return loss, metrics
@@ -339,6 +343,18 @@ class DeviceTrainer:
             checkpoint.load_plain(
                 directory, self.model, self.optimizer, self.scheduler, device=self.device
             )
+
+
+def use_deterministic_kernels() -> None:
+    """Kernels that give the same bits every run (docs/replay.md): cuBLAS with a fixed
+    workspace (read when its handle is made, so before the first matmul), no nondeterministic
+    algorithm (torch raises where an op has none), cuDNN without autotuning."""
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 @torch.no_grad()

@@ -9,6 +9,7 @@ One module per command family, all registered below on the one app (launch/cli/a
 app, the shared options and helpers):
 - run.py: `launch`, `consumer`, `producer` (the processes of a run; the run prepared once);
 - stress.py: `stress` (launch/stress/ runs the sweep);
+- replay.py: `replay` (consumer/replay.py trains on a recorded stream);
 - status.py: `status`, `report`;
 - model.py: `make-model`, `eval`;
 - keys.py: `keys`;
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from launch.cli import config, keys, model, run, status, stress
+from launch.cli import config, keys, model, replay, run, status, stress
 from launch.cli.app import DEMO_CONFIG, app, load_config, load_given
 
 # The commands, in the order `asyncgrpo --help` lists them.
@@ -29,6 +30,7 @@ app.command(epilog=run.CONSUMER_EPILOG)(run.consumer)
 app.command(epilog=run.PRODUCER_EPILOG)(run.producer)
 app.command(help=keys.HELP, epilog=keys.EPILOG)(keys.keys)
 app.command()(run.launch)
+app.command(epilog=replay.EPILOG)(replay.replay)
 app.command()(status.report)
 app.command()(status.status)
 app.command(epilog=stress.EPILOG)(stress.stress)

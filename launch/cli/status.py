@@ -16,16 +16,32 @@ from launch.cli.app import fail
 
 
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory, or a stress sweep's --out.")],
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(help="A run directory, or a stress sweep's --out; several runs: overlaid."),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Several runs: the figure to write (default: FIRST/plots/compare.png)."),
+    ] = None,
 ) -> None:
     """Write PNG plots (RUN_DIR/plots) and summary.md for a run, finished or not; for a stress
-    sweep's directory, its results.csv, summary.md and plots again."""
+    sweep's directory, its results.csv, summary.md and plots again. Several runs (a run and its
+    replays): their loss, reward, ratio and held-out curves overlaid in one figure."""
     from launch.report import report as write_report
     from launch.stress.run import is_sweep, report_sweep
 
-    if not run_dir.is_dir():
-        fail(f"{run_dir} is not a directory")
-    if is_sweep(run_dir):
+    for run_dir in run_dirs:
+        if not run_dir.is_dir():
+            fail(f"{run_dir} is not a directory")
+    if len(run_dirs) > 1:
+        from launch.compare import overlay
+
+        for run_dir in run_dirs:
+            if not (run_dir / RF.METRICS).exists():
+                fail(f"{run_dir} is not a run directory (no {RF.METRICS})")
+        written = [overlay(run_dirs, out or run_dirs[0] / RF.PLOTS / "compare.png")]
+    elif is_sweep(run_dir := run_dirs[0]):
         try:
             written = report_sweep(run_dir)
         except ConfigError as exc:

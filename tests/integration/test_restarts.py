@@ -74,6 +74,20 @@ def check_ledger(run_dir: Path, steps: int) -> RF.Ledger:
     return ledger
 
 
+def stream_holds_the_trained_timeline(run_dir: Path, steps: int) -> None:
+    """The recorded stream (cut back at the resume) lists each step's trained groups as the
+    ledger does, once, in lease order."""
+    from consumer.stream.reader import index
+
+    rec = index(run_dir / "stream")
+    assert [s.entry.version for s in rec.steps] == list(range(steps))
+    by_step: dict[int, list[int]] = {}
+    for r in RF.read_leases(run_dir):
+        if r.state == "trained":
+            by_step.setdefault(r.trained_step, []).append(r.lease_id)
+    assert [list(s.entry.kept) for s in rec.steps] == [sorted(by_step[v]) for v in range(steps)]
+
+
 @pytest.mark.timeout(300)
 def test_a_killed_consumer_resumes_from_its_checkpoint_and_producers_reconnect(tmp_path):
     run_dir = tmp_path / "run"
@@ -94,6 +108,7 @@ def test_a_killed_consumer_resumes_from_its_checkpoint_and_producers_reconnect(t
         stop(*procs)
     assert "resumed at version 10" in (tmp_path / "consumer2.log").read_text()
     check_ledger(run_dir, 30)
+    stream_holds_the_trained_timeline(run_dir, 30)
     for name in ("p1", "p2"):  # the same producer processes served both consumer incarnations
         assert "registering again" in (tmp_path / f"{name}.log").read_text()
 

@@ -46,6 +46,8 @@ def test_a_directory_holding_a_run_is_refused_naming_both_ways_out(tmp_path):
 
 def test_force_removes_the_previous_runs_files_and_nothing_else(tmp_path):
     run_dir = _used(tmp_path / "run")
+    (run_dir / RF.STREAM).mkdir()  # a new run must not append to this one's stream
+    (run_dir / RF.STREAM / "000000.seg").write_bytes(b"old")
     claim(run_dir, resume=False, force=True)
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.toml", "notes.txt"]
 
