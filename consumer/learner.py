@@ -48,16 +48,18 @@ from common import run_files as RF
 from common import snapshot as snap
 from common import wire
 from common.config import Config
+from common.config.run import reward_names
 from common.endpoints import advertised_host, tcp_endpoint
 from common.errors import ConfigError
 from common.keys import load_keys
 from common.model_dir import local_model_dir
 from consumer.key_gate import start_key_gate
+from consumer.reward_tally import RewardTally
 from consumer.server.prompts import PromptSource, make_source
 from consumer.server.server import Server, run_spec
 from consumer.snapshots.fetch_files import FetchFiles, snapshot_chunk_bytes
 from consumer.snapshots.publisher import Publisher
-from consumer.staleness import lag, verdict, zero_variance
+from consumer.staleness import lag, verdict
 from consumer.train import checkpoint
 from consumer.train.protocol import Trainer
 
@@ -72,9 +74,7 @@ STOP_WAIT_S = 5.0
 class Collected:
     kept: list[wire.Group] = field(default_factory=list)
     dropped: Counter[str] = field(default_factory=Counter)
-    zero_std: int = 0  # groups seen (kept or dropped) whose rewards are all equal
-    seen: int = 0
-    rewards_seen: list[float] = field(default_factory=list)  # every completion's
+    tally: RewardTally = field(default_factory=lambda: RewardTally([]))  # every arrived group
     wait_s: float = 0.0
     round_trip_s: float | None = None  # previous step's end -> first kept group
 
@@ -138,6 +138,7 @@ class Learner:
             on_published=self.server.announce_snapshot,
         )
         self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
+        self.reward_names = reward_names([r.fn for r in cfg.rewards.fns])
         self.published = -1
         self._eval: tuple[Any, Any] | None = None
         self._step_end: float | None = None  # perf_counter when the last optimizer step ended
@@ -211,7 +212,7 @@ class Learner:
 
     def _collect(self) -> Collected | None:
         """Admitted groups for the step at the current version (None when asked to stop)."""
-        c, out = self.cfg, Collected()
+        c, out = self.cfg, Collected(tally=RewardTally(self.reward_names))
         while len(out.kept) < c.train.prompts_per_step:
             if self.stop_event.is_set():  # even while every arriving group is dropped
                 return None
@@ -224,9 +225,7 @@ class Learner:
                 if self.server.starving():
                     return None
                 continue
-            out.seen += 1
-            out.zero_std += zero_variance(g.rewards)
-            out.rewards_seen.extend(g.rewards.tolist())
+            out.tally.add(g)
             why = verdict(
                 g,
                 policy_version=self.version,
@@ -278,8 +277,7 @@ class Learner:
             "step_wall_s": now - last,
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
-            "reward_mean_seen": float(np.mean(got.rewards_seen)),
-            "frac_reward_zero_std": got.zero_std / max(got.seen, 1),
+            **got.tally.fields(),
             "staleness_mean": float(np.mean(lags)),
             "staleness_max": int(max(lags)),
             "staleness_hist": {str(k): n for k, n in Counter(lags).items()},
