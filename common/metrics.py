@@ -83,6 +83,9 @@ class StepRecord:
     hold_s_max: float | None = None
     # -- the publisher (absent from runs older than the field) ---------------------------------
     snapshots_superseded: int | None = None  # snapshots skipped for a newer one, so far
+    # -- the trackers (consumer/loggers/; absent from runs older than the fields) -------------
+    loggers_dropped: int | None = None  # items a full logger queue dropped, so far
+    loggers_failed: int | None = None  # trackers dropped after an exception, so far
     # -- the trainer (None when the stand-in trainer does not measure it) ----------------------
     step_s: float | None = None  # the optimizer step itself
     num_tokens: float | None = None  # valid completion tokens in the loss

@@ -54,6 +54,7 @@ from common.errors import ConfigError
 from common.keys import load_keys
 from common.model_dir import local_model_dir
 from consumer.key_gate import start_key_gate
+from consumer.loggers import make_loggers
 from consumer.reward_tally import RewardTally
 from consumer.server.prompts import PromptSource, make_source
 from consumer.server.server import Server, run_spec
@@ -75,6 +76,7 @@ class Collected:
     kept: list[wire.Group] = field(default_factory=list)
     dropped: Counter[str] = field(default_factory=Counter)
     tally: RewardTally = field(default_factory=lambda: RewardTally([]))  # every arrived group
+    sample: list[wire.Group] = field(default_factory=list)  # the first few (log.completions_*)
     wait_s: float = 0.0
     round_trip_s: float | None = None  # previous step's end -> first kept group
 
@@ -139,6 +141,7 @@ class Learner:
         )
         self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
         self.reward_names = reward_names([r.fn for r in cfg.rewards.fns])
+        self.loggers = make_loggers(cfg, run_dir, self.model_dir)  # its own thread
         self.published = -1
         self._eval: tuple[Any, Any] | None = None
         self._step_end: float | None = None  # perf_counter when the last optimizer step ended
@@ -168,8 +171,16 @@ class Learner:
                     break
                 record = self._train(got, t_start, last)
                 record.update(self._maybe_evaluate())
+                record.update(
+                    loggers_dropped=self.loggers.dropped, loggers_failed=self.loggers.failed
+                )
                 last = time.perf_counter()
-                self.metrics.write(M.StepRecord(**record))
+                step_record = M.StepRecord(**record)
+                self.metrics.write(step_record)
+                self.loggers.submit_step(step_record)
+                every = self.cfg.log.completions_every
+                if every and (self.version == 1 or self.version % every == 0):
+                    self.loggers.submit_completions(self.version, got.sample)
                 every = self.cfg.train.checkpoint_every
                 if every and self.version % every == 0:
                     self._checkpoint()
@@ -226,6 +237,8 @@ class Learner:
                     return None
                 continue
             out.tally.add(g)
+            if len(out.sample) < c.log.completions_groups:
+                out.sample.append(g)
             why = verdict(
                 g,
                 policy_version=self.version,
@@ -392,6 +405,7 @@ class Learner:
                 self.auth.stop()
             self.ctx.term()
             self.metrics.close()
+            self.loggers.close()
         log.info("ledger: %s", balance.to_json())
         if not balance.ok:
             raise AssertionError(f"ledger does not balance: {balance.to_json()}")
