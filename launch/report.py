@@ -1,8 +1,8 @@
 """`asyncgrpo report RUN_DIR`: PNG plots and a Markdown summary of one run, from its files.
 
 Reads `metrics.jsonl` (one line per step), `leases.jsonl` (one line per finished lease),
-`ledger.json` and `eval.json` (if present). Writes `plots/*.png` and `summary.md` (reward calls
-that failed or timed out included):
+`ledger.json`, `eval.json` and `completions.jsonl` (if present: the newest sample is shown).
+Writes `plots/*.png` and `summary.md` (reward calls that failed or timed out included):
 - reward.png: reward mean over every arrived group and over the trained ones, the share of
   groups with equal rewards, per-function means, and held-out greedy accuracy when the
   learner evaluated, vs step (the axis follows the data);
@@ -27,6 +27,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from common import completions_file as CF
 from common import run_files as RF
 from common.metrics import StepRecord, read_steps
 from launch.headline import no_signal
@@ -250,10 +251,22 @@ def summarize(run_dir: Path) -> str:
         if refused:
             shown = ", ".join(f"{k} {v}" for k, v in sorted(refused.items()))
             lines += ["", f"Refused messages and connections: {shown}."]
+    lines += completions_lines(run_dir)
     lines += ["", "## Plots", ""] + [
         f"![{p.stem}]({RF.PLOTS}/{p.name})" for p in sorted((run_dir / RF.PLOTS).glob("*.png"))
     ]
     return "\n".join(lines) + "\n"
+
+
+def completions_lines(run_dir: Path, max_rows: int = 16) -> list[str]:
+    """summary.md's section of the newest completions sample (completions.jsonl), if any."""
+    rows = CF.read(run_dir)
+    if not rows:
+        return []
+    newest = [r for r in rows if r.step == rows[-1].step][:max_rows]
+    return ["", f"## Completions at step {newest[0].step}", "",
+            f"From `{CF.COMPLETIONS}` (every `log.completions_every` steps):", "",
+            CF.markdown_table(newest)]  # fmt: skip
 
 
 def report(run_dir: Path) -> list[Path]:

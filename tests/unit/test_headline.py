@@ -12,7 +12,7 @@ from common import wire
 from common.config.run import reward_names
 from consumer.reward_tally import RewardTally
 from launch.dashboard import summary_line
-from launch.report import plot_reward, report
+from launch.report import plot_reward, report, summarize
 
 BASE = {
     "step": 1, "time_s": 1.5, "unix_time": 1.7e9, "step_wall_s": 0.5, "reward_mean": 0.5,
@@ -99,3 +99,19 @@ def test_the_reward_plot_axis_follows_a_reward_above_one(tmp_path, monkeypatch):
     low, high = limits[-1]
     assert low < 0
     assert high >= 1.5
+
+
+def test_summary_md_shows_the_newest_completions_sample(tmp_path):
+    from common import completions_file as CF
+
+    def row(step: int, text: str) -> CF.CompletionRow:
+        return CF.CompletionRow(
+            step=step, prompt_index=3, behavior_version=step - 1, prompt="1+1=", completion=text,
+            reward=1.0, rewards={"exact_match": 1.0}, length=2, finish_reason="stop",
+        )  # fmt: skip
+
+    CF.append(tmp_path, [row(1, "old|one"), row(5, "2<eos>")])
+    summary = summarize(tmp_path)
+    assert "## Completions at step 5" in summary
+    assert '| 5 | 3 | 4 | 1+1= | 2<eos> | 1.0 | {"exact_match": 1.0} | 2 | stop |' in summary
+    assert "old" not in summary
