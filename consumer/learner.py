@@ -171,16 +171,8 @@ class Learner:
                     break
                 record = self._train(got, t_start, last)
                 record.update(self._maybe_evaluate())
-                record.update(
-                    loggers_dropped=self.loggers.dropped, loggers_failed=self.loggers.failed
-                )
                 last = time.perf_counter()
-                step_record = M.StepRecord(**record)
-                self.metrics.write(step_record)
-                self.loggers.submit_step(step_record)
-                every = self.cfg.log.completions_every
-                if every and (self.version == 1 or self.version % every == 0):
-                    self.loggers.submit_completions(self.version, got.sample)
+                self._write(record, got)
                 every = self.cfg.train.checkpoint_every
                 if every and self.version % every == 0:
                     self._checkpoint()
@@ -189,6 +181,18 @@ class Learner:
                 self.stop_asked = time.monotonic()
             self.shutdown()
         return 0
+
+    def _write(self, record: dict[str, Any], got: Collected) -> None:
+        """The step's metrics.jsonl line, handed to the trackers too (consumer/loggers/, their
+        own thread); a completions sample at step 1 and every log.completions_every steps."""
+        if self.cfg.log.report_to:
+            record.update(loggers_dropped=self.loggers.dropped, loggers_failed=self.loggers.failed)
+        step_record = M.StepRecord(**record)
+        self.metrics.write(step_record)
+        self.loggers.submit_step(step_record)
+        every = self.cfg.log.completions_every
+        if every and (self.version == 1 or self.version % every == 0):
+            self.loggers.submit_completions(self.version, got.sample)
 
     def _wait_for_producers(self) -> None:
         """Hold every lease until run.wait_for_producers producers hold the first snapshot

@@ -115,3 +115,23 @@ def test_summary_md_shows_the_newest_completions_sample(tmp_path):
     assert "## Completions at step 5" in summary
     assert '| 5 | 3 | 4 | 1+1= | 2<eos> | 1.0 | {"exact_match": 1.0} | 2 | stop |' in summary
     assert "old" not in summary
+
+
+def test_the_dashboard_shows_both_rewards_each_function_and_no_signal(tmp_path):
+    from rich.console import Console
+
+    from launch.dashboard import MetricsTail, render
+
+    writer = M.JsonlWriter(tmp_path / RF.METRICS)
+    means = {"exact_match": 0.3, "boxed_format": 0.9}
+    line = {**BASE, "reward_mean_seen": 0.7, "frac_reward_zero_std": 0.92, "reward_fn_means": means}
+    writer.write(M.StepRecord(**line))
+    writer.close()
+    tail = MetricsTail(tmp_path / RF.METRICS)
+    tail.poll()
+    console = Console(record=True, width=200)
+    console.print(render(tail, steps=10, elapsed_s=1.0, restarts={}))
+    text = console.export_text()
+    assert "0.700 (trained 0.500, equal 92%)" in text
+    assert "boxed_format 0.900 · exact_match 0.300" in text  # metrics.jsonl sorts its keys
+    assert "92% of the groups had equal rewards" in text
