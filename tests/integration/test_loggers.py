@@ -62,7 +62,7 @@ def _group(index: int) -> wire.Group:
 
 
 def _wandb_file(run_dir: Path, run_id: str) -> Path:
-    (path,) = run_dir.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")
+    (path,) = run_dir.glob(f"wandb/offline-run-*-{run_id}*/run-{run_id}.wandb")
     return path
 
 
@@ -110,7 +110,8 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path):
     again = make_loggers(_config("wandb"), tmp_path, None)
     again.submit_step(_record(2))
     again.close()
-    runs = sorted(tmp_path.glob(f"wandb/offline-run-*-{run_id}"))
+    # W&B names a run's directory by its start second and id, "-1" added when that is taken
+    runs = sorted(tmp_path.glob(f"wandb/offline-run-*-{run_id}*"))
     assert len(runs) >= 1
     assert sorted(tmp_path.glob("wandb/offline-run-*")) == runs  # no other run id
     versions = {r["policy_version"] for p in runs for r in W.history(p / f"run-{run_id}.wandb")}
