@@ -56,7 +56,11 @@ class WandbSink:
         return None
 
     def close(self) -> None:
+        """Finish the run and stop W&B's service process: its files are whole on disk only
+        once the service has exited (seen under load: `finish` alone returned before it wrote
+        the run's records)."""
         self.run.finish()
+        self.wandb.teardown()
 
 
 def _cell(value: Any) -> Any:
