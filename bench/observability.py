@@ -1,12 +1,14 @@
 """What the trackers and completions samples cost the learner: the demo with and without them.
 
-    python bench/observability.py [--seeds 0,1] [--steps 30] [--json PATH]
+    python bench/observability.py [--seeds 0,1] [--steps 30] [--report-to tensorboard,wandb]
+        [--completions-every 1] [--json PATH]
 
 For each seed, one after another on this machine, alternating (off, on):
 - off: `asyncgrpo launch --no-eval --no-live` (launch/configs/demo.toml), trackers off,
   completions samples off (`log.completions_every=0`);
-- on:  the same with `--report-to tensorboard,wandb` (WANDB_MODE=offline) and a completions
-  sample at every step (`log.completions_every=1`: ten times the default rate, the worst case).
+- on:  the same with `--report-to` the trackers named (default both; W&B with
+  WANDB_MODE=offline) and a completions sample every `--completions-every` steps (default 1:
+  ten times the default rate, the worst case).
 From each run's metrics.jsonl, in seconds: s_per_step = (end of the last step - end of the
 first) / (steps - 1) (the learner's pace, waiting for groups included); step_s = the median
 optimizer step (the training thread's own work). Also, measured in this process: submit_us,
@@ -44,14 +46,17 @@ RECORD = {  # one metrics line of the demo's size (the hand-off's cost grows wit
 }  # fmt: skip
 
 
-def _launch(out: Path, seed: int, steps: int, on: bool) -> dict[str, float]:
+def _launch(
+    out: Path, seed: int, steps: int, on: bool, report_to: str, every: int
+) -> dict[str, float]:
     from common.metrics import read_steps
 
     cmd = [sys.executable, "-m", "launch.cli", "launch", "--no-eval", "--no-live",
            "--run-dir", str(out), "--steps", str(steps), "--set", f"run.seed={seed}"]  # fmt: skip
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     if on:
-        cmd += ["--report-to", "tensorboard,wandb", "--set", "log.completions_every=1"]
+        cmd += ["--set", f"log.completions_every={every}"]
+        cmd += ["--report-to", report_to] if report_to else []
     else:
         cmd += ["--set", "log.completions_every=0"]
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, capture_output=True)
@@ -103,6 +108,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--report-to", default="tensorboard,wandb")
+    ap.add_argument("--completions-every", type=int, default=1)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -111,7 +118,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
             for on in (False, True):
-                fig = _launch(Path(tmp) / f"{'on' if on else 'off'}-{seed}", seed, args.steps, on)
+                out_dir = Path(tmp) / f"{'on' if on else 'off'}-{seed}"
+                fig = _launch(out_dir, seed, args.steps, on, args.report_to, args.completions_every)
                 runs.append({"seed": seed, "on": on, **fig})
                 print(json.dumps(runs[-1]), flush=True)
     out: dict[str, object] = {}
@@ -121,6 +129,7 @@ def main() -> None:
         out |= {f"off_{key}": off, f"on_{key}": on_, f"on_over_off_{key}": on_ / off}
     out |= {
         "submit_us": _submit_us(), "seeds": seeds, "steps": args.steps, "cpus": os.cpu_count(),
+        "report_to": args.report_to, "completions_every": args.completions_every,
         "load_avg_1min_start": load_start, "load_avg_1min_end": os.getloadavg()[0], "runs": runs,
     }  # fmt: skip
     text = json.dumps(out, indent=1)
