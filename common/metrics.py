@@ -36,9 +36,13 @@ class StepRecord:
     reward_std: float
     # over every completion of every group that arrived for this step, those dropped (zero
     # variance, stale) included: the policy's sampled reward, which `reward_mean` is not once
-    # groups start to be all right (absent from runs older than the field)
+    # groups start to be all right (absent from runs older than the field); the headline
+    # number (consumer/reward_tally.py)
     reward_mean_seen: float | None = None
     frac_reward_zero_std: float  # groups seen (kept or dropped) whose rewards were all equal
+    # {reward function: its own mean score} over the completions of every group that arrived
+    # (names: common/config/run.py reward_names; None: no producer sent per-function scores)
+    reward_fn_means: dict[str, float] | None = None
     staleness_mean: float  # learner version - behaviour version, over the trained groups
     staleness_max: int
     staleness_hist: dict[str, int]  # {lag: trained groups} (keys are strings in JSON)
@@ -79,6 +83,9 @@ class StepRecord:
     hold_s_max: float | None = None
     # -- the publisher (absent from runs older than the field) ---------------------------------
     snapshots_superseded: int | None = None  # snapshots skipped for a newer one, so far
+    # -- the trackers (consumer/loggers/; absent from runs older than the fields) -------------
+    loggers_dropped: int | None = None  # items a full logger queue dropped, so far
+    loggers_failed: int | None = None  # trackers dropped after an exception, so far
     # -- the trainer (None when the stand-in trainer does not measure it) ----------------------
     step_s: float | None = None  # the optimizer step itself
     loss: float | None = None  # the loss of the step's batch (mean over its updates)
@@ -117,6 +124,12 @@ class StepRecord:
         """The line's object: optional fields that are None are left out."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {k: v for k, v in out.items() if v is not None or k in _REQUIRED}
+
+    @property
+    def reward_headline(self) -> float:
+        """The reward a user watches: over every group that arrived (`reward_mean_seen`),
+        or the trained groups' mean in runs older than that field."""
+        return self.reward_mean if self.reward_mean_seen is None else self.reward_mean_seen
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepRecord:

@@ -50,17 +50,20 @@ from common import run_files as RF
 from common import snapshot as snap
 from common import wire
 from common.config import Config
+from common.config.run import reward_names
 from common.endpoints import advertised_host, tcp_endpoint
 from common.errors import ConfigError
 from common.keys import load_keys
 from common.model_dir import local_model_dir
 from consumer.evaluate import PeriodicEval
 from consumer.key_gate import start_key_gate
+from consumer.loggers import make_loggers
+from consumer.reward_tally import RewardTally
 from consumer.server.prompts import PromptSource, make_source
 from consumer.server.server import Server, run_spec
 from consumer.snapshots.fetch_files import FetchFiles, snapshot_chunk_bytes
 from consumer.snapshots.publisher import Publisher
-from consumer.staleness import lag, verdict, zero_variance
+from consumer.staleness import lag, verdict
 from consumer.stream.recorder import Recorder, resume_position
 from consumer.stream.records import StepEntry
 from consumer.train import checkpoint
@@ -78,9 +81,8 @@ class Collected:
     kept: list[wire.Group] = field(default_factory=list)
     dropped: Counter[str] = field(default_factory=Counter)
     dropped_ids: list[tuple[int, str]] = field(default_factory=list)  # (lease id, why)
-    zero_std: int = 0  # groups seen (kept or dropped) whose rewards are all equal
-    seen: int = 0
-    rewards_seen: list[float] = field(default_factory=list)  # every completion's
+    tally: RewardTally = field(default_factory=lambda: RewardTally([]))  # every arrived group
+    sample: list[wire.Group] = field(default_factory=list)  # the first few (log.completions_*)
     wait_s: float = 0.0
     round_trip_s: float | None = None  # previous step's end -> first kept group
 
@@ -147,6 +149,8 @@ class Learner:
             on_published=self._on_published,
         )
         self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
+        self.reward_names = reward_names([r.fn for r in cfg.rewards.fns])
+        self.loggers = make_loggers(cfg, run_dir, self.model_dir)  # its own thread
         self.published = -1
         self.heldout = PeriodicEval(cfg, self.model_dir)
         self._step_end: float | None = None  # perf_counter when the last optimizer step ended
@@ -177,7 +181,7 @@ class Learner:
                 record = self._train(got, t_start, last)
                 record.update(self.heldout(self.version, self.trainer.eval_model))
                 last = time.perf_counter()
-                self.metrics.write(M.StepRecord(**record))
+                self._write(record, got)
                 every = self.cfg.train.checkpoint_every
                 if every and self.version % every == 0:
                     self._checkpoint()
@@ -186,6 +190,18 @@ class Learner:
                 self.stop_asked = time.monotonic()
             self.shutdown()
         return 0
+
+    def _write(self, record: dict[str, Any], got: Collected) -> None:
+        """The step's metrics.jsonl line, handed to the trackers too (consumer/loggers/, their
+        own thread); a completions sample at step 1 and every log.completions_every steps."""
+        if self.cfg.log.report_to:
+            record.update(loggers_dropped=self.loggers.dropped, loggers_failed=self.loggers.failed)
+        step_record = M.StepRecord(**record)
+        self.metrics.write(step_record)
+        self.loggers.submit_step(step_record)
+        every = self.cfg.log.completions_every
+        if every and (self.version == 1 or self.version % every == 0):
+            self.loggers.submit_completions(self.version, got.sample)
 
     def _wait_for_producers(self) -> None:
         """Hold every lease until run.wait_for_producers producers hold the first snapshot
@@ -220,7 +236,7 @@ class Learner:
 
     def _collect(self) -> Collected | None:
         """Admitted groups for the step at the current version (None when asked to stop)."""
-        c, out = self.cfg, Collected()
+        c, out = self.cfg, Collected(tally=RewardTally(self.reward_names))
         while len(out.kept) < c.train.prompts_per_step:
             if self.stop_event.is_set():  # even while every arriving group is dropped
                 return None
@@ -233,11 +249,11 @@ class Learner:
                 if self.server.starving():
                     return None
                 continue
-            out.seen += 1
             if self.recorder is not None:
                 self.recorder.group(g)
-            out.zero_std += zero_variance(g.rewards)
-            out.rewards_seen.extend(g.rewards.tolist())
+            out.tally.add(g)
+            if len(out.sample) < c.log.completions_groups:
+                out.sample.append(g)
             why = verdict(
                 g,
                 policy_version=self.version,
@@ -296,8 +312,7 @@ class Learner:
             "step_wall_s": now - last,
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
-            "reward_mean_seen": float(np.mean(got.rewards_seen)),
-            "frac_reward_zero_std": got.zero_std / max(got.seen, 1),
+            **got.tally.fields(),
             "staleness_mean": float(np.mean(lags)),
             "staleness_max": int(max(lags)),
             "staleness_hist": {str(k): n for k, n in Counter(lags).items()},
@@ -395,6 +410,7 @@ class Learner:
                 self.auth.stop()
             self.ctx.term()
             self.metrics.close()
+            self.loggers.close()
         log.info("ledger: %s", balance.to_json())
         if not balance.ok:
             raise AssertionError(f"ledger does not balance: {balance.to_json()}")

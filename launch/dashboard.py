@@ -28,6 +28,7 @@ from rich.table import Table
 
 from common import run_files as RF
 from common.metrics import StepRecord
+from launch.headline import fn_means_text, no_signal, reward_text
 
 
 class MetricsTail:
@@ -94,20 +95,25 @@ def summary_line(
     balance) say whether groups arrive and why none was trained; `views` (the producers'
     latest, common/run_files.py) add reward failures; `beyond` says why a run goes on past
     `steps` (`step_text`)."""
+    warning = no_signal(rec, ledger)
+    tail = f" — {warning}" if warning else ""
     if rec is None:
         counts = ledger.to_json() if ledger is not None else {}
         seen = {k: v for k, v in counts.items() if k not in ("ok", "open") and v}
-        return f"[{elapsed_s:6.0f}s] waiting for the first step…" + (
-            " ledger " + " ".join(f"{k} {v}" for k, v in sorted(seen.items())) if seen else ""
+        return (
+            f"[{elapsed_s:6.0f}s] waiting for the first step…"
+            + (" ledger " + " ".join(f"{k} {v}" for k, v in sorted(seen.items())) if seen else "")
+            + tail
         )
     acc = rec.heldout_accuracy
     errors, timeouts = reward_failures(views or {})
     return (
-        f"[{elapsed_s:6.0f}s] {step_text(rec.step, steps, beyond)} reward {rec.reward_mean:.3f}"
+        f"[{elapsed_s:6.0f}s] {step_text(rec.step, steps, beyond)} {reward_text(rec)}"
         + (f" heldout {acc:.3f}" if acc is not None else "")
         + f" staleness {rec.staleness_mean:.2f}/{rec.staleness_max}"
         + f" tok/s {rec.tokens_per_s:.0f} idle {rec.learner_idle_frac:.2f}"
         + (f" reward errors {errors} timeouts {timeouts}" if errors or timeouts else "")
+        + tail
     )
 
 
@@ -220,7 +226,10 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
         "step", step_text(done, steps).removeprefix("step "), "elapsed", f"{elapsed_s:.0f} s"
     )
     if rec is not None:
-        top.add_row("reward", _fmt(rec.reward_mean), "held-out accuracy", _fmt(acc))
+        top.add_row("reward", reward_text(rec).removeprefix("reward "), "held-out accuracy",
+                    _fmt(acc))  # fmt: skip
+        if rec.reward_fn_means:
+            top.add_row("per function", fn_means_text(rec), "", "")
         top.add_row(
             "staleness mean/max",
             f"{rec.staleness_mean:.2f} / {rec.staleness_max}",
@@ -245,6 +254,9 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
             "",
             "",
         )
+        warning = no_signal(rec)
+        if warning:
+            top.add_row("no signal", warning.removeprefix("no signal: "), "", "", style="yellow")
         errors, timeouts = reward_failures(views)
         if errors or timeouts:
             top.add_row(

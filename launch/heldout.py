@@ -20,6 +20,12 @@ scored so, written to RUN_DIR/eval.json (`initial_accuracy`, `final_accuracy`: t
 `heldout_size`, `final_version`, `model`, `heldout`: `describe(cfg)`), what `asyncgrpo launch`
 prints at the end of a run.
 
+`eval_target(path, snapshot, eval_path=...)`: what `asyncgrpo eval PATH` scores: a run
+directory (its final snapshot) or a snapshot inside one is scored on that run's own task and
+rewards (RUN/config.toml); a run whose task has no held-out split is refused with a line
+naming `task.eval_path` (never scored on the built-in addition split instead); any other
+directory is a model scored on the synthetic held-out split.
+
 Runs in the calling process, on the first visible CUDA GPU if there is one, else the CPU.
 """
 
@@ -38,6 +44,48 @@ from consumer.server.rows import PromptRow
 class HeldOutScore:
     score: float  # mean reward per prompt (accuracy for a 0/1 reward)
     size: int  # prompts scored
+
+
+@dataclass(frozen=True, slots=True)
+class EvalTarget:
+    cfg: Config | None  # the run's config; None: a bare model on the synthetic split
+    model_dir: Path
+    snapshot: Path | None  # a snapshot directory or model.safetensors over model_dir's weights
+
+
+def eval_target(path: Path, snapshot: Path | None, *, eval_path: Path | None) -> EvalTarget:
+    """What `asyncgrpo eval PATH` scores (module docstring); a `ConfigError` with one line
+    when PATH is a run whose task it cannot score."""
+    from common import config as C
+    from common import run_files as RF
+    from common import snapshot as snap
+    from common.errors import ConfigError
+    from common.model_dir import local_model_dir
+
+    run_dir = None
+    if (path / RF.CONFIG).is_file():
+        run_dir = path
+    elif path.parent.name == RF.SNAPSHOTS and (path.parent.parent / RF.CONFIG).is_file():
+        run_dir, snapshot = path.parent.parent, path
+    if run_dir is None:
+        return EvalTarget(None, path, snapshot)
+    cfg = C.load(run_dir / RF.CONFIG)
+    if eval_path is not None:
+        cfg = C.override(cfg, {"task.eval_path": str(eval_path.resolve())})
+    if not has_heldout(cfg):
+        raise ConfigError(
+            f"{run_dir}: its task (task.source = {cfg.task.source!r}, task.path = "
+            f"{cfg.task.path!r}) has no held-out rows to score; give them with --eval-path "
+            "(read like task.path) or set task.eval_path in its config.toml"
+        )
+    if snapshot is None and path == run_dir:
+        versions = snap.list_versions(run_dir / RF.SNAPSHOTS)
+        final = snap.final_version(run_dir)
+        if not versions:
+            raise ConfigError(f"{run_dir}: no snapshot to score")
+        version = final if final in versions else versions[-1]
+        snapshot = snap.snapshot_dir(run_dir / RF.SNAPSHOTS, version)
+    return EvalTarget(cfg, local_model_dir(cfg.model.path), snapshot)
 
 
 def has_heldout(cfg: Config) -> bool:

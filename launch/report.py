@@ -1,9 +1,11 @@
 """`asyncgrpo report RUN_DIR`: PNG plots and a Markdown summary of one run, from its files.
 
 Reads `metrics.jsonl` (one line per step), `leases.jsonl` (one line per finished lease),
-`ledger.json` and `eval.json` (if present). Writes `plots/*.png` and `summary.md` (reward calls
-that failed or timed out included):
-- reward.png: batch reward mean (and held-out greedy accuracy when the learner evaluated) vs step;
+`ledger.json`, `eval.json` and `completions.jsonl` (if present: the newest sample is shown).
+Writes `plots/*.png` and `summary.md` (reward calls that failed or timed out included):
+- reward.png: reward mean over every arrived group and over the trained ones, the share of
+  groups with equal rewards, per-function means, and held-out greedy accuracy when the
+  learner evaluated, vs step (the axis follows the data);
 - staleness.png: histogram of learner_version - behavior_version over trained groups;
 - tis.png: TIS weight mean and fraction truncated vs step;
 - throughput.png: completion tokens/s and learner idle fraction over wall time;
@@ -25,8 +27,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from common import completions_file as CF
 from common import run_files as RF
 from common.metrics import StepRecord, read_steps
+from launch.headline import no_signal
 
 
 def _series(
@@ -51,16 +55,72 @@ def save_figure(fig: Any, path: Path) -> Path:
 
 
 def plot_reward(records: list[StepRecord], out: Path) -> Path:
+    """The reward over every arrived group (the headline), over the trained groups, the share
+    of groups with equal rewards, per-function means and held-out accuracy, against the step.
+    The axis follows the data (a reward summed with weights may exceed 1 or go below 0)."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*_series(records, lambda r: r.reward_mean), label="batch reward mean", alpha=0.6)
-    xs, ys = _series(records, lambda r: r.heldout_accuracy)
-    if xs:
-        ax.plot(xs, ys, "o-", label="held-out greedy accuracy")
+    series = [
+        (_series(records, lambda r: r.reward_mean_seen), "reward (all arrived groups)", "-"),
+        (_series(records, lambda r: r.reward_mean), "reward (trained groups)", "-"),
+        (_series(records, lambda r: r.frac_reward_zero_std), "share of groups with equal rewards",
+         ":"),
+        (_series(records, lambda r: r.heldout_accuracy), "held-out greedy accuracy", "o-"),
+    ]  # fmt: skip
+    for name in _fn_names(records):
+        series.append(
+            (_series(records, lambda r, n=name: (r.reward_fn_means or {}).get(n)), name, "--")
+        )
+    values: list[float] = []
+    for (xs, ys), label, style in series:
+        if xs:
+            ax.plot(xs, ys, style, label=label, alpha=0.8)
+            values += ys
+    low, high = min([0.0, *values]), max([1.0, *values])
+    pad = 0.02 * (high - low)
+    ax.set_ylim(low - pad, high + pad)
     ax.set_xlabel("optimizer step")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend()
+    ax.legend(fontsize="small")
     ax.set_title("reward and accuracy")
     return save_figure(fig, out / "reward.png")
+
+
+def _fn_names(records: list[StepRecord]) -> list[str]:
+    """The reward functions with per-function means in any record, in first-seen order."""
+    return list(dict.fromkeys(n for r in records for n in (r.reward_fn_means or {})))
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def reward_lines(records: list[StepRecord]) -> list[str]:
+    """summary.md's reward lines: the headline reward over every arrived group, the trained
+    groups' mean and the share of equal-reward groups, per-function means (first and last k
+    steps), and the "no signal" warning when the last step had none."""
+    k = min(10, len(records))
+    first, last = records[:k], records[-k:]
+    out = [
+        f"- reward mean (all arrived groups): first {k} steps "
+        f"{_mean([r.reward_headline for r in first]):.3f}, last {k} steps "
+        f"{_mean([r.reward_headline for r in last]):.3f}",
+        f"- reward mean (trained groups): first {k} steps "
+        f"{_mean([r.reward_mean for r in first]):.3f}, last {k} steps "
+        f"{_mean([r.reward_mean for r in last]):.3f}",
+        f"- groups with equal rewards (no signal): first {k} steps "
+        f"{_mean([r.frac_reward_zero_std for r in first]):.0%}, last {k} steps "
+        f"{_mean([r.frac_reward_zero_std for r in last]):.0%}",
+    ]
+    for name in _fn_names(records):
+        per = [(r.reward_fn_means or {}).get(name) for r in records]
+        got = [v for v in per if v is not None]
+        out.append(
+            f"- reward `{name}` (unweighted, all arrived groups): first {_mean(got[:k]):.3f}, "
+            f"last {_mean(got[-k:]):.3f}"
+        )
+    warning = no_signal(records[-1])
+    if warning:
+        out.append(f"- **warning**: {warning}")
+    return out
 
 
 def staleness_counts(leases: list[RF.LeaseLine]) -> Counter[int]:
@@ -165,11 +225,9 @@ def summarize(run_dir: Path) -> str:
     lines = [f"# Run {run_dir.name}", ""]
     if records:
         last, first = records[-1], records[0]
-        k = min(10, len(records))
         lines += [
             f"- steps: {last.step} in {last.time_s:.0f} s",
-            f"- reward mean: first {k} steps {sum(r.reward_mean for r in records[:k]) / k:.3f}, "
-            f"last {k} steps {sum(r.reward_mean for r in records[-k:]) / k:.3f}",
+            *reward_lines(records),
             f"- staleness of trained groups: {dict(sorted(staleness_counts(leases).items()))}",
             "- learner idle fraction (mean): "
             f"{sum(r.learner_idle_frac for r in records) / len(records):.3f}",
@@ -184,6 +242,8 @@ def summarize(run_dir: Path) -> str:
             f"{ev.get('initial_accuracy', float('nan')):.3f} → "
             f"{ev.get('final_accuracy', float('nan')):.3f} (n = {ev.get('heldout_size')})"
         ]
+    if not records and ledger is not None and no_signal(None, ledger.balance):
+        lines += [f"- **warning**: {no_signal(None, ledger.balance)}"]
     if ledger is not None:
         lines += ["", "## Ledger", "", "```", json.dumps(ledger.balance.to_json(), sort_keys=True)]
         lines += ["```"]
@@ -191,10 +251,22 @@ def summarize(run_dir: Path) -> str:
         if refused:
             shown = ", ".join(f"{k} {v}" for k, v in sorted(refused.items()))
             lines += ["", f"Refused messages and connections: {shown}."]
+    lines += completions_lines(run_dir)
     lines += ["", "## Plots", ""] + [
         f"![{p.stem}]({RF.PLOTS}/{p.name})" for p in sorted((run_dir / RF.PLOTS).glob("*.png"))
     ]
     return "\n".join(lines) + "\n"
+
+
+def completions_lines(run_dir: Path, max_rows: int = 16) -> list[str]:
+    """summary.md's section of the newest completions sample (completions.jsonl), if any."""
+    rows = CF.read(run_dir)
+    if not rows:
+        return []
+    newest = [r for r in rows if r.step == rows[-1].step][:max_rows]
+    return ["", f"## Completions at step {newest[0].step}", "",
+            f"From `{CF.COMPLETIONS}` (every `log.completions_every` steps):", "",
+            CF.markdown_table(newest)]  # fmt: skip
 
 
 def report(run_dir: Path) -> list[Path]:

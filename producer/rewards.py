@@ -49,6 +49,7 @@ from types import TracebackType
 import numpy as np
 
 from common.config import RewardSpec
+from common.config.run import reward_names
 from common.errors import ConfigError
 from common.log_limit import LogLimiter
 from producer.reward_fns import INLINE, resolve
@@ -87,7 +88,7 @@ class RewardRunner:
         assert timeout_s > 0, "config validation keeps rewards.timeout_s > 0"
         assert workers >= 1, "config validation keeps rewards.workers >= 1"
         self.specs = tuple(specs)
-        self.names = part_names([s.fn for s in self.specs])
+        self.names = reward_names([s.fn for s in self.specs])
         self.timeout_s, self.workers, self.hard_margin_s = timeout_s, workers, hard_margin_s
         self.num_calls = self.num_errors = self.num_timeouts = self.num_pool_restarts = 0
         self._slots = asyncio.Semaphore(workers)
@@ -213,15 +214,6 @@ class RewardRunner:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def part_names(fns: list[str]) -> list[str]:
-    """Keys of `Scored.parts`: the spec, with `#2`, `#3`… for repeats of the same spec."""
-    out, seen = [], dict.fromkeys(fns, 0)
-    for fn in fns:
-        seen[fn] += 1
-        out.append(fn if seen[fn] == 1 else f"{fn}#{seen[fn]}")
-    return out
 
 
 def _kill(pool: ProcessPoolExecutor) -> None:

@@ -16,7 +16,7 @@ producer/rewards.py is imported only for `TaskRewards`, so fake-engine producers
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 class GroupScore:
     rewards: np.ndarray  # float32 [G]
     num_failed: int  # reward calls that raised, returned no finite number or timed out (scored 0)
+    # float32 [F, G]: each reward function's own score, in the order of `RunSpec.reward_fns`
+    # ([0, G] when there are no functions: the fake engine's coins)
+    parts: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
 
 
 class Rewards(Protocol):
@@ -66,7 +69,11 @@ class TaskRewards:
         scored = await self.runner.score(texts, lease.answer, prompt=prompt, columns=lease.columns)
         self._count("reward_errors", scored.num_errors)
         self._count("reward_timeouts", scored.num_timeouts)
-        return GroupScore(scored.rewards, scored.num_errors + scored.num_timeouts)
+        parts = np.stack(list(scored.parts.values())) if scored.parts else None
+        failed = scored.num_errors + scored.num_timeouts
+        if parts is None:
+            return GroupScore(scored.rewards, failed)
+        return GroupScore(scored.rewards, failed, parts.astype(np.float32, copy=False))
 
     def _count(self, key: str, n: float) -> None:
         self.counters[key] = self.counters.get(key, 0) + n

@@ -13,6 +13,9 @@
   turn, and what it writes after it (a new "user" turn) is not its answer. SmolLM2-Instruct,
   sampled at temperature 1, ends a turn with `<|im_start|>` instead of its EOS `<|im_end|>` now
   and then.
+- A prompt with characters the tokenizer maps to its unknown token (the demo tokenizer knows
+  only digits, `+-*=` and space) is warned about once per producer, with the prompt and the
+  characters it could not read: the model sees `<unk>` where the task put them.
 - Without a model directory (fake engine) prompts map bytes to ids below `vocab_size - 1`
   (the fake engine's EOS is `vocab_size - 1`; messages: their contents, one after another)
   and completions decode to "".
@@ -21,6 +24,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -29,12 +33,15 @@ import numpy as np
 from common.errors import ConfigError
 from common.wire import ChatTurn
 
+log = logging.getLogger("asyncgrpo.producer")
+
 
 class PromptCodec:
     def __init__(self, model_dir: Path | None, prompt_format: str, *, vocab_size: int) -> None:
         self.prompt_format = prompt_format
         self.vocab_size = vocab_size
         self.tokenizer = None
+        self.warned_unknown = False
         if model_dir is None:
             self.stop_ids: tuple[int, ...] = (vocab_size - 1,)
             return
@@ -72,9 +79,32 @@ class PromptCodec:
         if self.tokenizer is None:
             text = prompt if isinstance(prompt, str) else "".join(t.content for t in prompt)
             return [b % (self.vocab_size - 1) for b in text.encode()] or [0]
-        if isinstance(prompt, str):
-            return list(self.tokenizer(prompt)["input_ids"])
-        return self._chat_ids(prompt)
+        ids = (
+            list(self.tokenizer(prompt)["input_ids"])
+            if isinstance(prompt, str)
+            else (self._chat_ids(prompt))
+        )
+        if not self.warned_unknown:
+            self._check_unknown(prompt, ids)
+        return ids
+
+    def _check_unknown(self, prompt: str | Sequence[ChatTurn], ids: list[int]) -> None:
+        """Warn (once) when `ids` hold the unknown token, naming the characters it replaced."""
+        assert self.tokenizer is not None
+        unk = self.tokenizer.unk_token_id
+        if unk is None or unk not in ids:
+            return
+        self.warned_unknown = True
+        text = prompt if isinstance(prompt, str) else " ".join(t.content for t in prompt)
+        unread = sorted(
+            {ch for ch in text if unk in self.tokenizer(ch, add_special_tokens=False)["input_ids"]}
+        )
+        log.warning(
+            "the tokenizer maps %d of this prompt's %d tokens to its unknown token %s, so the "
+            "model cannot read them: characters %s, e.g. in %r (said once; "
+            "docs/observability.md)", ids.count(unk), len(ids), self.tokenizer.unk_token,
+            "".join(unread[:20]), text[:120],
+        )  # fmt: skip
 
     def _chat_ids(self, turns: Sequence[ChatTurn]) -> list[int]:
         """The chat template's ids of `turns` and the generation prompt."""

@@ -385,6 +385,7 @@ class Producer:
                 kept_counts=kept.other_counts(),
                 kept_ids=kept.ids,
                 kept_unknown=kept.unknown,
+                reward_parts=scored.parts.reshape(-1),
             )
             await session.outbox.send(group)
             self.state.count("groups_sent")

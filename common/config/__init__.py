@@ -49,6 +49,7 @@ from common.config.load import (
     to_toml,
     write,
 )
+from common.config.observe import LOGGERS, LogConfig
 from common.config.producer import FakeEngineConfig, ProducerConfig, VllmConfig
 from common.config.run import ModelConfig, RewardsConfig, RewardSpec, RunConfig, TaskConfig
 from common.config.training import (
@@ -66,6 +67,7 @@ from common.errors import ConfigError
 
 __all__ = [
     "CHECK_ORDER",
+    "LOGGERS",
     "SECTIONS",
     "AdvScale",
     "AggMode",
@@ -78,6 +80,7 @@ __all__ = [
     "KLKind",
     "LearnerAttention",
     "Loaded",
+    "LogConfig",
     "LossConfig",
     "ModelConfig",
     "ModelDtype",

@@ -175,6 +175,17 @@ class RewardSpec:
     weight: float = _f(1.0, "Weight of this reward in the sum.")
 
 
+def reward_names(fns: list[str]) -> list[str]:
+    """One name per reward function, in order: the spec (`fn`), with `#2`, `#3`… for repeats
+    of the same spec (the keys of the producer's per-function scores and of the per-function
+    means in metrics.jsonl)."""
+    out, seen = [], dict.fromkeys(fns, 0)
+    for fn in fns:
+        seen[fn] += 1
+        out.append(fn if seen[fn] == 1 else f"{fn}#{seen[fn]}")
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class RewardsConfig:
     """`[rewards]`: the verifiable rewards a producer scores completions with."""

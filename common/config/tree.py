@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.config.fields import choices, failed
+from common.config.observe import LogConfig
 from common.config.producer import FakeEngineConfig, ProducerConfig, VllmConfig
 from common.config.run import ModelConfig, RewardsConfig, RunConfig, TaskConfig
 from common.config.training import (
@@ -45,12 +46,13 @@ class Config:
     fake: FakeEngineConfig = field(default_factory=FakeEngineConfig)
     vllm: VllmConfig = field(default_factory=VllmConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
 
 SECTIONS: dict[str, type[Any]] = {f.name: f.type for f in dataclasses.fields(Config)}  # type: ignore[misc]
 # The sections in the order their problems are reported (every section, once).
 CHECK_ORDER = ("sampling", "staleness", "train", "run", "loss", "task", "rewards", "snapshot",
-               "net", "producer", "dist", "fake", "model", "vllm")  # fmt: skip
+               "net", "producer", "dist", "fake", "model", "vllm", "log")  # fmt: skip
 
 
 def _section_types() -> dict[str, type[Any]]:

@@ -1,4 +1,4 @@
-"""Wire schema v4, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
+"""Wire schema v5, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
 
 Conventions and invariants:
 - Arrays (`Group.ARRAYS`) are encoded as the raw little-endian bytes of their fixed dtype;
@@ -33,7 +33,8 @@ Conventions and invariants:
   (`Limits.max_kept`: present exactly when the run truncates, one count per token summing to
   the kept ids, ids in [0, vocab), each set ascending without its sampled token, |K| <= max_kept:
   `common.kept_set.encoding_problem`, whose temporaries stay within the memory bound below).
-  The fields of `Group.OMIT_EMPTY` are left out of the bytes when empty.
+  The fields of `Group.OMIT_EMPTY` are left out of the bytes when empty. Per-function rewards
+  (`reward_parts`) are empty or F x G finite numbers, F = `Limits.num_reward_fns` when set.
 - A peer of another schema version is refused by its first field (`schema_version`), with a
   detail that names both versions: run the same release on both sides.
 - A `LeaseGrant`'s leases are checked for their shape (`check_lease`): a prompt as text or as
@@ -97,6 +98,7 @@ class Limits:
     # kept sets: None = either way (no run to check against); 0 = the run does not truncate, so
     # a group carries none; k > 0 = it does, so a group carries them, each of at most k ids
     max_kept: int | None = None
+    num_reward_fns: int | None = None  # F of `Group.reward_parts` (None: any F <= 64)
     max_leases: int = 0
     max_lease_ids: int = 0
     max_acks: int = 0
@@ -308,6 +310,7 @@ def check_group(g: Group, limits: Limits) -> None:
         raise WireError("bad_logprob", "behaviour log-probs must be finite and <= 0")
     if not np.isfinite(g.rewards).all():
         raise WireError("bad_reward", "rewards must be finite")
+    _check_reward_parts(g, limits)
     if any(r not in FINISH_REASONS for r in g.finish_reasons):
         raise WireError("bad_value", f"finish_reasons must be in {FINISH_REASONS}")
     if g.behavior_version < 0 or g.lease_id < 0 or g.num_reward_errors < 0:
@@ -321,6 +324,17 @@ def check_group(g: Group, limits: Limits) -> None:
     ):
         raise WireError("sampling_mismatch", f"temperature {g.temperature} != {limits.temperature}")
     _check_kept(g, limits)
+
+
+def _check_reward_parts(g: Group, limits: Limits) -> None:
+    n, size = len(g.reward_parts), len(g.completion_lens)
+    fns = limits.num_reward_fns
+    if n and (n % size or n // size > (fns if fns is not None else 64)):
+        raise WireError(
+            "length_mismatch", f"reward_parts holds {n} scores, not F x G (G = {size}, F = {fns})"
+        )
+    if not np.isfinite(g.reward_parts).all():
+        raise WireError("bad_reward", "reward_parts must be finite")
 
 
 def _check_kept(g: Group, limits: Limits) -> None:

@@ -1,4 +1,4 @@
-"""Wire schema v3, the messages: every kind, its fields in wire order, the constants they use.
+"""Wire schema v5, the messages: every kind, its fields in wire order, the constants they use.
 
 Every message is one msgpack map whose first key is `schema` (= SCHEMA_VERSION) and second `kind`;
 common/wire/codec.py alone writes and reads the bytes. Everyone else sees the frozen dataclasses
@@ -59,6 +59,11 @@ Conventions and invariants:
   `behavior_logp` is log q over the kept set. The encoding and its rule: common/kept_set.py.
   Without truncation the three are empty and left
   out of the message (`Group.OMIT_EMPTY`): an untruncated group costs no extra byte.
+- `reward_parts`: each reward function's own (unweighted) score of each completion, float32
+  [F * G] function-major (function k's G scores at k*G..k*G+G-1, k in the order of
+  `RunSpec.reward_fns`), so the consumer reports per-function means; `rewards` stays their
+  weighted sum. Empty (and left out) when the producer scores with something else (the fake
+  engine's coins).
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ import numpy as np
 
 from common.kept_set import KeptSets, from_counts
 
-SCHEMA_VERSION = 4  # 4: a kept set's size in one byte per token (Group.kept_counts)
+SCHEMA_VERSION = 5  # 5: each reward function's scores travel with the group (Group.reward_parts)
+# 4: a kept set's size in one byte per token (Group.kept_counts)
 # 3: kept sets of truncated sampling (Group.kept_*, RunSpec.min_p/max_kept); a lease carries a
 # chat prompt (`messages`) and the row's `columns`
 # 2: snapshot chunks moved to the data socket (`chunk_head` + bytes)
@@ -99,6 +105,7 @@ _ARRAY_DTYPES: dict[str, np.dtype[Any]] = {  # fields of `Group` only
     "kept_counts": np.dtype("u1"),
     "kept_ids": np.dtype("<i4"),
     "kept_unknown": np.dtype("<i4"),
+    "reward_parts": np.dtype("<f4"),
 }
 
 
@@ -347,7 +354,12 @@ class Group:
 
     KIND: ClassVar[str] = "group"
     ARRAYS: ClassVar[dict[str, np.dtype[Any]]] = _ARRAY_DTYPES  # raw array fields, their dtypes
-    OMIT_EMPTY: ClassVar[tuple[str, ...]] = ("kept_counts", "kept_ids", "kept_unknown")
+    OMIT_EMPTY: ClassVar[tuple[str, ...]] = (
+        "kept_counts",
+        "kept_ids",
+        "kept_unknown",
+        "reward_parts",
+    )
     lease_id: int
     producer_id: str
     prompt_index: int
@@ -365,6 +377,8 @@ class Group:
     kept_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # [sum L]
     kept_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     kept_unknown: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    # float32 [F*G], function-major: each reward function's own score (empty: not sent)
+    reward_parts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
     @property
     def group_size(self) -> int:
@@ -378,6 +392,10 @@ class Group:
     @property
     def num_tokens(self) -> int:
         return len(self.completion_ids)
+
+    def reward_parts_FG(self) -> np.ndarray:
+        """`reward_parts` as float32 [F, G] (F = 0 when the producer sent none)."""
+        return self.reward_parts.reshape(-1, self.group_size)
 
     def completion(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and behaviour log-probs of completion `i` (views)."""

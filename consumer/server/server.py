@@ -381,6 +381,7 @@ def group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits
         max_prompt_tokens=s.max_prompt_tokens,
         max_completion_tokens=s.max_new_tokens,
         max_kept=s.max_kept if s.truncation.active else 0,
+        num_reward_fns=len(cfg.rewards.fns),
     )
 
 

@@ -101,6 +101,19 @@ MaxStalenessOpt = Annotated[
     int | None, typer.Option(help="staleness.max_staleness (0 = synchronous).")
 ]
 EngineOpt = Annotated[str | None, typer.Option(help="producer.engine: hf, vllm or fake.")]
+ReportToOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--report-to",
+        help="log.report_to: experiment trackers, comma-separated: tensorboard, wandb "
+        "(docs/observability.md).",
+    ),
+]
+
+
+def report_to(value: str | None) -> list[str] | None:
+    """`--report-to tensorboard,wandb` as log.report_to's list (None: not given)."""
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
 def fail(message: str) -> NoReturn:

@@ -67,14 +67,41 @@ def _convert(source: str, out: Path | None, dtype: str) -> None:
 
 
 def eval_(
-    model: Annotated[Path, typer.Argument(help="Model directory or snapshot directory.")],
+    model: Annotated[
+        Path,
+        typer.Argument(
+            help="A run directory (its final snapshot), a snapshot directory of a run "
+            "(RUN/snapshots/vN), or a model directory."
+        ),
+    ],
     snapshot: Annotated[
         Path | None, typer.Option(help="A model.safetensors to load over MODEL's weights.")
     ] = None,
-    n: Annotated[int | None, typer.Option(help="Held-out problems to use (default: all).")] = None,
+    n: Annotated[
+        int | None, typer.Option(help="Held-out problems to use (synthetic task; default: all).")
+    ] = None,
+    eval_path: Annotated[
+        Path | None,
+        typer.Option(help="task.eval_path: the held-out rows to score a run's snapshot on."),
+    ] = None,
 ) -> None:
-    """Greedy accuracy of a model (or snapshot) on the synthetic task's held-out split."""
-    from consumer.evaluate import greedy_accuracy
+    """Score a snapshot on its run's own task and rewards (RUN/config.toml), or a model
+    directory on the synthetic task's held-out split (greedy accuracy)."""
+    from common.errors import ConfigError
+    from launch import heldout
 
-    result = greedy_accuracy(model, snapshot=snapshot, n=n)
-    typer.echo(f"accuracy {result.accuracy:.4f} ({result.correct}/{result.total})")
+    try:
+        target = heldout.eval_target(model, snapshot, eval_path=eval_path)
+        if target.cfg is None:
+            from consumer.evaluate import greedy_accuracy
+
+            result = greedy_accuracy(target.model_dir, snapshot=target.snapshot, n=n)
+            typer.echo(
+                f"accuracy {result.accuracy:.4f} ({result.correct}/{result.total}; "
+                "greedy, synthetic held-out split)"
+            )
+            return
+        score = heldout.evaluate(target.cfg, target.model_dir, target.snapshot)
+    except ConfigError as exc:
+        fail(str(exc))
+    typer.echo(f"{heldout.describe(target.cfg)}: {score.score:.4f} (n = {score.size})")

@@ -34,6 +34,7 @@ from launch.cli.app import (
     KeysOpt,
     MaxStalenessOpt,
     ModelOpt,
+    ReportToOpt,
     ResumeOpt,
     SetOpt,
     StepsOpt,
@@ -42,6 +43,7 @@ from launch.cli.app import (
     load_config,
     load_given,
     new_run_dir,
+    report_to,
     resolve_model,
     resumed_config,
     setup_logging,
@@ -157,6 +159,7 @@ def consumer(
     resume: ResumeOpt = False,
     force: ForceOpt = False,
     nproc_per_node: NprocOpt = 1,
+    report_to_: ReportToOpt = None,
     verbose: VerboseOpt = False,
     prepared: PreparedOpt = False,
 ) -> None:
@@ -166,6 +169,7 @@ def consumer(
         "staleness.max_staleness": max_staleness, "net.bind_host": bind, "net.control_port": port,
         "net.advertise_host": advertise,
         "net.keys_dir": keys, "net.insecure": insecure or None, "run.resume": resume or None,
+        "log.report_to": report_to(report_to_),
     }  # fmt: skip
     cfg = load_config(resumed_config(config, resume, run_dir), set_, flags)
     if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
@@ -302,6 +306,7 @@ def launch(
     max_staleness: MaxStalenessOpt = None,
     live: LiveOpt = None,
     evaluate: EvalOpt = True,
+    report_to_: ReportToOpt = None,
     resume: ResumeOpt = False,
     force: ForceOpt = False,
 ) -> None:
@@ -315,7 +320,7 @@ def launch(
     flags = {
         "run.dir": run_dir, "run.steps": steps, "producer.engine": engine,
         "staleness.max_staleness": max_staleness, "model.path": model,
-        "run.resume": resume or None,
+        "run.resume": resume or None, "log.report_to": report_to(report_to_),
     }  # fmt: skip
     file = resumed_config(config, resume, run_dir)
     cfg, given = load_given(file, set_, flags, fallback=DEMO_CONFIG)

@@ -121,6 +121,8 @@ def test_hf_producer_logprobs_equal_the_learners_after_every_reload(tmp_path, ti
         "staleness.max_staleness=0",
         "train.lr=0.02",
         length_reward,
+        "log.completions_every=3",
+        'log.report_to=["tensorboard"]',
     )
     args[args.index("--steps") + 1] = "6"
     consumer = cli(*args, log=tmp_path / "consumer.log")
@@ -144,6 +146,26 @@ def test_hf_producer_logprobs_equal_the_learners_after_every_reload(tmp_path, ti
     first = load_file(run_dir / "snapshots" / "v000005" / "model.safetensors")
     last = load_file(run_dir / "snapshots" / "v000006" / "model.safetensors")
     assert max(float((first[k] - last[k]).abs().max()) for k in first) > 1e-3  # weights moved
+    _assert_observed(run_dir, metrics)
+
+
+def _assert_observed(run_dir: Path, metrics: list[dict]) -> None:
+    """Per-function rewards crossed the wire, completions samples and the tracker were written
+    by the learner's logger thread (docs/observability.md)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from common import completions_file as CF
+
+    for m in metrics:  # one reward: its own mean is the reward over every arrived group
+        (fn_mean,) = m["reward_fn_means"].values()
+        assert fn_mean == pytest.approx(m["reward_mean_seen"], abs=1e-5)
+    rows = CF.read(run_dir)
+    assert sorted({r.step for r in rows}) == [1, 3, 6]
+    assert all(set(r.rewards) == {"reward_fixtures:length"} for r in rows)
+    assert all(r.reward == pytest.approx(r.rewards["reward_fixtures:length"]) for r in rows)
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/reward_mean_seen")] == [1, 2, 3, 4, 5, 6]
 
 
 def synchronous_hf_run(tmp_path: Path, model: Path, name: str) -> Path:

@@ -24,12 +24,13 @@ REGISTER = wire.Register(0, "p0", "h", 1, "fake", -1)
 
 
 async def _old_consumer(router: zmq.asyncio.Socket) -> None:
-    """Answer every request with a status reply in schema 2, as the previous release does."""
+    """Answer every request with a status reply in the previous schema, as the previous release
+    does."""
     status = wire.StatusReply(0, wire.Status("r", 0, None))
     while True:
         identity, payload = await router.recv_multipart()
         body = msgpack.unpackb(wire.encode(status), raw=False)
-        body["schema"] = 3
+        body["schema"] = wire.SCHEMA_VERSION - 1
         body["req"] = msgpack.unpackb(payload, raw=False)["req"]
         await router.send_multipart([identity, msgpack.packb(body, use_bin_type=True)])
 
@@ -42,7 +43,10 @@ async def test_a_consumer_of_another_schema_fails_the_producers_requests_naming_
     tasks = [asyncio.create_task(client.read_replies()), asyncio.create_task(_old_consumer(router))]
     try:
         async with asyncio.timeout(30):
-            with pytest.raises(SchemaMismatch, match=r"got 3, this build speaks 4") as info:
+            with pytest.raises(
+                SchemaMismatch,
+                match=f"got {wire.SCHEMA_VERSION - 1}, this build speaks {wire.SCHEMA_VERSION}",
+            ) as info:
                 await client.request(REGISTER, timeout_s=20)
             assert isinstance(info.value, ConfigError)
             assert "run the same one on the consumer and every producer" in str(info.value)

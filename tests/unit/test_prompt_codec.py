@@ -57,3 +57,22 @@ def test_chat_format_without_a_template_is_a_config_error(tmp_path):
     model_dir = _tokenizer_dir(tmp_path, chat_template=None)
     with pytest.raises(ConfigError, match="no chat template"):
         PromptCodec(model_dir, "chat", vocab_size=32)
+
+
+def test_a_prompt_with_unknown_characters_is_warned_about_once_with_an_example(tmp_path, caplog):
+    import logging
+
+    codec = PromptCodec(_tokenizer_dir(tmp_path, chat_template=None), "raw", vocab_size=31)
+    with caplog.at_level(logging.WARNING, logger="asyncgrpo.producer"):
+        codec.encode("what is 2+2?")
+        codec.encode("and 3+3?")
+        codec.encode("fine")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "maps 3 of this prompt's 12 tokens to its unknown token <unk>" in line
+    assert "characters +2, e.g. in 'what is 2+2?'" in line
+
+
+def test_a_prompt_the_tokenizer_reads_is_not_warned_about(tmp_path, caplog):
+    codec = PromptCodec(_tokenizer_dir(tmp_path, chat_template=None), "raw", vocab_size=31)
+    codec.encode("what is it?")
+    assert not caplog.records

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from common.config import RewardSpec
+from common.config.run import reward_names as part_names
 from common.errors import ConfigError
 from producer.reward_fns import boxed_format, exact_match, last_boxed, math_verify, resolve
-from producer.rewards import RewardRunner, part_names
+from producer.rewards import RewardRunner
 from producer.scoring import FakeRewards
 
 
@@ -209,3 +210,21 @@ async def test_bounded_builtins_score_inline_with_no_pool_and_the_pools_values()
         np.testing.assert_array_equal(got.parts[name], want.parts[name])
     np.testing.assert_array_equal(got.parts["exact_match"], [1, 1, 0, 0, 0])
     assert (inline.num_calls, inline.num_errors, inline.num_timeouts) == (10, 0, 0)
+
+
+async def test_a_scored_group_carries_each_reward_functions_own_scores_function_major():
+    from common import wire
+    from producer.engines.base import Completion
+    from producer.scoring import TaskRewards
+
+    class Letters:  # token id i decodes to the letter "a" + i
+        def decode(self, ids):
+            return "".join(chr(ord("a") + int(i)) for i in ids)
+
+    specs = [RewardSpec("exact_match", 2.0), RewardSpec("boxed_format", 1.0)]
+    lease = wire.Lease(1, 0, 0, 0, prompt="q", answer="b", messages=(), columns="")
+    done = [Completion(np.array([i], np.int32), np.zeros(1, np.float32), "stop") for i in (1, 2)]
+    async with asyncio.timeout(60), RewardRunner(specs, timeout_s=5, workers=1) as runner:
+        scored = await TaskRewards(runner, Letters()).score_group(lease, done)
+    assert scored.parts.tolist() == [[1.0, 0.0], [0.0, 0.0]]  # [F, G], unweighted
+    assert scored.rewards.tolist() == [2.0, 0.0]

@@ -67,7 +67,8 @@ def test_a_run_with_producers_json_is_read_from_it_not_from_its_metrics_lines(tm
 
 def test_before_the_first_step_the_line_says_what_the_ledger_saw():
     line = summary_line(None, 50, 3.0, RF.Balance(issued=8, dropped_zero_variance=6, ok=True))
-    assert line.endswith("waiting for the first step… ledger dropped_zero_variance 6 issued 8")
+    assert "waiting for the first step… ledger dropped_zero_variance 6 issued 8 — " in line
+    assert "no signal: all 6 groups had equal rewards for every completion" in line
 
 
 def test_the_dashboard_shows_reward_failures(tmp_path):

@@ -1,4 +1,4 @@
-"""Wire schema v4: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
+"""Wire schema v5: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
 
 from __future__ import annotations
 
@@ -89,7 +89,10 @@ def group(**changes: typing.Any) -> wire.Group:
     for name, dtype in (
         ("prompt_ids", np.int32), ("completion_ids", np.int32), ("completion_lens", np.int32),
         ("token_versions", np.int32), ("behavior_logp", np.float32), ("rewards", np.float32),
+        ("reward_parts", np.float32),
     ):  # fmt: skip
+        if name not in fields:
+            continue
         if isinstance(fields[name], list):
             fields[name] = np.array(fields[name], dtype=dtype)
     return wire.Group(**fields)
@@ -153,42 +156,42 @@ MESSAGES: dict[str, typing.Any] = {
 # changed: that is a schema change, so bump wire.SCHEMA_VERSION (old and new peers can't talk).
 GOLDEN_HEX = {
     "register": (
-        "89a6736368656d6104a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
+        "89a6736368656d6105a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
         "a27030a4686f7374a168a37069642aa6656e67696e65a466616b65ae6c6f616465645f7665727369"
         "6f6e03ab68656c645f6c6561736573920708"
     ),
     "heartbeat": (
-        "88a6736368656d6104a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
+        "88a6736368656d6105a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
         "64a27030ae6c6f616465645f76657273696f6e03a57374617465aa67656e65726174696e67ad6e75"
         "6d5f696e5f666c6967687402a8636f756e7465727382ab67726f7570735f73656e74cb4014000000"
         "000000ad7265776172645f6572726f7273cb0000000000000000"
     ),
     "lease_req": (
-        "86a6736368656d6104a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
+        "86a6736368656d6105a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
         "64a27030aa6d61785f6c656173657304ae6c6f616465645f76657273696f6e03"
     ),
     "goodbye": (
-        "85a6736368656d6104a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
+        "85a6736368656d6105a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
         "7030ab68656c645f6c65617365739107"
     ),
     "fetch_req": (
-        "88a6736368656d6104a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
+        "88a6736368656d6105a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
         "64a27030a776657273696f6e03ac68656c645f76657273696f6e02a968656c645f68617368a46162"
         "3132a572656c617982a8656e64706f696e74b37463703a2f2f31302e302e302e323a36303030aa73"
         "65727665725f6b6579a16b"
     ),
     "fetch_done": (
-        "8aa6736368656d6104a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
+        "8aa6736368656d6105a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
         "6964a27030a776657273696f6e03a466696c65a564656c7461a26f6bc3a96e756d5f627974657306"
         "ab6261645f736f75726365739182a8656e64706f696e74b37463703a2f2f31302e302e302e333a36"
         "303030a6726561736f6eab77726f6e675f6279746573a773657276696e67c3"
     ),
     "file_chunk_req": (
-        "87a6736368656d6104a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
+        "87a6736368656d6105a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
         "6f6e03a466696c65a777656967687473a66f666673657400a96d61785f6279746573cd1000"
     ),
     "fetch_plan": (
-        "8da6736368656d6104a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
+        "8da6736368656d6105a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
         "66696c65a564656c7461ac626173655f76657273696f6e02a96e756d5f627974657306a468617368"
         "a463643334ab726573756c745f68617368a461663133ab6368756e6b5f627974657304ac6368756e"
         "6b5f686173686573c440000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d"
@@ -198,7 +201,7 @@ GOLDEN_HEX = {
         "0000000000"
     ),
     "welcome": (
-        "85a6736368656d6104a46b696e64a777656c636f6d65a372657101a473706563de0012aa67726f75"
+        "85a6736368656d6105a46b696e64a777656c636f6d65a372657101a473706563de0012aa67726f75"
         "705f73697a6502aa766f6361625f73697a6510ad6d61785f7374616c656e65737301ab74656d7065"
         "726174757265cb3fe8000000000000a5746f705f70cb3feccccccccccccda5746f705f6b08a56d69"
         "6e5f70cb3fa999999999999aa86d61785f6b65707410ae6d61785f6e65775f746f6b656e7304ad70"
@@ -214,12 +217,12 @@ GOLDEN_HEX = {
         "6d65a765787069726564a866696e6973686564c2"
     ),
     "status": (
-        "84a6736368656d6104a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
+        "84a6736368656d6105a46b696e64a6737461747573a372657102a673746174757385a672756e5f69"
         "64a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f74c0a461636b7390"
         "a866696e6973686564c3"
     ),
     "lease_grant": (
-        "85a6736368656d6104a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739288"
+        "85a6736368656d6105a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739288"
         "a86c656173655f6964cf0000010000000005ac70726f6d70745f696e64657809a47374657004ab6d"
         "696e5f76657273696f6e03a670726f6d7074a4322b323da6616e73776572a134a86d657373616765"
         "7390a7636f6c756d6e73a088a86c656173655f696406ac70726f6d70745f696e6465780aa4737465"
@@ -233,15 +236,15 @@ GOLDEN_HEX = {
         "a76f7574636f6d65a765787069726564a866696e6973686564c2"
     ),
     "chunk_head": (
-        "87a6736368656d6104a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
+        "87a6736368656d6105a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
         "6f666673657400ab746f74616c5f627974657306a96e756d5f627974657306"
     ),
     "reject": (
-        "85a6736368656d6104a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
+        "85a6736368656d6105a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
         "6769737465726564a664657461696cae7265676973746572206669727374"
     ),
     "group": (
-        "de0010a6736368656d6104a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
+        "de0010a6736368656d6105a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
         "725f6964a27030ac70726f6d70745f696e64657809b06265686176696f725f76657273696f6e02aa"
         "70726f6d70745f696473c40c010000000200000003000000ae636f6d706c6574696f6e5f696473c4"
         "0c040000000500000006000000af636f6d706c6574696f6e5f6c656e73c4080100000002000000ad"
@@ -251,7 +254,7 @@ GOLDEN_HEX = {
         "72645f6572726f727300a567656e5f73cb3fd0000000000000"
     ),
     "announce": (
-        "85a6736368656d6104a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
+        "85a6736368656d6105a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
         "6c6963795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f627974"
         "6573cd0400a468617368a461663133a470617468ac2f722f763030303030332f6d"
     ),
@@ -306,6 +309,15 @@ def test_every_kind_round_trips_to_an_equal_message(kind):
     decoded = wire.decode(wire.encode(msg), limits)
     assert_same(decoded, msg)
     assert wire.encode(decoded) == wire.encode(msg)
+
+
+def test_a_group_with_per_function_rewards_round_trips_and_reads_as_f_by_g():
+    msg = group(rewards=[1.5, 0.0], reward_parts=[1.0, 0.0, 1.0, 0.0])
+    decoded = wire.decode(wire.encode(msg), dataclasses.replace(RUN, num_reward_fns=2))
+    assert_same(decoded, msg)
+    assert decoded.reward_parts_FG().tolist() == [[1.0, 0.0], [1.0, 0.0]]
+    assert group().reward_parts_FG().shape == (0, 2)
+    assert b"reward_parts" not in wire.encode(group())  # none sent, none on the wire
 
 
 def test_a_group_with_per_token_versions_round_trips():
@@ -490,6 +502,10 @@ REJECTIONS = [
     ("bad_logprob", "positive", wire.encode(group(behavior_logp=[-0.5, 0.01, -2.0])), RUN),
     ("bad_reward", "nan", wire.encode(group(rewards=[math.nan, 0.0])), RUN),
     ("bad_reward", "inf", wire.encode(group(rewards=[1.0, -math.inf])), RUN),
+    ("bad_reward", "part_nan", wire.encode(group(reward_parts=[1.0, math.nan])), RUN),
+    ("length_mismatch", "parts_not_f_by_g", wire.encode(group(reward_parts=[1.0, 0.0, 1.0])), RUN),
+    ("length_mismatch", "parts_of_more_fns",
+     wire.encode(group(reward_parts=[1.0, 0.0] * 2)), dataclasses.replace(RUN, num_reward_fns=1)),
     ("bad_value", "finish_reason", wire.encode(group(finish_reasons=("stop", "eos"))), RUN),
     ("bad_value", "behavior_version_not_min", wire.encode(group(
         behavior_version=3, token_versions=[2, 3, 3])), RUN),
@@ -557,11 +573,11 @@ DETAILS = {
     "not_a_map-list": "list",
     "not_a_map-int": "int",
     "not_a_map-str": "str",
-    "schema_version-one": "got 1, this build speaks 4" + PEER,
-    "schema_version-missing": "got None, this build speaks 4" + PEER,
-    "schema_version-bool": "got True, this build speaks 4" + PEER,
-    "schema_version-float": "got 1.0, this build speaks 4" + PEER,
-    "schema_version-str": "got '1', this build speaks 4" + PEER,
+    "schema_version-one": "got 1, this build speaks 5" + PEER,
+    "schema_version-missing": "got None, this build speaks 5" + PEER,
+    "schema_version-bool": "got True, this build speaks 5" + PEER,
+    "schema_version-float": "got 1.0, this build speaks 5" + PEER,
+    "schema_version-str": "got '1', this build speaks 5" + PEER,
     "unknown_kind-name": "",
     "unknown_kind-missing": "",
     "unknown_kind-bytes": "",
@@ -612,6 +628,9 @@ DETAILS = {
     "bad_logprob-positive": "behaviour log-probs must be finite and <= 0",
     "bad_reward-nan": "rewards must be finite",
     "bad_reward-inf": "rewards must be finite",
+    "bad_reward-part_nan": "reward_parts must be finite",
+    "length_mismatch-parts_not_f_by_g": "reward_parts holds 3 scores, not F x G (G = 2, F = None)",
+    "length_mismatch-parts_of_more_fns": "reward_parts holds 4 scores, not F x G (G = 2, F = 1)",
     "bad_value-finish_reason": "finish_reasons must be in ('stop', 'length', 'abort')",
     "bad_value-behavior_version_not_min": "behavior_version must equal min(token_versions)",
     "bad_value-behavior_version_below_min": "behavior_version must equal min(token_versions)",

@@ -1,0 +1,101 @@
+"""`completions.jsonl` in the run directory: samples of what the policy wrote, to read.
+
+Every `log.completions_every` steps the learner hands its logger thread the first
+`log.completions_groups` groups that arrived for the step (kept or dropped); each completion of
+each becomes one line, a `CompletionRow`: the step (= the policy version after it), the
+prompt's index and text, the completion's text, its reward and each reward function's own
+score, its length in tokens, finish reason and the weights version that sampled it. Texts are
+the tokenizer's decoding with special tokens kept (a `<unk>` shows what the model could not
+read). `asyncgrpo report` shows the newest sample in summary.md; the trackers get it as a table
+(consumer/loggers/). One typed reader and writer here; nobody indexes the lines by string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common import wire
+
+COMPLETIONS = "completions.jsonl"
+COLUMNS = ("step", "prompt_index", "behavior_version", "prompt", "completion", "reward",
+           "rewards", "length", "finish_reason")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRow:
+    step: int  # policy version after the step the group arrived for
+    prompt_index: int
+    behavior_version: int  # the oldest weights version that sampled any of its tokens
+    prompt: str
+    completion: str
+    reward: float  # the weighted sum the learner trains on
+    rewards: dict[str, float]  # each reward function's own score ({} without them)
+    length: int  # tokens
+    finish_reason: str  # common.wire.FINISH_REASONS
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def rows_of(
+    groups: Sequence[wire.Group],
+    *,
+    step: int,
+    decode: Callable[[Sequence[int]], str],
+    reward_names: Sequence[str],
+) -> list[CompletionRow]:
+    """One row per completion of `groups` (texts by `decode`, token ids to text)."""
+    out = []
+    for g in groups:
+        prompt = decode(g.prompt_ids.tolist())
+        parts = g.reward_parts_FG()
+        names = list(reward_names) if len(parts) == len(reward_names) else []
+        for i in range(g.group_size):
+            ids, _ = g.completion(i)
+            out.append(CompletionRow(
+                step=step, prompt_index=g.prompt_index, behavior_version=g.behavior_version,
+                prompt=prompt, completion=decode(ids.tolist()), reward=float(g.rewards[i]),
+                rewards={n: float(parts[k, i]) for k, n in enumerate(names)},
+                length=int(g.completion_lens[i]), finish_reason=g.finish_reasons[i],
+            ))  # fmt: skip
+    return out
+
+
+def append(run_dir: Path, rows: Sequence[CompletionRow]) -> None:
+    """Append `rows` to the run's completions.jsonl (one JSON object per line)."""
+    with open(run_dir / COMPLETIONS, "a") as f:
+        f.writelines(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in rows)
+
+
+def read(run_dir: Path) -> list[CompletionRow]:
+    """Every row of the run's completions.jsonl (none without the file; a torn line skipped)."""
+    path = run_dir / COMPLETIONS
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(CompletionRow(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return out
+
+
+def markdown_table(rows: Sequence[CompletionRow], max_chars: int = 300) -> str:
+    """A Markdown table of `rows` (texts shortened to `max_chars`, `|` and newlines escaped)."""
+
+    def cell(value: Any) -> str:
+        text = json.dumps(value, sort_keys=True) if isinstance(value, dict) else str(value)
+        if len(text) > max_chars:
+            text = text[:max_chars] + "…"
+        return text.replace("|", "\\|").replace("\n", "⏎")
+
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        lines.append("| " + " | ".join(cell(getattr(row, c)) for c in COLUMNS) + " |")
+    return "\n".join(lines)

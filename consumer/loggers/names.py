@@ -1,0 +1,88 @@
+"""Where each metric of metrics.jsonl goes in an experiment tracker: a namespaced name.
+
+`namespaced(record)` maps one `StepRecord` (common/metrics.py) to flat `{name: number}`:
+`reward/` (the rewards, the share of equal-reward groups, `reward/fn/<function>`),
+`rollout/` (the ledger's counts, leases, producers), `staleness/` (mean, max,
+`staleness/hist/<lag>`), `throughput/` (wall times, tokens/s, idle, backpressure),
+`weights/` (snapshot publication), `eval/` (evaluations), and `train/` (the optimizer step:
+every trainer metric, and any field not named here, so a new metric is never lost). Dict fields
+are flattened one level (`rollout/producers_by_state/<state>`). Left out: `step` (it is the
+tracker's step: the policy version), `unix_time`, strings (`attention`) and the per-producer
+maps of old runs. Booleans and None are left out; numbers become floats.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.metrics import StepRecord
+
+NAMESPACES = ("train", "rollout", "reward", "staleness", "throughput", "weights", "eval")
+_PREFIX: dict[str, str] = {
+    **dict.fromkeys(
+        ("reward_mean", "reward_std", "reward_mean_seen", "frac_reward_zero_std"), "reward"
+    ),
+    "reward_fn_means": "reward/fn",
+    **dict.fromkeys(("staleness_mean", "staleness_max"), "staleness"),
+    "staleness_hist": "staleness/hist",
+    **dict.fromkeys(
+        (
+            "groups_trained",
+            "groups_dropped_stale",
+            "groups_dropped_zero_variance",
+            "groups_rejected_invalid",
+            "groups_expired",
+            "leases_open",
+            "rejected_messages",
+            "producers_live",
+            "producers_by_state",
+        ),
+        "rollout",
+    ),
+    **dict.fromkeys(
+        (
+            "time_s",
+            "step_wall_s",
+            "tokens_per_s",
+            "learner_idle_frac",
+            "wait_s",
+            "round_trip_s",
+            "num_completion_tokens",
+            "queued_groups",
+            "queued_bytes",
+            "queued_groups_peak",
+            "queued_bytes_peak",
+            "groups_held",
+            "holds",
+            "hold_s_mean",
+            "hold_s_max",
+            "loggers_dropped",
+            "loggers_failed",
+        ),
+        "throughput",
+    ),
+    **dict.fromkeys(("publish_submit_s", "snapshot_write_s", "snapshots_superseded"), "weights"),
+    **dict.fromkeys(("heldout_accuracy", "eval_s"), "eval"),
+}
+_SKIP = frozenset(("step", "unix_time", "producers", "producer_counters", "world_size"))
+
+
+def namespaced(record: StepRecord) -> dict[str, float]:
+    """The record's numbers under their tracker names (see the module docstring)."""
+    out: dict[str, float] = {}
+    for key, value in record.to_json().items():
+        if key in _SKIP:
+            continue
+        prefix = _PREFIX.get(key, "eval" if key.startswith("eval_") else "train")
+        if isinstance(value, dict):
+            sub = prefix if "/" in prefix else f"{prefix}/{key}"
+            for name, item in value.items():
+                _put(out, f"{sub}/{name}", item)
+        else:
+            _put(out, f"{prefix}/{key}" if "/" not in prefix else prefix, value)
+    return out
+
+
+def _put(out: dict[str, float], name: str, value: Any) -> None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        out[name] = float(value)

@@ -1,0 +1,170 @@
+"""Experiment trackers on their own thread (consumer/loggers/): TensorBoard's event files and a
+W&B offline run read back with their own formats, completions.jsonl, a resumed W&B run, and a
+tracker that fails or stalls never reaching training."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common import completions_file as CF
+from common import config as C
+from common import metrics as M
+from common import wire
+from consumer.loggers import make_loggers
+from consumer.loggers import thread as T
+from tests import wandb_records as W
+
+BASE = {
+    "step": 1, "time_s": 1.5, "unix_time": 1.7e9, "step_wall_s": 0.5, "reward_mean": 0.5,
+    "reward_std": 0.5, "frac_reward_zero_std": 0.5, "staleness_mean": 0.0, "staleness_max": 0,
+    "staleness_hist": {"0": 2}, "tokens_per_s": 100.0, "learner_idle_frac": 0.2, "wait_s": 0.1,
+    "publish_submit_s": 0.01, "snapshot_write_s": 0.02, "num_completion_tokens": 50,
+    "groups_trained": 2, "groups_dropped_stale": 0, "groups_dropped_zero_variance": 2,
+    "groups_rejected_invalid": 0, "groups_expired": 0, "leases_open": 0, "rejected_messages": 0,
+}  # fmt: skip
+REWARDS = ['rewards.fns=[{fn="exact_match", weight=1.0}, {fn="boxed_format", weight=0.5}]']
+
+
+@pytest.fixture(autouse=True)
+def _offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
+
+
+def _config(*report_to: str) -> C.Config:
+    quoted = ", ".join(f'"{r}"' for r in report_to)
+    return C.apply_overrides(C.Config(), [f"log.report_to=[{quoted}]", *REWARDS])
+
+
+def _record(step: int) -> M.StepRecord:
+    means = {"exact_match": 0.1 * step, "boxed_format": 1.0}
+    return M.StepRecord(
+        **{**BASE, "step": step, "reward_mean_seen": 0.25 * step, "reward_fn_means": means}
+    )
+
+
+def _group(index: int) -> wire.Group:
+    return wire.Group(
+        lease_id=index, producer_id="p", prompt_index=index, behavior_version=0,
+        prompt_ids=np.array([5, 6], np.int32), completion_ids=np.array([7, 8, 9], np.int32),
+        completion_lens=np.array([1, 2], np.int32), behavior_logp=np.full(3, -1.0, np.float32),
+        token_versions=np.zeros(0, np.int32), rewards=np.array([1.5, 0.0], np.float32),
+        finish_reasons=("stop", "length"), temperature=1.0,
+        reward_parts=np.array([1.0, 0.0, 1.0, 0.0], np.float32),
+    )  # fmt: skip
+
+
+def _wandb_file(run_dir: Path, run_id: str) -> Path:
+    (path,) = run_dir.glob(f"wandb/offline-run-*-{run_id}*/run-{run_id}.wandb")
+    return path
+
+
+def test_metrics_config_and_completions_reach_tensorboard_wandb_and_the_run_dir(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    loggers = make_loggers(_config("tensorboard", "wandb"), tmp_path, None)
+    for step in (1, 2, 3):
+        loggers.submit_step(_record(step))
+    loggers.submit_completions(3, [_group(4)])
+    loggers.close()
+    assert (loggers.failed, loggers.dropped) == (0, 0)
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    seen = [(e.step, e.value) for e in events.Scalars("reward/reward_mean_seen")]
+    assert seen == [(1, 0.25), (2, 0.5), (3, 0.75)]
+    assert [e.step for e in events.Scalars("reward/fn/exact_match")] == [1, 2, 3]
+    assert {"rollout/groups_trained", "staleness/hist/0", "throughput/tokens_per_s",
+            "weights/snapshot_write_s"} <= set(events.Tags()["scalars"])  # fmt: skip
+    assert {"config/text_summary", "completions/text_summary"} <= set(events.Tags()["tensors"])
+
+    run_id = (tmp_path / "wandb_id.txt").read_text().strip()
+    path = _wandb_file(tmp_path, run_id)
+    rows = W.history(path)
+    metrics = [r for r in rows if "reward/reward_mean_seen" in r]
+    assert [(r["policy_version"], r["reward/reward_mean_seen"]) for r in metrics] == [
+        (1, 0.25), (2, 0.5), (3, 0.75)]  # fmt: skip
+    (table,) = [r for r in rows if "completions/_type" in r]  # a wandb.Table
+    assert (table["policy_version"], table["completions/nrows"]) == (3, 2)
+    assert W.config(path)["log"]["report_to"] == ["tensorboard", "wandb"]
+
+    written = CF.read(tmp_path)
+    assert [(r.step, r.prompt_index, r.reward, r.length, r.finish_reason) for r in written] == [
+        (3, 4, 1.5, 1, "stop"), (3, 4, 0.0, 2, "length")]  # fmt: skip
+    assert written[0].rewards == {"exact_match": 1.0, "boxed_format": 1.0}
+    assert written[0].prompt == "5 6"  # no model: the ids as numbers
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(tmp_path):
+    first = make_loggers(_config("wandb"), tmp_path, None)
+    first.submit_step(_record(1))
+    first.close()
+    run_id = (tmp_path / "wandb_id.txt").read_text().strip()
+    again = make_loggers(_config("wandb"), tmp_path, None)
+    again.submit_step(_record(2))
+    again.close()
+    # W&B names a run's directory by its start second and id, "-1" added when that is taken
+    runs = sorted(tmp_path.glob(f"wandb/offline-run-*-{run_id}*"))
+    assert len(runs) >= 1
+    assert sorted(tmp_path.glob("wandb/offline-run-*")) == runs  # no other run id
+    versions = {r["policy_version"] for p in runs for r in W.history(p / f"run-{run_id}.wandb")}
+    assert versions == {1, 2}
+
+
+def test_a_failing_tracker_is_reported_once_counted_and_dropped(tmp_path, monkeypatch, caplog):
+    from consumer.loggers.tensorboard import TensorBoardSink
+
+    def broken(self, step, values):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(TensorBoardSink, "metrics", broken)
+    loggers = make_loggers(_config("tensorboard"), tmp_path, None)
+    with caplog.at_level(logging.WARNING, logger="asyncgrpo.consumer"):
+        for step in (1, 2, 3):
+            loggers.submit_step(_record(step))
+        loggers.submit_completions(3, [_group(1)])
+        loggers.close()
+    assert loggers.failed == 1
+    lines = [
+        r.getMessage() for r in caplog.records if "logger tensorboard failed" in r.getMessage()
+    ]
+    assert len(lines) == 1
+    assert "OSError: disk full" in lines[0]
+    assert len(CF.read(tmp_path)) == 2  # completions.jsonl does not depend on a tracker
+
+
+def test_a_stuck_tracker_never_blocks_the_learner_and_the_overflow_is_counted(
+    tmp_path, monkeypatch
+):
+    release = threading.Event()
+
+    class Stuck:
+        name = "stuck"
+
+        def __getattr__(self, method):
+            return lambda *args: release.wait(60)
+
+    monkeypatch.setattr(T.Loggers, "_open_sinks", lambda self: [Stuck()])
+    loggers = make_loggers(_config("tensorboard"), tmp_path, None)
+    for step in range(T.QUEUE_ITEMS + 10):  # returns: the queue refuses what does not fit
+        loggers.submit_step(_record(step + 1))
+    assert loggers.dropped >= 9
+    release.set()
+    loggers.close()
+
+
+def test_a_tracker_whose_package_is_missing_stops_the_start_naming_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))  # fmt: skip
+    with pytest.raises(C.ConfigError, match=r"pip install 'asyncgrpo\[wandb\]'"):
+        make_loggers(_config("wandb"), Path("."), None)
