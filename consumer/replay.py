@@ -35,9 +35,11 @@ from common import run_files as RF
 from common import snapshot as snap
 from common import wire
 from common.config import Config
+from common.config.run import reward_names
 from common.errors import ConfigError, StreamError
 from common.model_dir import local_model_dir
 from consumer.evaluate import PeriodicEval
+from consumer.reward_tally import RewardTally
 from consumer.server.server import group_limits
 from consumer.snapshots.publisher import Publisher
 from consumer.staleness import lag
@@ -157,11 +159,14 @@ class Replay:
         now = time.perf_counter()
         rewards = np.concatenate([g.rewards for g in groups])
         lags = [lag(v, g) for g in groups]
+        tally = RewardTally(reward_names([r.fn for r in self.cfg.rewards.fns]))
+        for g in groups:  # the trained ones: what the recorded step consumed
+            tally.add(g)
         return {
             "step": self.version, "world_size": self.trainer.world_size,
             "time_s": now - t_start, "unix_time": time.time(), "step_wall_s": now - last,
             "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-            "frac_reward_zero_std": 0.0, "staleness_mean": float(np.mean(lags)),
+            **tally.fields(), "staleness_mean": float(np.mean(lags)),
             "staleness_max": int(max(lags)),
             "staleness_hist": {str(k): n for k, n in Counter(lags).items()},
             "tokens_per_s": tokens / max(now - last, 1e-9), "learner_idle_frac": 0.0,
