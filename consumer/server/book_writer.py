@@ -4,7 +4,8 @@
 The network thread hands over `BookChanges`, what changed since its last hand-over, taken in
 time proportional to the changes (consumer/server/books.py); this thread keeps the whole picture
 (each producer's counts, open leases and host; each producer's status), applies the changes in
-the order they were handed over and writes the files in common/run_files.py's formats. The JSON
+the order they were handed over and writes the files in common/run_files.py's formats, and the
+network thread's timing to netstats.json (common/net_stats.py). The JSON
 encoding of every producer, the cost that grows with the number of producers, is paid here.
 
 Invariants:
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import run_files as RF
+from common.net_stats import NetStats, write_net_stats
 from common.wire import OUTCOMES
 from consumer.server.leases import producer_balanced
 from consumer.server.roster import Roster
@@ -46,11 +48,12 @@ class LedgerChanges:
 
 @dataclass(frozen=True, slots=True)
 class BookChanges:
-    """One hand-over: the producers' statuses that changed (None: forgotten) and, when
-    ledger.json is due, its changes (None: not rewritten this time)."""
+    """One hand-over: the producers' statuses that changed (None: forgotten), when ledger.json
+    is due its changes (None: not rewritten this time), and the network thread's timing."""
 
     roster: dict[str, RF.ProducerStatus | None]
     ledger: LedgerChanges | None
+    stats: NetStats
 
 
 class BookWriter:
@@ -103,6 +106,7 @@ class BookWriter:
         if changes.ledger is not None:
             RF.write_ledger(self.run_dir, self._ledger(changes.ledger))
         self.roster.write()
+        write_net_stats(self.run_dir, changes.stats)
 
     def _ledger(self, c: LedgerChanges) -> RF.Ledger:
         for p, (counts, open_leases) in c.by_producer.items():

@@ -9,17 +9,20 @@ Nothing the network thread does here grows with the number of producers:
   `flush` (`Server.flush_ledger`, `Server.checkpoint_state`, the end of the thread), on the
   writer thread (consumer/server/book_writer.py). The network thread hands it what changed
   since the last hand-over: the producers' statuses noted as they changed (a dict swap) and the
-  counts of the producers whose leases moved (`LeaseBook.take_changed`).
+  counts of the producers whose leases moved (`LeaseBook.take_changed`), and a copy of the
+  loop's timing for netstats.json (common/net_stats.py).
 ledger.json is replaced atomically: readers see the old file or the new one.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
 from common import run_files as RF
+from common.net_stats import NetStats
 from consumer.server.book_writer import BookChanges, BookWriter, LedgerChanges
 from consumer.server.roster import Census
 from consumer.server.state import NetState
@@ -73,7 +76,12 @@ class Books:
     def _hand_over(self, *, ledger: bool) -> Future[None]:
         st = self._state
         roster, st.roster_changes = st.roster_changes, {}
-        return self.writer.submit(BookChanges(roster, self._ledger_changes() if ledger else None))
+        stats = NetStats.of(
+            st.timing, unix_time=time.time(), groups_trained=st.book.counts["trained"]
+        )
+        return self.writer.submit(
+            BookChanges(roster, self._ledger_changes() if ledger else None, stats)
+        )
 
     def _ledger_changes(self) -> LedgerChanges:
         st = self._state

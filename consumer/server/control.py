@@ -62,8 +62,10 @@ class Control:
             st.count("control_rejected.multipart")
             return
         identity, payload = frames
+        t0 = time.perf_counter()
         req = 0  # unknown until the request parses
         reply: wire.Message | None
+        msg: wire.Message | None = None
         try:
             msg = wire.decode(payload.buffer, self.limits)
             req = getattr(msg, "req", 0)
@@ -79,6 +81,15 @@ class Control:
             reply = wire.Reject(req=req, reason="internal_error", detail=type(exc).__name__)
         if reply is not None:  # None: a parked lease request, answered later
             self.reply(identity.bytes, reply)
+        timing = st.timing
+        if isinstance(msg, wire.LeaseRequest):  # the consumer's part of its round trip
+            timing.lease_requests += 1
+            if reply is None:
+                timing.lease_parked += 1
+            else:
+                timing.lease_service.record(time.perf_counter() - t0)
+        elif isinstance(msg, wire.Heartbeat):
+            timing.heartbeats += 1
 
     def reply(self, identity: bytes, reply: wire.Message) -> None:
         try:

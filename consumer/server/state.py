@@ -30,6 +30,7 @@ from common import run_files as RF
 from common import wire
 from common.config import Config
 from common.log_limit import LogLimiter
+from common.net_stats import LoopTiming
 from consumer.server.admission import Admission
 from consumer.server.identity import Identities
 from consumer.server.leases import LeaseBook
@@ -83,6 +84,7 @@ class NetState:
         self.lock = threading.Lock()  # guards counters/producers copies for other threads
         self.producers: dict[str, ProducerView] = {}
         self.liveness = Liveness()  # who went silent, who may be forgotten
+        self.timing = LoopTiming()  # the loop and lease requests timed (netstats.json)
         # producer -> its status since the books last took these (None: forgotten)
         self.roster_changes: dict[str, RF.ProducerStatus | None] = {}
         # producers of the previous incarnation: they re-register by themselves, and should hear

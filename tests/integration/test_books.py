@@ -21,6 +21,7 @@ import zmq
 from common import config as C
 from common import run_files as RF
 from common import wire
+from common.net_stats import read_net_stats
 from consumer.server import books
 from consumer.server.prompts import make_source
 from consumer.server.roster import Census, Roster, aggregate, status_of
@@ -184,3 +185,7 @@ def test_the_books_are_written_off_the_network_thread_which_answers_meanwhile(
     srv.flush_ledger()
     assert RF.read_producers(tmp_path)["a"].counters == {"uptime_s": 3.0}
     assert RF.read_ledger(tmp_path).balance.ok
+    stats = read_net_stats(tmp_path)  # written with the books
+    assert stats is not None
+    assert stats.heartbeats == 1
+    assert stats.loop_busy.total() > 0
