@@ -38,8 +38,12 @@ producers told) and must exit 0. Reported per N (JSON keys in brackets):
   `consumer_cpu_s_per_heartbeat`], lease requests from off the socket to reply sent, p50/p99
   [`lease_service_p50_ms`, `lease_service_p99_ms`; parked ones, waiting for leases to free up,
   counted in `lease_requests_parked`], the longest turn of the network thread's loop, during
-  which no socket was served [`network_loop_gap_max_ms`]; and the swarm's own CPU, in cores
-  [`client_cpu`], so the reader sees which side is the limit. `n` is N again.
+  which no socket was served [`network_loop_gap_max_ms`: wall clock, with whatever preempted
+  it; `network_loop_gap_cpu_max_ms`: the longest turn in the thread's own CPU time], control
+  messages per second and the consumer's CPU per message [`control_messages_per_s`,
+  `consumer_cpu_s_per_message`: heartbeats and lease polls grow with N, groups need not]; and
+  the swarm's own CPU, in cores [`client_cpu`], so the reader sees which side is the limit.
+`n` is N again.
 The consumer is pinned to core `--consumer-core` (0 by default on a machine of 2 or more cores)
 and this process to the others.
 Top level: `ratio_groups_per_s_largest_vs_64` (trained groups/s at the largest N over the figure
@@ -302,6 +306,10 @@ def inside(a: NetStats | None, b: NetStats | None) -> dict[str, Any]:
         (b.heartbeats - a.heartbeats),
     )
     service, busy = b.lease_service.minus(a.lease_service), b.loop_busy.minus(a.loop_busy)
+    busy_cpu, messages = (
+        b.loop_busy_cpu.minus(a.loop_busy_cpu),
+        b.control_messages - (a.control_messages),
+    )
 
     def ms(seconds: float | None) -> float | None:
         return None if seconds is None else seconds * 1e3
@@ -318,6 +326,9 @@ def inside(a: NetStats | None, b: NetStats | None) -> dict[str, Any]:
         "lease_service_p99_ms": ms(service.quantile(0.99)),
         "network_loop_gap_max_ms": ms(busy.max()),
         "network_loop_gap_p999_ms": ms(busy.quantile(0.999)),
+        "network_loop_gap_cpu_max_ms": ms(busy_cpu.max()),
+        "control_messages_per_s": messages / (b.unix_time - a.unix_time),
+        "consumer_cpu_s_per_message": cpu / messages if messages else None,
     }
 
 
@@ -416,7 +427,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{(r['consumer_cpu_s_per_group'] or 0) * 1e3:6.3f} ms  cpu/heartbeat "
             f"{(r['consumer_cpu_s_per_heartbeat'] or 0) * 1e3:6.3f} ms  lease service p50/p99 "
             f"{r['lease_service_p50_ms'] or 0:6.3f}/{r['lease_service_p99_ms'] or 0:6.3f} ms  "
-            f"longest loop turn {r['network_loop_gap_max_ms'] or 0:6.2f} ms  "
+            f"longest loop turn {r['network_loop_gap_max_ms'] or 0:6.2f} ms "
+            f"({r['network_loop_gap_cpu_max_ms'] or 0:6.2f} ms of its CPU)  "
+            f"{r['control_messages_per_s']:6.0f} control msgs/s, cpu/msg "
+            f"{(r['consumer_cpu_s_per_message'] or 0) * 1e3:6.3f} ms  "
             f"client cpu {r['client_cpu']:4.2f}",
             flush=True,
         )

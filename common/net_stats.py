@@ -7,7 +7,11 @@ The network thread (consumer/server/loop.py, control.py) records into a `LoopTim
   by design; those are counted in `lease_parked`, not timed.
 - `loop_busy`: for each turn of the loop, the seconds from the poll's return to the next poll
   (handlers, queued calls, housekeeping): the longest is the longest time no socket was served.
-- `heartbeats`, `lease_requests`: counts.
+  Wall-clock time, so it includes the machine's preemption and other threads holding the
+  interpreter lock; `loop_busy_cpu` is the same turns in the network thread's own CPU seconds
+  (what the turn's work cost, whatever else ran).
+- `heartbeats`, `lease_requests`, `control_messages` (every request on the control socket):
+  counts.
 
 Every hand-over of the books (about every 2 s, consumer/server/books.py) writes a `NetStats`
 to the run directory with the process's CPU seconds and the groups trained so far, so a reader
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any, Self
 
 NET_STATS = "netstats.json"
+_HISTOGRAMS = ("lease_service", "loop_busy", "loop_busy_cpu")
 BOUNDS_S: tuple[float, ...] = tuple(1e-6 * 2 ** (i / 8) for i in range(8 * 27))  # to ~134 s
 
 
@@ -73,9 +78,11 @@ class LoopTiming:
 
     lease_service: Histogram = field(default_factory=Histogram)
     loop_busy: Histogram = field(default_factory=Histogram)
+    loop_busy_cpu: Histogram = field(default_factory=Histogram)
     heartbeats: int = 0
     lease_requests: int = 0
     lease_parked: int = 0
+    control_messages: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,8 +96,10 @@ class NetStats:
     heartbeats: int
     lease_requests: int
     lease_parked: int
+    control_messages: int
     lease_service: Histogram
     loop_busy: Histogram
+    loop_busy_cpu: Histogram
 
     @classmethod
     def of(cls, timing: LoopTiming, *, unix_time: float, groups_trained: int) -> Self:
@@ -99,8 +108,9 @@ class NetStats:
         return cls(
             unix_time=unix_time, process_cpu_s=t.user + t.system, groups_trained=groups_trained,
             heartbeats=timing.heartbeats, lease_requests=timing.lease_requests,
-            lease_parked=timing.lease_parked, lease_service=timing.lease_service.copy(),
-            loop_busy=timing.loop_busy.copy(),
+            lease_parked=timing.lease_parked, control_messages=timing.control_messages,
+            lease_service=timing.lease_service.copy(), loop_busy=timing.loop_busy.copy(),
+            loop_busy_cpu=timing.loop_busy_cpu.copy(),
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -108,19 +118,20 @@ class NetStats:
             "unix_time": self.unix_time, "process_cpu_s": self.process_cpu_s,
             "groups_trained": self.groups_trained, "heartbeats": self.heartbeats,
             "lease_requests": self.lease_requests, "lease_parked": self.lease_parked,
-            "lease_service": self.lease_service.counts, "loop_busy": self.loop_busy.counts,
+            "control_messages": self.control_messages,
+            **{k: getattr(self, k).counts for k in _HISTOGRAMS},
         }  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Self:
-        hist = {k: Histogram([int(c) for c in data[k]]) for k in ("lease_service", "loop_busy")}
+        hist = {k: Histogram([int(c) for c in data[k]]) for k in _HISTOGRAMS}
         if any(len(h.counts) != len(BOUNDS_S) for h in hist.values()):
             raise ValueError("netstats.json: histograms of another bucket layout")
         return cls(
             unix_time=float(data["unix_time"]), process_cpu_s=float(data["process_cpu_s"]),
             groups_trained=int(data["groups_trained"]), heartbeats=int(data["heartbeats"]),
             lease_requests=int(data["lease_requests"]), lease_parked=int(data["lease_parked"]),
-            **hist,
+            control_messages=int(data["control_messages"]), **hist,
         )  # fmt: skip
 
 

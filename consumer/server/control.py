@@ -82,6 +82,7 @@ class Control:
         if reply is not None:  # None: a parked lease request, answered later
             self.reply(identity.bytes, reply)
         timing = st.timing
+        timing.control_messages += 1
         if isinstance(msg, wire.LeaseRequest):  # the consumer's part of its round trip
             timing.lease_requests += 1
             if reply is None:

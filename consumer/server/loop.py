@@ -93,10 +93,10 @@ class Loop:
         poller.register(wake_fd, zmq.POLLIN)
         next_housekeeping = 0.0
         try:
-            busy = self._state.timing.loop_busy
+            busy, busy_cpu = self._state.timing.loop_busy, self._state.timing.loop_busy_cpu
             while not self._stop.is_set():
                 events = dict(poller.poll(timeout=10))
-                t_polled = time.perf_counter()
+                t_polled, cpu_polled = time.perf_counter(), time.thread_time()
                 if self._rollouts in events:
                     self._drain(self._rollouts, self._intake.on_frames)
                 if control in events:
@@ -112,6 +112,7 @@ class Loop:
                     self._housekeeping(now)
                     next_housekeeping = now + 0.25
                 busy.record(time.perf_counter() - t_polled)  # no socket served meanwhile
+                busy_cpu.record(time.thread_time() - cpu_polled)  # this thread's own work
             self._calls.run(stopped=self._failed)
             self._books.flush()  # written before `_close` ends the writer
         except BaseException as exc:
