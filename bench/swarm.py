@@ -37,9 +37,11 @@ producers told) and must exit 0. Reported per N (JSON keys in brackets):
   the consumer's CPU seconds per trained group and per heartbeat [`consumer_cpu_s_per_group`,
   `consumer_cpu_s_per_heartbeat`], lease requests from off the socket to reply sent, p50/p99
   [`lease_service_p50_ms`, `lease_service_p99_ms`; parked ones, waiting for leases to free up,
-  counted in `lease_requests_parked`], the longest turn of the network thread's loop, during
-  which no socket was served [`network_loop_gap_max_ms`: wall clock, with whatever preempted
-  it; `network_loop_gap_cpu_max_ms`: the longest turn in the thread's own CPU time], control
+  counted in `lease_requests_parked`; those granted when leases freed up, from the start of
+  the loop's turn that freed them to the reply, `lease_parked_grant_p99_ms`], the longest
+  stretch in which the network thread read no socket [`network_loop_gap_max_ms`: wall clock,
+  with whatever preempted it; `network_loop_gap_cpu_max_ms`: the longest in the thread's own
+  CPU time], control
   messages per second and the consumer's CPU per message [`control_messages_per_s`,
   `consumer_cpu_s_per_message`: heartbeats and lease polls grow with N, groups need not]; and
   the swarm's own CPU, in cores [`client_cpu`], so the reader sees which side is the limit.
@@ -297,7 +299,7 @@ async def stats_since(run: Path, unix: float, timeout_s: float = 15.0) -> NetSta
 
 def inside(a: NetStats | None, b: NetStats | None) -> dict[str, Any]:
     """The consumer's own figures between two of its netstats.json (common/net_stats.py): CPU
-    per trained group and per heartbeat, lease service time and the longest loop turn."""
+    per trained group and per heartbeat, lease service time and the longest gap in reading."""
     if a is None or b is None or b.unix_time <= a.unix_time:
         raise RuntimeError("the consumer wrote no netstats.json during the window")
     cpu, groups, beats = (
@@ -305,9 +307,10 @@ def inside(a: NetStats | None, b: NetStats | None) -> dict[str, Any]:
         b.groups_trained - a.groups_trained,
         (b.heartbeats - a.heartbeats),
     )
-    service, busy = b.lease_service.minus(a.lease_service), b.loop_busy.minus(a.loop_busy)
+    service, busy = b.lease_service.minus(a.lease_service), b.loop_gap.minus(a.loop_gap)
+    parked = b.lease_parked_grant.minus(a.lease_parked_grant)
     busy_cpu, messages = (
-        b.loop_busy_cpu.minus(a.loop_busy_cpu),
+        b.loop_gap_cpu.minus(a.loop_gap_cpu),
         b.control_messages - (a.control_messages),
     )
 
@@ -324,6 +327,8 @@ def inside(a: NetStats | None, b: NetStats | None) -> dict[str, Any]:
         "lease_requests_parked": b.lease_parked - a.lease_parked,
         "lease_service_p50_ms": ms(service.quantile(0.5)),
         "lease_service_p99_ms": ms(service.quantile(0.99)),
+        "lease_parked_grant_p99_ms": ms(parked.quantile(0.99)),
+        "lease_parked_grants": parked.total(),
         "network_loop_gap_max_ms": ms(busy.max()),
         "network_loop_gap_p999_ms": ms(busy.quantile(0.999)),
         "network_loop_gap_cpu_max_ms": ms(busy_cpu.max()),
@@ -426,8 +431,9 @@ def main(argv: list[str] | None = None) -> int:
             f"        inside the consumer: {r['groups_per_s']:7.1f} groups/s  cpu/group "
             f"{(r['consumer_cpu_s_per_group'] or 0) * 1e3:6.3f} ms  cpu/heartbeat "
             f"{(r['consumer_cpu_s_per_heartbeat'] or 0) * 1e3:6.3f} ms  lease service p50/p99 "
-            f"{r['lease_service_p50_ms'] or 0:6.3f}/{r['lease_service_p99_ms'] or 0:6.3f} ms  "
-            f"longest loop turn {r['network_loop_gap_max_ms'] or 0:6.2f} ms "
+            f"{r['lease_service_p50_ms'] or 0:6.3f}/{r['lease_service_p99_ms'] or 0:6.3f} ms "
+            f"(parked, granted: p99 {r['lease_parked_grant_p99_ms'] or 0:6.3f} ms)  "
+            f"longest gap {r['network_loop_gap_max_ms'] or 0:6.2f} ms "
             f"({r['network_loop_gap_cpu_max_ms'] or 0:6.2f} ms of its CPU)  "
             f"{r['control_messages_per_s']:6.0f} control msgs/s, cpu/msg "
             f"{(r['consumer_cpu_s_per_message'] or 0) * 1e3:6.3f} ms  "

@@ -4,12 +4,15 @@ The network thread (consumer/server/loop.py, control.py) records into a `LoopTim
 - `lease_service`: for each lease request answered at once (granted or empty), the seconds from
   taking it off the control socket to its reply sent: the part of a round trip that is the
   consumer's. A parked request (no lease free: consumer/server/parked.py) waits for the learner
-  by design; those are counted in `lease_parked`, not timed.
-- `loop_busy`: for each turn of the loop, the seconds from the poll's return to the next poll
-  (handlers, queued calls, housekeeping): the longest is the longest time no socket was served.
-  Wall-clock time, so it includes the machine's preemption and other threads holding the
-  interpreter lock; `loop_busy_cpu` is the same turns in the network thread's own CPU seconds
-  (what the turn's work cost, whatever else ran).
+  by design; those are counted in `lease_parked`, and a parked request granted leases when they
+  free up is timed in `lease_parked_grant` from the start of the loop's turn that freed them
+  (the poll's return) to its reply sent.
+- `loop_gap`: the stretches in which the network thread reads no socket: from the poll's
+  return or one read to the next read (one message's handling), or to the end of the turn
+  (queued calls, parked requests, housekeeping). The longest is the longest time no request
+  could be taken. Wall-clock time, so it includes the machine's preemption and other threads
+  holding the interpreter lock; `loop_gap_cpu` is the same stretches in the network thread's
+  own CPU seconds (what the work cost, whatever else ran).
 - `heartbeats`, `lease_requests`, `control_messages` (every request on the control socket):
   counts.
 
@@ -26,12 +29,13 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
 NET_STATS = "netstats.json"
-_HISTOGRAMS = ("lease_service", "loop_busy", "loop_busy_cpu")
+_HISTOGRAMS = ("lease_service", "lease_parked_grant", "loop_gap", "loop_gap_cpu")
 BOUNDS_S: tuple[float, ...] = tuple(1e-6 * 2 ** (i / 8) for i in range(8 * 27))  # to ~134 s
 
 
@@ -77,12 +81,28 @@ class LoopTiming:
     """What the network thread records (it alone writes it)."""
 
     lease_service: Histogram = field(default_factory=Histogram)
-    loop_busy: Histogram = field(default_factory=Histogram)
-    loop_busy_cpu: Histogram = field(default_factory=Histogram)
+    lease_parked_grant: Histogram = field(default_factory=Histogram)
+    loop_gap: Histogram = field(default_factory=Histogram)
+    loop_gap_cpu: Histogram = field(default_factory=Histogram)
     heartbeats: int = 0
     lease_requests: int = 0
     lease_parked: int = 0
     control_messages: int = 0
+    turn_start: float = 0.0  # when the poll of the current turn returned (perf_counter, s)
+    _wall: float = 0.0  # when the current stretch began (perf_counter, s)
+    _cpu: float = 0.0  # and the thread's CPU time then (thread_time, s)
+
+    def resume(self) -> None:
+        """The poll returned: a stretch without reading begins."""
+        self._wall, self._cpu = time.perf_counter(), time.thread_time()
+        self.turn_start = self._wall
+
+    def served(self) -> None:
+        """A socket is read, or the turn ends: the stretch since the last call is recorded."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        self.loop_gap.record(wall - self._wall)
+        self.loop_gap_cpu.record(cpu - self._cpu)
+        self._wall, self._cpu = wall, cpu
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,8 +118,9 @@ class NetStats:
     lease_parked: int
     control_messages: int
     lease_service: Histogram
-    loop_busy: Histogram
-    loop_busy_cpu: Histogram
+    lease_parked_grant: Histogram
+    loop_gap: Histogram
+    loop_gap_cpu: Histogram
 
     @classmethod
     def of(cls, timing: LoopTiming, *, unix_time: float, groups_trained: int) -> Self:
@@ -109,8 +130,9 @@ class NetStats:
             unix_time=unix_time, process_cpu_s=t.user + t.system, groups_trained=groups_trained,
             heartbeats=timing.heartbeats, lease_requests=timing.lease_requests,
             lease_parked=timing.lease_parked, control_messages=timing.control_messages,
-            lease_service=timing.lease_service.copy(), loop_busy=timing.loop_busy.copy(),
-            loop_busy_cpu=timing.loop_busy_cpu.copy(),
+            lease_service=timing.lease_service.copy(),
+            lease_parked_grant=timing.lease_parked_grant.copy(), loop_gap=timing.loop_gap.copy(),
+            loop_gap_cpu=timing.loop_gap_cpu.copy(),
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:

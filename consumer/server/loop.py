@@ -93,10 +93,10 @@ class Loop:
         poller.register(wake_fd, zmq.POLLIN)
         next_housekeeping = 0.0
         try:
-            busy, busy_cpu = self._state.timing.loop_busy, self._state.timing.loop_busy_cpu
+            timing = self._state.timing  # the stretches in which no socket is read
             while not self._stop.is_set():
                 events = dict(poller.poll(timeout=10))
-                t_polled, cpu_polled = time.perf_counter(), time.thread_time()
+                timing.resume()
                 if self._rollouts in events:
                     self._drain(self._rollouts, self._intake.on_frames)
                 if control in events:
@@ -111,8 +111,7 @@ class Loop:
                 if now >= next_housekeeping:
                     self._housekeeping(now)
                     next_housekeeping = now + 0.25
-                busy.record(time.perf_counter() - t_polled)  # no socket served meanwhile
-                busy_cpu.record(time.thread_time() - cpu_polled)  # this thread's own work
+                timing.served()
             self._calls.run(stopped=self._failed)
             self._books.flush()  # written before `_close` ends the writer
         except BaseException as exc:
@@ -131,6 +130,7 @@ class Loop:
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[zmq.Frame]], None]) -> None:
         for _ in range(_DRAIN):
+            self._state.timing.served()
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:

@@ -23,7 +23,8 @@ KEYS = {
     "consumer_cpu_s_per_heartbeat", "heartbeats_per_s", "lease_requests_timed",
     "lease_requests_parked", "lease_service_p50_ms", "lease_service_p99_ms",
     "network_loop_gap_max_ms", "network_loop_gap_p999_ms", "network_loop_gap_cpu_max_ms",
-    "control_messages_per_s", "consumer_cpu_s_per_message",
+    "control_messages_per_s", "consumer_cpu_s_per_message", "lease_parked_grant_p99_ms",
+    "lease_parked_grants",
 }  # fmt: skip
 
 

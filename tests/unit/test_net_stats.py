@@ -53,5 +53,5 @@ def test_netstats_round_trips_and_refuses_another_layout(tmp_path):
     assert back == stats
     assert back.process_cpu_s > 0
     with pytest.raises(ValueError, match="bucket layout"):
-        NetStats.from_json({**stats.to_json(), "loop_busy": [0, 1]})
+        NetStats.from_json({**stats.to_json(), "loop_gap": [0, 1]})
     assert read_net_stats(tmp_path / "missing") is None
