@@ -156,7 +156,8 @@ def consumer_args(run: Path, prompts: Path, a: argparse.Namespace) -> list[str]:
         f"sampling.group_size={a.group_size}", f"sampling.max_new_tokens={a.tokens}",
         f"staleness.max_staleness={a.max_staleness}", "train.drop_zero_variance=false",
         "task.source=jsonl", f"task.path={prompts}", "net.control_port=0",
-        f"net.max_message_mib={a.max_message_mib}", *a.set,
+        f"net.max_message_mib={a.max_message_mib}", f"net.heartbeat_s={a.heartbeat_s}",
+        f"net.producer_timeout_s={max(30.0, 3 * a.heartbeat_s)}", *a.set,
     ]  # fmt: skip
     steps = str(a.steps)
     args = [sys.executable, "-m", "launch.cli", "consumer", "--run-dir", str(run), "--steps", steps]
@@ -173,6 +174,8 @@ def producer_config(endpoint: str, i: int, a: argparse.Namespace) -> C.Config:
             "producer.engine": "fake", "producer.max_in_flight": a.in_flight,
             "fake.min_tokens": a.tokens, "fake.max_tokens": a.tokens,
             "fake.latency_s": a.latency_s, "net.max_message_mib": a.max_message_mib,
+            "net.heartbeat_s": a.heartbeat_s,
+            "net.producer_timeout_s": max(30.0, 3 * a.heartbeat_s),
             "run.seed": i,
         },
     )  # fmt: skip
@@ -382,6 +385,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", type=int, default=64, help="completion tokens per sample")
     ap.add_argument("--in-flight", type=int, default=1, help="leases per producer")
     ap.add_argument("--latency-s", type=float, default=0.0, help="fake generation per group")
+    ap.add_argument("--heartbeat-s", type=float, default=1.0, help="net.heartbeat_s, both sides")
     ap.add_argument("--max-message-mib", type=float, default=64.0)
     ap.add_argument("--register-timeout-s", type=float, default=120.0)
     ap.add_argument("--stop-timeout-s", type=float, default=60.0)

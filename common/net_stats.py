@@ -7,12 +7,12 @@ The network thread (consumer/server/loop.py, control.py) records into a `LoopTim
   by design; those are counted in `lease_parked`, and a parked request granted leases when they
   free up is timed in `lease_parked_grant` from the start of the loop's turn that freed them
   (the poll's return) to its reply sent.
-- `loop_gap`: the stretches in which the network thread reads no socket: from the poll's
-  return or one read to the next read (one message's handling), or to the end of the turn
-  (queued calls, parked requests, housekeeping). The longest is the longest time no request
-  could be taken. Wall-clock time, so it includes the machine's preemption and other threads
-  holding the interpreter lock; `loop_gap_cpu` is the same stretches in the network thread's
-  own CPU seconds (what the work cost, whatever else ran).
+- `loop_gap`: the stretches in which the network thread neither reads a socket nor answers a
+  parked request: from the poll's return, a read or a parked answer to the next one (one
+  message's handling), or to the end of the turn (queued calls, housekeeping). The longest is
+  the longest time no producer was served. Wall-clock time, so it includes the machine's
+  preemption and other threads holding the interpreter lock; `loop_gap_cpu` is the same
+  stretches in the network thread's own CPU seconds (what the work cost, whatever else ran).
 - `heartbeats`, `lease_requests`, `control_messages` (every request on the control socket):
   counts.
 
@@ -98,7 +98,8 @@ class LoopTiming:
         self.turn_start = self._wall
 
     def served(self) -> None:
-        """A socket is read, or the turn ends: the stretch since the last call is recorded."""
+        """A socket is read, a parked request answered, or the turn ends: the stretch since the
+        last call is recorded."""
         wall, cpu = time.perf_counter(), time.thread_time()
         self.loop_gap.record(wall - self._wall)
         self.loop_gap_cpu.record(cpu - self._cpu)
