@@ -19,6 +19,7 @@ never ends this thread. Anything else that raises here ends it: the error is kep
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -92,6 +93,10 @@ class Loop:
         wake_fd = self._calls.fileno()
         poller.register(wake_fd, zmq.POLLIN)
         next_housekeeping = 0.0
+        # what the process built before serving (imports, torch, the model) is never scanned
+        # by the cyclic collector again: a full collection costs what was made since, not
+        # hundreds of milliseconds on this thread
+        gc.freeze()
         try:
             timing = self._state.timing  # the stretches in which no socket is read
             while not self._stop.is_set():
