@@ -95,7 +95,8 @@ class Loop:
         next_housekeeping = 0.0
         # what the process built before serving (imports, torch, the model) is never scanned
         # by the cyclic collector again: a full collection costs what was made since, not
-        # hundreds of milliseconds on this thread
+        # hundreds of milliseconds on this thread (garbage is collected first, not frozen)
+        gc.collect()
         gc.freeze()
         try:
             timing = self._state.timing  # the stretches in which no socket is read
