@@ -3,6 +3,11 @@ and through a relay tree, every chunk verified; a probe producer's lease latency
 
     python bench/fanout.py [--mib 64] [--fetchers 1,8,64] [--fanout 4] [--dir /dev/shm]
                            [--json PATH]
+    python bench/fanout.py --link-mbit R [--mib 8] [--fetchers 16] [--json PATH]
+
+`--link-mbit R` runs bench/fanout_links.py instead: hosts as network namespaces, every link
+capped at R Mbit/s with tc tbf, so the links, not this machine's cores, bound the transfer.
+What follows describes the run without it.
 
 The consumer in its own process, as deployed: its real network and data threads
 (consumer/server/server.py plans fetches on control, consumer/snapshots/dataplane.py serves chunks
@@ -66,12 +71,14 @@ MAX_MESSAGE = 64 << 20
 
 
 def start_consumer(
-    run_dir: Path, *, fanout: int, mib: int, chunk_mib: float
+    run_dir: Path, *, fanout: int, mib: int, chunk_mib: float, bind: str = ""
 ) -> tuple[Server, zmq.Context, wire.SnapshotInfo]:
     settings = {
         "net.control_port": 0, "snapshot.fanout": fanout, "net.producer_timeout_s": 3600.0,
         "snapshot.chunk_mib": chunk_mib,
     }  # fmt: skip
+    if bind:  # an address of a namespace of its own (--link-mbit): no keys on that test net
+        settings |= {"net.bind_host": bind, "net.insecure": True}
     cfg = C.override(C.Config(), settings)
     ctx = zmq.Context()
     spec = run_spec(cfg, vocab_size=32, model="")
@@ -95,10 +102,12 @@ def start_consumer(
     return server, ctx, info
 
 
-def serve_consumer(run_dir: Path, *, fanout: int, mib: int, chunk_mib: float) -> None:
+def serve_consumer(run_dir: Path, *, fanout: int, mib: int, chunk_mib: float, bind: str) -> None:
     """The consumer's own process (`--consumer`): prints its ports and snapshot as one JSON
     line, then answers each stdin line with its counters (one JSON line) until stdin closes."""
-    server, ctx, info = start_consumer(run_dir, fanout=fanout, mib=mib, chunk_mib=chunk_mib)
+    server, ctx, info = start_consumer(
+        run_dir, fanout=fanout, mib=mib, chunk_mib=chunk_mib, bind=bind
+    )
     try:
         print(json.dumps({"ports": server.ports, "info": dataclasses.astuple(info)}), flush=True)
         for _ in sys.stdin:
@@ -303,14 +312,28 @@ def main() -> None:
         "--repeat", type=int, default=1, help="single fetches (consumer, N=1): the best of"
     )
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--link-mbit", type=float, default=0.0,
+        help="hosts as network namespaces, every link capped at this rate with tc tbf "
+        "(bench/fanout_links.py; needs root): one producer alone, then --fetchers (one N, "
+        "16 by default) with relays off and on",
+    )  # fmt: skip
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per --link-mbit run")
     parser.add_argument("--probe", help=argparse.SUPPRESS)  # the probe producer's process
     parser.add_argument("--consumer", type=Path, help=argparse.SUPPRESS)  # the consumer's
+    parser.add_argument("--bind", default="", help=argparse.SUPPRESS)  # the consumer's address
     args = parser.parse_args()
     if args.probe:
         asyncio.run(probe(args.probe, args.dir))
         return
     if args.consumer:
-        serve_consumer(args.consumer, fanout=args.fanout, mib=args.mib, chunk_mib=args.chunk_mib)
+        serve_consumer(
+            args.consumer, fanout=args.fanout, mib=args.mib, chunk_mib=args.chunk_mib,
+            bind=args.bind,
+        )  # fmt: skip
+        return
+    if args.link_mbit > 0:
+        links(args)
         return
     out: dict[str, Any] = {
         "mib": args.mib,
@@ -358,6 +381,22 @@ def main() -> None:
                     r["max_over_single"] = r["per_producer_s"]["max"] / single
     out["load_avg_1m_end"] = os.getloadavg()[0]
     print(json.dumps({k: v for k, v in out.items() if not isinstance(v, dict)}))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+def links(args: argparse.Namespace) -> None:
+    """`--link-mbit`: bench/fanout_links.py's runs (defaults there: 8 MiB, 1 MiB chunks, 16)."""
+    from fanout_links import run_links  # this directory: bench/fanout_links.py
+
+    if "--fetchers" not in sys.argv:
+        args.fetchers = "16"
+    if "--mib" not in sys.argv:
+        args.mib = 8
+    if "--chunk-mib" not in sys.argv:
+        args.chunk_mib = 1.0
+    args.fetchers = int(args.fetchers)
+    out = run_links(args)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

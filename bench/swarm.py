@@ -32,6 +32,22 @@ producers told) and must exit 0. Reported per N (JSON keys in brackets):
 - backpressure over the whole run (ledger.json's `admission`; null for a consumer without it):
   the most MiB of groups queued for the learner at once [`queued_mib_peak`], times producers
   were told to hold a group [`holds`] and the longest hold [`hold_s_max`].
+- measured inside the consumer (its netstats.json, common/net_stats.py, read at both ends of
+  the window), so the swarm's own delays are not in them: trained groups/s [`groups_per_s`],
+  the consumer's CPU seconds per trained group and per heartbeat [`consumer_cpu_s_per_group`,
+  `consumer_cpu_s_per_heartbeat`], lease requests from off the socket to reply sent, p50/p99
+  [`lease_service_p50_ms`, `lease_service_p99_ms`; parked ones, waiting for leases to free up,
+  counted in `lease_requests_parked`; those granted when leases freed up, from the start of
+  the loop's turn that freed them to the reply, `lease_parked_grant_p99_ms`], the longest
+  stretch in which the network thread read no socket [`network_loop_gap_max_ms`: wall clock,
+  with whatever preempted it; `network_loop_gap_cpu_max_ms`: the longest in the thread's own
+  CPU time], control
+  messages per second and the consumer's CPU per message [`control_messages_per_s`,
+  `consumer_cpu_s_per_message`: heartbeats and lease polls grow with N, groups need not]; and
+  the swarm's own CPU, in cores [`client_cpu`], so the reader sees which side is the limit.
+`n` is N again.
+The consumer is pinned to core `--consumer-core` (0 by default on a machine of 2 or more cores)
+and this process to the others.
 Top level: `ratio_groups_per_s_largest_vs_64` (trained groups/s at the largest N over the figure
 at 64, the same run; null when 64 is not among the Ns), `largest_producers`, the machine's load
 average before and after (`load_1m_start`, `load_1m_end`) and the settings. This process runs
@@ -63,6 +79,7 @@ from common import config as C
 from common import run_files as RF
 from common import wire
 from common.metrics import read_steps
+from common.net_stats import NetStats, read_net_stats
 from producer.main import run as run_producer
 from producer.worker import Producer
 
@@ -139,7 +156,8 @@ def consumer_args(run: Path, prompts: Path, a: argparse.Namespace) -> list[str]:
         f"sampling.group_size={a.group_size}", f"sampling.max_new_tokens={a.tokens}",
         f"staleness.max_staleness={a.max_staleness}", "train.drop_zero_variance=false",
         "task.source=jsonl", f"task.path={prompts}", "net.control_port=0",
-        f"net.max_message_mib={a.max_message_mib}", *a.set,
+        f"net.max_message_mib={a.max_message_mib}", f"net.heartbeat_s={a.heartbeat_s}",
+        f"net.producer_timeout_s={max(30.0, 3 * a.heartbeat_s)}", *a.set,
     ]  # fmt: skip
     steps = str(a.steps)
     args = [sys.executable, "-m", "launch.cli", "consumer", "--run-dir", str(run), "--steps", steps]
@@ -156,6 +174,8 @@ def producer_config(endpoint: str, i: int, a: argparse.Namespace) -> C.Config:
             "producer.engine": "fake", "producer.max_in_flight": a.in_flight,
             "fake.min_tokens": a.tokens, "fake.max_tokens": a.tokens,
             "fake.latency_s": a.latency_s, "net.max_message_mib": a.max_message_mib,
+            "net.heartbeat_s": a.heartbeat_s,
+            "net.producer_timeout_s": max(30.0, 3 * a.heartbeat_s),
             "run.seed": i,
         },
     )  # fmt: skip
@@ -201,8 +221,10 @@ async def swarm(
         registration_s = max(probe.registered.values()) - t_start
         await asyncio.sleep(a.warmup_s)
         t_a, unix_a, cpu_a = time.monotonic(), time.time(), proc_cpu_s(consumer.pid)
+        client_a, stats_a = client_cpu_s(), await stats_since(run, unix_a)
         await asyncio.sleep(a.seconds)
         t_b, unix_b, cpu_b = time.monotonic(), time.time(), proc_cpu_s(consumer.pid)
+        client_b, stats_b = client_cpu_s(), await stats_since(run, unix_b)
         rss, peak = proc_mem_mib(consumer.pid)
         consumer.send_signal(signal.SIGINT)  # final snapshot, ledger checked, producers told
         _, pending = await asyncio.wait(tasks, timeout=a.stop_timeout_s)
@@ -255,6 +277,66 @@ async def swarm(
         "queued_mib_peak": None if queued_peak is None else queued_peak / (1 << 20),
         "holds": admission.holds,
         "hold_s_max": admission.hold_s_max,
+        "client_cpu": (client_b - client_a) / span,
+        **inside(stats_a, stats_b),
+    }
+
+
+def client_cpu_s() -> float:
+    """User + system CPU seconds of this process (the swarm) so far."""
+    t = os.times()
+    return t.user + t.system
+
+
+async def stats_since(run: Path, unix: float, timeout_s: float = 15.0) -> NetStats | None:
+    """The first netstats.json the consumer writes at or after `unix` (it rewrites it with its
+    books, about every 2 s); None if none comes within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = read_net_stats(run)
+        if stats is not None and stats.unix_time >= unix:
+            return stats
+        await asyncio.sleep(0.05)
+    return None
+
+
+def inside(a: NetStats | None, b: NetStats | None) -> dict[str, Any]:
+    """The consumer's own figures between two of its netstats.json (common/net_stats.py): CPU
+    per trained group and per heartbeat, lease service time and the longest gap in reading."""
+    if a is None or b is None or b.unix_time <= a.unix_time:
+        raise RuntimeError("the consumer wrote no netstats.json during the window")
+    cpu, groups, beats = (
+        b.process_cpu_s - a.process_cpu_s,
+        b.groups_trained - a.groups_trained,
+        (b.heartbeats - a.heartbeats),
+    )
+    service, busy = b.lease_service.minus(a.lease_service), b.loop_gap.minus(a.loop_gap)
+    parked = b.lease_parked_grant.minus(a.lease_parked_grant)
+    busy_cpu, messages = (
+        b.loop_gap_cpu.minus(a.loop_gap_cpu),
+        b.control_messages - (a.control_messages),
+    )
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * 1e3
+
+    return {
+        "stats_window_s": b.unix_time - a.unix_time,
+        "groups_per_s": groups / (b.unix_time - a.unix_time),
+        "consumer_cpu_s_per_group": cpu / groups if groups else None,
+        "consumer_cpu_s_per_heartbeat": cpu / beats if beats else None,
+        "heartbeats_per_s": beats / (b.unix_time - a.unix_time),
+        "lease_requests_timed": service.total(),
+        "lease_requests_parked": b.lease_parked - a.lease_parked,
+        "lease_service_p50_ms": ms(service.quantile(0.5)),
+        "lease_service_p99_ms": ms(service.quantile(0.99)),
+        "lease_parked_grant_p99_ms": ms(parked.quantile(0.99)),
+        "lease_parked_grants": parked.total(),
+        "network_loop_gap_max_ms": ms(busy.max()),
+        "network_loop_gap_p999_ms": ms(busy.quantile(0.999)),
+        "network_loop_gap_cpu_max_ms": ms(busy_cpu.max()),
+        "control_messages_per_s": messages / (b.unix_time - a.unix_time),
+        "consumer_cpu_s_per_message": cpu / messages if messages else None,
     }
 
 
@@ -265,9 +347,10 @@ def measure(n: int, a: argparse.Namespace) -> dict[str, Any]:
             "".join(json.dumps({"prompt": f"p{i}", "answer": "a"}) + "\n" for i in range(4096))
         )
         log = open(Path(tmp) / "consumer.log", "wb")  # noqa: SIM115 (closed below)
-        consumer = subprocess.Popen(consumer_args(run, prompts, a), stdout=log, stderr=log)
+        pin = ["taskset", "-c", str(a.consumer_core)] if a.consumer_core >= 0 else []
+        consumer = subprocess.Popen(pin + consumer_args(run, prompts, a), stdout=log, stderr=log)
         try:
-            return asyncio.run(swarm(n, run, consumer, a))
+            return {"n": n, **asyncio.run(swarm(n, run, consumer, a))}
         except BaseException:
             consumer.kill()
             consumer.wait()
@@ -302,9 +385,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", type=int, default=64, help="completion tokens per sample")
     ap.add_argument("--in-flight", type=int, default=1, help="leases per producer")
     ap.add_argument("--latency-s", type=float, default=0.0, help="fake generation per group")
+    ap.add_argument("--heartbeat-s", type=float, default=1.0, help="net.heartbeat_s, both sides")
     ap.add_argument("--max-message-mib", type=float, default=64.0)
     ap.add_argument("--register-timeout-s", type=float, default=120.0)
     ap.add_argument("--stop-timeout-s", type=float, default=60.0)
+    ap.add_argument(
+        "--consumer-core", type=int, default=0 if (os.cpu_count() or 1) > 1 else -1,
+        help="pin the consumer to this core and the swarm to the others (-1: no pinning)",
+    )  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
@@ -322,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--producers: each N must be within 1..1024")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16 * max(ns) + 1024)), hard))
+    if a.consumer_core >= 0:  # the swarm on the other cores
+        others = set(os.sched_getaffinity(0)) - {a.consumer_core}
+        if others:
+            os.sched_setaffinity(0, others)
     load_start = os.getloadavg()[0]
     runs = []
     for n in ns:
@@ -337,6 +429,19 @@ def main(argv: list[str] | None = None) -> int:
             f"  line {r['metrics_line_bytes']:8.0f} B  timeouts {r['control_timeouts']}"
             f"  ok {r['consumer_ok']}  peak rss {r['consumer_rss_peak_mib']:.0f} MiB"
             f"  queued peak {r['queued_mib_peak'] or 0:.1f} MiB  holds {r['holds']}",
+            flush=True,
+        )
+        print(
+            f"        inside the consumer: {r['groups_per_s']:7.1f} groups/s  cpu/group "
+            f"{(r['consumer_cpu_s_per_group'] or 0) * 1e3:6.3f} ms  cpu/heartbeat "
+            f"{(r['consumer_cpu_s_per_heartbeat'] or 0) * 1e3:6.3f} ms  lease service p50/p99 "
+            f"{r['lease_service_p50_ms'] or 0:6.3f}/{r['lease_service_p99_ms'] or 0:6.3f} ms "
+            f"(parked, granted: p99 {r['lease_parked_grant_p99_ms'] or 0:6.3f} ms)  "
+            f"longest gap {r['network_loop_gap_max_ms'] or 0:6.2f} ms "
+            f"({r['network_loop_gap_cpu_max_ms'] or 0:6.2f} ms of its CPU)  "
+            f"{r['control_messages_per_s']:6.0f} control msgs/s, cpu/msg "
+            f"{(r['consumer_cpu_s_per_message'] or 0) * 1e3:6.3f} ms  "
+            f"client cpu {r['client_cpu']:4.2f}",
             flush=True,
         )
     out = {

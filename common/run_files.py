@@ -21,6 +21,8 @@ know (a newer writer). Who writes what:
 - `consumer.json` (`CONSUMER`): `ConsumerProcess`, the consumer serving the run (host, pid, start),
   written when it listens: with no `final.json`, a live process there is a running run and a dead
   one a run that crashed or was killed (launch/dashboard.py `run_state`).
+- `netstats.json`: the network thread timed from inside (common/net_stats.py), rewritten with
+  the books.
 - `final.json` (`FINAL`): the snapshot version the run ended with (common/snapshot.py).
 - `eval.json`, `summary.md`, `plots/`, `processes.json`, `*.log`: the evaluator's, the report's
   and the launcher's outputs.

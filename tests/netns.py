@@ -6,8 +6,9 @@ bridge; each host is joined to the bridge by a veth pair (its end is `eth0`, add
 the addresses never collide with anything, and every name carries a random suffix so that runs
 side by side do not either. `cut(host)` / `mend(host)` take a host's link down and up (the
 switch end, so the host itself sees nothing but silence), `netem(host, ...)` delays and drops
-its packets. `run(host, argv)` starts a process inside it; with `hide` the process also gets
-its own mount namespace where those directories are empty (no shared files between hosts).
+its packets, `limit(host, mbit)` caps its link's rate each way (tc's tbf). `run(host, argv)`
+starts a process inside it; with `hide` the process also gets its own mount namespace where
+those directories are empty (no shared files between hosts).
 Needs root and iproute2; `unavailable()` says why not, for a skip.
 """
 
@@ -89,6 +90,21 @@ class Hosts:
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         return out.stderr.strip() if out.returncode else ""
+
+    def limit(self, name: str, mbit: float) -> str:
+        """Limit the host's link to `mbit` Mbit/s each way with `tc ... tbf` (its own end for
+        what it sends, the switch's end for what it receives); the error ("" on success)."""
+        rate_bytes = mbit * 1e6 / 8
+        tbf = ["tbf", "rate", f"{mbit}mbit", "burst", str(max(16_000, int(rate_bytes / 100))),
+               "latency", "200ms"]  # fmt: skip
+        for ns, dev in ((self.ns[name], "eth0"), (self.switch, self._port[name])):
+            out = subprocess.run(
+                ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", *tbf],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            if out.returncode:
+                return out.stderr.strip()
+        return ""
 
     def argv(self, name: str, argv: list[str], hide: tuple[Path, ...] = ()) -> list[str]:
         """`argv` run inside host `name`, with the directories `hide` empty for it."""

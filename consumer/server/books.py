@@ -1,21 +1,30 @@
 """The network thread's files in the run directory: leases.jsonl, ledger.json and (through
 consumer/server/roster.py) the producers' files, written as common/run_files.py's records.
 
-Nothing per step grows with the number of producers: a settled step appends its finished leases
-to leases.jsonl (`append_finished`: the cost of a call is the leases it writes); ledger.json
-(counts, per producer, the host of every producer that held a lease) and the producers' files
-are rewritten by the loop's housekeeping at most every `_BOOKS_EVERY_S` (`maybe_write`), and at
-once by `flush` (`Server.flush_ledger`, `Server.checkpoint_state`, the end of the thread).
+Nothing the network thread does here grows with the number of producers:
+- a settled step appends its finished leases to leases.jsonl (`append_finished`: the cost of a
+  call is the leases it writes), on the network thread, so a checkpoint's log sizes match its book;
+- ledger.json (counts, per producer, the host of every producer that held a lease) and the
+  producers' files are rewritten at most every `_BOOKS_EVERY_S` (`maybe_write`), and at once by
+  `flush` (`Server.flush_ledger`, `Server.checkpoint_state`, the end of the thread), on the
+  writer thread (consumer/server/book_writer.py). The network thread hands it what changed
+  since the last hand-over: the producers' statuses noted as they changed (a dict swap) and the
+  counts of the producers whose leases moved (`LeaseBook.take_changed`), and a copy of the
+  loop's timing for netstats.json (common/net_stats.py).
 ledger.json is replaced atomically: readers see the old file or the new one.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 from common import run_files as RF
-from consumer.server.roster import Roster
+from common.net_stats import NetStats
+from consumer.server.book_writer import BookChanges, BookWriter, LedgerChanges
+from consumer.server.roster import Census
 from consumer.server.state import NetState
 
 _BOOKS_EVERY_S = 2.0  # ledger.json and the producers' files: rewritten at most this often
@@ -31,45 +40,67 @@ class Books:
     ) -> None:
         self._state, self.run_dir = state, run_dir
         self._refused_keys = refused_keys
-        self._due = 0.0  # monotonic time ledger.json may be rewritten again
-        self.roster = Roster(run_dir, every_s=_BOOKS_EVERY_S)
+        self._due = 0.0  # monotonic time the files may be rewritten again
+        self.writer = BookWriter(run_dir)
+
+    @property
+    def census(self) -> Census:
+        """The producers by state as of the last write of the producers' files."""
+        return self.writer.roster.census
 
     def append_finished(self) -> None:
         """Append the leases finished since the last call to leases.jsonl (incremental: the
         cost of a call is the leases it writes)."""
         RF.append_leases(self.run_dir, self._state.book.take_finished())
 
-    def flush_ledger(self) -> None:
-        """Append finished leases to leases.jsonl and rewrite ledger.json (atomically)."""
+    def flush(self) -> Future[None]:
+        """Every file: leases.jsonl now, ledger.json and the producers' files on the writer
+        thread (the future completes when they are written)."""
         self.append_finished()
+        return self._hand_over(ledger=True)
+
+    def maybe_write(self, now: float) -> None:
+        """Hand the writer what changed if `_BOOKS_EVERY_S` passed since the last hand-over
+        (ledger.json only if it is behind). A failed write of an earlier hand-over is raised."""
+        if self.writer.error is not None:
+            raise RuntimeError("writing the run's books failed") from self.writer.error
         st = self._state
-        ledger = RF.Ledger(
-            balance=st.book.balance(),
-            by_producer={p: dict(c) for p, c in st.book.by_producer.items()},
-            hosts={p: st.hosts.get(p, "") for p in st.book.by_producer},
+        if now >= self._due and (st.ledger_dirty or st.roster_changes):
+            self._hand_over(ledger=st.ledger_dirty)
+            self._due = now + _BOOKS_EVERY_S
+
+    def close(self) -> None:
+        """Finish the writes handed over; end the writer thread."""
+        self.writer.close()
+
+    def _hand_over(self, *, ledger: bool) -> Future[None]:
+        st = self._state
+        roster, st.roster_changes = st.roster_changes, {}
+        stats = NetStats.of(
+            st.timing, unix_time=time.time(), groups_trained=st.book.counts["trained"]
+        )
+        return self.writer.submit(
+            BookChanges(roster, self._ledger_changes() if ledger else None, stats)
+        )
+
+    def _ledger_changes(self) -> LedgerChanges:
+        st = self._state
+        self.append_finished()
+        changed = st.book.take_changed()
+        st.ledger_dirty = False
+        return LedgerChanges(
+            totals=st.book.totals(),
+            by_producer=changed,
+            hosts={p: st.hosts.get(p, "") for p in changed},
             counters=self._counters_now(),
             admission=st.admission.run_summary(),
             policy_version=st.policy_version,
         )
-        RF.write_ledger(self.run_dir, ledger)
-        st.ledger_dirty = False
-
-    def flush(self) -> None:
-        """Every file now: leases.jsonl, ledger.json and the producers' files."""
-        self.flush_ledger()
-        self.roster.write(self._state.producers)
-
-    def maybe_write(self, now: float) -> None:
-        """ledger.json if it is behind and was not rewritten in the last `_BOOKS_EVERY_S`; the
-        producers' files on their own clock (consumer/server/roster.py)."""
-        if self._state.ledger_dirty and now >= self._due:
-            self.flush_ledger()
-            self._due = now + _BOOKS_EVERY_S
-        self.roster.maybe_write(self._state.producers, now)
 
     def _counters_now(self) -> dict[str, int]:
         """The server's counters, with the key gate's refusals as `rejected.unknown_key`."""
-        counters = dict(self._state.counters)
+        with self._state.lock:
+            counters = dict(self._state.counters)
         refused = self._refused_keys() if self._refused_keys is not None else 0
         if refused:
             counters["rejected.unknown_key"] = refused

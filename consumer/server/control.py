@@ -62,8 +62,10 @@ class Control:
             st.count("control_rejected.multipart")
             return
         identity, payload = frames
+        t0 = time.perf_counter()
         req = 0  # unknown until the request parses
         reply: wire.Message | None
+        msg: wire.Message | None = None
         try:
             msg = wire.decode(payload.buffer, self.limits)
             req = getattr(msg, "req", 0)
@@ -79,6 +81,16 @@ class Control:
             reply = wire.Reject(req=req, reason="internal_error", detail=type(exc).__name__)
         if reply is not None:  # None: a parked lease request, answered later
             self.reply(identity.bytes, reply)
+        timing = st.timing
+        timing.control_messages += 1
+        if isinstance(msg, wire.LeaseRequest):  # the consumer's part of its round trip
+            timing.lease_requests += 1
+            if reply is None:
+                timing.lease_parked += 1
+            else:
+                timing.lease_service.record(time.perf_counter() - t0)
+        elif isinstance(msg, wire.Heartbeat):
+            timing.heartbeats += 1
 
     def reply(self, identity: bytes, reply: wire.Message) -> None:
         try:
@@ -104,11 +116,13 @@ class Control:
         if not st.identities.allows(msg.producer_id, key):
             raise WireError("wrong_key", "this producer id is registered with another key")
         st.routes[msg.producer_id] = identity
+        st.liveness.heard(msg.producer_id, now)
         with st.lock:
             view.last_seen = now
-            if isinstance(msg, wire.Heartbeat):
+            if isinstance(msg, wire.Heartbeat):  # its counters held as decoded, not copied
                 view.loaded_version, view.state = msg.loaded_version, msg.state
-                view.num_in_flight, view.counters = msg.num_in_flight, dict(msg.counters)
+                view.num_in_flight, view.counters = msg.num_in_flight, msg.counters
+                st.note(msg.producer_id)
         if isinstance(msg, wire.Goodbye):
             self.parked.unpark(msg.producer_id)
             # after the end of the run a producer drops the leases it was running: they end
@@ -117,6 +131,8 @@ class Control:
             st.book.reconcile(msg.producer_id, set(msg.held_leases), reason=reason)
             with st.lock:
                 view.state, view.last_seen, view.ended_at = "left", float("inf"), now
+            st.liveness.ended(msg.producer_id, now)
+            st.note(msg.producer_id)
             return wire.StatusReply(msg.req, st.status(msg.producer_id))
         if isinstance(msg, wire.FetchRequest):
             return self._fanout.plan(msg, now)
@@ -142,6 +158,9 @@ class Control:
                 msg.host, msg.pid, msg.engine, msg.loaded_version, last_seen=now
             )
         st.hosts[msg.producer_id] = msg.host
+        st.liveness.registered(msg.producer_id, now)
+        st.note(msg.producer_id)
+        st.book.touch(msg.producer_id)  # its host in ledger.json
         st.book.reconcile(msg.producer_id, set(msg.held_leases))
         self.parked.unpark(msg.producer_id)
         log.info(
@@ -158,7 +177,9 @@ class Control:
     ) -> wire.LeaseGrant | None:
         st = self._state
         with st.lock:
-            view.loaded_version = msg.loaded_version
+            if view.loaded_version != msg.loaded_version:
+                view.loaded_version = msg.loaded_version
+                st.note(msg.producer_id)
         self.parked.unpark(msg.producer_id)  # its older request (it gave up on it) goes first
         leases = self.grant(msg, now)
         wait_s = st.cfg.net.lease_wait_s

@@ -29,6 +29,13 @@ Invariants:
 - A `held` lease (its group arrived when the consumer had no room: consumer/server/admission.py)
   never times out: its producer holds the finished group and re-sends it when told; it expires only
   with its producer (silent, or re-registered or left without it).
+- Expiry costs what expires, not what is open (the network thread runs it every 0.25 s): issued
+  leases sit in a heap by issue time (`timeout` pops the overdue ones; an entry whose lease was
+  delivered or ended meanwhile is discarded when it surfaces), and each producer's open leases
+  are indexed (`holds`, `reconcile` and the leases of a gone producer cost what that producer
+  holds). The result, in lease-id order, is what a scan of every open lease would find.
+- `take_changed` hands the ledger writer (consumer/server/books.py) the per-producer counts of
+  the producers whose counts or open leases changed since the last call, nothing else.
 - Prompts of expired and stale-dropped leases go back to the retry queue (nothing silently lost);
   rejected_invalid prompts are not retried (the same prompt may produce the same bad output).
 - Acks (lease id + outcome) queue per producer and leave with that producer's next reply. A
@@ -41,8 +48,9 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import heapq
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -146,6 +154,12 @@ class FinalStates:
         return out
 
 
+def producer_balanced(counts: Mapping[str, int], open_leases: int) -> bool:
+    """One producer's counts add up: issued + taken_over - handed_over == finals + open."""
+    held = counts.get("issued", 0) + counts.get("taken_over", 0) - counts.get("handed_over", 0)
+    return held == sum(counts.get(k, 0) for k in OUTCOMES) + open_leases
+
+
 class LeaseBook:
     def __init__(
         self, order: PromptOrder, *, prompts_per_step: int, max_staleness: int, incarnation: int = 0
@@ -162,6 +176,9 @@ class LeaseBook:
         self.acks: defaultdict[str, deque[Ack]] = defaultdict(lambda: deque(maxlen=MAX_ACKS))
         self.acks_dropped = 0
         self.finished: list[LeaseRecord] = []  # final records not yet written to leases.jsonl
+        self._open_by: defaultdict[str, set[int]] = defaultdict(set)  # producer -> open ids
+        self._issued: list[tuple[float, int]] = []  # heap of (issued_at, lease id)
+        self._changed: set[str] = set()  # producers whose counts or open leases changed
 
     # -- granting ------------------------------------------------------------------------------
     def next_step(self, policy_version: int) -> int:
@@ -189,7 +206,7 @@ class LeaseBook:
             lease_id = (self.incarnation << _ID_BITS) | self._next
             self._next += 1
             rec = LeaseRecord(lease_id, index, step, min_version, producer_id, now)
-            self.open[lease_id] = rec
+            self._add_open(rec)
             self.counts["issued"] += 1
             self.by_producer[producer_id]["issued"] += 1
             out.append(rec)
@@ -241,6 +258,11 @@ class LeaseBook:
         """Move an open lease to its final `outcome`; queue the producer's ack."""
         assert outcome in OUTCOMES, outcome
         rec = self.open.pop(lease_id)
+        mine = self._open_by[rec.producer_id]
+        mine.discard(lease_id)
+        if not mine:
+            del self._open_by[rec.producer_id]
+        self._changed.add(rec.producer_id)
         assert outcome == "expired" or rec.state == "received" or outcome == "rejected_invalid"
         delivered = rec.state == "received" or outcome == "rejected_invalid"
         rec.state = outcome
@@ -283,32 +305,43 @@ class LeaseBook:
 
     def holds(self, producer_id: str) -> bool:
         """True while `producer_id` holds an open lease."""
-        return any(r.producer_id == producer_id for r in self.open.values())
+        return bool(self._open_by.get(producer_id))
+
+    def _add_open(self, rec: LeaseRecord) -> None:
+        self.open[rec.lease_id] = rec
+        self._open_by[rec.producer_id].add(rec.lease_id)
+        self._changed.add(rec.producer_id)
+        if rec.state == "issued":
+            heapq.heappush(self._issued, (rec.issued_at, rec.lease_id))
 
     # -- expiry --------------------------------------------------------------------------------
     def expire(self, *, now: float, lease_timeout_s: float, gone: set[str]) -> list[LeaseRecord]:
         """Expire issued (not yet delivered) leases that are overdue, and issued or held ones
-        whose producer is gone (a held group is waiting for room, not late)."""
-        doomed = [
-            r.lease_id
-            for r in self.open.values()
-            if (r.state == "issued" and now - r.issued_at > lease_timeout_s)
-            or (r.state in ("issued", "held") and r.producer_id in gone)
-        ]
-        return [self.finalize(i, "expired", reason="timeout") for i in doomed]
+        whose producer is gone (a held group is waiting for room, not late); in lease-id order.
+        Costs what expires (plus entries of leases delivered since), not what is open."""
+        doomed = set()
+        heap = self._issued
+        while heap and now - heap[0][0] > lease_timeout_s:
+            issued_at, lease_id = heapq.heappop(heap)
+            rec = self.open.get(lease_id)
+            if rec is not None and rec.state == "issued" and rec.issued_at == issued_at:
+                doomed.add(lease_id)
+        for producer_id in gone:
+            for lease_id in self._open_by.get(producer_id, ()):
+                if self.open[lease_id].state in ("issued", "held"):
+                    doomed.add(lease_id)
+        return [self.finalize(i, "expired", reason="timeout") for i in sorted(doomed)]
 
     def reconcile(
         self, producer_id: str, held: set[int], *, reason: str = "not held"
     ) -> list[LeaseRecord]:
         """A producer (re)registered or left holding `held`: its other undelivered leases are
         lost (expired with `reason`)."""
-        doomed = [
-            r.lease_id
-            for r in self.open.values()
-            if r.producer_id == producer_id
-            and r.state in ("issued", "held")
-            and r.lease_id not in held
-        ]
+        doomed = sorted(
+            i
+            for i in self._open_by.get(producer_id, ())
+            if self.open[i].state in ("issued", "held") and i not in held
+        )
         return [self.finalize(i, "expired", reason=reason) for i in doomed]
 
     def expire_all(self, reason: str) -> list[LeaseRecord]:
@@ -321,11 +354,24 @@ class LeaseBook:
         every producer (counting the leases it took over from others and handed over to them)."""
         totals = self.totals()
         ok = totals.issued == sum(totals.final(k) for k in OUTCOMES) + totals.open
-        open_by_producer = Counter(r.producer_id for r in self.open.values())
         for p, c in self.by_producer.items():
-            held = c["issued"] + c["taken_over"] - c["handed_over"]
-            ok = ok and held == sum(c[k] for k in OUTCOMES) + open_by_producer[p]
+            ok = ok and producer_balanced(c, len(self._open_by.get(p, ())))
         return dataclasses.replace(totals, ok=ok)
+
+    def take_changed(self) -> dict[str, tuple[dict[str, int], int]]:
+        """{producer: (its counts, its open leases)} for the producers whose counts or open
+        leases changed since the last call (the cost is theirs, not every producer's)."""
+        out = {
+            p: (dict(self.by_producer[p]), len(self._open_by.get(p, ())))
+            for p in self._changed
+            if p in self.by_producer
+        }
+        self._changed = set()
+        return out
+
+    def touch(self, producer_id: str) -> None:
+        """`producer_id`'s ledger entry is due again (its host changed), if it has one."""
+        self._changed.add(producer_id)
 
     def totals(self) -> Balance:
         """Counts by state in total (`balance` without its per-producer check, `ok` None: its
@@ -360,14 +406,15 @@ class LeaseBook:
         re-send them (or, if those producers are gone too, the leases expire)."""
         self.incarnation = int(state["incarnation"]) + 1
         self._next = 0
-        self.open = {}
+        self.open, self._open_by, self._issued = {}, defaultdict(set), []
         for raw in state["open"]:
             rec = LeaseRecord(**raw)
             rec.state, rec.issued_at = "issued", now
-            self.open[rec.lease_id] = rec
+            self._add_open(rec)
         self.counts = Counter(state["counts"])
         self.by_producer = defaultdict(
             Counter, {p: Counter(c) for p, c in state["by_producer"].items()}
         )
+        self._changed = set(self.by_producer) | set(self._open_by)
         self.final_states = FinalStates.from_state_dict(state["final_states"])
         self.order.load_state_dict(state["order"])

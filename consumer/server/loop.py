@@ -8,7 +8,9 @@ groups the learner made room for (`Admission.release`); and every 0.25 s the hou
 producers silent for `net.producer_timeout_s` are gone (their leases expire), leases past
 `net.lease_timeout_s` expire, records of producers that left or went silent, holding no lease,
 are forgotten after `_FORGET_AFTER_S` (with their acks), held groups whose lease ended otherwise
-are pruned, and the books are written when due (consumer/server/books.py).
+are pruned, and the books are handed to their writer thread when due (consumer/server/books.py).
+None of it scans every producer or every open lease: silence and ending come from
+consumer/server/liveness.py, lease expiry from the lease book's heap.
 
 A message whose handling raises is counted and dropped (`NetState.internal_error`): one message
 never ends this thread. Anything else that raises here ends it: the error is kept (`error`, which
@@ -17,6 +19,7 @@ never ends this thread. Anything else that raises here ends it: the error is kep
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -90,9 +93,16 @@ class Loop:
         wake_fd = self._calls.fileno()
         poller.register(wake_fd, zmq.POLLIN)
         next_housekeeping = 0.0
+        # what the process built before serving (imports, torch, the model) is never scanned
+        # by the cyclic collector again: a full collection costs what was made since, not
+        # hundreds of milliseconds on this thread (garbage is collected first, not frozen)
+        gc.collect()
+        gc.freeze()
         try:
+            timing = self._state.timing  # the stretches in which no socket is read
             while not self._stop.is_set():
                 events = dict(poller.poll(timeout=10))
+                timing.resume()
                 if self._rollouts in events:
                     self._drain(self._rollouts, self._intake.on_frames)
                 if control in events:
@@ -107,8 +117,9 @@ class Loop:
                 if now >= next_housekeeping:
                     self._housekeeping(now)
                     next_housekeeping = now + 0.25
+                timing.served()
             self._calls.run(stopped=self._failed)
-            self._books.flush()
+            self._books.flush()  # written before `_close` ends the writer
         except BaseException as exc:
             log.exception("network thread failed")
             self.error = exc
@@ -121,9 +132,11 @@ class Loop:
         for sock in (self._control.sock, self._rollouts, self._announce):
             sock.close(linger=0)
         self._calls.close()
+        self._books.close()
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[zmq.Frame]], None]) -> None:
         for _ in range(_DRAIN):
+            self._state.timing.served()
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -134,16 +147,11 @@ class Loop:
                 self._state.internal_error(exc)
 
     def _housekeeping(self, now: float) -> None:
+        """Silent producers go, overdue leases expire, long-ended producers are forgotten, the
+        books are handed over when due: each costs what it finds, not the number of producers."""
         st, net = self._state, self._state.cfg.net
-        gone = {p for p, v in st.producers.items() if now - v.last_seen > net.producer_timeout_s}
-        expired = st.book.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=gone)
-        forget = [
-            p
-            for p, v in st.producers.items()
-            if v.state in ("gone", "left")
-            and now - v.ended_at > max(_FORGET_AFTER_S, 10 * net.producer_timeout_s)
-            and not st.book.holds(p)
-        ]
+        gone = st.liveness.silent(now, net.producer_timeout_s)
+        expired = st.book.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=set(gone))
         with st.lock:
             for p in gone:
                 log.warning(
@@ -151,14 +159,36 @@ class Loop:
                     p,
                     net.producer_timeout_s,
                 )
-                st.producers[p].state = "gone"
-                st.producers[p].last_seen = float("inf")  # report once
-                st.producers[p].ended_at = now
+                view = st.producers[p]
+                view.state, view.last_seen, view.ended_at = "gone", float("inf"), now
+                st.liveness.ended(p, now)
+                st.note(p)
                 self._control.parked.drop(p)  # gone: nobody to answer
+            st.counters["expired"] += len(expired)
+        self._forget(now, max(_FORGET_AFTER_S, 10 * net.producer_timeout_s))
+        if expired:
+            self._books.append_finished()
+            st.ledger_dirty = True
+        st.admission.prune(st.book.open)  # held groups whose lease ended otherwise
+        self._books.maybe_write(now)
+
+    def _forget(self, now: float, after_s: float) -> None:
+        """Forget the records of producers that left or went silent more than `after_s` ago
+        and hold no lease (one that spoke again since is no longer ended)."""
+        st = self._state
+        forget = []
+        for p in st.liveness.due(now, after_s):
+            view = st.producers.get(p)
+            if view is None or view.state not in ("gone", "left"):
+                st.liveness.revive(p)
+            elif not st.book.holds(p):
+                forget.append(p)
+        with st.lock:
             for p in forget:
                 del st.producers[p]
-            st.counters["expired"] += len(expired)
         for p in forget:
+            st.liveness.forget(p)
+            st.note(p)
             if p not in st.book.by_producer:
                 st.hosts.pop(p, None)
             st.book.forget_acks(p)
@@ -166,8 +196,3 @@ class Loop:
             st.routes.pop(p, None)
             st.told_finished.discard(p)
             self._control.forget(p)  # its parked request, fetch records and relay
-        if expired:
-            self._books.append_finished()
-            st.ledger_dirty = True
-        st.admission.prune(st.book.open)  # held groups whose lease ended otherwise
-        self._books.maybe_write(now)

@@ -11,6 +11,7 @@ nothing is free, whatever their number.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,6 +65,9 @@ class ParkedRequests:
                 st.counters["lease_replies_empty"] += 1
         status = st.status(producer_id)
         self._reply(parked.identity, wire.LeaseGrant(parked.msg.req, leases, status))
+        if leases:  # common/net_stats.py: from the turn that freed them to the reply sent
+            st.timing.lease_parked_grant.record(time.perf_counter() - st.timing.turn_start)
+        st.timing.served()  # a producer answered: the stretch without one ends
 
     def serve(self, now: float) -> None:
         """Grant parked requests while leases are free, one lease each in turn, oldest first

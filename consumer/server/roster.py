@@ -2,8 +2,9 @@
 
 The per-step metrics line holds aggregates only (how many producers, by state); what each
 producer reports goes to two files of the run directory (common/run_files.py's records),
-written by the consumer's network thread every `every_s` seconds (not per step), so a step costs
-the same at 1 and 1,000 producers:
+written every few seconds (not per step) on the books' writer thread from the statuses the
+network thread noted as they changed (consumer/server/state.py `note`), so neither a step nor the
+network thread's housekeeping costs more at 1,000 producers than at 1:
 - `producers.json` (`ProducersFile`): the newest `ProducerStatus` of every producer the consumer
   knows, rewritten whole, atomically, when anything changed since the last write;
 - `producers.jsonl` (`ProducerChange` lines): one line each time a producer's loaded weight
@@ -22,6 +23,13 @@ from pathlib import Path
 from typing import Protocol
 
 from common import run_files as RF
+
+
+class Stated(Protocol):
+    """Anything with a producer's `state` (a view, or a `ProducerStatus`)."""
+
+    @property
+    def state(self) -> str: ...
 
 
 class View(Protocol):
@@ -44,55 +52,62 @@ class Census:
     by_state: dict[str, int] = field(default_factory=dict)
 
 
-def aggregate(producers: Mapping[str, View]) -> Census:
+def aggregate(producers: Mapping[str, Stated]) -> Census:
     states = Counter(v.state for v in producers.values())
     live = sum(n for s, n in states.items() if s not in ("gone", "left"))
     return Census(live, dict(sorted(states.items())))
 
 
 def status_of(view: View) -> RF.ProducerStatus:
-    """A producer's line of producers.json."""
+    """A producer's line of producers.json (its counters held, not copied: they are the last
+    heartbeat's decoded mapping, which nobody changes)."""
     return RF.ProducerStatus(
         host=view.host, pid=view.pid, engine=view.engine, version=view.loaded_version,
-        state=view.state, num_in_flight=view.num_in_flight, counters=dict(view.counters),
+        state=view.state, num_in_flight=view.num_in_flight, counters=view.counters,
     )  # fmt: skip
 
 
 class Roster:
-    """Writes `producers.json` / `producers.jsonl` of `run_dir`; call `maybe_write` often (it
-    writes at most every `every_s` seconds) and `write` to force one (at the end of a run)."""
+    """Writes `producers.json` / `producers.jsonl` of `run_dir` from the statuses it is given:
+    `apply` the ones that changed (None: forgotten), then `write` (on the books' writer thread,
+    consumer/server/book_writer.py). `census` is the producers by state as of the last write."""
 
-    def __init__(self, run_dir: Path, *, every_s: float = 2.0) -> None:
-        self.run_dir, self.every_s = run_dir, every_s
-        self._next = 0.0  # monotonic time of the next write
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._current: dict[str, RF.ProducerStatus] = {}  # what producers.json holds next
         self._last: dict[str, tuple[int, str]] = {}  # producer -> (version, state) last written
-        self._current: dict[str, RF.ProducerStatus] = {}  # the last producers.json content
+        self._touched: dict[str, None] = {}  # producers applied since the last write, in order
+        self._dirty = False  # producers.json is behind `_current`
         self.census = Census()
 
-    def maybe_write(self, producers: Mapping[str, View], now: float) -> bool:
-        """Write if `every_s` has passed since the last write; True when it did."""
-        if now < self._next:
-            return False
-        self._next = now + self.every_s
-        self.write(producers)
-        return True
+    def apply(self, changes: Mapping[str, RF.ProducerStatus | None]) -> None:
+        for p, status in changes.items():
+            if status is None:
+                if self._current.pop(p, None) is not None:
+                    self._dirty = True
+                self._last.pop(p, None)
+            elif self._current.get(p) != status:
+                self._current[p] = status
+                self._touched[p] = None
+                self._dirty = True
 
-    def write(self, producers: Mapping[str, View]) -> None:
+    def write(self) -> None:
+        """Append the version and state changes to producers.jsonl and rewrite producers.json
+        if anything changed since the last write."""
         unix = time.time()
-        current = {p: status_of(v) for p, v in producers.items()}
-        self.census = aggregate(producers)
-        changed = [
-            p for p, v in producers.items() if self._last.get(p) != (v.loaded_version, v.state)
-        ]
-        RF.append_producer_changes(
-            self.run_dir,
-            (RF.ProducerChange(unix_time=unix, producer=p, version=producers[p].loaded_version,
-                               state=producers[p].state) for p in changed),
-        )  # fmt: skip
-        for p in changed:
-            self._last[p] = (producers[p].loaded_version, producers[p].state)
-        for p in set(self._last) - set(producers):  # forgotten by the consumer
-            del self._last[p]
-        if current != self._current:
-            RF.write_producers(self.run_dir, RF.ProducersFile(unix_time=unix, producers=current))
-            self._current = current
+        changes = []
+        for p in self._touched:
+            status = self._current.get(p)
+            if status is not None and self._last.get(p) != (status.version, status.state):
+                self._last[p] = (status.version, status.state)
+                changes.append(RF.ProducerChange(
+                    unix_time=unix, producer=p, version=status.version, state=status.state
+                ))  # fmt: skip
+        self._touched = {}
+        RF.append_producer_changes(self.run_dir, changes)
+        if self._dirty:
+            RF.write_producers(
+                self.run_dir, RF.ProducersFile(unix_time=unix, producers=dict(self._current))
+            )
+            self._dirty = False
+        self.census = aggregate(self._current)

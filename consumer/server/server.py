@@ -236,7 +236,7 @@ class Server:
     def flush_ledger(self) -> None:
         """Append finished leases to leases.jsonl, rewrite ledger.json and the producers'
         files (consumer/server/roster.py)."""
-        self._call(self._books.flush).result()
+        self._call(self._books.flush).result().result()  # handed over, then written
 
     def step_summary(self) -> RF.StepSummary:
         """What a step's metrics line needs, its size independent of the number of
@@ -246,7 +246,7 @@ class Server:
         st = self._state
 
         def summary() -> RF.StepSummary:
-            census = self._books.roster.census
+            census = self._books.census
             return RF.StepSummary(
                 totals=st.book.totals(),
                 rejected_messages=st.counters.get("rejected", 0),
@@ -271,15 +271,17 @@ class Server:
         sizes of the run-directory files `logs` at that moment, so that a resumed run truncates
         its append-only logs to exactly this state."""
 
-        def state() -> RF.BookState:
-            self._books.flush_ledger()
-            return RF.BookState(
+        def state() -> tuple[Future[None], RF.BookState]:
+            written = self._books.flush()
+            return written, RF.BookState(
                 book=self._state.book.state_dict(),
                 identities=self._state.identities.state_dict(),
                 log_sizes={name: _size(self.run_dir / name) for name in logs},
             )
 
-        return self._call(state).result()
+        written, book_state = self._call(state).result()
+        written.result()  # ledger.json as of that state, written off the network thread
+        return book_state
 
     def all_told_finished(self) -> bool:
         """Every live producer (and every producer of the previous incarnation that has not

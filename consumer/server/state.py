@@ -9,6 +9,10 @@ Invariants:
   `rejected.internal_error` (and `internal_error.<exception type>`), logged with its traceback
   the first time, and the loop goes on. Log lines about bad messages are rate-limited per reason
   (common/log_limit.py): a flood of garbage is counted, not written out line by line.
+- Every change to a producer's view is noted (`note`) as that producer's new `ProducerStatus`
+  in `roster_changes`, which the books take whole (a swap) and write off this thread
+  (consumer/server/books.py): the view's counters are the last heartbeat's decoded mapping, held,
+  never copied or changed.
 - Every reply carries the newest policy and snapshot version (`status`: a missed announcement
   costs latency, never correctness) and the acks queued for that producer.
 """
@@ -22,13 +26,17 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from common import run_files as RF
 from common import wire
 from common.config import Config
 from common.log_limit import LogLimiter
+from common.net_stats import LoopTiming
 from consumer.server.admission import Admission
 from consumer.server.identity import Identities
 from consumer.server.leases import LeaseBook
+from consumer.server.liveness import Liveness
 from consumer.server.prompts import PromptSource
+from consumer.server.roster import status_of
 
 log = logging.getLogger("asyncgrpo.consumer")
 
@@ -50,7 +58,7 @@ class ProducerView:
     state: str = "registered"
     last_seen: float = 0.0
     num_in_flight: int = 0
-    counters: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)  # the last heartbeat's: never changed
     ended_at: float = 0.0  # monotonic time it left or went silent (state "left" or "gone")
 
 
@@ -75,6 +83,10 @@ class NetState:
         self.counters: Counter[str] = Counter()
         self.lock = threading.Lock()  # guards counters/producers copies for other threads
         self.producers: dict[str, ProducerView] = {}
+        self.liveness = Liveness()  # who went silent, who may be forgotten
+        self.timing = LoopTiming()  # the loop and lease requests timed (netstats.json)
+        # producer -> its status since the books last took these (None: forgotten)
+        self.roster_changes: dict[str, RF.ProducerStatus | None] = {}
         # producers of the previous incarnation: they re-register by themselves, and should hear
         # the end of the run too if it comes before they have
         self.expected = set(identities.keys)
@@ -87,6 +99,11 @@ class NetState:
         self.granting = granting  # False until Server.open_grants() when held
         self.ledger_dirty = True  # ledger.json is behind the lease book
         self.log = LogLimiter(log)
+
+    def note(self, producer_id: str) -> None:
+        """`producer_id`'s view changed (or it was forgotten): the roster writes it next."""
+        view = self.producers.get(producer_id)
+        self.roster_changes[producer_id] = None if view is None else status_of(view)
 
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:

@@ -19,6 +19,12 @@ KEYS = {
     "register_p99_s", "consumer_cpu", "consumer_rss_mib", "consumer_rss_peak_mib",
     "empty_lease_replies_per_s", "empty_lease_replies_per_producer_s", "metrics_line_bytes",
     "consumer_ok", "producers_unfinished", "queued_mib_peak", "holds", "hold_s_max",
+    "n", "client_cpu", "stats_window_s", "groups_per_s", "consumer_cpu_s_per_group",
+    "consumer_cpu_s_per_heartbeat", "heartbeats_per_s", "lease_requests_timed",
+    "lease_requests_parked", "lease_service_p50_ms", "lease_service_p99_ms",
+    "network_loop_gap_max_ms", "network_loop_gap_p999_ms", "network_loop_gap_cpu_max_ms",
+    "control_messages_per_s", "consumer_cpu_s_per_message", "lease_parked_grant_p99_ms",
+    "lease_parked_grants",
 }  # fmt: skip
 
 
@@ -84,3 +90,11 @@ def test_a_few_producers_against_a_real_consumer(tmp_path):
     assert run["consumer_rss_peak_mib"] >= run["consumer_rss_mib"]
     assert 0 < run["queued_mib_peak"] <= 256  # net.max_queued_mib
     assert "N=    3" in out.stdout
+    # measured inside the consumer (netstats.json)
+    assert run["n"] == 3
+    assert run["groups_per_s"] > 0
+    assert run["consumer_cpu_s_per_group"] > 0
+    assert run["lease_requests_timed"] > 0
+    assert 0 < run["lease_service_p50_ms"] <= run["lease_service_p99_ms"]
+    assert run["network_loop_gap_max_ms"] > 0
+    assert run["client_cpu"] > 0

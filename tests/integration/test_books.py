@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -20,9 +21,10 @@ import zmq
 from common import config as C
 from common import run_files as RF
 from common import wire
+from common.net_stats import read_net_stats
 from consumer.server import books
 from consumer.server.prompts import make_source
-from consumer.server.roster import Census, Roster, aggregate
+from consumer.server.roster import Census, Roster, aggregate, status_of
 from consumer.server.server import Server, run_spec
 from consumer.server.state import ProducerView
 
@@ -129,19 +131,61 @@ def test_a_settled_step_appends_its_leases_and_leaves_ledger_json_to_housekeepin
     push.close(linger=0)
 
 
-def test_the_roster_writes_at_most_every_few_seconds_and_aggregates_states(tmp_path):
+def test_the_roster_writes_what_changed_and_aggregates_states(tmp_path):
     views = {
         "a": ProducerView("h", 1, "fake", 0, state="idle"),
         "b": ProducerView("h", 2, "fake", 0, state="gone"),
     }
-    roster = Roster(tmp_path, every_s=2.0)
-    assert roster.maybe_write(views, now=100.0)
+    roster = Roster(tmp_path)
+    roster.apply({p: status_of(v) for p, v in views.items()})
+    roster.write()
     assert roster.census == aggregate(views) == Census(1, {"gone": 1, "idle": 1})
     views["a"].loaded_version = 5
-    assert not roster.maybe_write(views, now=101.9)
     assert RF.read_producers(tmp_path)["a"].version == 0
-    assert roster.maybe_write(views, now=102.0)
+    roster.apply({"a": status_of(views["a"])})
+    roster.write()
     assert RF.read_producers(tmp_path)["a"].version == 5
+    roster.apply({"b": None})  # forgotten
+    roster.write()
+    assert set(RF.read_producers(tmp_path)) == {"a"}
+    assert roster.census == Census(1, {"idle": 1})
     assert [(r.producer, r.version) for r in RF.read_producer_history(tmp_path)] == [
         ("a", 0), ("b", 0), ("a", 5),
     ]  # fmt: skip
+
+
+def test_the_books_are_written_off_the_network_thread_which_answers_meanwhile(
+    server, tmp_path, monkeypatch
+):
+    """While the writer thread is stuck in writing ledger.json, the network thread still
+    answers heartbeats; the files are written by "consumer-books", never by "consumer-net"."""
+    srv, _, control = server
+    register(control, ["a", "b"])
+    writers: list[str] = []
+    stuck, release = threading.Event(), threading.Event()
+    write_ledger = RF.write_ledger
+
+    def slow_write(run_dir, ledger):
+        writers.append(threading.current_thread().name)
+        stuck.set()
+        assert release.wait(30), "the test never released the writer"
+        write_ledger(run_dir, ledger)
+
+    monkeypatch.setattr(RF, "write_ledger", slow_write)
+    flushed = threading.Thread(target=srv.flush_ledger)
+    flushed.start()
+    assert stuck.wait(30), "ledger.json was never written"
+    reply = request(control, wire.Heartbeat(7, "a", 2, "idle", 0, {"uptime_s": 3.0}))
+    assert isinstance(reply, wire.StatusReply)  # answered while the writer is stuck
+    assert flushed.is_alive()  # the flush waits for the write, on its caller's thread
+    release.set()
+    flushed.join(30)
+    assert not flushed.is_alive()
+    assert writers == ["consumer-books"]
+    srv.flush_ledger()
+    assert RF.read_producers(tmp_path)["a"].counters == {"uptime_s": 3.0}
+    assert RF.read_ledger(tmp_path).balance.ok
+    stats = read_net_stats(tmp_path)  # written with the books
+    assert stats is not None
+    assert stats.heartbeats == 1
+    assert stats.loop_gap.total() > 0
