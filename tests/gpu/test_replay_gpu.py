@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 def test_a_deterministic_gpu_replay_repeats_every_snapshot_hash(tmp_path, tiny_model_dir, dtype):
     source = tmp_path / "run"
     record(source)
-    settings = {"model.device": "cuda", "model.deterministic": True, "model.attention": "sdpa",
+    settings = {"model.device": "cuda", "model.deterministic": True, "model.attention": "padded",
                 "model.dtype": dtype}  # fmt: skip
     first = replay(tiny_model_dir, source, tmp_path / "a", **settings)
     assert sorted(first) == list(range(STEPS + 1))
