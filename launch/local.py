@@ -240,6 +240,20 @@ def _watch(
     return None
 
 
+def _catch_stop(sup: Supervisor, stop: threading.Event, hurry: threading.Event) -> dict[int, Any]:
+    """SIGINT/SIGTERM set `stop`; a second one sets `hurry` and passes SIGINT on to the consumer
+    (it stops waiting for producers to hear the end). Returns the handlers it replaced."""
+
+    def ask_stop(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            hurry.set()
+            if sup.consumer is not None:
+                sup.consumer.signal(signal.SIGINT)
+        stop.set()
+
+    return {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
 def run(
     config_path: Path,
     run_dir: Path,
@@ -278,15 +292,7 @@ def run(
     )  # fmt: skip
     stop = stop_event if stop_event is not None else threading.Event()
     hurry = hurry_event if hurry_event is not None else threading.Event()
-
-    def ask_stop(signum: int, _frame: object) -> None:
-        if stop.is_set():
-            hurry.set()
-            if sup.consumer is not None:  # again: the consumer stops waiting
-                sup.consumer.signal(signal.SIGINT)  # for producers to hear the end
-        stop.set()
-
-    previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = _catch_stop(sup, stop, hurry)
     tail = MetricsTail(run_dir / RF.METRICS)
     console = Console(stderr=True)
     t0 = time.monotonic()

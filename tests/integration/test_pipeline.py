@@ -193,6 +193,7 @@ def synchronous_hf_run(tmp_path: Path, model: Path, name: str) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # ~40 s on a quiet 2-core machine; replays check bit-exact repeats by default
 @pytest.mark.timeout(400)
 def test_a_synchronous_run_repeats_exactly_with_its_seed(tmp_path, tiny_model_dir):
     """Sampling seeds follow the lease, not the producer, and a batch is trained in lease order:
