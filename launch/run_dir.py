@@ -30,9 +30,10 @@ def previous_run(run_dir: Path) -> list[str]:
     return [name for name in PREVIOUS_RUN if (run_dir / name).exists()]
 
 
-def claim(run_dir: Path, *, resume: bool, force: bool) -> Path:
+def claim(run_dir: Path, *, resume: bool, force: bool, resumable: bool = True) -> Path:
     """Create `run_dir` for a new run, or check it for `--resume`; `ConfigError` when it holds
-    another run and neither flag was given. `force` removes the earlier run's files first."""
+    another run and neither flag was given. `force` removes the earlier run's files first;
+    `resumable` False: the command has no --resume (a replay), so the error does not offer it."""
     if resume and force:
         raise ConfigError("--resume continues the run in the directory and --force deletes it: "
                           "pass one of them")  # fmt: skip
@@ -45,9 +46,10 @@ def claim(run_dir: Path, *, resume: bool, force: bool) -> Path:
     found = previous_run(run_dir)
     if found and not force:
         shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        resume_hint = "pass --resume to continue it, or " if resumable else "pass "
         raise ConfigError(
-            f"{run_dir} already holds a run ({shown}): pass --resume to continue it, "
-            "or --force to start a new run there (deletes those files), or choose another --run-dir"
+            f"{run_dir} already holds a run ({shown}): {resume_hint}--force to start a new run "
+            "there (deletes those files), or choose another --run-dir"
         )
     logs = [p.name for p in run_dir.glob("*.log")] if found else []
     for name in [*found, *_ALSO_REMOVED, *logs] if found else ():

@@ -182,7 +182,7 @@ def resolve_model(path: str) -> Path:
 
 
 @contextmanager
-def new_run_dir(cfg: C.Config, force: bool = False) -> Iterator[Path]:
+def new_run_dir(cfg: C.Config, force: bool = False, *, resumable: bool = True) -> Iterator[Path]:
     """The run directory, created (one holding another run needs --resume or --force), for the
     preparation of a run: created here and still empty when that fails, it is removed again (a
     failed start leaves no empty run directory behind)."""
@@ -191,7 +191,7 @@ def new_run_dir(cfg: C.Config, force: bool = False) -> Iterator[Path]:
     run_dir = Path(cfg.run.dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     existed = run_dir.exists()
     try:
-        out = claim(run_dir, resume=cfg.run.resume, force=force)
+        out = claim(run_dir, resume=cfg.run.resume, force=force, resumable=resumable)
     except ConfigError as exc:
         fail(str(exc))
     try:

@@ -111,3 +111,26 @@ def test_a_start_that_fails_leaves_no_empty_run_directory(tmp_path, command):
     mine.mkdir()
     assert CliRunner().invoke(app, [command, "--run-dir", str(mine), *args]).exit_code == 2
     assert mine.is_dir()
+
+
+def test_a_command_without_resume_does_not_offer_it(tmp_path):
+    run_dir = _used(tmp_path / "run")
+    with pytest.raises(ConfigError) as err:
+        claim(run_dir, resume=False, force=False, resumable=False)
+    assert "--resume" not in str(err.value)
+    assert "--force" in str(err.value)
+
+
+def test_a_replay_into_a_directory_holding_a_run_offers_force_not_resume(tmp_path, tiny_model_dir):
+    from replay_streams import config, record
+
+    source = tmp_path / "source"
+    source.mkdir()
+    C.write(config(tiny_model_dir, source), source / RF.CONFIG)
+    record(source)
+    used = _used(tmp_path / "used")
+    refused = CliRunner().invoke(app, ["replay", str(source), "--run-dir", str(used)])
+    assert refused.exit_code == 2, refused.output
+    assert "already holds a run" in refused.output
+    assert "--resume" not in refused.output
+    assert (used / RF.METRICS).exists()  # nothing touched
