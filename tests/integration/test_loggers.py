@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from step_records import BASE
 
 from common import completions_file as CF
 from common import config as C
@@ -19,14 +20,6 @@ from consumer.loggers import make_loggers
 from consumer.loggers import thread as T
 from tests import wandb_records as W
 
-BASE = {
-    "step": 1, "time_s": 1.5, "unix_time": 1.7e9, "step_wall_s": 0.5, "reward_mean": 0.5,
-    "reward_std": 0.5, "frac_reward_zero_std": 0.5, "staleness_mean": 0.0, "staleness_max": 0,
-    "staleness_hist": {"0": 2}, "tokens_per_s": 100.0, "learner_idle_frac": 0.2, "wait_s": 0.1,
-    "publish_submit_s": 0.01, "snapshot_write_s": 0.02, "num_completion_tokens": 50,
-    "groups_trained": 2, "groups_dropped_stale": 0, "groups_dropped_zero_variance": 2,
-    "groups_rejected_invalid": 0, "groups_expired": 0, "leases_open": 0, "rejected_messages": 0,
-}  # fmt: skip
 REWARDS = ['rewards.fns=[{fn="exact_match", weight=1.0}, {fn="boxed_format", weight=0.5}]']
 
 
