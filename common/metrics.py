@@ -119,6 +119,22 @@ class StepRecord:
     # -- the periodic held-out evaluation (steps with train.eval_every) -------------------------
     heldout_accuracy: float | None = None
     eval_s: float | None = None
+    # -- evaluation during training through the producers (`[eval]`; consumer/server/
+    # eval_book.py): a version's result in the line of the step at which its round completed --
+    eval_version: int | None = None  # the policy version evaluated (sampled with exactly it)
+    eval_reward_mean: float | None = None  # over every completion of the held-out prompts
+    eval_pass_at_1: float | None = None  # mean over prompts of c/n (reward >= eval.pass_reward)
+    eval_pass_at_k: float | None = None  # unbiased pass@k, k = eval_k (common/pass_at_k.py)
+    eval_k: int | None = None  # eval.samples_per_prompt
+    eval_completion_len_mean: float | None = None  # tokens per completion
+    eval_prompts: int | None = None  # held-out prompts in the round
+    # the eval ledger so far (every step with evaluation on): leases issued, and how they ended
+    eval_leases_issued: int | None = None
+    eval_leases_answered: int | None = None
+    eval_leases_declined: int | None = None  # given back: the producer held another version
+    eval_leases_expired: int | None = None
+    eval_prompts_skipped: int | None = None  # nobody could sample their version any more
+    eval_rounds_skipped: int | None = None  # rounds not reported: some prompt was skipped
 
     def to_json(self) -> dict[str, Any]:
         """The line's object: optional fields that are None are left out."""

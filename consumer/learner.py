@@ -180,6 +180,7 @@ class Learner:
                     break
                 record = self._train(got, t_start, last)
                 record.update(self.heldout(self.version, self.trainer.eval_model))
+                record.update(self.server.take_eval())  # never waits for an evaluation
                 last = time.perf_counter()
                 self._write(record, got)
                 every = self.cfg.train.checkpoint_every

@@ -2,7 +2,8 @@
 the leases in flight, the counters, and a change counter to wait on.
 
 `State` is written by the status handling (run id, newest snapshot, finished), the lease tasks
-(in flight), the weights keeper (the run whose weights the engine holds) and everyone who counts;
+(in flight, the pins of eval groups), the weights keeper (the run whose weights the engine holds,
+a reload running) and everyone who counts;
 every change the others may be waiting for is followed by `changed.bump()`. All of it runs on the
 producer's event loop: no locks.
 """
@@ -60,6 +61,12 @@ class State:
     weights_run: str = ""  # run id of the consumer whose snapshot the engine holds
     finished: bool = False
     in_flight: set[int] = field(default_factory=set)
+    # evaluation leases (consumer/server/eval_book.py): the eval groups being sampled pin the
+    # loaded weights (no reload starts while pins > 0: producer/weights.py), `loading` is True
+    # while a reload runs, and the eval leases given back unsampled leave with the next request
+    pins: int = 0
+    loading: bool = False
+    declined: list[int] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
     changed: Changes = field(default_factory=Changes)  # version, acks, target or in-flight moved
 

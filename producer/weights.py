@@ -14,11 +14,13 @@ engine holds). `fetch(info)` gives the engine a private directory holding the ve
   relays; a delta on the file held here when the consumer offers one).
 The private cache keeps the two newest directories (the engine's, and the next).
 
-Invariants: a snapshot that fails verification is never loaded (the engine keeps its weights,
-the failure is counted and logged, and a newer announcement is taken at once); a snapshot
-superseded while it was fetched is skipped, not backed off from; a verified snapshot that does
-not fit the model (names, shapes) raises `ConfigError` (the producer exits 2): that cannot get
-better by retrying. Counters (`reloads`, `reload_s`, `fetch_s`, `snapshots_*`) go to
+Invariants: no reload starts while an evaluation group is being sampled (`State.pins`: it must
+be sampled with exactly the version its lease names), and no evaluation group starts during a
+reload (`State.loading`); a snapshot that fails verification is never loaded (the engine keeps
+its weights, the failure is counted and logged, and a newer announcement is taken at once); a
+snapshot superseded while it was fetched is skipped, not backed off from; a verified snapshot
+that does not fit the model (names, shapes) raises `ConfigError` (the producer exits 2): that
+cannot get better by retrying. Counters (`reloads`, `reload_s`, `fetch_s`, `snapshots_*`) go to
 `State.counters`; the fetcher's own go out through `counters`. At INFO, one line per snapshot
 loaded (`loaded weights vN (where it came from)`): never more than one per learner step.
 """
@@ -93,8 +95,15 @@ class Weights:
                 continue
             try:
                 directory = await self.fetch(target)
+                # an eval group in flight pins the weights it is sampled with
+                while self.state.pins:
+                    await self.state.changed.wait(self.state.changed.count, 1.0)
                 t0 = time.perf_counter()
-                await engine.load_weights(directory, target.version)
+                self.state.loading = True  # no eval lease starts from here (worker.py)
+                try:
+                    await engine.load_weights(directory, target.version)
+                finally:
+                    self.state.loading = False
                 self.state.weights_run = run
                 self.state.count("reloads")
                 self.state.count("reload_s", time.perf_counter() - t0)

@@ -44,7 +44,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from common import kept_set, wire
+from common import wire
 from common.config import Config
 from common.errors import ConfigError
 from common.keys import load_keys
@@ -52,10 +52,10 @@ from common.sockets import client_socket, endpoint_with_port
 from producer.announcements import announcements
 from producer.backoff import Backoff
 from producer.control import ControlClient, Rejected
-from producer.engines.base import SamplingParams
 from producer.fetch.relay import Relay
+from producer.groups import group_of, sampling_params
 from producer.outbox import Outbox
-from producer.session import EngineKey, KeptEngine, Session, open_session, truncation_of
+from producer.session import EngineKey, KeptEngine, Session, open_session
 from producer.stall import Stall
 from producer.state import State
 from producer.weights import Weights
@@ -317,10 +317,13 @@ class Producer:
             if not may_ask():  # every slot taken, or no snapshot announced yet
                 await state.changed.wait_for(may_ask, 1.0)
                 continue
-            msg = wire.LeaseRequest(0, state.producer_id, free(), session.engine.version)
+            declined, state.declined = tuple(state.declined), []
+            msg = wire.LeaseRequest(0, state.producer_id, free(), session.engine.version, declined)
             reply = await self.request_status(msg)
             leases = reply.leases if isinstance(reply, wire.LeaseGrant) else ()
             for lease in leases:
+                if lease.eval_version >= 0 and not self._pin(session, lease):
+                    continue
                 state.in_flight.add(lease.lease_id)
                 self.lease_tasks[lease.lease_id] = tg.create_task(
                     self.run_lease(session, lease), name=f"lease-{lease.lease_id}"
@@ -338,62 +341,64 @@ class Producer:
         for task in self.lease_tasks.values():  # their groups would never be trained
             task.cancel()
 
+    def _pin(self, session: Session, lease: wire.Lease) -> bool:
+        """Pin the loaded weights for an eval lease (no reload starts until its group is sent:
+        producer/weights.py), if they are exactly its version and no reload is running; else
+        give the lease back with the next request. No await between the check and the pin."""
+        state = self.state
+        if (
+            session.engine.version != lease.eval_version
+            or state.loading
+            or state.weights_run != state.run_id
+        ):
+            state.declined.append(lease.lease_id)
+            state.count("eval_leases_declined")
+            return False
+        state.pins += 1
+        return True
+
     def _newer_than(self, version: int) -> bool:
         """The run is finished, or a snapshot newer than `version` has been announced."""
         target = self.state.target
         return self.state.finished or (target is not None and target.version > version)
 
     async def run_lease(self, session: Session, lease: wire.Lease) -> None:
-        spec, engine, codec = session.spec, session.engine, session.codec
+        """Sample, score and send `lease`'s group. An eval lease arrives pinned (`_pin`): it
+        starts at once with the weights it names, and unpins them when done."""
+        engine, codec = session.engine, session.codec
+        evaluation = lease.eval_version >= 0
         busy = False
         try:
             t0 = time.perf_counter()
             # The staleness bound, by construction; and never weights of a consumer incarnation
             # that has been replaced (a resume may have rolled the versions back).
-            while engine.version < lease.min_version or self.state.weights_run != self.state.run_id:
+            while not evaluation and (
+                engine.version < lease.min_version or self.state.weights_run != self.state.run_id
+            ):
                 await self.state.changed.wait(self.state.changed.count, 1.0)
             await self.stall.wait()
             self._busy(+1)
             busy = True
             prompt_ids = codec.encode(lease.messages or lease.prompt)
-            params = SamplingParams(
-                n=spec.group_size, temperature=spec.temperature, max_new_tokens=spec.max_new_tokens,
-                seed=lease_seed(self.cfg.run.seed, lease.lease_id),
-                stop_token_ids=codec.stop_ids, truncation=truncation_of(spec),
+            params = sampling_params(
+                session.spec, lease, seed=lease_seed(self.cfg.run.seed, lease.lease_id),
+                stop_ids=codec.stop_ids,
             )  # fmt: skip
             completions = await engine.generate(prompt_ids, params)
             scored = await session.rewards.score_group(lease, completions)
-            versions = np.concatenate([c.versions for c in completions]).astype(np.int32)
-            behavior = int(versions.min())
-            lens = [len(c.token_ids) for c in completions]
-            kept = kept_set.concat([c.kept for c in completions], lens)
-            group = wire.Group(
-                lease_id=lease.lease_id,
-                producer_id=self.state.producer_id,
-                prompt_index=lease.prompt_index,
-                behavior_version=behavior,
-                prompt_ids=np.asarray(prompt_ids, np.int32),
-                completion_ids=np.concatenate([c.token_ids for c in completions]),
-                completion_lens=np.array(lens, np.int32),
-                behavior_logp=np.concatenate([c.logprobs for c in completions]),
-                token_versions=versions if (versions != behavior).any() else np.zeros(0, np.int32),
-                rewards=scored.rewards,
-                finish_reasons=tuple(c.finish_reason for c in completions),
-                temperature=spec.temperature,
-                num_reward_errors=scored.num_failed,
-                gen_s=time.perf_counter() - t0,
-                kept_counts=kept.other_counts(),
-                kept_ids=kept.ids,
-                kept_unknown=kept.unknown,
-                reward_parts=scored.parts.reshape(-1),
-            )
+            group = group_of(
+                self.state.producer_id, lease, prompt_ids, completions, scored,
+                temperature=params.temperature, gen_s=time.perf_counter() - t0,
+            )  # fmt: skip
             await session.outbox.send(group)
-            self.state.count("groups_sent")
+            self.state.count("eval_groups_sent" if evaluation else "groups_sent")
             self.state.count("tokens_generated", group.num_tokens)
             self.state.count("generate_s", group.gen_s)
         finally:
             if busy:
                 self._busy(-1)
+            if evaluation:
+                self.state.pins -= 1
             self.lease_tasks.pop(lease.lease_id, None)
             self.state.in_flight.discard(lease.lease_id)
             self.state.changed.bump()

@@ -7,7 +7,8 @@ One `Config` of frozen section dataclasses, each section beside its own checks:
   use the same type, and its values are the choices `--help` lists and loading enforces);
 - the sections, each with `problems()` listing its impossible settings: `run.py` (run, model,
   task, rewards), `training.py` (sampling, train, loss, staleness, dist), `transport.py`
-  (snapshot, net), `producer.py` (producer, fake, vllm);
+  (snapshot, net), `producer.py` (producer, fake, vllm), `observe.py` (log), `evaluation.py`
+  (eval: evaluation during training through the producers);
 - `tree.py`: `Config`, `problems` / `validate` over all sections, `field_help`;
 - `load.py`: defaults < a TOML file (`load`) < `--set section.key=value` text
   (`apply_overrides`) < typed values from code and flags (`override`); `load_given` also
@@ -20,6 +21,7 @@ Everything is importable from `common.config` itself (`from common.config import
 
 from __future__ import annotations
 
+from common.config.evaluation import EvalConfig
 from common.config.fields import (
     AdvScale,
     AggMode,
@@ -75,6 +77,7 @@ __all__ = [
     "ConfigError",
     "DistConfig",
     "EngineName",
+    "EvalConfig",
     "EvalMode",
     "FakeEngineConfig",
     "KLKind",

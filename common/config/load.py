@@ -88,7 +88,9 @@ def load_given(
 # Keys naming a file or directory: relative in a config file, against that file's directory;
 # given on the command line (--set, flags), against the current directory. Either way the
 # loaded config holds them absolute, so a config written into a run directory means the same.
-FILE_KEYS = ("task.path", "task.eval_path", "net.keys_dir", "net.connect_file")
+FILE_KEYS = (
+    "task.path", "task.eval_path", "eval.path", "net.keys_dir", "net.connect_file",
+)  # fmt: skip
 
 
 def _absolute(cfg: Config, base: Path) -> Config:

@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.config.evaluation import EvalConfig
 from common.config.fields import choices, failed
 from common.config.observe import LogConfig
 from common.config.producer import FakeEngineConfig, ProducerConfig, VllmConfig
@@ -47,12 +48,13 @@ class Config:
     vllm: VllmConfig = field(default_factory=VllmConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 SECTIONS: dict[str, type[Any]] = {f.name: f.type for f in dataclasses.fields(Config)}  # type: ignore[misc]
 # The sections in the order their problems are reported (every section, once).
 CHECK_ORDER = ("sampling", "staleness", "train", "run", "loss", "task", "rewards", "snapshot",
-               "net", "producer", "dist", "fake", "model", "vllm", "log")  # fmt: skip
+               "net", "producer", "dist", "fake", "model", "vllm", "log", "eval")  # fmt: skip
 
 
 def _section_types() -> dict[str, type[Any]]:
@@ -86,6 +88,13 @@ def _across(cfg: Config) -> list[str]:
             f"task.max_row_kib = {cfg.task.max_row_kib:g} KiB: a lease grant carries rows in one "
             f"message of at most net.max_message_mib = {cfg.net.max_message_mib:g} MiB; keep "
             "rows to half of it",
+        ),
+        (
+            not cfg.eval.on
+            or bool(cfg.eval.path or cfg.task.eval_path)
+            or cfg.task.source == "synthetic",
+            f"eval.every_steps = {cfg.eval.every_steps}: task.source = {cfg.task.source!r} has "
+            "no held-out split; give its rows with eval.path (read like task.path)",
         ),
     )
 

@@ -1,4 +1,4 @@
-"""Wire schema v5: the only package that knows the bytes.
+"""Wire schema v6: the only package that knows the bytes.
 
 - messages.py: every message kind as a frozen dataclass (the table of kinds, sockets and fields),
   `SCHEMA_VERSION`, the finish reasons, the lease outcomes and the backpressure acks;
@@ -32,6 +32,7 @@ from common.wire.codec import (
 )
 from common.wire.messages import (
     BAD_SOURCE_REASONS,
+    EVALUATED,
     FINISH_REASONS,
     HOLD,
     OUTCOMES,
@@ -82,6 +83,7 @@ __all__ = [
     "ALLOC_BASE_BYTES",
     "ALLOC_FACTOR",
     "BAD_SOURCE_REASONS",
+    "EVALUATED",
     "FINISH_REASONS",
     "HOLD",
     "LEASE_BYTES",

@@ -1,4 +1,4 @@
-"""Wire schema v5, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
+"""Wire schema v6, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
 
 Conventions and invariants:
 - Arrays (`Group.ARRAYS`) are encoded as the raw little-endian bytes of their fixed dtype;
@@ -72,6 +72,7 @@ from common.wire.messages import (
     Heartbeat,
     Lease,
     LeaseGrant,
+    LeaseRequest,
     Message,
     Register,
     StatusReply,
@@ -93,6 +94,10 @@ class Limits:
     vocab_size: int | None = None
     group_size: int | None = None
     temperature: float | None = None
+    # an evaluation group's size and temperature (eval.samples_per_prompt, eval.temperature;
+    # 0 = greedy); None: any
+    eval_group_size: int | None = None
+    eval_temperature: float | None = None
     max_prompt_tokens: int = 1 << 20
     max_completion_tokens: int = 1 << 20
     # kept sets: None = either way (no run to check against); 0 = the run does not truncate, so
@@ -251,7 +256,7 @@ def _allowance(kind: type[Any], limits: Limits) -> int:
     """The budget a message of `kind` gets for the lists the receiver expects in it: lease ids
     in a registration or goodbye, leases in a grant, acks in every status; none elsewhere (a
     heartbeat of many tiny counters stays `over_budget`)."""
-    if kind in (Register, Goodbye):
+    if kind in (Register, Goodbye, LeaseRequest):  # held, or (a lease request) declined
         return LEASE_ID_BYTES * limits.max_lease_ids
     acks = ACK_BYTES * limits.max_acks if kind in (LeaseGrant, StatusReply, Welcome) else 0
     return acks + (LEASE_BYTES * limits.max_leases if kind is LeaseGrant else 0)
@@ -284,10 +289,10 @@ def check_lease(lease: Lease) -> None:
 def check_group(g: Group, limits: Limits) -> None:
     """The cross-field checks of a group (also run by `decode`). Raises `WireError`."""
     lens = g.completion_lens
-    if limits.group_size is not None and len(lens) != limits.group_size:
-        raise WireError(
-            "group_size", f"{len(lens)} completions, the run samples G={limits.group_size}"
-        )
+    size = limits.eval_group_size if g.evaluation else limits.group_size
+    if size is not None and len(lens) != size:
+        what = "evaluates k" if g.evaluation else "samples G"
+        raise WireError("group_size", f"{len(lens)} completions, the run {what}={size}")
     if len(lens) < 1 or len(g.rewards) != len(lens) or len(g.finish_reasons) != len(lens):
         raise WireError("length_mismatch", "completion_lens, rewards and finish_reasons differ")
     if (lens < 1).any() or (lens > limits.max_completion_tokens).any():
@@ -317,13 +322,22 @@ def check_group(g: Group, limits: Limits) -> None:
         raise WireError("bad_value", "negative version, lease id or counter")
     if len(g.token_versions) and int(g.token_versions.min()) != g.behavior_version:
         raise WireError("bad_value", "behavior_version must equal min(token_versions)")
-    if not (math.isfinite(g.temperature) and g.temperature > 0):
-        raise WireError("bad_value", "temperature must be finite and > 0")
-    if limits.temperature is not None and not math.isclose(
-        g.temperature, limits.temperature, rel_tol=1e-6
-    ):
-        raise WireError("sampling_mismatch", f"temperature {g.temperature} != {limits.temperature}")
+    _check_temperature(g, limits)
+    if g.evaluation:  # one version, no kept sets: never trained
+        if len(g.token_versions) or len(g.kept_counts) or len(g.kept_ids) or len(g.kept_unknown):
+            raise WireError("bad_value", "an evaluation group carries one version, no kept sets")
+        return
     _check_kept(g, limits)
+
+
+def _check_temperature(g: Group, limits: Limits) -> None:
+    """Finite, > 0 (0 = greedy: evaluation groups only), the run's (or its evaluation's)."""
+    floor_ok = g.temperature > 0 or (g.evaluation and g.temperature == 0)
+    if not (math.isfinite(g.temperature) and floor_ok):
+        raise WireError("bad_value", "temperature must be finite and > 0")
+    expected = limits.eval_temperature if g.evaluation else limits.temperature
+    if expected is not None and not math.isclose(g.temperature, expected, rel_tol=1e-6):
+        raise WireError("sampling_mismatch", f"temperature {g.temperature} != {expected}")
 
 
 def _check_reward_parts(g: Group, limits: Limits) -> None:

@@ -1,4 +1,4 @@
-"""Wire schema v5, the messages: every kind, its fields in wire order, the constants they use.
+"""Wire schema v6, the messages: every kind, its fields in wire order, the constants they use.
 
 Every message is one msgpack map whose first key is `schema` (= SCHEMA_VERSION) and second `kind`;
 common/wire/codec.py alone writes and reads the bytes. Everyone else sees the frozen dataclasses
@@ -10,7 +10,8 @@ below; nobody builds message dicts by hand.
 |             |                                  | loaded_version, held_leases                    |
 | heartbeat   | control, producer → consumer     | req, producer_id, loaded_version, state,       |
 |             |                                  | num_in_flight, counters                        |
-| lease_req   | control, producer → consumer     | req, producer_id, max_leases, loaded_version   |
+| lease_req   | control, producer → consumer     | req, producer_id, max_leases, loaded_version,  |
+|             |                                  | declined                                       |
 | goodbye     | control, producer → consumer     | req, producer_id, held_leases                  |
 | fetch_req   | control, producer → consumer     | req, producer_id, version, held_version,       |
 |             |                                  | held_hash, relay (Source)                      |
@@ -21,7 +22,8 @@ below; nobody builds message dicts by hand.
 | status      | control, reply to heartbeat etc. | req, status                                    |
 | lease_grant | control, reply to lease_req      | req, leases (Lease…), status; a Lease: lease_id,|
 |             |                                  | prompt_index, step, min_version, prompt,       |
-|             |                                  | answer, messages (ChatTurn…), columns (JSON)   |
+|             |                                  | answer, messages (ChatTurn…), columns (JSON),  |
+|             |                                  | eval_version                                   |
 | chunk_head  | reply to file_chunk_req          | req, version, offset, total_bytes, num_bytes   |
 |             | (frame 1 of 2; frame 2: the bytes)|                                               |
 | fetch_plan  | control, reply to fetch_req      | req, version, file, base_version, num_bytes,   |
@@ -64,6 +66,13 @@ Conventions and invariants:
   `RunSpec.reward_fns`), so the consumer reports per-function means; `rewards` stays their
   weighted sum. Empty (and left out) when the producer scores with something else (the fake
   engine's coins).
+- Evaluation during training (consumer/server/eval_book.py): an eval lease has
+  `eval_version` >= 0 (-1 on a training lease): its group must be sampled entirely with
+  exactly that version (`RunSpec.eval_samples` completions at `RunSpec.eval_temperature`; 0 =
+  greedy), sent with `Group.evaluation` set, and is never trained; it is acknowledged
+  `EVALUATED` (or `expired`, too late). A producer that no longer holds that version when the
+  lease arrives gives it back, unsampled, in its next `lease_req` (`declined`). An eval group
+  carries no kept sets and no per-token versions (one version by construction).
 """
 
 from __future__ import annotations
@@ -75,7 +84,9 @@ import numpy as np
 
 from common.kept_set import KeptSets, from_counts
 
-SCHEMA_VERSION = 5  # 5: each reward function's scores travel with the group (Group.reward_parts)
+SCHEMA_VERSION = 6  # 6: evaluation leases and groups (Lease.eval_version, Group.evaluation,
+# LeaseRequest.declined, RunSpec.eval_samples / eval_temperature)
+# 5: each reward function's scores travel with the group (Group.reward_parts)
 # 4: a kept set's size in one byte per token (Group.kept_counts)
 # 3: kept sets of truncated sampling (Group.kept_*, RunSpec.min_p/max_kept); a lease carries a
 # chat prompt (`messages`) and the row's `columns`
@@ -92,6 +103,9 @@ OUTCOMES = (
 # its producer keeps it (`hold`), until told to send it again (`send`):
 # consumer/server/admission.py.
 HOLD, SEND = "hold", "send"
+# The ack of an evaluation group that was counted (eval leases are not in the training ledger:
+# consumer/server/eval_book.py); a late one is acked `expired`.
+EVALUATED = "evaluated"
 # Why a fetcher dropped a relay (`BadSource.reason`); the consumer counts any other reason as
 # `other` (consumer/snapshots/fanout.py)
 BAD_SOURCE_REASONS = ("wrong_bytes", "truncated", "stalled", "refused")
@@ -164,6 +178,8 @@ class RunSpec:
     reward_fns: tuple[RewardWeight, ...]
     reward_timeout_s: float
     data_port: int  # the consumer's data socket (snapshot chunks: consumer/snapshots/dataplane.py)
+    eval_samples: int = 1  # completions per eval lease (eval.samples_per_prompt)
+    eval_temperature: float = 1.0  # of eval leases (eval.temperature; 0 = greedy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +202,7 @@ class Lease:
     answer: str  # the reference answer ("" when the task has none)
     messages: tuple[ChatTurn, ...]  # a chat prompt; () when `prompt` holds the text
     columns: str  # the row's other columns, a JSON object's text ("" when there are none)
+    eval_version: int = -1  # >= 0: an eval lease, sampled with exactly this version (not trained)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +235,7 @@ class LeaseRequest:
     producer_id: str
     max_leases: int
     loaded_version: int
+    declined: tuple[int, ...] = ()  # eval leases given back unsampled (that version is gone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,6 +397,7 @@ class Group:
     kept_unknown: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     # float32 [F*G], function-major: each reward function's own score (empty: not sent)
     reward_parts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    evaluation: bool = False  # an eval lease's group: never trained (consumer/server/eval_book.py)
 
     @property
     def group_size(self) -> int:

@@ -72,7 +72,7 @@ def largest_grant(num_leases: int) -> LeaseGrant:
     prompts' and answers' text: every int at its widest, `ACKS_PER_REPLY` acks of the longest
     outcome, a snapshot path of PATH_MAX characters."""
     leases = tuple(
-        Lease(_WIDEST, _WIDEST, _WIDEST, _WIDEST, "?", "", (), "")
+        Lease(_WIDEST, _WIDEST, _WIDEST, _WIDEST, "?", "", (), "", _WIDEST)
         for _ in range(min(num_leases, MAX_LEASES_PER_GRANT))
     )
     outcome = max(OUTCOMES, key=len)

@@ -9,6 +9,9 @@ Invariants:
 - A bad request is counted under `control_rejected.<reason>` and answered with a `wire.Reject`;
   whatever handling it raises, even a bug of ours, is counted (`NetState.internal_error`) and
   answered `internal_error`. Replies are sent without blocking; a lost reply only delays acks.
+- Eval leases (consumer/server/eval_book.py) are granted before training leases, and only for
+  the version the request says its producer holds; the eval leases a request gives back
+  (`declined`) and those a registration or goodbye does not name end there, not in the ledger.
 - A lease request that cannot be granted is parked (consumer/server/parked.py), not answered.
 - A held group released by the learner's room is asked for at once (`release`): a status reply
   with req 0 pushed over its producer's control connection, not left for its next request.
@@ -54,6 +57,7 @@ class Control:
     ) -> None:
         self._state, self.sock, self.spec, self.limits = state, sock, spec, limits
         self._fanout = fanout
+        self._eval_row_bytes = max((r.num_bytes for r in state.eval_rows), default=0)
         self.parked = ParkedRequests(state, grant=self.grant, reply=self.reply)
 
     def on_frames(self, frames: list[zmq.Frame]) -> None:
@@ -129,6 +133,8 @@ class Control:
             # as the shutdown ends every open lease, whichever comes first
             reason = "not held" if st.accepting else "shutdown"
             st.book.reconcile(msg.producer_id, set(msg.held_leases), reason=reason)
+            if st.evals is not None:
+                st.evals.reconcile(msg.producer_id, set(msg.held_leases))
             with st.lock:
                 view.state, view.last_seen, view.ended_at = "left", float("inf"), now
             st.liveness.ended(msg.producer_id, now)
@@ -162,6 +168,8 @@ class Control:
         st.note(msg.producer_id)
         st.book.touch(msg.producer_id)  # its host in ledger.json
         st.book.reconcile(msg.producer_id, set(msg.held_leases))
+        if st.evals is not None:
+            st.evals.reconcile(msg.producer_id, set(msg.held_leases))
         self.parked.unpark(msg.producer_id)
         log.info(
             "producer %s registered (%s pid %d, %s)",
@@ -180,6 +188,8 @@ class Control:
             if view.loaded_version != msg.loaded_version:
                 view.loaded_version = msg.loaded_version
                 st.note(msg.producer_id)
+        if msg.declined and st.evals is not None:
+            st.evals.decline(msg.producer_id, msg.declined)
         self.parked.unpark(msg.producer_id)  # its older request (it gave up on it) goes first
         leases = self.grant(msg, now)
         wait_s = st.cfg.net.lease_wait_s
@@ -205,15 +215,17 @@ class Control:
         if not st.accepting or not st.granting or st.snapshot is None:
             return ()
         half_message = int(st.cfg.net.max_message_mib * (1 << 20)) // 2
-        fit = max(1, half_message // (st.prompts.max_row_bytes + _LEASE_OVERHEAD_BYTES))
+        row_bytes = max(st.prompts.max_row_bytes, self._eval_row_bytes)
+        fit = max(1, half_message // (row_bytes + _LEASE_OVERHEAD_BYTES))
+        room = max(0, min(msg.max_leases, limit, wire.MAX_LEASES_PER_GRANT, fit))
+        out = self._eval_leases(msg, room, now)  # first: they wait for nothing but a version
         records = st.book.grant(
             msg.producer_id,
-            max(0, min(msg.max_leases, limit, wire.MAX_LEASES_PER_GRANT, fit)),
+            room - len(out),
             policy_version=st.policy_version,
             published_version=st.snapshot.version,
             now=now,
         )
-        out = []
         for r in records:
             row = st.prompts.get(r.prompt_index)
             out.append(
@@ -231,6 +243,20 @@ class Control:
         if out:
             st.ledger_dirty = True
         return tuple(out)
+
+    def _eval_leases(self, msg: wire.LeaseRequest, room: int, now: float) -> list[wire.Lease]:
+        """Up to `room` eval leases for the version `msg`'s producer holds."""
+        evals, rows = self._state.evals, self._state.eval_rows
+        if evals is None or room <= 0:
+            return []
+        out = []
+        for e in evals.grant(msg.producer_id, msg.loaded_version, room, now=now):
+            row = rows[e.prompt_index]
+            out.append(wire.Lease(
+                e.lease_id, e.prompt_index, e.version, e.version, row.prompt, row.answer,
+                row.messages, row.columns, eval_version=e.version,
+            ))  # fmt: skip
+        return out
 
     def release(self, released: list[tuple[str, int]]) -> None:
         """Tell the producers of `released` (producer id, lease id) to send those groups now:

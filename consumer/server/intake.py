@@ -8,6 +8,8 @@ learner's bounded queue (consumer/server/admission.py, `net.max_queued_groups`,
 `net.max_queued_mib`); a valid group that does not fit is not admitted: its lease is `held` and
 its producer told to hold it, then to send it when the learner has made room (acks `hold` /
 `send`). The rollouts socket is always read, so ZeroMQ's queues never grow with a slow learner.
+An evaluation group (`Group.evaluation`) never reaches the learner's queue: it goes to the eval
+rounds (consumer/server/eval_book.py), counted under `eval_groups_<verdict>`.
 
 A bad message is counted under `rejected.<reason>` and never raises out of the loop; a group
 that parsed but failed validation ends its lease as `rejected_invalid` and its producer is told
@@ -49,6 +51,8 @@ class Intake:
             return self._reject(WireError("not_registered", "register first"), key)
         if not st.identities.allows(msg.producer_id, key):
             return self._reject(WireError("wrong_key", "not this producer's key"), key)
+        if msg.evaluation:
+            return self._evaluation(msg, key)
         verdict = st.book.receive(msg.lease_id, msg.producer_id)
         if verdict == "wrong_producer":
             return self._reject(WireError("wrong_producer", "another producer's lease"), key)
@@ -59,6 +63,17 @@ class Intake:
             verdict = "not_admitted"  # counted as groups_not_admitted
         with st.lock:
             st.counters[f"groups_{verdict}"] += 1
+
+    def _evaluation(self, msg: wire.Group, key: str) -> None:
+        """An evaluation group: counted by its round, never trained."""
+        st = self._state
+        if st.evals is None:
+            return self._reject(WireError("unexpected_kind", "evaluation is off"), key)
+        verdict = st.evals.receive(msg)
+        if verdict == "wrong_producer":
+            return self._reject(WireError("wrong_producer", "another producer's lease"), key)
+        with st.lock:
+            st.counters[f"eval_groups_{verdict}"] += 1
 
     def _reject(self, exc: WireError, key: str) -> None:
         """Count a refused group message; one that parsed but failed a check ends its lease

@@ -248,6 +248,11 @@ class LeaseBook:
         rec = self.open[lease_id]
         self._ack(rec.producer_id, Ack(lease_id, SEND))
 
+    def queue_ack(self, producer_id: str, ack: Ack) -> None:
+        """Queue an ack that is not this ledger's (an eval lease's: consumer/server/eval_book.py)
+        for `producer_id`'s next reply."""
+        self._ack(producer_id, ack)
+
     def _ack(self, producer_id: str, ack: Ack) -> None:
         queue = self.acks[producer_id]
         if len(queue) == MAX_ACKS:

@@ -170,6 +170,12 @@ class Loop:
             self._books.append_finished()
             st.ledger_dirty = True
         st.admission.prune(st.book.open)  # held groups whose lease ended otherwise
+        if st.evals is not None and st.evals.rounds:
+            st.evals.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=set(gone))
+            if st.snapshot is not None:
+                live = {v.loaded_version for v in st.producers.values()
+                        if v.state not in ("gone", "left")}  # fmt: skip
+                st.evals.close_unreachable(live, st.snapshot.version)  # costs rounds x producers
         self._books.maybe_write(now)
 
     def _forget(self, now: float, after_s: float) -> None:

@@ -46,12 +46,14 @@ from consumer.server.admission import Admission
 from consumer.server.books import Books
 from consumer.server.calls import Calls
 from consumer.server.control import Control
+from consumer.server.eval_book import EvalBook
 from consumer.server.identity import Identities
 from consumer.server.intake import Intake
 from consumer.server.leases import LeaseBook
 from consumer.server.loop import Loop
 from consumer.server.prompts import PromptOrder, PromptSource
 from consumer.server.state import NetState
+from consumer.server.task_data import eval_rows
 from consumer.snapshots.dataplane import DataPlane
 from consumer.snapshots.fanout import FanOut
 from consumer.snapshots.fetch_files import snapshot_chunk_bytes
@@ -82,6 +84,8 @@ def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
         reward_fns=tuple(wire.RewardWeight(r.fn, r.weight) for r in cfg.rewards.fns),
         reward_timeout_s=cfg.rewards.timeout_s,
         data_port=0,
+        eval_samples=cfg.eval.samples_per_prompt,
+        eval_temperature=cfg.eval.temperature,
     )
 
 
@@ -108,6 +112,13 @@ class Server:
     ) -> None:
         self.run_dir = run_dir
         st = self._state = _restored_state(cfg, prompts, book_state, policy_version, hold_grants)
+        if cfg.eval.on:  # rows read before any socket is bound: bad data stops us here
+            st.eval_rows = eval_rows(cfg)
+            st.evals = EvalBook(
+                len(st.eval_rows), every_steps=cfg.eval.every_steps,
+                samples=cfg.eval.samples_per_prompt, pass_reward=cfg.eval.pass_reward,
+                ack=st.book.queue_ack, incarnation=st.book.incarnation,
+            )  # fmt: skip
         self.incarnation = st.book.incarnation
         self.run_id = st.run_id
         net = cfg.net
@@ -168,6 +179,12 @@ class Server:
     def stop(self) -> None:
         self._loop.stop()
         self.data.stop()
+        evals = self._state.evals
+        if evals is not None:  # the network thread has stopped: its books are ours to read
+            log.info(
+                "evaluation: %d rounds reported, %s (balanced: %s)",
+                evals.counts["rounds_done"], evals.totals(), evals.balance(),
+            )  # fmt: skip
 
     def next_group(self, timeout_s: float) -> wire.Group | None:
         """The next admitted group, or None after `timeout_s` without one."""
@@ -230,8 +247,16 @@ class Server:
         self._call(lambda: self._publish(info)).result()
 
     def expire_open(self, reason: str) -> None:
-        """End every open lease as expired (their prompts are leased again after a resume)."""
-        self._call(lambda: self._state.book.expire_all(reason)).result()
+        """End every open lease as expired (their prompts are leased again after a resume), and
+        every open eval lease (consumer/server/eval_book.py)."""
+        st = self._state
+
+        def expire() -> None:
+            st.book.expire_all(reason)
+            if st.evals is not None:
+                st.evals.expire_all()
+
+        self._call(expire).result()
 
     def flush_ledger(self) -> None:
         """Append finished leases to leases.jsonl, rewrite ledger.json and the producers'
@@ -256,6 +281,18 @@ class Server:
             )
 
         return self._call(summary).result()
+
+    def take_eval(self) -> dict[str, Any]:
+        """For a step's metrics line: the eval counters, and the oldest finished eval round's
+        result not taken yet (consumer/server/eval_book.py); {} with evaluation off."""
+        evals = self._state.evals
+        if evals is None:
+            return {}
+
+        def take() -> dict[str, Any]:
+            return {**evals.totals(), **(evals.take_result() or {})}
+
+        return self._call(take).result()
 
     def balance(self) -> RF.Balance:
         """The ledger's counts by state; `ok` when they add up (see LeaseBook.balance)."""
@@ -325,6 +362,8 @@ class Server:
     def _publish(self, info: wire.SnapshotInfo) -> None:
         st = self._state
         st.snapshot = info
+        if st.evals is not None and st.evals.due(info.version):
+            st.evals.schedule(info.version, now=time.monotonic())
         self._announce.send(wire.encode(wire.Announce(st.run_id, st.policy_version, info)))
 
 
@@ -380,6 +419,8 @@ def group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits
         vocab_size=vocab_size,
         group_size=s.group_size,
         temperature=s.temperature,
+        eval_group_size=cfg.eval.samples_per_prompt,
+        eval_temperature=cfg.eval.temperature,
         max_prompt_tokens=s.max_prompt_tokens,
         max_completion_tokens=s.max_new_tokens,
         max_kept=s.max_kept if s.truncation.active else 0,

@@ -1,6 +1,6 @@
 """What the network thread knows, shared by its parts (consumer/server/: control, intake,
 parked, books, loop): the lease book, producer identities and views, the admission queue and the
-versions every reply carries.
+versions every reply carries; the eval rounds (consumer/server/eval_book.py) when `[eval]` is on.
 
 Invariants:
 - Only the network thread reads or writes a `NetState`, except `counters` and `producers`, which
@@ -32,11 +32,13 @@ from common.config import Config
 from common.log_limit import LogLimiter
 from common.net_stats import LoopTiming
 from consumer.server.admission import Admission
+from consumer.server.eval_book import EvalBook
 from consumer.server.identity import Identities
 from consumer.server.leases import LeaseBook
 from consumer.server.liveness import Liveness
 from consumer.server.prompts import PromptSource
 from consumer.server.roster import status_of
+from consumer.server.rows import PromptRow
 
 log = logging.getLogger("asyncgrpo.consumer")
 
@@ -99,6 +101,9 @@ class NetState:
         self.granting = granting  # False until Server.open_grants() when held
         self.ledger_dirty = True  # ledger.json is behind the lease book
         self.log = LogLimiter(log)
+        # evaluation during training (`[eval]`): its rounds and held-out rows; None when off
+        self.evals: EvalBook | None = None
+        self.eval_rows: list[PromptRow] = []
 
     def note(self, producer_id: str) -> None:
         """`producer_id`'s view changed (or it was forgotten): the roster writes it next."""

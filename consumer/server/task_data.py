@@ -4,6 +4,9 @@
 every row (consumer/server/rows.py), so bad data stops the consumer at start with one
 `ConfigError` that names the file, the row and the field, not a producer halfway through a run.
 Rows are numbered from 1 in file order (JSONL: the line number, blank lines counted).
+`eval_rows(cfg)`: the held-out prompts of evaluation during training (`[eval]`): the first
+`eval.max_prompts` rows of `eval.path` (else `task.eval_path`), read as `task.eval_path` is,
+else of the synthetic task's held-out split.
 
 Formats (`task.source`; for `task.eval_path` the same, except that with `source = "synthetic"`
 a path ending in `.parquet` is Parquet and anything else JSONL):
@@ -22,13 +25,14 @@ a path ending in `.parquet` is Parquet and anything else JSONL):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from common.config import TaskConfig
+from common.config import Config, TaskConfig
 from common.errors import ConfigError
 from consumer.server.rows import PromptRow, RowFields, row_of
 
@@ -47,10 +51,10 @@ def data_format(task: TaskConfig, *, held_out: bool = False) -> str:
     return "parquet" if task.eval_path.endswith(".parquet") else "jsonl"
 
 
-def load_rows(task: TaskConfig, *, held_out: bool = False) -> list[PromptRow]:
+def load_rows(task: TaskConfig, *, held_out: bool = False, key: str = "") -> list[PromptRow]:
     """Every row of `task.path` (`held_out`: `task.eval_path`), checked; `ConfigError` naming the
     file, row and field of the first bad one."""
-    key = "task.eval_path" if held_out else "task.path"
+    key = key or ("task.eval_path" if held_out else "task.path")  # the key errors name
     path = task.eval_path if held_out else task.path
     split = task.eval_split if held_out else task.split
     fields = RowFields(task.prompt_field, task.answer_field, int(task.max_row_kib * 1024))
@@ -65,6 +69,19 @@ def load_rows(task: TaskConfig, *, held_out: bool = False) -> list[PromptRow]:
     if not rows:
         raise ConfigError(f"{key} = {path!r} holds no rows")
     return rows
+
+
+def eval_rows(cfg: Config) -> list[PromptRow]:
+    """The held-out rows evaluation during training leases (module docstring)."""
+    n = cfg.eval.max_prompts
+    if cfg.eval.path or cfg.task.eval_path:
+        task = dataclasses.replace(cfg.task, eval_path=cfg.eval.path or cfg.task.eval_path)
+        key = "eval.path" if cfg.eval.path else "task.eval_path"
+        return load_rows(task, held_out=True, key=key)[:n]
+    assert cfg.task.source == "synthetic", "config validation asks for eval.path"
+    from common.tasks import make_examples
+
+    return [PromptRow(ex.prompt, ex.answer) for ex in make_examples("heldout", n, seed=0)]
 
 
 def _jsonl(path: Path, key: str) -> Iterator[tuple[str, Any]]:

@@ -177,7 +177,7 @@ class HFEngine:
         assert len(prompt_ids) >= 1, "an empty prompt has nothing to condition on"
         assert params.n >= 1
         assert params.max_new_tokens >= 1
-        assert params.temperature > 0, "config validation keeps sampling.temperature > 0"
+        assert params.temperature >= 0, "config validation keeps temperatures >= 0 (0: greedy)"
         call = next(self._calls)
         seed = params.seed if params.seed is not None else self._seed * 1_000_003 + call
         stops = self._stop_table(params.stop_token_ids)

@@ -320,7 +320,13 @@ def _gumbel_max(
 ) -> tuple[torch.Tensor, torch.Tensor, list[Any] | None]:
     """(token, log-prob, other kept ids or None) per row: argmax(z + Gumbel), log_softmax(z)
     at the token, z = logits / T, truncated to the kept set when `truncation` is active (then
-    the third item lists, per row, the kept ids other than the token, ascending, int32)."""
+    the third item lists, per row, the kept ids other than the token, ascending, int32).
+    T = 0 is greedy (evaluation leases only, never trained): the top token, its log-prob at
+    T = 1."""
+    if temperature == 0:
+        tokens_B = logits_BV.argmax(-1)
+        logp_B = sampled_logprobs(logits_BV[:, None], tokens_B[:, None], temperature=1.0)
+        return tokens_B, logp_B[:, 0], None
     if not truncation.active:
         tokens_B = (logits_BV.float() / temperature + gumbel_BV).argmax(-1)
         logp_B = sampled_logprobs(logits_BV[:, None], tokens_B[:, None], temperature=temperature)

@@ -141,7 +141,7 @@ def sampling_kwargs(
     Truncation (and the candidates that give the kept sets): `vllm_kept.request_kwargs`."""
     assert params.n >= 1
     assert params.max_new_tokens >= 1
-    assert params.temperature > 0, "config validation keeps sampling.temperature > 0"
+    assert params.temperature >= 0, "config validation keeps temperatures >= 0 (0: greedy)"
     seed = params.seed
     if index is not None and seed is not None:
         seed += index

@@ -274,6 +274,16 @@ PROBLEMS = [
     (["run.wait_for_producers=-1"], "wait_for_producers_s must be >= 0", "run.wait_for_producers"),
     (["fake.min_tokens=0"], "min_tokens must be in [1, fake.max_tokens]", "fake.min_tokens"),
     (["dist.timeout_s=0"], "timeout_s must be > 0", "dist.timeout_s"),
+    (["eval.every_steps=-1"], "every_steps must be >= 0 (0 = off)", "eval.every_steps"),
+    (["eval.samples_per_prompt=0"], "must be in [1, 256]", "eval.samples_per_prompt"),
+    (["eval.samples_per_prompt=257"], "must be in [1, 256]", "eval.samples_per_prompt"),
+    (["eval.temperature=-1"], "finite and >= 0 (0 = greedy)", "eval.temperature"),
+    (["eval.temperature=0", "eval.samples_per_prompt=4"], "gives k equal completions",
+     "eval.samples_per_prompt"),
+    (["eval.max_prompts=0"], "max_prompts must be >= 1", "eval.max_prompts"),
+    (["eval.pass_reward=inf"], "pass_reward must be finite", "eval.pass_reward"),
+    (["eval.every_steps=5", "task.source=jsonl", "task.path=x.jsonl"],
+     "has no held-out split", "eval.path"),
 ]  # fmt: skip
 
 

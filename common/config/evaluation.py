@@ -1,0 +1,70 @@
+"""`[eval]`: evaluation during training, through the producers (consumer/server/eval_book.py).
+
+Every `eval.every_steps` policy versions the consumer leases the held-out prompts to producers
+that hold exactly that version, ahead of training leases; the groups they send back are scored
+with the run's rewards, never trained, and reported per version (`eval_*` in metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from common.config.fields import _f, failed
+
+MAX_EVAL_SAMPLES = 256  # k per prompt: one group message holds them all
+
+
+@dataclass(frozen=True, slots=True)
+class EvalConfig:
+    """`[eval]`: held-out evaluation of policy versions by the producers while training runs."""
+
+    every_steps: int = _f(
+        0,
+        "Policy versions between evaluations through the producers (0 = off). Version 0, the "
+        "starting model, is evaluated first.",
+    )
+    path: str = _f(
+        "",
+        "Held-out rows, read like task.path (any format the task reads); empty = task.eval_path, "
+        "else the synthetic task's held-out split.",
+    )
+    samples_per_prompt: int = _f(
+        1, "Completions per held-out prompt (k of pass@k; pass@1 is estimated from all k)."
+    )
+    temperature: float = _f(
+        1.0,
+        "Sampling temperature of evaluation completions (0 = greedy; then samples_per_prompt "
+        "must be 1). top_p, top_k and min_p are the run's.",
+    )
+    max_prompts: int = _f(
+        64, "Held-out prompts per evaluation (the first ones of eval.path, in file order)."
+    )
+    pass_reward: float = _f(
+        1.0, "A completion passes (pass@k) when its reward (the weighted sum) is >= this."
+    )
+
+    @property
+    def on(self) -> bool:
+        return self.every_steps > 0
+
+    def problems(self) -> list[str]:
+        """This section's impossible settings (messages name the key)."""
+        return failed(
+            (self.every_steps >= 0, "eval.every_steps must be >= 0 (0 = off)"),
+            (
+                1 <= self.samples_per_prompt <= MAX_EVAL_SAMPLES,
+                f"eval.samples_per_prompt must be in [1, {MAX_EVAL_SAMPLES}]",
+            ),
+            (
+                math.isfinite(self.temperature) and self.temperature >= 0,
+                "eval.temperature must be finite and >= 0 (0 = greedy)",
+            ),
+            (
+                self.temperature > 0 or self.samples_per_prompt == 1,
+                "eval.temperature = 0 (greedy) gives k equal completions: set "
+                "eval.samples_per_prompt = 1, or a temperature > 0",
+            ),
+            (self.max_prompts >= 1, "eval.max_prompts must be >= 1"),
+            (math.isfinite(self.pass_reward), "eval.pass_reward must be finite"),
+        )
