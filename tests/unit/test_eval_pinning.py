@@ -1,0 +1,106 @@
+"""A producer samples an eval lease with exactly the weights it names (producer/worker.py `_pin`,
+producer/weights.py): no reload starts while the eval group is being sampled, and an eval lease
+for weights it no longer holds is given back unsampled with the next lease request.
+
+The producer's own asyncio tasks run (the weights keeper and the lease task) with the fake
+engine gated by the test, so "during the group" is a state the test holds, not a race; the
+weights keeper's `fetch` is replaced as in test_worker_reload.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+from test_worker_reload import ScriptedProducer, info
+
+from common import config as C
+from common import wire
+from consumer.server.server import run_spec
+from producer.engines.base import Completion, SamplingParams
+from producer.engines.fake import FakeEngine
+from producer.outbox import Outbox
+from producer.scoring import FakeRewards
+from producer.session import Session
+from producer.tokenizer import PromptCodec
+
+
+class GatedEngine(FakeEngine):
+    """The fake engine; `generate` waits for `gate` and every call and load is logged."""
+
+    def __init__(self) -> None:
+        super().__init__(vocab_size=16, eos_token_id=15, seed=0)
+        self.gate = asyncio.Event()
+        self.events: list[tuple[str, int]] = []
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        self.events.append(("start", self.version))
+        await self.gate.wait()
+        out = await super().generate(prompt_ids, params)
+        self.events.append(("end", self.version))
+        return out
+
+    async def load_weights(self, directory: Path, version: int) -> None:
+        self.events.append(("load", version))
+        await super().load_weights(directory, version)
+
+
+def eval_lease(lease_id: int, version: int) -> wire.Lease:
+    return wire.Lease(lease_id, 0, version, version, "1+1=", "2", (), "", eval_version=version)
+
+
+async def wait_until(producer: ScriptedProducer, done) -> None:
+    async with asyncio.timeout(30):  # a safety net only
+        while not done():
+            await producer.state.changed.wait(producer.state.changed.count, 0.05)
+
+
+async def test_no_reload_starts_while_an_eval_group_is_sampled_and_a_stale_one_is_declined():
+    ctx = zmq.asyncio.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind("inproc://groups")
+    push = ctx.socket(zmq.PUSH)
+    push.connect("inproc://groups")
+    producer = ScriptedProducer(C.Config(), ctx)
+    engine = GatedEngine()
+    spec = run_spec(C.apply_overrides(C.Config(), ["eval.samples_per_prompt=3"]), vocab_size=16,
+                    model="")  # fmt: skip
+    session = producer.session = Session(
+        spec=spec, engine=engine, codec=PromptCodec(None, "raw", vocab_size=16),
+        rewards=FakeRewards(run_seed=0, p=0.5), outbox=Outbox(push, resend_after_s=60.0),
+    )  # fmt: skip
+    producer.state.run_id = producer.state.weights_run = "r"
+    await engine.load_weights(producer.weights.cache, 0)
+    weights = asyncio.create_task(producer.weights.keep_loaded(engine))
+    try:
+        lease = eval_lease(1, 0)
+        assert producer._pin(session, lease)
+        task = asyncio.create_task(producer.run_lease(session, lease))
+        await wait_until(producer, lambda: ("start", 0) in engine.events)
+        producer.state.target = info(1)  # a newer snapshot, announced mid-group
+        producer.state.changed.bump()
+        await wait_until(producer, lambda: producer.fetched == [1])
+        assert engine.version == 0  # fetched, but not loaded: the group is pinned to v0
+        assert ("load", 1) not in engine.events
+        engine.gate.set()
+        await task
+        await wait_until(producer, lambda: engine.version == 1)
+        assert engine.events == [("load", 0), ("start", 0), ("end", 0), ("load", 1)]
+        group = wire.decode(await pull.recv(), wire.Limits())
+        assert isinstance(group, wire.Group)
+        assert group.evaluation
+        assert (group.behavior_version, len(group.token_versions), group.group_size) == (0, 0, 3)
+        assert producer.state.pins == 0
+
+        assert not producer._pin(session, eval_lease(2, 0))  # v0 is gone: given back
+        assert producer.state.declined == [2]
+        assert producer.state.counters["eval_leases_declined"] == 1
+    finally:
+        weights.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await weights
+        producer.weights.close()
+        ctx.destroy(linger=0)
