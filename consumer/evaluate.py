@@ -13,7 +13,9 @@ sample; never touches the train split.
 - `accuracy_of(model, tokenizer, examples)` decodes with a model already in memory and leaves
   its train/eval mode and the tokenizer's padding side as they were.
 - `PeriodicEval`: the learner's (and a replay's) held-out accuracy every `train.eval_every`
-  steps on the synthetic task with a real model: `{"heldout_accuracy", "eval_s"}` or `{}`.
+  steps on the synthetic task with a real model: `{"heldout_accuracy", "eval_s"}` or `{}`;
+  superseded (never run) when `eval.every_steps` is set: the producers evaluate then, and the
+  learner never waits for an evaluation (consumer/server/eval_book.py).
 - `evaluate_run(run_dir, model_dir)` evaluates the snapshot a finished run ended with (and, with
   `initial=True`, the model it started from) on the whole held-out split and writes
   `RUN_DIR/eval.json`: `final_accuracy`, `heldout_size`, `final_version`, `model` (and
@@ -54,6 +56,8 @@ class PeriodicEval:
         """`model()` gives the model to decode with (called only when this step evaluates)."""
         every = self.cfg.train.eval_every
         if not every or version % every or self.model_dir is None:
+            return {}
+        if self.cfg.eval.every_steps:  # the producers evaluate (`[eval]`); the learner never waits
             return {}
         if self.cfg.task.source != "synthetic":
             return {}

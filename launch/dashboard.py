@@ -28,6 +28,7 @@ from rich.table import Table
 
 from common import run_files as RF
 from common.metrics import StepRecord
+from launch.eval_report import eval_text
 from launch.headline import fn_means_text, no_signal, reward_text
 
 
@@ -90,11 +91,12 @@ def summary_line(
     views: Mapping[str, RF.ProducerStatus] | None = None,
     *,
     beyond: str = "",
+    evaluated: str = "",
 ) -> str:
     """One plain progress line; before the first step, the ledger's counts (`ledger.json`'s
     balance) say whether groups arrive and why none was trained; `views` (the producers'
     latest, common/run_files.py) add reward failures; `beyond` says why a run goes on past
-    `steps` (`step_text`)."""
+    `steps` (`step_text`); `evaluated`, the newest evaluation (launch/eval_report.py)."""
     warning = no_signal(rec, ledger)
     tail = f" — {warning}" if warning else ""
     if rec is None:
@@ -110,6 +112,7 @@ def summary_line(
     return (
         f"[{elapsed_s:6.0f}s] {step_text(rec.step, steps, beyond)} {reward_text(rec)}"
         + (f" heldout {acc:.3f}" if acc is not None else "")
+        + (f" {evaluated}" if evaluated else "")
         + f" staleness {rec.staleness_mean:.2f}/{rec.staleness_max}"
         + f" tok/s {rec.tokens_per_s:.0f} idle {rec.learner_idle_frac:.2f}"
         + (f" reward errors {errors} timeouts {timeouts}" if errors or timeouts else "")
@@ -141,7 +144,10 @@ class Progress:
             ledger = RF.latest_ledger(self.run_dir)
             balance = ledger.balance if ledger is not None else None
             views = RF.latest_producers(self.run_dir, rec)
-            log.info("%s", summary_line(rec, self.steps, time.monotonic() - t0, balance, views))
+            log.info("%s", summary_line(
+                rec, self.steps, time.monotonic() - t0, balance, views,
+                evaluated=eval_text(tail.records),
+            ))  # fmt: skip
 
 
 def run_state(run_dir: Path) -> str:
@@ -230,6 +236,9 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
                     _fmt(acc))  # fmt: skip
         if rec.reward_fn_means:
             top.add_row("per function", fn_means_text(rec), "", "")
+        evaluated = eval_text(tail.records)
+        if evaluated:
+            top.add_row("evaluation", evaluated, "", "")
         top.add_row(
             "staleness mean/max",
             f"{rec.staleness_mean:.2f} / {rec.staleness_max}",

@@ -285,6 +285,7 @@ def run(
     from rich.live import Live
 
     from launch.dashboard import MetricsTail, render, summary_line
+    from launch.eval_report import eval_text
 
     sup = Supervisor(
         run_dir, config_path=config_path, num_producers=num_producers, producer_args=producer_args,
@@ -308,7 +309,8 @@ def run(
 
     def line() -> None:
         rec = tail.records[-1] if tail.records else None
-        say(summary_line(rec, steps, time.monotonic() - t0, beyond=beyond))
+        say(summary_line(rec, steps, time.monotonic() - t0, beyond=beyond,
+                         evaluated=eval_text(tail.records)))  # fmt: skip
 
     code: int | None = None
     try:

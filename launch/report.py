@@ -4,8 +4,10 @@ Reads `metrics.jsonl` (one line per step), `leases.jsonl` (one line per finished
 `ledger.json`, `eval.json` and `completions.jsonl` (if present: the newest sample is shown).
 Writes `plots/*.png` and `summary.md` (reward calls that failed or timed out included):
 - reward.png: reward mean over every arrived group and over the trained ones, the share of
-  groups with equal rewards, per-function means, and held-out greedy accuracy when the
-  learner evaluated, vs step (the axis follows the data);
+  groups with equal rewards, per-function means, held-out greedy accuracy when the learner
+  evaluated, and the producers' evaluation (`[eval]`: pass@1, pass@k at the version
+  evaluated), vs step (the axis follows the data); summary.md lists each evaluated version
+  (launch/eval_report.py);
 - staleness.png: histogram of learner_version - behavior_version over trained groups;
 - tis.png: TIS weight mean and fraction truncated vs step;
 - throughput.png: completion tokens/s and learner idle fraction over wall time;
@@ -30,6 +32,7 @@ import matplotlib.pyplot as plt
 from common import completions_file as CF
 from common import run_files as RF
 from common.metrics import StepRecord, read_steps
+from launch.eval_report import eval_lines, eval_series
 from launch.headline import no_signal
 
 
@@ -66,6 +69,7 @@ def plot_reward(records: list[StepRecord], out: Path) -> Path:
          ":"),
         (_series(records, lambda r: r.heldout_accuracy), "held-out greedy accuracy", "o-"),
     ]  # fmt: skip
+    series += [((xs, ys), label, "s-") for xs, ys, label in eval_series(records)]
     for name in _fn_names(records):
         series.append(
             (_series(records, lambda r, n=name: (r.reward_fn_means or {}).get(n)), name, "--")
@@ -251,6 +255,7 @@ def summarize(run_dir: Path) -> str:
         if refused:
             shown = ", ".join(f"{k} {v}" for k, v in sorted(refused.items()))
             lines += ["", f"Refused messages and connections: {shown}."]
+    lines += eval_lines(records)
     lines += completions_lines(run_dir)
     lines += ["", "## Plots", ""] + [
         f"![{p.stem}]({RF.PLOTS}/{p.name})" for p in sorted((run_dir / RF.PLOTS).glob("*.png"))

@@ -67,6 +67,10 @@ class State:
     pins: int = 0
     loading: bool = False
     declined: list[int] = field(default_factory=list)
+    # the version the consumer's eval round still leases for (`Status.eval_version`), and
+    # whether this producer pins its weights for that round (it holds that version)
+    eval_round: int = -1
+    round_pinned: bool = False
     counters: dict[str, float] = field(default_factory=dict)
     changed: Changes = field(default_factory=Changes)  # version, acks, target or in-flight moved
 

@@ -55,6 +55,7 @@ from producer.control import ControlClient, Rejected
 from producer.fetch.relay import Relay
 from producer.groups import group_of, sampling_params
 from producer.outbox import Outbox
+from producer.pins import eval_room, pin_lease, round_pin
 from producer.session import EngineKey, KeptEngine, Session, open_session
 from producer.stall import Stall
 from producer.state import State
@@ -96,7 +97,7 @@ class Producer:
         self.max_bytes = int(cfg.net.max_message_mib * (1 << 20))
         self.control = ControlClient(
             ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes,
-            max_in_flight=cfg.producer.max_in_flight,
+            max_in_flight=2 * cfg.producer.max_in_flight,  # eval leases come on top
         )  # fmt: skip
         self.control.on_pushed = self._on_pushed
         self.session: Session | None = None
@@ -211,6 +212,8 @@ class Producer:
         ):
             self.state.target = status.snapshot
         self.state.finished = status.finished
+        self.state.eval_round = status.eval_version
+        self._round_pin()
         self.state.changed.bump()
         return restarted
 
@@ -311,18 +314,23 @@ class Producer:
             return limit - len(state.in_flight) - session.outbox.num_held
 
         def may_ask() -> bool:
-            return state.finished or (free() > 0 and state.target is not None)
+            room = free() > 0 or eval_room(state, limit) > 0
+            return state.finished or (room and state.target is not None)
 
         while not state.finished:
+            self._round_pin()
             if not may_ask():  # every slot taken, or no snapshot announced yet
                 await state.changed.wait_for(may_ask, 1.0)
                 continue
             declined, state.declined = tuple(state.declined), []
-            msg = wire.LeaseRequest(0, state.producer_id, free(), session.engine.version, declined)
+            msg = wire.LeaseRequest(
+                0, state.producer_id, max(free(), 0), session.engine.version, declined,
+                eval_room(state, limit),
+            )  # fmt: skip
             reply = await self.request_status(msg)
             leases = reply.leases if isinstance(reply, wire.LeaseGrant) else ()
             for lease in leases:
-                if lease.eval_version >= 0 and not self._pin(session, lease):
+                if lease.eval_version >= 0 and not pin_lease(state, session.engine.version, lease):
                     continue
                 state.in_flight.add(lease.lease_id)
                 self.lease_tasks[lease.lease_id] = tg.create_task(
@@ -341,21 +349,8 @@ class Producer:
         for task in self.lease_tasks.values():  # their groups would never be trained
             task.cancel()
 
-    def _pin(self, session: Session, lease: wire.Lease) -> bool:
-        """Pin the loaded weights for an eval lease (no reload starts until its group is sent:
-        producer/weights.py), if they are exactly its version and no reload is running; else
-        give the lease back with the next request. No await between the check and the pin."""
-        state = self.state
-        if (
-            session.engine.version != lease.eval_version
-            or state.loading
-            or state.weights_run != state.run_id
-        ):
-            state.declined.append(lease.lease_id)
-            state.count("eval_leases_declined")
-            return False
-        state.pins += 1
-        return True
+    def _round_pin(self) -> None:
+        round_pin(self.state, self.session.engine.version if self.session is not None else None)
 
     def _newer_than(self, version: int) -> bool:
         """The run is finished, or a snapshot newer than `version` has been announced."""
@@ -363,8 +358,8 @@ class Producer:
         return self.state.finished or (target is not None and target.version > version)
 
     async def run_lease(self, session: Session, lease: wire.Lease) -> None:
-        """Sample, score and send `lease`'s group. An eval lease arrives pinned (`_pin`): it
-        starts at once with the weights it names, and unpins them when done."""
+        """Sample, score and send `lease`'s group. An eval lease arrives pinned
+        (producer/pins.py): it starts at once with the weights it names, unpinned when done."""
         engine, codec = session.engine, session.codec
         evaluation = lease.eval_version >= 0
         busy = False

@@ -11,7 +11,7 @@ below; nobody builds message dicts by hand.
 | heartbeat   | control, producer → consumer     | req, producer_id, loaded_version, state,       |
 |             |                                  | num_in_flight, counters                        |
 | lease_req   | control, producer → consumer     | req, producer_id, max_leases, loaded_version,  |
-|             |                                  | declined                                       |
+|             |                                  | declined, max_eval_leases                      |
 | goodbye     | control, producer → consumer     | req, producer_id, held_leases                  |
 | fetch_req   | control, producer → consumer     | req, producer_id, version, held_version,       |
 |             |                                  | held_hash, relay (Source)                      |
@@ -72,7 +72,10 @@ Conventions and invariants:
   greedy), sent with `Group.evaluation` set, and is never trained; it is acknowledged
   `EVALUATED` (or `expired`, too late). A producer that no longer holds that version when the
   lease arrives gives it back, unsampled, in its next `lease_req` (`declined`). An eval group
-  carries no kept sets and no per-token versions (one version by construction).
+  carries no kept sets and no per-token versions (one version by construction). Every status
+  names the version a round still has prompts to lease for (`Status.eval_version`): a producer
+  holding it defers its reloads and asks for up to `max_eval_leases` eval leases on top of its
+  training slots until the round is leased.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ import numpy as np
 from common.kept_set import KeptSets, from_counts
 
 SCHEMA_VERSION = 6  # 6: evaluation leases and groups (Lease.eval_version, Group.evaluation,
-# LeaseRequest.declined, RunSpec.eval_samples / eval_temperature)
+# LeaseRequest.declined / max_eval_leases, RunSpec.eval_samples / eval_temperature,
+# Status.eval_version)
 # 5: each reward function's scores travel with the group (Group.reward_parts)
 # 4: a kept set's size in one byte per token (Group.kept_counts)
 # 3: kept sets of truncated sampling (Group.kept_*, RunSpec.min_p/max_kept); a lease carries a
@@ -148,6 +152,9 @@ class Status:
     snapshot: SnapshotInfo | None
     acks: tuple[Ack, ...] = ()
     finished: bool = False  # the learner needs no more groups: producers may exit
+    # the version an evaluation round still has prompts to lease for (-1: none): a producer that
+    # holds it keeps it until they are leased (consumer/server/eval_book.py)
+    eval_version: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +243,8 @@ class LeaseRequest:
     max_leases: int
     loaded_version: int
     declined: tuple[int, ...] = ()  # eval leases given back unsampled (that version is gone)
+    max_eval_leases: int = 0  # eval leases it takes beyond `max_leases` (it holds a round's
+    # version: `Status.eval_version`); 0: eval leases come out of `max_leases`
 
 
 @dataclass(frozen=True, slots=True)

@@ -217,11 +217,16 @@ class Control:
         half_message = int(st.cfg.net.max_message_mib * (1 << 20)) // 2
         row_bytes = max(st.prompts.max_row_bytes, self._eval_row_bytes)
         fit = max(1, half_message // (row_bytes + _LEASE_OVERHEAD_BYTES))
-        room = max(0, min(msg.max_leases, limit, wire.MAX_LEASES_PER_GRANT, fit))
-        out = self._eval_leases(msg, room, now)  # first: they wait for nothing but a version
+        cap = max(0, min(limit, wire.MAX_LEASES_PER_GRANT, fit))  # one grant's leases
+        room = min(msg.max_leases, cap)  # training slots
+        # eval leases first: they wait for nothing but a version. A producer that holds the
+        # round's version asks for them beyond its training slots (`max_eval_leases`); else
+        # they take training slots
+        beyond = msg.max_eval_leases > 0
+        out = self._eval_leases(msg, min(msg.max_eval_leases if beyond else room, cap), now)
         records = st.book.grant(
             msg.producer_id,
-            room - len(out),
+            max(0, min(room, cap - len(out)) if beyond else room - len(out)),
             policy_version=st.policy_version,
             published_version=st.snapshot.version,
             now=now,

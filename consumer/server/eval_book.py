@@ -109,6 +109,10 @@ class EvalBook:
         self.last_scheduled = version
         self.counts["rounds"] += 1
 
+    def leasing_version(self) -> int:
+        """The version of the round that still has prompts to lease (-1: none)."""
+        return next((v for v, r in reversed(self.rounds.items()) if r.queue), -1)
+
     def close_unreachable(self, held: set[int], published: int) -> None:
         """Close the rounds nobody can sample any more: older than the published snapshot and
         held by no producer (`held`: the versions live producers last reported)."""

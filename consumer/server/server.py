@@ -362,7 +362,7 @@ class Server:
     def _publish(self, info: wire.SnapshotInfo) -> None:
         st = self._state
         st.snapshot = info
-        if st.evals is not None and st.evals.due(info.version):
+        if st.evals is not None and st.accepting and st.evals.due(info.version):
             st.evals.schedule(info.version, now=time.monotonic())
         self._announce.send(wire.encode(wire.Announce(st.run_id, st.policy_version, info)))
 

@@ -120,8 +120,9 @@ class NetState:
         if producer_id and not self.accepting:
             self.told_finished.add(producer_id)
         return wire.Status(
-            self.run_id, self.policy_version, self.snapshot, acks, not self.accepting
-        )
+            self.run_id, self.policy_version, self.snapshot, acks, not self.accepting,
+            self.evals.leasing_version() if self.evals is not None else -1,
+        )  # fmt: skip
 
     def internal_error(self, exc: Exception) -> None:
         """Handling one message raised: count it, log it (with its traceback the first time

@@ -1,4 +1,4 @@
-"""A producer samples an eval lease with exactly the weights it names (producer/worker.py `_pin`,
+"""A producer samples an eval lease with exactly the weights it names (producer/pins.py,
 producer/weights.py): no reload starts while the eval group is being sampled, and an eval lease
 for weights it no longer holds is given back unsampled with the next lease request.
 
@@ -23,6 +23,7 @@ from consumer.server.server import run_spec
 from producer.engines.base import Completion, SamplingParams
 from producer.engines.fake import FakeEngine
 from producer.outbox import Outbox
+from producer.pins import pin_lease
 from producer.scoring import FakeRewards
 from producer.session import Session
 from producer.tokenizer import PromptCodec
@@ -77,7 +78,7 @@ async def test_no_reload_starts_while_an_eval_group_is_sampled_and_a_stale_one_i
     weights = asyncio.create_task(producer.weights.keep_loaded(engine))
     try:
         lease = eval_lease(1, 0)
-        assert producer._pin(session, lease)
+        assert pin_lease(producer.state, engine.version, lease)
         task = asyncio.create_task(producer.run_lease(session, lease))
         await wait_until(producer, lambda: ("start", 0) in engine.events)
         producer.state.target = info(1)  # a newer snapshot, announced mid-group
@@ -95,7 +96,9 @@ async def test_no_reload_starts_while_an_eval_group_is_sampled_and_a_stale_one_i
         assert (group.behavior_version, len(group.token_versions), group.group_size) == (0, 0, 3)
         assert producer.state.pins == 0
 
-        assert not producer._pin(session, eval_lease(2, 0))  # v0 is gone: given back
+        assert not pin_lease(
+            producer.state, engine.version, eval_lease(2, 0)
+        )  # v0 is gone: given back
         assert producer.state.declined == [2]
         assert producer.state.counters["eval_leases_declined"] == 1
     finally:
@@ -104,3 +107,25 @@ async def test_no_reload_starts_while_an_eval_group_is_sampled_and_a_stale_one_i
             await weights
         producer.weights.close()
         ctx.destroy(linger=0)
+
+
+def test_the_round_pin_holds_the_weights_while_the_round_leases_for_them():
+    from producer.pins import eval_room, round_pin
+    from producer.state import State
+
+    state = State("p", run_id="r", weights_run="r")
+    state.eval_round = 5
+    round_pin(state, 4)  # another version: nothing to hold
+    assert (state.round_pinned, state.pins, eval_room(state, 8)) == (False, 0, 0)
+    round_pin(state, 5)
+    assert (state.round_pinned, state.pins, eval_room(state, 8)) == (True, 1, 8)
+    state.pins += 3  # three eval groups in flight
+    assert eval_room(state, 8) == 5
+    round_pin(state, 5)  # taken once
+    assert state.pins == 4
+    state.eval_round = -1  # the consumer has leased the whole round
+    round_pin(state, 5)
+    assert (state.round_pinned, state.pins) == (False, 3)
+    state.eval_round, state.loading = 6, True
+    round_pin(state, 6)  # a reload is running: no pin
+    assert not state.round_pinned
