@@ -56,6 +56,25 @@ def _pace(recs: list) -> float:
     return float((recs[-1].time_s - recs[0].time_s) / (len(recs) - 1))
 
 
+def figures(off: list, off_start: float, on: list, on_start: float, target: float) -> dict:
+    """One seed's figures (module docstring) from its two runs' metrics lines and starts."""
+    hit = next((r for r in on if (r.eval_pass_at_1 or 0.0) >= target), None)
+    row = {
+        "off_s_per_step": _pace(off), "on_s_per_step": _pace(on),
+        "evaluated": [(r.eval_version, r.eval_pass_at_1) for r in on if r.eval_version is not None],
+        "rounds_skipped": on[-1].eval_rounds_skipped, "version_at_target": None,
+        "on_s_to_target": None, "off_s_to_version": None, "on_over_off_to_target": None,
+    }  # fmt: skip
+    if hit is not None:
+        version = hit.eval_version
+        same = next(r for r in off if r.step == max(version, 1))
+        row["version_at_target"] = version
+        row["on_s_to_target"] = hit.unix_time - on_start
+        row["off_s_to_version"] = same.unix_time - off_start
+        row["on_over_off_to_target"] = row["on_s_to_target"] / row["off_s_to_version"]
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1")
@@ -71,21 +90,7 @@ def main() -> None:
         for seed in seeds:
             off_start, off = _launch(Path(tmp) / f"off-{seed}", seed, args.steps, 0)
             on_start, on = _launch(Path(tmp) / f"on-{seed}", seed, args.steps, args.every)
-            hit = next((r for r in on if (r.eval_pass_at_1 or 0.0) >= args.target), None)
-            row = {
-                "seed": seed, "off_s_per_step": _pace(off), "on_s_per_step": _pace(on),
-                "evaluated": [(r.eval_version, r.eval_pass_at_1) for r in on
-                              if r.eval_version is not None],
-                "rounds_skipped": on[-1].eval_rounds_skipped, "version_at_target": None,
-                "on_s_to_target": None, "off_s_to_version": None, "on_over_off_to_target": None,
-            }  # fmt: skip
-            if hit is not None:
-                version = hit.eval_version
-                same = next(r for r in off if r.step == max(version, 1))
-                row["version_at_target"] = version
-                row["on_s_to_target"] = hit.unix_time - on_start
-                row["off_s_to_version"] = same.unix_time - off_start
-                row["on_over_off_to_target"] = row["on_s_to_target"] / row["off_s_to_version"]
+            row = {"seed": seed, **figures(off, off_start, on, on_start, args.target)}
             runs.append(row)
             print(json.dumps(row), flush=True)
     reached = [r["on_over_off_to_target"] for r in runs if r["on_over_off_to_target"] is not None]
