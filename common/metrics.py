@@ -135,6 +135,9 @@ class StepRecord:
     eval_leases_expired: int | None = None
     eval_prompts_skipped: int | None = None  # nobody could sample their version any more
     eval_rounds_skipped: int | None = None  # rounds not reported: some prompt was skipped
+    # rounds that evaluated a newer version than the one that began them (producers had
+    # skipped it while reloading): `eval_version` says which
+    eval_rounds_retargeted: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The line's object: optional fields that are None are left out."""

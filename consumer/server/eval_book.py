@@ -5,8 +5,11 @@ The design (docs/observability.md, "Evaluation during training"): producers keep
 newest weights, so an evaluation of version v can only be sampled by a producer that holds v.
 - `schedule(v)`: a snapshot of version v was published and v crossed a multiple of
   `eval.every_steps` (version 0, the starting model, first): a round of the held-out prompts
-  `0 .. P-1` for v begins. A round that still had prompts to lease is closed: those prompts are
-  skipped and counted (`eval_prompts_skipped`); the newest round has them all.
+  `0 .. P-1` begins. Its version is fixed by its first grant: the version of the first producer
+  that asks holding v or newer (v itself unless producers skipped it while reloading: then the
+  round evaluates that newer version, says so in `eval_version` and counts
+  `eval_rounds_retargeted`). A round that still had prompts to lease is closed: those prompts
+  are skipped and counted (`eval_prompts_skipped`); the newest round has them all.
 - `grant`: eval leases go first (consumer/server/control.py asks here before the training
   ledger), and only to a producer whose lease request says it holds exactly v. The producer pins
   those weights while it samples the group (producer/worker.py: no reload starts while an eval
@@ -50,13 +53,15 @@ class EvalLease:
     version: int  # the policy version it must be sampled with
     producer_id: str
     issued_at: float
+    key: int  # its round's (the version that began it)
 
 
 @dataclass(slots=True)
 class _Round:
-    version: int
+    key: int  # the published version that began it
     started: float
     queue: deque[int]  # prompts not leased yet
+    version: int = -1  # the version evaluated: fixed by the first grant (-1 until then)
     open: set[int] = field(default_factory=set)  # lease ids out
     # per answered prompt: (completions, passing, reward sum, completion tokens)
     answered: dict[int, tuple[int, int, float, int]] = field(default_factory=dict)
@@ -110,14 +115,16 @@ class EvalBook:
         self.counts["rounds"] += 1
 
     def leasing_version(self) -> int:
-        """The version of the round that still has prompts to lease (-1: none)."""
-        return next((v for v, r in reversed(self.rounds.items()) if r.queue), -1)
+        """The version of the round that still has prompts to lease (-1: none, or the round
+        has no version yet)."""
+        return next((r.version for r in reversed(self.rounds.values()) if r.queue), -1)
 
     def close_unreachable(self, held: set[int], published: int) -> None:
         """Close the rounds nobody can sample any more: older than the published snapshot and
         held by no producer (`held`: the versions live producers last reported)."""
         for r in list(self.rounds.values()):
-            if not r.closed and r.version < published and r.version not in held:
+            fixed = r.version >= 0
+            if fixed and not r.closed and r.version < published and r.version not in held:
                 self._close(r)
 
     def _close(self, r: _Round) -> None:
@@ -131,7 +138,9 @@ class EvalBook:
     def _maybe_end(self, r: _Round) -> None:
         if r.open or (r.queue and not r.closed):
             return
-        del self.rounds[r.version]
+        del self.rounds[r.key]
+        if r.version != r.key and r.version >= 0:
+            self.counts["rounds_retargeted"] += 1
         if len(r.answered) == self.num_prompts:
             self._results.append(self._result(r))
             self.counts["rounds_done"] += 1
@@ -142,13 +151,19 @@ class EvalBook:
     def grant(
         self, producer_id: str, loaded_version: int, max_leases: int, *, now: float
     ) -> list[EvalLease]:
-        """Up to `max_leases` eval leases of the round of `loaded_version` (the version the
-        producer holds), maybe none."""
-        r = self.rounds.get(loaded_version)
+        """Up to `max_leases` eval leases for `loaded_version` (the version the producer holds),
+        maybe none. A round takes the version of the first producer that asks holding the
+        version that began it or a newer one (producers may skip a version while they reload:
+        then the next one is evaluated, reported as such, `eval_rounds_retargeted`)."""
+        r = next((x for x in reversed(self.rounds.values()) if x.queue), None)
+        if r is not None and r.version < 0 and loaded_version >= r.key:
+            r.version = loaded_version
+        if r is None or r.version < 0 or r.version != loaded_version:
+            return []
         out: list[EvalLease] = []
-        while r is not None and r.queue and len(out) < max_leases:
+        while r.queue and len(out) < max_leases:
             lease = EvalLease(
-                self._base | self._next, r.queue.popleft(), r.version, producer_id, now
+                self._base | self._next, r.queue.popleft(), r.version, producer_id, now, r.key
             )
             self._next += 1
             self.open[lease.lease_id] = lease
@@ -173,7 +188,7 @@ class EvalBook:
             return "wrong_version"
         rewards = g.rewards.astype(float)
         passed = int((rewards >= self.pass_reward).sum())
-        r = self.rounds[lease.version]
+        r = self.rounds[lease.key]
         r.answered[lease.prompt_index] = (len(rewards), passed, float(rewards.sum()), g.num_tokens)
         self._end(lease, "answered")
         self._ack(g.producer_id, wire.Ack(g.lease_id, wire.EVALUATED))
@@ -213,7 +228,7 @@ class EvalBook:
     def _end(self, lease: EvalLease, outcome: str) -> None:
         del self.open[lease.lease_id]
         self.counts[outcome] += 1
-        r = self.rounds[lease.version]
+        r = self.rounds[lease.key]
         r.open.discard(lease.lease_id)
         if outcome != "answered":  # the prompt goes back, unless nothing more is leased
             if r.closed:
@@ -250,6 +265,7 @@ class EvalBook:
             **{f"eval_leases_{k}": c[k] for k in keys},
             "eval_prompts_skipped": c["prompts_skipped"],
             "eval_rounds_skipped": c["rounds_skipped"],
+            "eval_rounds_retargeted": c["rounds_retargeted"],
         }
 
     def balance(self) -> bool:

@@ -71,17 +71,22 @@ def test_eval_leases_come_first_only_for_the_version_held_and_are_never_trained(
     push.connect(f"{host}:{srv.ports['rollouts']}")
     srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))  # round of v0
 
-    # a producer still without v0 gets training leases only, and hears that v0 is evaluated
+    # a producer still without v0 gets training leases only; the round has no version yet
     reply = _request(socks["old"], wire.LeaseRequest(2, "old", 2, -1))
     old = reply.leases
     assert [x.eval_version for x in old] == [-1, -1]
-    assert reply.status.eval_version == 0
+    assert reply.status.eval_version == -1
     # one that holds v0 and asks for eval leases beyond its 2 training slots: every eval lease
     # first, then its training leases
-    reply = _request(socks["new"], wire.LeaseRequest(2, "new", 2, 0, (), PROMPTS))
+    reply = _request(socks["new"], wire.LeaseRequest(2, "new", 2, 0, (), PROMPTS - 1))
     new = reply.leases
-    assert [x.eval_version for x in new] == [0, 0, 0, -1, -1]
+    assert [x.eval_version for x in new] == [0, 0, -1, -1]
+    assert reply.status.eval_version == 0  # one prompt of v0's round is left to lease
+    reply = _request(socks["new"], wire.LeaseRequest(3, "new", 1, 0, (), 1))
+    new += reply.leases
+    assert [x.eval_version for x in new] == [0, 0, -1, -1, 0]  # one step of 4 prompts: all out
     assert reply.status.eval_version == -1  # the round is all leased
+    new = tuple(sorted(new, key=lambda x: x.eval_version, reverse=True))
     evals = new[:PROMPTS]
     assert all(x.lease_id & EVAL_BIT for x in evals)
     assert all(not x.lease_id & EVAL_BIT for x in old + new[PROMPTS:])

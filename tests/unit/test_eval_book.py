@@ -45,12 +45,24 @@ def test_rounds_begin_at_version_0_and_each_multiple_crossed():
 def test_eval_leases_go_only_to_a_producer_holding_the_version():
     b, _ = book()
     b.schedule(5, now=0.0)
+    assert b.leasing_version() == -1  # no version until a producer that can sample asks
     assert b.grant("p", 4, 8, now=0.0) == []  # holds an older version
-    assert b.grant("p", 6, 8, now=0.0) == []  # a newer one
     leases = b.grant("p", 5, 2, now=0.0)
     assert [(x.version, x.prompt_index) for x in leases] == [(5, 0), (5, 1)]
     assert all(x.lease_id & EVAL_BIT for x in leases)
+    assert b.leasing_version() == 5
+    assert b.grant("q", 6, 8, now=0.0) == []  # a newer one: the round is v5's
     assert b.balance()
+
+
+def test_a_round_whose_version_every_producer_skipped_evaluates_the_next_and_says_so():
+    b, _ = book(num_prompts=1)
+    b.schedule(5, now=0.0)
+    (lease,) = b.grant("p", 7, 8, now=0.0)  # producers went from v4 straight to v7
+    assert lease.version == 7
+    b.receive(answer(lease, [1.0, 0.0]))
+    assert b.take_result()["eval_version"] == 7
+    assert b.totals()["eval_rounds_retargeted"] == 1
 
 
 def test_a_whole_round_reports_mean_reward_pass_at_1_and_pass_at_k():
