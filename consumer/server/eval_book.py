@@ -120,12 +120,18 @@ class EvalBook:
         return next((r.version for r in reversed(self.rounds.values()) if r.queue), -1)
 
     def close_unreachable(self, held: set[int], published: int) -> None:
-        """Close the rounds nobody can sample any more: older than the published snapshot and
-        held by no producer (`held`: the versions live producers last reported)."""
+        """Rounds nobody can sample any more (older than the published snapshot, held by no
+        producer: `held` are the versions live producers last reported): one with nothing
+        sampled yet takes the version of the next producer that asks (its eval leases were
+        given back: a request answered late, after its producer had moved on); any other is
+        closed, its unleased prompts skipped."""
         for r in list(self.rounds.values()):
             fixed = r.version >= 0
             if fixed and not r.closed and r.version < published and r.version not in held:
-                self._close(r)
+                if not r.answered and not r.open:
+                    r.version = -1
+                else:
+                    self._close(r)
 
     def _close(self, r: _Round) -> None:
         if not r.closed:

@@ -153,3 +153,18 @@ def test_a_producer_that_re_registers_without_its_eval_lease_loses_it():
     assert not b.open
     assert not b.rounds
     assert b.totals()["eval_rounds_skipped"] == 1
+
+
+def test_a_round_whose_leases_all_came_back_unsampled_takes_the_next_version_held():
+    b, _ = book(num_prompts=2)
+    b.schedule(5, now=0.0)
+    leases = b.grant("p", 5, 8, now=0.0)  # a request answered late: p has moved on
+    b.decline("p", tuple(x.lease_id for x in leases))
+    b.close_unreachable({7}, published=7)
+    assert b.leasing_version() == -1  # no version: nothing was sampled with v5
+    again = b.grant("p", 7, 8, now=0.0)
+    for lease in again:
+        b.receive(answer(lease, [1.0, 1.0]))
+    assert b.take_result()["eval_version"] == 7
+    assert b.totals()["eval_rounds_retargeted"] == 1
+    assert b.totals()["eval_rounds_skipped"] == 0
