@@ -8,9 +8,11 @@ keep only the newest weights. So:
   keeper starts no reload while pins > 0: producer/weights.py); one that arrives too late is
   given back unsampled with the next lease request (`State.declined`).
 - `round_pin`: while the consumer's eval round still has prompts to lease for exactly the
-  version loaded (`Status.eval_version`), the producer holds that version too, so that it can
-  take them all (on top of its training slots) before it moves on; it lets go once the
-  consumer says the round has none left (all leased, or given up).
+  version loaded (`Status.eval_version`), or has no version yet and takes any from
+  `Status.eval_from` on, the producer holds its version too, so that it can take them all (on
+  top of its training slots) before it moves on; it lets go once the consumer says the round
+  has none left (all leased, or given up). Without it a reload that starts while a lease
+  request is on its way would make the producer give back the eval leases that come back.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ def pin_lease(state: State, engine_version: int, lease: wire.Lease) -> bool:
 
 def round_pin(state: State, engine_version: int | None) -> None:
     """Take or release the round's pin as `State.eval_round` and the loaded version say."""
+    wanted = engine_version is not None and (
+        (state.eval_round >= 0 and state.eval_round == engine_version)
+        or (state.eval_from >= 0 and engine_version >= state.eval_from)
+    )
     hold = (
-        engine_version is not None
-        and state.eval_round >= 0
-        and state.eval_round == engine_version
-        and (state.round_pinned or not state.loading)
-        and state.weights_run == state.run_id
+        wanted and (state.round_pinned or not state.loading) and state.weights_run == state.run_id
     )
     if hold != state.round_pinned:
         state.round_pinned = hold

@@ -70,6 +70,7 @@ class State:
     # the version the consumer's eval round still leases for (`Status.eval_version`), and
     # whether this producer pins its weights for that round (it holds that version)
     eval_round: int = -1
+    eval_from: int = -1  # `Status.eval_from`: a round without a version yet, from this one
     round_pinned: bool = False
     counters: dict[str, float] = field(default_factory=dict)
     changed: Changes = field(default_factory=Changes)  # version, acks, target or in-flight moved

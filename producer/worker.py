@@ -214,7 +214,7 @@ class Producer:
         ):
             self.state.target = status.snapshot
         self.state.finished = status.finished
-        self.state.eval_round = status.eval_version
+        self.state.eval_round, self.state.eval_from = status.eval_version, status.eval_from
         self._round_pin()
         self.state.changed.bump()
         return restarted

@@ -73,9 +73,10 @@ Conventions and invariants:
   `EVALUATED` (or `expired`, too late). A producer that no longer holds that version when the
   lease arrives gives it back, unsampled, in its next `lease_req` (`declined`). An eval group
   carries no kept sets and no per-token versions (one version by construction). Every status
-  names the version a round still has prompts to lease for (`Status.eval_version`): a producer
-  holding it defers its reloads and asks for up to `max_eval_leases` eval leases on top of its
-  training slots until the round is leased.
+  names the version a round still has prompts to lease for (`Status.eval_version`), or, before
+  the round has one, the version from which a producer may give it its own (`eval_from`): a
+  producer holding it (or, for `eval_from`, any newer one) defers its reloads and asks for up to
+  `max_eval_leases` eval leases on top of its training slots until the round is leased.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ from common.kept_set import KeptSets, from_counts
 
 SCHEMA_VERSION = 6  # 6: evaluation leases and groups (Lease.eval_version, Group.evaluation,
 # LeaseRequest.declined / max_eval_leases, RunSpec.eval_samples / eval_temperature,
-# Status.eval_version)
+# Status.eval_version / eval_from)
 # 5: each reward function's scores travel with the group (Group.reward_parts)
 # 4: a kept set's size in one byte per token (Group.kept_counts)
 # 3: kept sets of truncated sampling (Group.kept_*, RunSpec.min_p/max_kept); a lease carries a
@@ -155,6 +156,9 @@ class Status:
     # the version an evaluation round still has prompts to lease for (-1: none): a producer that
     # holds it keeps it until they are leased (consumer/server/eval_book.py)
     eval_version: int = -1
+    # a round that has no version yet waits for its first producer holding this one or newer
+    # (-1: none); that producer keeps its version and asks for the round
+    eval_from: int = -1
 
 
 @dataclass(frozen=True, slots=True)

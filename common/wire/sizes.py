@@ -78,7 +78,9 @@ def largest_grant(num_leases: int) -> LeaseGrant:
     outcome = max(OUTCOMES, key=len)
     acks = tuple(Ack(_WIDEST, outcome) for _ in range(ACKS_PER_REPLY))
     snapshot = SnapshotInfo(_WIDEST, _WIDEST, "0" * 64, _PATH)
-    return LeaseGrant(_WIDEST, leases, Status(_NAME, _WIDEST, snapshot, acks, True, _WIDEST))
+    return LeaseGrant(
+        _WIDEST, leases, Status(_NAME, _WIDEST, snapshot, acks, True, _WIDEST, _WIDEST)
+    )
 
 
 def largest_register(num_ids: int) -> Register:

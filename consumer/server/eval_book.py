@@ -117,7 +117,16 @@ class EvalBook:
     def leasing_version(self) -> int:
         """The version of the round that still has prompts to lease (-1: none, or the round
         has no version yet)."""
-        return next((r.version for r in reversed(self.rounds.values()) if r.queue), -1)
+        return self.leasing()[0]
+
+    def leasing(self) -> tuple[int, int]:
+        """What every reply tells producers (`Status.eval_version`, `Status.eval_from`): the
+        version of the round that still has prompts to lease, or, when it has no version yet,
+        the version from which the first producer that asks gives it its own; -1 for none."""
+        r = next((x for x in reversed(self.rounds.values()) if x.queue), None)
+        if r is None:
+            return -1, -1
+        return (r.version, -1) if r.version >= 0 else (-1, r.key)
 
     def close_unreachable(self, held: set[int], published: int) -> None:
         """Rounds nobody can sample any more (older than the published snapshot, held by no

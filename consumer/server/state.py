@@ -121,7 +121,7 @@ class NetState:
             self.told_finished.add(producer_id)
         return wire.Status(
             self.run_id, self.policy_version, self.snapshot, acks, not self.accepting,
-            self.evals.leasing_version() if self.evals is not None else -1,
+            *(self.evals.leasing() if self.evals is not None else (-1, -1)),
         )  # fmt: skip
 
     def internal_error(self, exc: Exception) -> None:

@@ -75,7 +75,7 @@ def test_eval_leases_come_first_only_for_the_version_held_and_are_never_trained(
     reply = _request(socks["old"], wire.LeaseRequest(2, "old", 2, -1))
     old = reply.leases
     assert [x.eval_version for x in old] == [-1, -1]
-    assert reply.status.eval_version == -1
+    assert (reply.status.eval_version, reply.status.eval_from) == (-1, 0)
     # one that holds v0 and asks for eval leases beyond its 2 training slots: every eval lease
     # first, then its training leases
     reply = _request(socks["new"], wire.LeaseRequest(2, "new", 2, 0, (), PROMPTS - 1))

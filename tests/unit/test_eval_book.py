@@ -45,7 +45,7 @@ def test_rounds_begin_at_version_0_and_each_multiple_crossed():
 def test_eval_leases_go_only_to_a_producer_holding_the_version():
     b, _ = book()
     b.schedule(5, now=0.0)
-    assert b.leasing_version() == -1  # no version until a producer that can sample asks
+    assert b.leasing() == (-1, 5)  # no version until a producer holding v5 or newer asks
     assert b.grant("p", 4, 8, now=0.0) == []  # holds an older version
     leases = b.grant("p", 5, 2, now=0.0)
     assert [(x.version, x.prompt_index) for x in leases] == [(5, 0), (5, 1)]

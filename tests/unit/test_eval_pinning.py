@@ -129,3 +129,8 @@ def test_the_round_pin_holds_the_weights_while_the_round_leases_for_them():
     state.eval_round, state.loading = 6, True
     round_pin(state, 6)  # a reload is running: no pin
     assert not state.round_pinned
+    state.eval_round, state.eval_from, state.loading = -1, 6, False  # a round without a version
+    round_pin(state, 5)
+    assert not state.round_pinned  # too old to give it one
+    round_pin(state, 7)
+    assert state.round_pinned  # 7 may: it holds 7 and asks for the round
