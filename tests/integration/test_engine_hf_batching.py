@@ -378,3 +378,23 @@ async def test_a_sliding_window_model_batches_prompts_of_any_length_exactly(slid
         for c in g:  # beyond the window too: the log-probs of one unpadded forward
             ref = full_forward_logprobs(model, prompt, c, params.temperature)
             assert np.abs(c.logprobs - ref).max() < 1e-4
+
+
+async def test_temperature_0_is_greedy_for_evaluation_whatever_the_seed(
+    engine: HFEngine, tiny_model_dir: Path
+):
+    greedy = [SamplingParams(n=1, temperature=0.0, max_new_tokens=6, seed=s) for s in (1, 2)]
+    sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=3)
+    async with asyncio.timeout(60):  # in one batch with a sampled request, and alone
+        got = await asyncio.gather(*(engine.generate([3, 4, 5], p) for p in [*greedy, sampled]))
+        alone_ = await engine.generate([3, 4, 5], greedy[0])
+    first, second = got[0][0], got[1][0]
+    assert first.token_ids.tolist() == second.token_ids.tolist() == alone_[0].token_ids.tolist()
+    model = reference_model(tiny_model_dir)
+    ids = [3, 4, 5]
+    for token in first.token_ids.tolist():  # each token is the model's argmax
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        assert token == int(logits.argmax())
+        ids.append(token)
+    ref = full_forward_logprobs(model, [3, 4, 5], first, 1.0)  # log-probs at T = 1
+    assert np.abs(first.logprobs - ref).max() < 1e-4
