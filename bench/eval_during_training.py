@@ -2,13 +2,13 @@
 command to a held-out score of 55%, with eval every 20 steps, against the same run without eval.
 
     python bench/eval_during_training.py [--seeds 0,1] [--steps 300] [--every 20]
-        [--target 0.55] [--json PATH]
+        [--prompts 64] [--target 0.55] [--json PATH]
 
 For each seed, one after another on this machine, alternating (off, on):
 - off: `asyncgrpo launch --no-eval --no-live` (launch/configs/demo.toml) with no evaluation
   during training at all (`train.eval_every=0`, `eval.every_steps=0`);
 - on:  the same with `eval.every_steps=EVERY` and greedy completions (`eval.temperature=0`) of
-  the first 64 held-out prompts (the defaults of `eval.max_prompts`).
+  the first PROMPTS held-out prompts (`eval.max_prompts`, default 64 as in the config).
 From each run's metrics.jsonl: s_per_step = (end of the last step - end of the first) /
 (steps - 1), the learner's pace. From the `on` run: the first version V whose evaluation
 reached the target (`eval_pass_at_1` >= TARGET) and on_s_to_target, the seconds from the
@@ -18,8 +18,8 @@ same weights, with nothing evaluated). on_over_off_to_target = on_s_to_target /
 off_s_to_version (None when a run never reached the target).
 
 JSON keys (stable): on_over_off_to_target, on_over_off_s_per_step (medians over seeds that
-reached it / all seeds), off_s_per_step, on_s_per_step, seeds, steps, every, target, cpus,
-load_avg_1min_start, load_avg_1min_end, runs (every run's figures).
+reached it / all seeds), off_s_per_step, on_s_per_step, seeds, steps, every, prompts, target,
+cpus, load_avg_1min_start, load_avg_1min_end, runs (every run's figures).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _launch(out: Path, seed: int, steps: int, every: int) -> tuple[float, list]:
+def _launch(out: Path, seed: int, steps: int, every: int, prompts: int) -> tuple[float, list]:
     """Run the demo; (its command's start as unix time, its metrics lines)."""
     from common.metrics import read_steps
 
@@ -46,7 +46,7 @@ def _launch(out: Path, seed: int, steps: int, every: int) -> tuple[float, list]:
            "--run-dir", str(out), "--steps", str(steps), "--set", f"run.seed={seed}",
            "--set", "train.eval_every=0", "--set", f"eval.every_steps={every}"]  # fmt: skip
     if every:
-        cmd += ["--set", "eval.temperature=0"]
+        cmd += ["--set", "eval.temperature=0", "--set", f"eval.max_prompts={prompts}"]
     start = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
     return start, read_steps(out / "metrics.jsonl")
@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--every", type=int, default=20)
+    ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--target", type=float, default=0.55)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -88,8 +89,10 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
-            off_start, off = _launch(Path(tmp) / f"off-{seed}", seed, args.steps, 0)
-            on_start, on = _launch(Path(tmp) / f"on-{seed}", seed, args.steps, args.every)
+            off_start, off = _launch(Path(tmp) / f"off-{seed}", seed, args.steps, 0, 0)
+            on_start, on = _launch(
+                Path(tmp) / f"on-{seed}", seed, args.steps, args.every, args.prompts
+            )
             row = {"seed": seed, **figures(off, off_start, on, on_start, args.target)}
             runs.append(row)
             print(json.dumps(row), flush=True)
@@ -100,8 +103,8 @@ def main() -> None:
         "on_over_off_to_target": statistics.median(reached) if reached else None,
         "on_over_off_s_per_step": on_pace / off_pace, "off_s_per_step": off_pace,
         "on_s_per_step": on_pace, "seeds": seeds, "steps": args.steps, "every": args.every,
-        "target": args.target, "cpus": os.cpu_count(), "load_avg_1min_start": load_start,
-        "load_avg_1min_end": os.getloadavg()[0], "runs": runs,
+        "prompts": args.prompts, "target": args.target, "cpus": os.cpu_count(),
+        "load_avg_1min_start": load_start, "load_avg_1min_end": os.getloadavg()[0], "runs": runs,
     }  # fmt: skip
     text = json.dumps(out, indent=1)
     print(text)
