@@ -284,8 +284,7 @@ def run(
     from rich.console import Console
     from rich.live import Live
 
-    from launch.dashboard import MetricsTail, render, summary_line
-    from launch.eval_report import eval_text
+    from launch.dashboard import MetricsTail, eval_text, render, summary_line
 
     sup = Supervisor(
         run_dir, config_path=config_path, num_producers=num_producers, producer_args=producer_args,
@@ -308,9 +307,8 @@ def run(
         )
 
     def line() -> None:
-        rec = tail.records[-1] if tail.records else None
-        say(summary_line(rec, steps, time.monotonic() - t0, beyond=beyond,
-                         evaluated=eval_text(tail.records)))  # fmt: skip
+        rec, done = (tail.records[-1] if tail.records else None), eval_text(tail.records)
+        say(summary_line(rec, steps, time.monotonic() - t0, beyond=beyond, evaluated=done))
 
     code: int | None = None
     try:
