@@ -50,12 +50,23 @@ class PeriodicEval:
         self.cfg, self.model_dir = cfg, model_dir
         self._loaded: tuple[Any, list[Example]] | None = None
 
+    @property
+    def enabled(self) -> bool:
+        """True when some version is evaluated (a real model on the synthetic task)."""
+        cfg = self.cfg
+        return (
+            bool(cfg.train.eval_every)
+            and self.model_dir is not None
+            and (cfg.task.source == "synthetic")
+        )
+
+    def due(self, version: int) -> bool:
+        """True when `version` is evaluated."""
+        return self.enabled and version % self.cfg.train.eval_every == 0
+
     def __call__(self, version: int, model: Any) -> dict[str, Any]:
         """`model()` gives the model to decode with (called only when this step evaluates)."""
-        every = self.cfg.train.eval_every
-        if not every or version % every or self.model_dir is None:
-            return {}
-        if self.cfg.task.source != "synthetic":
+        if not self.due(version):
             return {}
         t0 = time.perf_counter()
         if self._loaded is None:
