@@ -21,12 +21,15 @@ sources it names, check each against its hash, and apply a delta on exactly its 
    fetch (`wire.BadSource`, counted) and its chunks are fetched from the next source; the
    consumer is the last source, and an error from it ends the fetch as before. At most
    `2 * window` chunks ahead of the hashed prefix are requested, so memory stays bounded
-   whatever a slow source does.
+   whatever a slow source does. When this producer relays, every chunk (the consumer's too) is
+   checked against its digest before it is written, and its relay serves it from then on
+   (`Relay.begin` / `ready`, the whole file by `offer` once verified, `abort` if the fetch
+   fails): producers below it in the tree stream the file while it arrives here.
 3. A delta is applied to a copy of the held file (common/delta.py `apply_file`: only on exactly
    its base hash, the result checked against the snapshot's hash). A refused delta (another
    base, a failed digest) is counted (`delta_refused`) and the full weights are fetched instead.
 4. `wire.FetchDone` reports the outcome and the bad sources, and, when this producer relays
-   (producer/fetch/relay.py), that it now serves the files it fetched. It goes out through
+   (producer/fetch/relay.py), that it now serves the files it fetched whole. It goes out through
    `report` (the producer's `Producer.request_status`), which applies the status the consumer
    answers with like that of any other request: the acks and the end of the run it carries are
    handed over once, and would be lost if the reply were dropped.
@@ -116,6 +119,15 @@ class Fetcher:
     ) -> Outcome:
         """Fetch `info` into `directory/model.safetensors` (see the module doc). Raises
         `SnapshotError`, `Rejected` or `TimeoutError` when it cannot."""
+        if self.relay is None:
+            return await self._fetch(info, directory, held)
+        self.relay.expect(info.version)  # asked for it as soon as the plan names this relay
+        try:
+            return await self._fetch(info, directory, held)
+        finally:
+            self.relay.settle(info.version)
+
+    async def _fetch(self, info: wire.SnapshotInfo, directory: Path, held: Held | None) -> Outcome:
         await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
         if held is not None and not await asyncio.to_thread(held.path.is_file):
             held = None  # pruned from the cache meanwhile: nothing to apply a delta on
@@ -137,8 +149,6 @@ class Fetcher:
             ok = True
         finally:
             await self._report(plan, ok, outcome)
-        if self.relay is not None:
-            self.relay.offer(info.version, "weights", directory / snap.WEIGHTS_FILE)
         return outcome
 
     async def _fetch_delta(
@@ -158,8 +168,7 @@ class Fetcher:
         finally:
             await self._report(plan, ok, outcome)
         self._count("deltas_applied")
-        if self.relay is not None:
-            self.relay.offer(info.version, "delta", delta_path)
+        if self.relay is not None:  # the delta is served since its download ended
             self.relay.offer(info.version, "weights", weights)
         return outcome
 
@@ -202,6 +211,8 @@ class Fetcher:
         incoming = await asyncio.to_thread(
             snap.IncomingFile, part, expected_hash=plan.hash, expected_bytes=plan.num_bytes
         )
+        if self.relay is not None:  # served onward chunk by chunk, as each is checked here
+            self.relay.begin(plan.version, plan.file, part, chunks)
         sources = list(plan.sources)
         clients: dict[str, ChunkClient] = {}
         todo = deque(range(chunks.num_chunks))
@@ -238,16 +249,20 @@ class Fetcher:
                         "chunks_from_consumer" if not source.endpoint else "chunks_from_relay"
                     )
             await asyncio.to_thread(incoming.finish)
-            await asyncio.to_thread(part.replace, path)
+            part.replace(path)  # on the loop: the relay never finds the file between two names
         except BaseException:
             for task in running:
                 task.cancel()
+            if self.relay is not None:
+                self.relay.abort(plan.version, plan.file)
             incoming.close()
             part.unlink(missing_ok=True)
             raise
         finally:
             for client in clients.values():
                 client.close()
+        if self.relay is not None:
+            self.relay.offer(plan.version, plan.file, path)
 
     async def _chunk(
         self,
@@ -284,10 +299,13 @@ class Fetcher:
             raise _BadChunk("wrong_reply")
         if len(reply.data) != size:
             raise _BadChunk("truncated")
+        check = relay or self.relay is not None  # what is relayed onward is checked first
         if not await asyncio.to_thread(
-            _check_and_write, chunks, index, reply.data, incoming, relay
+            _check_and_write, chunks, index, reply.data, incoming, check
         ):
             raise _BadChunk("wrong_bytes")
+        if self.relay is not None:
+            self.relay.ready(plan.version, plan.file, index)
         return reply.data
 
     def _client(self, source: wire.Source) -> ChunkClient:
