@@ -6,14 +6,19 @@ may be in flight, matched by `req` id. The reply's bytes are the received ZeroMQ
 (`copy=False`: a read-only view, never copied by this client); decoding is bounded
 (`wire.decode_reply`). A reply that does not decode is counted (`num_bad_replies`) and dropped,
 so its request times out; a `Reject` raises `Rejected`; no reply in `timeout_s` raises
-`TimeoutError`. What to do about either (drop a relay, give up) is the fetcher's business.
+`TimeoutError`, and so does, with `idle_s`, a request waiting while the source sent no reply at
+all for `idle_s` seconds (a relay still fetching holds a request until its chunk arrives, which
+may take several chunk times: it is stalled only when nothing comes from it). What to do about
+either (drop a relay, give up) is the fetcher's business.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import time
 
 import zmq
 import zmq.asyncio
@@ -42,26 +47,37 @@ class ChunkClient:
         self.num_bad_replies = 0
         self._log = LogLimiter(log)
         self._reader: asyncio.Task[None] | None = None
+        self._heard = time.monotonic()  # the last reply, or when waiting began (monotonic s)
 
-    async def chunk(self, msg: wire.FileChunkRequest, *, timeout_s: float) -> wire.Chunk:
+    async def chunk(
+        self, msg: wire.FileChunkRequest, *, timeout_s: float, idle_s: float | None = None
+    ) -> wire.Chunk:
         """Send `msg` (its `req` is replaced) and await its chunk. Raises `Rejected` or
-        `TimeoutError`."""
+        `TimeoutError` (see the module doc)."""
         if self._reader is None:
             self._reader = asyncio.ensure_future(self._read())
         req = self._next
         self._next += 1
         fut: asyncio.Future[wire.Chunk] = asyncio.get_running_loop().create_future()
+        if not self._waiting:
+            self._heard = time.monotonic()  # nothing was awaited: the source was not silent
         self._waiting[req] = fut
         try:
             async with asyncio.timeout(timeout_s):  # send too: a DEALER with no peer blocks
                 await self.sock.send(wire.encode(dataclasses.replace(msg, req=req)))
-                return await fut
+                if idle_s is None:
+                    return await fut
+                while (left := self._heard + idle_s - time.monotonic()) > 0:
+                    with contextlib.suppress(TimeoutError):
+                        return await asyncio.wait_for(asyncio.shield(fut), left)
+                raise TimeoutError(f"{self.endpoint}: nothing for {idle_s} s")
         finally:
             self._waiting.pop(req, None)
 
     async def _read(self) -> None:
         while True:
             frames = await self.sock.recv_multipart(copy=False)
+            self._heard = time.monotonic()
             try:
                 reply = wire.decode_reply([f.buffer for f in frames], self.limits)
             except WireError as exc:

@@ -13,13 +13,14 @@ sources it names, check each against its hash, and apply a delta on exactly its 
    (producer/fetch/chunk_client.py: the consumer's data socket, consumer/snapshots/dataplane.py, or
    a relay), written at their offsets and hashed as a whole file as they land
    (common/snapshot.py `IncomingFile`); the received frame is written and hashed as it is,
-   never copied. A relay's chunk is accepted only if it hashes
-   to its digest (common/chunk_manifest.py); the consumer's chunks skip that second hash, as a
-   wrong byte from the consumer fails the whole-file hash, which ends the fetch just as a
-   failed chunk digest from the consumer would. A relay that sends wrong bytes, a short
-   chunk, refuses, or does not answer within `relay_timeout_s` is dropped for the rest of the
-   fetch (`wire.BadSource`, counted) and its chunks are fetched from the next source; the
-   consumer is the last source, and an error from it ends the fetch as before. At most
+   never copied. A relay's chunk is accepted only if it hashes to its digest
+   (common/chunk_manifest.py); the consumer's chunks skip that second hash, as a wrong byte
+   from the consumer fails the whole-file hash, which ends the fetch just as a failed chunk
+   digest from the consumer would. A relay that sends wrong bytes, a short chunk, refuses, or
+   sends nothing at all for `relay_timeout_s` (or does not answer one request within
+   `timeout_s`) is dropped for the rest of the fetch (`wire.BadSource`, counted) and its
+   chunks are fetched from the next source; the consumer is the last source, and an error
+   from it ends the fetch as before. At most
    `2 * window` chunks ahead of the hashed prefix are requested, so memory stays bounded
    whatever a slow source does. When this producer relays, every chunk (the consumer's too) is
    checked against its digest before it is written, and its relay serves it from then on
@@ -284,8 +285,10 @@ class Fetcher:
             client = clients[source.endpoint] = self._client(source)
         relay = source.endpoint != CONSUMER
         try:
+            # a relay still fetching holds a request until it has the chunk: it is stalled
+            # when nothing at all comes from it for relay_timeout_s
             reply = await client.chunk(
-                msg, timeout_s=self.relay_timeout_s if relay else self.timeout_s
+                msg, timeout_s=self.timeout_s, idle_s=self.relay_timeout_s if relay else None
             )
         except TimeoutError:
             if not relay:

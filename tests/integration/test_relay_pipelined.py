@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -159,3 +160,39 @@ async def test_a_relay_lost_mid_file_leaves_its_fetcher_to_finish_from_the_consu
             plan = await b.control.request(wire.FetchRequest(0, "b", 0, -1, "", None), timeout_s=10)
             assert isinstance(plan, wire.FetchPlan)
             assert relay.source not in plan.sources
+
+
+async def test_a_held_request_is_stalled_only_when_nothing_comes_from_the_relay(tmp_path):
+    data = os.urandom(3 * CB)
+    chunks = cm.chunk_hashes(data, CB)
+    part = tmp_path / "model.safetensors.part"
+    ctx = zmq.asyncio.Context()
+    relay = Relay(ctx, host="127.0.0.1", port=0, keys=None, insecure=False,
+                  max_message_bytes=MAX_MESSAGE)  # fmt: skip
+    serving = asyncio.create_task(relay.serve())
+    client = ChunkClient(ctx, relay.source.endpoint, keys=None, max_message_bytes=MAX_MESSAGE)
+    idle_s = 0.3
+
+    def ask(index: int) -> asyncio.Task[wire.Chunk]:
+        msg = wire.FileChunkRequest(0, 7, "weights", index * CB, CB)
+        return asyncio.create_task(client.chunk(msg, timeout_s=30, idle_s=idle_s))
+
+    try:
+        relay.begin(7, "weights", part, chunks)
+        write_chunk(part, data, chunks, 0)
+        relay.ready(7, "weights", 0)
+        held = ask(1)
+        until = time.monotonic() + 4 * idle_s
+        while time.monotonic() < until:  # other chunks keep coming: the relay is not stalled
+            assert bytes((await ask(0)).data) == data[:CB]
+        assert not held.done()
+        write_chunk(part, data, chunks, 1)
+        relay.ready(7, "weights", 1)
+        assert bytes((await held).data) == data[CB : 2 * CB]
+        with pytest.raises(TimeoutError):  # held, and nothing else comes: stalled
+            await ask(2)
+    finally:
+        serving.cancel()
+        client.close()
+        relay.close()
+        ctx.destroy(linger=0)
