@@ -18,6 +18,7 @@ from fetch_consumer import MAX_MESSAGE, Consumer, fetcher_of, read, same_as
 
 from common import chunk_manifest as cm
 from common import wire
+from consumer.snapshots.fanout import FanOut
 from producer.control import Rejected
 from producer.fetch.chunk_client import ChunkClient
 from producer.fetch.relay import Relay
@@ -196,3 +197,24 @@ async def test_a_held_request_is_stalled_only_when_nothing_comes_from_the_relay(
         client.close()
         relay.close()
         ctx.destroy(linger=0)
+
+
+def test_plans_chain_relays_still_fetching_then_branch_where_it_slows_the_fewest(consumer):
+    info = consumer.publish(0)  # 13 chunks: a relay still fetching takes fetchers to 26 hops
+    out = FanOut(Path(info.path).parents[1], max_children=2, count=lambda key, n: None)
+
+    def ask(name: str) -> str:
+        relay = wire.Source(f"tcp://{name}:1", "")
+        plan = out.plan(wire.FetchRequest(0, name, 0, -1, "", relay), 0.0)
+        return plan.sources[0].endpoint
+
+    got = [ask(f"p{i}") for i in range(28)]
+    assert got[0] == ""  # the consumer sends one copy
+    assert got[1:26] == [f"tcp://p{i}:1" for i in range(25)]  # each below the last
+    assert got[26] == "tcp://p24:1"  # p25 is 26 hops down: a branch at the deepest with room
+    assert got[27] == "tcp://p23:1"  # p24 and p25 are full or too deep
+    out.done(wire.FetchDone(0, "p0", 0, "weights", True, info.num_bytes, (), True))
+    assert ask("q1") == "tcp://p27:1"  # the least busy first: p27 has no fetcher yet
+    assert ask("q2") == "tcp://p0:1"  # then a complete copy, among sources as busy
+    out.done(wire.FetchDone(0, "p9", 0, "weights", False, 0, (), False))
+    assert "tcp://p9:1" not in out._versions[0].holders["weights"]  # its fetch failed
