@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -161,6 +162,49 @@ async def test_a_relay_lost_mid_file_leaves_its_fetcher_to_finish_from_the_consu
             plan = await b.control.request(wire.FetchRequest(0, "b", 0, -1, "", None), timeout_s=10)
             assert isinstance(plan, wire.FetchPlan)
             assert relay.source not in plan.sources
+
+
+async def test_a_relay_dying_mid_file_above_a_chain_leaves_everyone_below_complete(
+    consumer, tmp_path
+):
+    info = consumer.publish(0)
+    async with (
+        fetcher_of(consumer, "a", relay=True) as a,
+        fetcher_of(consumer, "b", relay=True, relay_timeout_s=0.5) as b,
+        fetcher_of(consumer, "c", relay=False, relay_timeout_s=0.5) as c,
+    ):
+        assert a.relay is not None
+        assert b.relay is not None
+        dead, below = a.relay, b.relay
+        await started_relay(consumer, dead, a.control, info, tmp_path / "a.part", ready=range(6))
+        count = dead._count
+
+        def die_when_held(key: str, n: float = 1) -> None:
+            count(key, n)
+            if key == "relay_requests_held":  # b asked a for chunk 6, not there: a dies
+                asyncio.get_running_loop().call_soon(dead.close)
+
+        dead._count = die_when_held  # type: ignore[method-assign]
+        begun = asyncio.Event()
+        begin = below.begin
+
+        def begin_and_tell(*args: Any) -> None:
+            begin(*args)
+            begun.set()
+
+        below.begin = begin_and_tell  # type: ignore[method-assign]
+        b.window = 1  # chunks 0-5 come from a before it dies
+        fetch_b = asyncio.create_task(b.fetch(info, tmp_path / "b", held=None))
+        await begun.wait()  # b has its plan (from a): c's goes to b
+        got_c = await c.fetch(info, tmp_path / "c", held=None)
+        got_b = await fetch_b
+    assert got_b.bad_sources == [wire.BadSource(dead.source.endpoint, "stalled")]
+    assert b.counters["chunks_from_relay"] == 6
+    assert set(got_c.bad_sources) <= {wire.BadSource(below.source.endpoint, "stalled")}
+    assert c.counters.get("chunks_from_relay", 0) >= 1  # c took chunks from b
+    assert same_as(info, tmp_path / "b")
+    assert same_as(info, tmp_path / "c")
+    assert consumer.counters()["fetch_bad_source.stalled"] == 1 + len(got_c.bad_sources)
 
 
 async def test_a_held_request_is_stalled_only_when_nothing_comes_from_the_relay(tmp_path):
