@@ -17,8 +17,9 @@ sources it names, check each against its hash, and apply a delta on exactly its 
    (common/chunk_manifest.py); the consumer's chunks skip that second hash, as a wrong byte
    from the consumer fails the whole-file hash, which ends the fetch just as a failed chunk
    digest from the consumer would. A relay that sends wrong bytes, a short chunk, refuses, or
-   sends nothing at all for `relay_timeout_s` (or does not answer one request within
-   `timeout_s`) is dropped for the rest of the fetch (`wire.BadSource`, counted) and its
+   sends nothing at all for `relay_timeout_s` and then does not answer a probe within as long
+   again (producer/fetch/chunk_client.py), or does not answer one request within
+   `timeout_s`, is dropped for the rest of the fetch (`wire.BadSource`, counted) and its
    chunks are fetched from the next source; the consumer is the last source, and an error
    from it ends the fetch as before. At most
    `2 * window` chunks ahead of the hashed prefix are requested, so memory stays bounded
@@ -286,7 +287,7 @@ class Fetcher:
         relay = source.endpoint != CONSUMER
         try:
             # a relay still fetching holds a request until it has the chunk: it is stalled
-            # when nothing at all comes from it for relay_timeout_s
+            # when it stays silent, to a probe too (chunk_client.py)
             reply = await client.chunk(
                 msg, timeout_s=self.timeout_s, idle_s=self.relay_timeout_s if relay else None
             )

@@ -207,8 +207,11 @@ class Relay:
         if not 0 <= msg.offset <= total:
             raise WireError("bad_offset", f"offset {msg.offset} outside [0, {total}]")
         data = data[: total - msg.offset]
-        self._count("relay_chunks_served")
-        self._count("relay_bytes_served", len(data))
+        if not size:  # a fetcher's probe: is this relay alive? (producer/fetch/chunk_client.py)
+            self._count("relay_probes_answered")
+        else:
+            self._count("relay_chunks_served")
+            self._count("relay_bytes_served", len(data))
         return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
 
     async def _held(self, msg: wire.FileChunkRequest, size: int) -> _File:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -200,14 +199,15 @@ async def test_a_relay_dying_mid_file_above_a_chain_leaves_everyone_below_comple
         got_b = await fetch_b
     assert got_b.bad_sources == [wire.BadSource(dead.source.endpoint, "stalled")]
     assert b.counters["chunks_from_relay"] == 6
-    assert set(got_c.bad_sources) <= {wire.BadSource(below.source.endpoint, "stalled")}
-    assert c.counters.get("chunks_from_relay", 0) >= 1  # c took chunks from b
+    # b answered c's probes while it waited on a and then on us: c kept b, nothing from us
+    assert got_c.bad_sources == []
+    assert c.counters["chunks_from_relay"] == 13
     assert same_as(info, tmp_path / "b")
     assert same_as(info, tmp_path / "c")
-    assert consumer.counters()["fetch_bad_source.stalled"] == 1 + len(got_c.bad_sources)
+    assert consumer.counters()["fetch_bad_source.stalled"] == 1
 
 
-async def test_a_held_request_is_stalled_only_when_nothing_comes_from_the_relay(tmp_path):
+async def test_a_held_request_waits_while_the_relay_is_alive_and_not_once_it_died(tmp_path):
     data = os.urandom(3 * CB)
     chunks = cm.chunk_hashes(data, CB)
     part = tmp_path / "model.safetensors.part"
@@ -216,26 +216,27 @@ async def test_a_held_request_is_stalled_only_when_nothing_comes_from_the_relay(
                   max_message_bytes=MAX_MESSAGE)  # fmt: skip
     serving = asyncio.create_task(relay.serve())
     client = ChunkClient(ctx, relay.source.endpoint, keys=None, max_message_bytes=MAX_MESSAGE)
-    idle_s = 0.3
+    idle_s = 0.2
 
     def ask(index: int) -> asyncio.Task[wire.Chunk]:
         msg = wire.FileChunkRequest(0, 7, "weights", index * CB, CB)
         return asyncio.create_task(client.chunk(msg, timeout_s=30, idle_s=idle_s))
 
     try:
+        part.touch()  # as the fetcher's IncomingFile makes it, before any chunk
         relay.begin(7, "weights", part, chunks)
+        held = ask(0)
+        # nothing comes for many idle_s, but the relay answers probes: not stalled
+        done, _ = await asyncio.wait({held}, timeout=5 * idle_s)
+        assert not done
+        assert relay.counters["relay_probes_answered"] >= 2
         write_chunk(part, data, chunks, 0)
         relay.ready(7, "weights", 0)
-        held = ask(1)
-        until = time.monotonic() + 4 * idle_s
-        while time.monotonic() < until:  # other chunks keep coming: the relay is not stalled
-            assert bytes((await ask(0)).data) == data[:CB]
-        assert not held.done()
-        write_chunk(part, data, chunks, 1)
-        relay.ready(7, "weights", 1)
-        assert bytes((await held).data) == data[CB : 2 * CB]
-        with pytest.raises(TimeoutError):  # held, and nothing else comes: stalled
-            await ask(2)
+        assert bytes((await held).data) == data[:CB]
+        serving.cancel()
+        relay.close()  # the relay dies: silent, to probes too
+        with pytest.raises(TimeoutError):
+            await ask(1)
     finally:
         serving.cancel()
         client.close()
