@@ -21,9 +21,10 @@ consumer's data socket sent / snapshot size), `from_relay`, `verified` (copies e
 consumer's file), `cpu_busy` (CPU seconds of the consumer and every producer over the run's
 wall time, in cores: well under the machine's cores means the links bound the transfer).
 
-A relay serves a file once it holds all of it, verified (producer/fetch/relay.py): copies are
-store-and-forward, so with equal links the tree's depth, not the consumer's link alone, sets
-the time (see docs/results.md).
+A relay serves each chunk of a file it fetches once it has checked it, and holds a request for
+a chunk still on its way (producer/fetch/relay.py): with equal links the consumer's plans make
+a chain, the consumer sends one copy, and a producer k hops down finishes about k chunk times
+after one producer alone would (see docs/results.md).
 """
 
 from __future__ import annotations
@@ -181,11 +182,12 @@ def run_once(
         served0 = consumer.served_bytes()
         cpu0 = proc_cpu_s(consumer.proc.pid) + sum(proc_cpu_s(p.pid) for p in procs)
         start = time.time() + 0.5
-        (work / "start").write_text(repr(start))
+        (work / "start.tmp").write_text(repr(start))
+        (work / "start.tmp").replace(work / "start")  # whole: a producer never reads it empty
         deadline = time.monotonic() + a.timeout_s
         while not all((work / f"p{i}.json").exists() for i in range(n)):
             if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                raise RuntimeError(f"a fetch failed or timed out: see {work}/*.log")
+                raise RuntimeError(f"a fetch failed or timed out:\n{_failures(work, procs)}")
             time.sleep(0.05)
         wall = time.time() - start
         cpu = proc_cpu_s(consumer.proc.pid) + sum(proc_cpu_s(p.pid) for p in procs) - cpu0
@@ -214,6 +216,17 @@ def run_once(
         "cpu_s": cpu,
         "cpu_busy": cpu / wall,
     }
+
+
+def _failures(work: Path, procs: list[subprocess.Popen[bytes]]) -> str:
+    """The end of the log of each producer that exited or has no result (the logs are
+    removed with the run's directory)."""
+    lines = []
+    for i, p in enumerate(procs):
+        if p.poll() is not None or not (work / f"p{i}.json").exists():
+            log = (work / f"p{i}.log").read_text(errors="replace").splitlines()[-8:]
+            lines += [f"p{i} (exit {p.returncode}):", *(f"  {line}" for line in log)]
+    return "\n".join(lines[-60:])
 
 
 def _digest(path: Path) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,31 @@ def read(run_dir: Path) -> list[CompletionRow]:
         except (json.JSONDecodeError, TypeError):
             continue
     return out
+
+
+def keep_through(run_dir: Path, step: int) -> int:
+    """Drop the rows of steps after `step`, and a torn last line: a run resumed from its
+    checkpoint of version `step` continues from there, as its metrics.jsonl does. The file is
+    replaced atomically; returns the number of lines dropped."""
+    path = run_dir / COMPLETIONS
+    if not path.exists():
+        return 0
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept = [line for line in lines if _step_of(line) <= step]
+    if len(kept) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
+def _step_of(line: bytes) -> float:
+    """A whole line's step (a torn or foreign line: infinity, so it is dropped)."""
+    try:
+        step = json.loads(line)["step"] if line.endswith(b"\n") else None
+    except (ValueError, TypeError, KeyError):
+        step = None
+    return step if isinstance(step, int) else float("inf")
 
 
 def markdown_table(rows: Sequence[CompletionRow], max_chars: int = 300) -> str:

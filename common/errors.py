@@ -32,6 +32,10 @@ class StreamError(AsyncGRPOError, ValueError):
     message names the file and, where one is concerned, the step."""
 
 
+class EvalError(AsyncGRPOError, RuntimeError):
+    """A held-out evaluation that raised, or whose process died; the message names the version."""
+
+
 class WireError(AsyncGRPOError, ValueError):
     """A message that cannot be accepted. `reason` is a short code (a metrics key)."""
 

@@ -14,8 +14,9 @@ sample; never touches the train split.
   its train/eval mode and the tokenizer's padding side as they were.
 - `PeriodicEval`: the learner's (and a replay's) held-out accuracy every `train.eval_every`
   steps on the synthetic task with a real model: `{"heldout_accuracy", "eval_s"}` or `{}`;
-  superseded (never run) when `eval.every_steps` is set: the producers evaluate then, and the
-  learner never waits for an evaluation (consumer/server/eval_book.py).
+  the learner's is superseded (never run) when `eval.every_steps` is set: the producers
+  evaluate then, and the learner never waits for an evaluation (consumer/server/eval_book.py);
+  a replay, which has no producers, still evaluates (`due`).
 - `evaluate_run(run_dir, model_dir)` evaluates the snapshot a finished run ended with (and, with
   `initial=True`, the model it started from) on the whole held-out split and writes
   `RUN_DIR/eval.json`: `final_accuracy`, `heldout_size`, `final_version`, `model` (and
@@ -52,14 +53,25 @@ class PeriodicEval:
         self.cfg, self.model_dir = cfg, model_dir
         self._loaded: tuple[Any, list[Example]] | None = None
 
+    @property
+    def enabled(self) -> bool:
+        """True when some version is evaluated (a real model on the synthetic task)."""
+        cfg = self.cfg
+        return (
+            bool(cfg.train.eval_every)
+            and self.model_dir is not None
+            and (cfg.task.source == "synthetic")
+        )
+
+    def due(self, version: int) -> bool:
+        """True when `version` is evaluated."""
+        return self.enabled and version % self.cfg.train.eval_every == 0
+
     def __call__(self, version: int, model: Any) -> dict[str, Any]:
         """`model()` gives the model to decode with (called only when this step evaluates)."""
-        every = self.cfg.train.eval_every
-        if not every or version % every or self.model_dir is None:
+        if not self.due(version):
             return {}
         if self.cfg.eval.every_steps:  # the producers evaluate (`[eval]`); the learner never waits
-            return {}
-        if self.cfg.task.source != "synthetic":
             return {}
         t0 = time.perf_counter()
         if self._loaded is None:

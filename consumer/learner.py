@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from common import completions_file as CF
 from common import config as config_mod
 from common import metrics as M
 from common import run_files as RF
@@ -116,6 +117,7 @@ class Learner:
             if gone:
                 log.info("resume: removed snapshots %s of the interrupted run", gone)
             (run_dir / RF.FINAL).unlink(missing_ok=True)
+            CF.keep_through(run_dir, self.version)  # samples of the interrupted timeline go
         self.ctx = zmq.Context()
         keys = load_keys(cfg.net.keys_dir, "server") if cfg.net.keys_dir else None
         auth = self.auth = start_key_gate(self.ctx, keys) if keys else None

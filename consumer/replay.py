@@ -3,16 +3,18 @@ producers and no network (`asyncgrpo replay`, launch/cli/replay.py).
 
 What it owns: the step loop of a replay (read each step's groups back from the original run's
 stream, consumer/stream/reader.py; `Trainer.step`; publish; one metrics line; held-out accuracy
-at the run's cadence), the replay's ledger (every recorded group trained or dropped as it was),
-and the comparison of snapshot hashes with the original's. What it does not do: decide which
-settings may change (consumer/stream/rules.py), plots (launch/report.py).
+at the run's cadence, in a process of its own: consumer/eval_process.py), the replay's ledger
+(every recorded group trained or dropped as it was), and the comparison of snapshot hashes
+with the original's. What it does not do: decide which settings may change
+(consumer/stream/rules.py), plots (launch/report.py).
 
 Determinism: a step's result depends on the learner's state, the config and the ordered groups.
 The replay builds the trainer as the learner does (same seed, same model directory), feeds it
-the recorded groups in their order and publishes the same versions, each written before the
-next step (none superseded), so with the run's own config on the same kind of machine every
-snapshot's BLAKE3 hash equals the original's of that version: on a CPU always, on a GPU with
-the settings docs/replay.md lists. A step whose micro-batch passes differ from the recording's
+the recorded groups in their order and publishes the same versions, every one written (none
+superseded: a publication waits until the writer has taken the one before, never for a write),
+so with the run's own config on the same kind of machine every snapshot's BLAKE3 hash equals
+the original's of that version: on a CPU always, on a GPU with the settings docs/replay.md
+lists. A step whose micro-batch passes differ from the recording's
 means the config does not match it: a `StreamError` naming the file and the step.
 
 The replay records its own stream (run.record_stream), so it can itself be replayed or verified.
@@ -38,6 +40,7 @@ from common.config import Config
 from common.config.run import reward_names
 from common.errors import ConfigError, StreamError
 from common.model_dir import local_model_dir
+from consumer.eval_process import EvalProcess, EvalSpec
 from consumer.evaluate import PeriodicEval
 from consumer.reward_tally import RewardTally
 from consumer.server.server import group_limits
@@ -87,6 +90,13 @@ class Replay:
         )
         self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
         self.heldout = PeriodicEval(cfg, self.model_dir)
+        self.evals: EvalProcess | None = None
+        if self.heldout.enabled:  # started now: its imports overlap the first steps
+            self.evals = EvalProcess(
+                EvalSpec(str(self.model_dir), cfg.train.eval_size, cfg.run.seed,
+                         cfg.sampling.max_new_tokens)
+            )  # fmt: skip
+        self._held: list[dict[str, Any]] = []  # metrics lines waiting for their evaluation
         self.counts: Counter[str] = Counter()
         self.version = self.published = 0
 
@@ -124,9 +134,13 @@ class Replay:
         try:
             for step in todo:
                 record = self._step(step, t_start, last)
-                record.update(self.heldout(self.version, self.trainer.eval_model))
                 last = time.perf_counter()
-                self.metrics.write(M.StepRecord(**record))
+                if self.evals is not None and self.heldout.due(self.version):
+                    self.evals.submit(self.version, self.trainer.eval_model().state_dict())
+                self._held.append(record)
+                self._write_metrics(self.evals.results() if self.evals else {})
+            if self.evals is not None:
+                self._write_metrics(self.evals.drain())
         finally:
             self._finish()
         self.out.wall_s = time.perf_counter() - t_start
@@ -180,20 +194,33 @@ class Replay:
             "rejected_messages": 0, **metrics,
         }  # fmt: skip
 
+    def _write_metrics(self, evaluated: dict[int, dict[str, float]]) -> None:
+        """Fill in finished evaluations; write the lines, in order, that wait for none."""
+        for record in self._held:
+            record.update(evaluated.get(record["step"], {}))
+        waiting = self.evals.waiting if self.evals is not None else frozenset()
+        while self._held and self._held[0]["step"] not in waiting:
+            self.metrics.write(M.StepRecord(**self._held.pop(0)))
+
     def _publish(self) -> None:
-        """Publish the current version and wait for it: every version is written (a replay has
-        nobody waiting for weights, and a superseded version would have no hash to compare)."""
+        """Publish the current version. Every version is written (a superseded one would have
+        no hash to compare): the submit waits until the writer has taken the version before,
+        then the writer works beside the next step."""
         import torch
 
         dtype = torch.bfloat16 if self.cfg.snapshot.dtype == "bfloat16" else torch.float32
+        self.publisher.wait_queued()
         fence = self.publisher.submit(
             self.trainer.weights(), version=self.version, step=self.version, dtype=dtype
         )
         self.trainer.hold_weights(fence)
-        self.publisher.wait()
         self.published = self.version
 
     def _finish(self) -> None:
+        if self.evals is not None:
+            self.evals.close()
+        for record in self._held:  # stopped by an error: the steps trained, without evaluation
+            self.metrics.write(M.StepRecord(**record))
         self.publisher.close()
         if self.recorder is not None:
             self.recorder.close()

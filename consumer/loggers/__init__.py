@@ -4,7 +4,8 @@ end training.
 - names.py: each metric's namespaced tracker name (`train/`, `rollout/`, `reward/`, ...);
 - thread.py: `Loggers`, the thread that owns the trackers and completions.jsonl, fed through a
   bounded queue (`submit_*` never block: a full queue drops the item and counts it);
-- tensorboard.py, wandb.py: the trackers `log.report_to` names, imported only on that thread.
+- tensorboard.py, wandb.py: the trackers `log.report_to` names, imported only on that thread
+  (W&B in a spawned, niced process: child.py, so it takes no CPU or GIL from training).
 
 `make_loggers(cfg, run_dir, model_dir)` checks at start that each named tracker's package is
 installed (a `ConfigError` naming the pip extra) and starts the thread.

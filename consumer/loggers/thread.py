@@ -4,9 +4,10 @@ The training thread calls `submit_step(record)` after each metrics line and
 `submit_completions(step, groups)` every `log.completions_every` steps; both put one item on a
 bounded queue (`QUEUE_ITEMS`) without waiting: when the queue is full (a tracker slower than
 the learner) the item is dropped and counted (`dropped`). This thread starts the trackers
-(`wandb.init` may take seconds: never on the training thread), logs the config once, then
-serves the queue. A tracker that raises is reported once (one warning with the exception),
-counted (`failed`) and dropped; the others and training go on. Catching every exception there
+(`wandb.init` may take seconds: never on the training thread; W&B runs in a niced process
+of its own, consumer/loggers/child.py), logs the config once, then serves the queue. A
+tracker that raises is reported once (one warning with the exception), counted (`failed`) and
+dropped; the others and training go on. Catching every exception there
 is deliberate: a tracker is third-party code at the edge of the process, like a bad message at
 the network boundary. Completions are decoded here (the model's tokenizer, loaded on this
 thread), appended to completions.jsonl (common/completions_file.py) and sent to the trackers.
@@ -104,11 +105,12 @@ class Loggers:
                     from consumer.loggers.tensorboard import TensorBoardSink
 
                     sinks.append(TensorBoardSink(self.run_dir, run_name=run_name, config=config))
-                else:
-                    from consumer.loggers.wandb import WandbSink
+                else:  # in a niced process of its own (consumer/loggers/child.py)
+                    from consumer.loggers.child import ChildSink
 
-                    sinks.append(WandbSink(self.run_dir, run_name=run_name, config=config,
-                                           project=self.cfg.log.project))  # fmt: skip
+                    kwargs = {"run_dir": self.run_dir, "run_name": run_name, "config": config,
+                              "project": self.cfg.log.project}  # fmt: skip
+                    sinks.append(ChildSink(name, "consumer.loggers.wandb:WandbSink", kwargs))
             except Exception as exc:  # a tracker's own failure: see the module docstring
                 self._failed(name, exc)
         return sinks

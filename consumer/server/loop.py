@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from consumer.server.state import NetState
 log = logging.getLogger("asyncgrpo.consumer")
 _FORGET_AFTER_S = 600.0  # a producer record that left or went silent, holding no lease
 _DRAIN = 256  # messages read from one socket per turn
+SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval in a process that serves (see _run)
 
 
 class Loop:
@@ -98,6 +100,10 @@ class Loop:
         # hundreds of milliseconds on this thread (garbage is collected first, not frozen)
         gc.collect()
         gc.freeze()
+        # the GIL changes hands every 0.5 ms, not CPython's 5: with the learner's, publisher's,
+        # recorder's and books' threads in this process, this thread waited up to 85-93 ms
+        # for it between two socket reads at 1,024 producers, 19-23 ms with this (bench/swarm.py)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
             timing = self._state.timing  # the stretches in which no socket is read
             while not self._stop.is_set():

@@ -228,6 +228,13 @@ class Publisher:
             self._cond.wait_for(lambda: self._error is not None or self._quiet())
         self._raise()
 
+    def wait_queued(self) -> None:
+        """Block until no submitted version waits for the writer (one may still be in writing),
+        so that the next `submit` supersedes nothing; raise the writer's error if any."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._error is not None or not self._buffers.pending)
+        self._raise()
+
     def close(self) -> None:
         self.wait()
         with self._cond:

@@ -17,7 +17,7 @@ import typer
 
 from common import config as C
 from common import run_files as RF
-from common.errors import ConfigError, StreamError
+from common.errors import ConfigError, EvalError, StreamError
 from launch.cli.app import (
     ForceOpt,
     SetOpt,
@@ -124,6 +124,8 @@ def _run(
         done = r.run(steps)
     except (StreamError, ConfigError) as exc:
         fail(f"replay refused: {exc}")
+    except EvalError as exc:
+        fail(f"replay stopped: {exc}")
     report(out)
     cmp = compare(recording.snapshots, done.hashes, source=source, run_dir=out)
     typer.echo(f"replayed {done.steps} steps in {done.wall_s:.1f} s")

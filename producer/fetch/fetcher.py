@@ -13,20 +13,25 @@ sources it names, check each against its hash, and apply a delta on exactly its 
    (producer/fetch/chunk_client.py: the consumer's data socket, consumer/snapshots/dataplane.py, or
    a relay), written at their offsets and hashed as a whole file as they land
    (common/snapshot.py `IncomingFile`); the received frame is written and hashed as it is,
-   never copied. A relay's chunk is accepted only if it hashes
-   to its digest (common/chunk_manifest.py); the consumer's chunks skip that second hash, as a
-   wrong byte from the consumer fails the whole-file hash, which ends the fetch just as a
-   failed chunk digest from the consumer would. A relay that sends wrong bytes, a short
-   chunk, refuses, or does not answer within `relay_timeout_s` is dropped for the rest of the
-   fetch (`wire.BadSource`, counted) and its chunks are fetched from the next source; the
-   consumer is the last source, and an error from it ends the fetch as before. At most
+   never copied. A relay's chunk is accepted only if it hashes to its digest
+   (common/chunk_manifest.py); the consumer's chunks skip that second hash, as a wrong byte
+   from the consumer fails the whole-file hash, which ends the fetch just as a failed chunk
+   digest from the consumer would. A relay that sends wrong bytes, a short chunk, refuses, or
+   sends nothing at all for `relay_timeout_s` and then does not answer a probe within as long
+   again (producer/fetch/chunk_client.py), or does not answer one request within
+   `timeout_s`, is dropped for the rest of the fetch (`wire.BadSource`, counted) and its
+   chunks are fetched from the next source; the consumer is the last source, and an error
+   from it ends the fetch as before. At most
    `2 * window` chunks ahead of the hashed prefix are requested, so memory stays bounded
-   whatever a slow source does.
+   whatever a slow source does. When this producer relays, every chunk (the consumer's too) is
+   checked against its digest before it is written, and its relay serves it from then on
+   (`Relay.begin` / `ready`, the whole file by `offer` once verified, `abort` if the fetch
+   fails): producers below it in the tree stream the file while it arrives here.
 3. A delta is applied to a copy of the held file (common/delta.py `apply_file`: only on exactly
    its base hash, the result checked against the snapshot's hash). A refused delta (another
    base, a failed digest) is counted (`delta_refused`) and the full weights are fetched instead.
 4. `wire.FetchDone` reports the outcome and the bad sources, and, when this producer relays
-   (producer/fetch/relay.py), that it now serves the files it fetched. It goes out through
+   (producer/fetch/relay.py), that it now serves the files it fetched whole. It goes out through
    `report` (the producer's `Producer.request_status`), which applies the status the consumer
    answers with like that of any other request: the acks and the end of the run it carries are
    handed over once, and would be lost if the reply were dropped.
@@ -116,6 +121,15 @@ class Fetcher:
     ) -> Outcome:
         """Fetch `info` into `directory/model.safetensors` (see the module doc). Raises
         `SnapshotError`, `Rejected` or `TimeoutError` when it cannot."""
+        if self.relay is None:
+            return await self._fetch(info, directory, held)
+        self.relay.expect(info.version)  # asked for it as soon as the plan names this relay
+        try:
+            return await self._fetch(info, directory, held)
+        finally:
+            self.relay.settle(info.version)
+
+    async def _fetch(self, info: wire.SnapshotInfo, directory: Path, held: Held | None) -> Outcome:
         await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
         if held is not None and not await asyncio.to_thread(held.path.is_file):
             held = None  # pruned from the cache meanwhile: nothing to apply a delta on
@@ -137,8 +151,6 @@ class Fetcher:
             ok = True
         finally:
             await self._report(plan, ok, outcome)
-        if self.relay is not None:
-            self.relay.offer(info.version, "weights", directory / snap.WEIGHTS_FILE)
         return outcome
 
     async def _fetch_delta(
@@ -158,8 +170,7 @@ class Fetcher:
         finally:
             await self._report(plan, ok, outcome)
         self._count("deltas_applied")
-        if self.relay is not None:
-            self.relay.offer(info.version, "delta", delta_path)
+        if self.relay is not None:  # the delta is served since its download ended
             self.relay.offer(info.version, "weights", weights)
         return outcome
 
@@ -202,6 +213,8 @@ class Fetcher:
         incoming = await asyncio.to_thread(
             snap.IncomingFile, part, expected_hash=plan.hash, expected_bytes=plan.num_bytes
         )
+        if self.relay is not None:  # served onward chunk by chunk, as each is checked here
+            self.relay.begin(plan.version, plan.file, part, chunks)
         sources = list(plan.sources)
         clients: dict[str, ChunkClient] = {}
         todo = deque(range(chunks.num_chunks))
@@ -238,16 +251,20 @@ class Fetcher:
                         "chunks_from_consumer" if not source.endpoint else "chunks_from_relay"
                     )
             await asyncio.to_thread(incoming.finish)
-            await asyncio.to_thread(part.replace, path)
+            part.replace(path)  # on the loop: the relay never finds the file between two names
         except BaseException:
             for task in running:
                 task.cancel()
+            if self.relay is not None:
+                self.relay.abort(plan.version, plan.file)
             incoming.close()
             part.unlink(missing_ok=True)
             raise
         finally:
             for client in clients.values():
                 client.close()
+        if self.relay is not None:
+            self.relay.offer(plan.version, plan.file, path)
 
     async def _chunk(
         self,
@@ -269,8 +286,10 @@ class Fetcher:
             client = clients[source.endpoint] = self._client(source)
         relay = source.endpoint != CONSUMER
         try:
+            # a relay still fetching holds a request until it has the chunk: it is stalled
+            # when it stays silent, to a probe too (chunk_client.py)
             reply = await client.chunk(
-                msg, timeout_s=self.relay_timeout_s if relay else self.timeout_s
+                msg, timeout_s=self.timeout_s, idle_s=self.relay_timeout_s if relay else None
             )
         except TimeoutError:
             if not relay:
@@ -284,10 +303,13 @@ class Fetcher:
             raise _BadChunk("wrong_reply")
         if len(reply.data) != size:
             raise _BadChunk("truncated")
+        check = relay or self.relay is not None  # what is relayed onward is checked first
         if not await asyncio.to_thread(
-            _check_and_write, chunks, index, reply.data, incoming, relay
+            _check_and_write, chunks, index, reply.data, incoming, check
         ):
             raise _BadChunk("wrong_bytes")
+        if self.relay is not None:
+            self.relay.ready(plan.version, plan.file, index)
         return reply.data
 
     def _client(self, source: wire.Source) -> ChunkClient:

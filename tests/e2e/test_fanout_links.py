@@ -1,6 +1,7 @@
 """bench/fanout.py --link-mbit: one snapshot to producers in their own network namespaces, every
 link capped with tc tbf, relays off and on (bench/fanout_links.py). Every copy must equal the
-consumer's file; without relays the consumer sends one copy per producer, with relays fewer;
+consumer's file; without relays the consumer sends one copy per producer, with relays one (a
+chain of relays, each serving the chunks it has while it fetches the rest);
 the cap is in force (one producer alone cannot beat its link). Needs root, iproute2 and the
 tbf qdisc; slow (real processes in namespaces, ~40 s)."""
 
@@ -54,6 +55,9 @@ def test_relays_cut_the_consumers_egress_under_capped_links(tmp_path):
     assert off["consumer_egress_copies"] == pytest.approx(N, abs=0.01)
     assert on["from_relay"] >= 1
     assert on["consumer_egress_copies"] <= N - on["from_relay"] + 0.01
+    # relays stream what they fetch: the consumer's plans make a chain, it sends one copy
+    assert on["from_relay"] == N - 1
+    assert on["consumer_egress_copies"] == pytest.approx(1, abs=0.01)
     for key in ("per_producer_s_p50", "consumer_egress_copies", "cpu_busy", "over_one_p50"):
         assert key in off
         assert key in on

@@ -62,7 +62,13 @@ def test_an_async_demo_run_replays_with_every_snapshot_hash_equal(demo_run, tmp_
     assert hashes_equal(done.stdout) == STEPS + 1  # versions 0..STEPS
     metrics = read_jsonl(tmp_path / "replay" / RF.METRICS)
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
-    assert any("heldout_accuracy" in m for m in metrics)
+
+    def heldout(lines: list[dict]) -> dict[int, float]:
+        return {m["step"]: m["heldout_accuracy"] for m in lines if "heldout_accuracy" in m}
+
+    # evaluated beside training, in a process of its own: the same accuracy at the same steps
+    assert heldout(metrics) == heldout(read_jsonl(demo_run / RF.METRICS)) != {}
+    assert sorted(heldout(metrics)) == [4, 8, 12]
     assert RF.read_ledger(tmp_path / "replay").balance.trained == STEPS * 8
     assert (tmp_path / "replay" / "plots" / "reward.png").read_bytes()[:8] == PNG_MAGIC
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import threading
 
 import numpy as np
@@ -189,3 +190,6 @@ def test_the_books_are_written_off_the_network_thread_which_answers_meanwhile(
     assert stats is not None
     assert stats.heartbeats == 1
     assert stats.loop_gap.total() > 0
+    from consumer.server.loop import SWITCH_INTERVAL_S
+
+    assert sys.getswitchinterval() == SWITCH_INTERVAL_S  # set by the serving network thread

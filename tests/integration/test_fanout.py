@@ -6,90 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
-import torch
 import zmq
 import zmq.asyncio
+from fetch_consumer import Consumer, fetcher_of, held, read, same_as
 
 from common import chunk_manifest as cm
-from common import config as C
 from common import snapshot as snap
 from common import wire
-from consumer.server.prompts import make_source
-from consumer.server.server import Server, run_spec
-from consumer.snapshots.fetch_files import FetchFiles
-from consumer.snapshots.publisher import Publisher
-from producer.control import ControlClient
-from producer.fetch.fetcher import Fetcher, Held
-from producer.fetch.relay import Relay
-
-CHUNK = 64 << 10
-MAX_MESSAGE = 1 << 20
-
-
-class Consumer:
-    """A consumer's network thread and a publisher announcing to it (anchors every 10)."""
-
-    def __init__(self, run_dir: Path, *, fanout: int) -> None:
-        self.cfg = C.override(
-            C.Config(),
-            {
-                "net.control_port": 0,
-                "snapshot.chunk_mib": CHUNK / (1 << 20),
-                "snapshot.fanout": fanout,
-            },
-        )
-        self.ctx = zmq.Context()
-        spec = run_spec(self.cfg, vocab_size=32, model="")
-        self.server = Server(
-            self.cfg, self.ctx, prompts=make_source(self.cfg.task, seed=0), spec=spec,
-            run_dir=run_dir, keys=None,
-        )  # fmt: skip
-        self.server.start()
-        self.infos: dict[int, wire.SnapshotInfo] = {}
-        dist = FetchFiles(chunk_bytes=CHUNK, anchor_every=10, max_ratio=0.5)
-        self.publisher = Publisher(
-            run_dir / "snapshots", None, keep_last=10, fetch_files=dist,
-            on_published=self._published,
-        )  # fmt: skip
-        g = torch.Generator().manual_seed(0)
-        self.weights = torch.randn(400_000, generator=g) * 0.02  # 800 kB in bf16: 13 chunks
-
-    def _published(self, info: wire.SnapshotInfo) -> None:
-        self.infos[info.version] = info
-        self.server.announce_snapshot(info)
-
-    def publish(self, version: int, *, lr: float = 1e-6) -> wire.SnapshotInfo:
-        if version:
-            g = torch.Generator().manual_seed(version)
-            self.weights = self.weights + lr * torch.randn(self.weights.shape, generator=g)
-        self.publisher.submit(
-            {"w": self.weights}, version=version, step=version, dtype=torch.bfloat16
-        )
-        self.publisher.wait()
-        return self.infos[version]
-
-    @property
-    def endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.server.ports['control']}"
-
-    @property
-    def data_endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.server.ports['data']}"
-
-    def counters(self) -> dict[str, float]:
-        return dict(self.server.view()["counters"])
-
-    def close(self) -> None:
-        self.publisher.close()
-        self.server.stop()
-        self.ctx.destroy(linger=0)
+from consumer.snapshots import fanout
+from producer.fetch.fetcher import Held
 
 
 @pytest_asyncio.fixture
@@ -99,50 +30,6 @@ async def consumer(tmp_path: Path, request) -> AsyncIterator[Consumer]:
         yield c
     finally:
         c.close()
-
-
-@contextlib.asynccontextmanager
-async def fetcher_of(
-    consumer: Consumer, name: str, *, relay: bool, relay_timeout_s: float = 5.0
-) -> AsyncIterator[Fetcher]:
-    """A registered producer's fetcher (and relay, serving), on its own context."""
-    ctx = zmq.asyncio.Context()
-    control = ControlClient(ctx, consumer.endpoint, keys=None, max_message_bytes=MAX_MESSAGE)
-    tasks = [asyncio.create_task(control.read_replies())]
-    server = None
-    if relay:
-        server = Relay(
-            ctx, host="127.0.0.1", port=0, keys=None, insecure=False, max_message_bytes=MAX_MESSAGE
-        )
-        tasks.append(asyncio.create_task(server.serve()))
-    try:
-        async with asyncio.timeout(60):
-            msg = wire.Register(0, name, "h", os.getpid(), "fake", -1, ())
-            await control.request(msg, timeout_s=10)
-            yield Fetcher(
-                control, ctx, data_endpoint=consumer.data_endpoint, producer_id=name, keys=None,
-                max_message_bytes=MAX_MESSAGE, relay=server, relay_timeout_s=relay_timeout_s,
-                report=functools.partial(control.request, timeout_s=10),  # no state to apply to
-            )  # fmt: skip
-    finally:
-        for task in tasks:
-            task.cancel()
-        control.close()
-        if server is not None:
-            server.close()
-        ctx.destroy(linger=0)
-
-
-def held(info: wire.SnapshotInfo, directory: Path) -> Held:
-    return Held(info.version, directory / snap.WEIGHTS_FILE, info.hash)
-
-
-def read(path: str | Path) -> bytes:
-    return Path(path).read_bytes()
-
-
-def same_as(info: wire.SnapshotInfo, directory: Path) -> bool:
-    return (directory / snap.WEIGHTS_FILE).read_bytes() == Path(info.path).read_bytes()
 
 
 async def test_a_producer_that_holds_a_version_relays_it_to_the_next(consumer, tmp_path):
@@ -281,28 +168,48 @@ async def test_a_hostile_relay_is_dropped_reported_and_the_fetch_completes(
 
 
 @pytest.mark.parametrize("consumer", [1], indirect=True)
-async def test_the_consumer_makes_a_fetcher_wait_while_a_relay_is_on_its_way(consumer, tmp_path):
+async def test_a_relay_still_fetching_is_given_out_and_then_fetchers_wait(consumer, tmp_path):
     info = consumer.publish(0)
-    async with fetcher_of(consumer, "a", relay=True) as a:
+    async with (
+        fetcher_of(consumer, "a", relay=True) as a,
+        fetcher_of(consumer, "b", relay=False) as b,
+        fetcher_of(consumer, "c", relay=False) as c,
+    ):
         assert a.relay is not None
-        first = await a.control.request(
-            wire.FetchRequest(0, "a", 0, -1, "", a.relay.source), timeout_s=10
+        plans = [
+            await f.control.request(wire.FetchRequest(0, name, 0, -1, "", relay), timeout_s=10)
+            for f, name, relay in ((a, "a", a.relay.source), (b, "b", None), (c, "c", None))
+        ]
+        assert all(isinstance(p, wire.FetchPlan) for p in plans)
+        first, second, waiting = plans
+        assert first.sources == (fanout.CONSUMER,)
+        assert second.sources == (a.relay.source, fanout.CONSUMER)  # a has no chunk yet
+        assert (waiting.sources, waiting.chunk_hashes) == ((), b"")  # a relay is on its way
+        assert waiting.wait_s > 0
+        begun = asyncio.Event()
+        begin = a.relay.begin
+
+        def begin_and_tell(*args: Any) -> None:
+            begin(*args)
+            begun.set()
+
+        a.relay.begin = begin_and_tell  # type: ignore[method-assign]
+        readied: list[int] = []
+        ready = a.relay.ready
+        a.relay.ready = lambda v, f, i: (readied.append(i), ready(v, f, i))[1]  # type: ignore[method-assign]
+        fetch_a = asyncio.create_task(a.fetch(info, tmp_path / "a", held=None))
+        await begun.wait()  # a fetches from us: b's fetch goes to a, c waits for a slot
+        await asyncio.gather(
+            fetch_a,
+            b.fetch(info, tmp_path / "b", held=None),
+            c.fetch(info, tmp_path / "c", held=None),
         )
-        async with fetcher_of(consumer, "b", relay=False) as b:
-            waiting = await b.control.request(
-                wire.FetchRequest(0, "b", 0, -1, "", None), timeout_s=10
-            )
-            assert isinstance(first, wire.FetchPlan)
-            assert first.sources == (wire.Source("", ""),)
-            assert isinstance(waiting, wire.FetchPlan)
-            assert (waiting.sources, waiting.chunk_hashes) == ((), b"")
-            assert waiting.wait_s > 0
-            # a finishes (and relays): b's fetch now goes to a
-            fetch_b = asyncio.create_task(b.fetch(info, tmp_path / "b", held=None))
-            await a.fetch(info, tmp_path / "a", held=None)
-            await fetch_b
-        assert b.counters.get("chunks_from_relay") == 13
-        assert same_as(info, tmp_path / "b")
+    assert b.counters.get("chunks_from_relay") == 13
+    assert "chunks_from_consumer" not in b.counters
+    assert sorted(readied) == list(range(13))  # a served each chunk once it was checked
+    for name in "abc":
+        assert same_as(info, tmp_path / name)
+    assert consumer.counters()["fetch_waits"] >= 2
 
 
 async def test_a_held_file_pruned_meanwhile_means_the_full_weights(consumer, tmp_path):

@@ -161,3 +161,33 @@ def test_a_tracker_whose_package_is_missing_stops_the_start_naming_the_extra(mon
                         lambda name, *a: None if name == "wandb" else real(name, *a))  # fmt: skip
     with pytest.raises(C.ConfigError, match=r"pip install 'asyncgrpo\[wandb\]'"):
         make_loggers(_config("wandb"), Path("."), None)
+
+
+def test_wandb_runs_in_a_niced_child_whose_failures_reach_the_logger_thread(tmp_path):
+    import os
+    import signal
+
+    from consumer.loggers.child import NICE, ChildSink, TrackerFailed
+
+    kwargs = {"run_dir": tmp_path, "run_name": "t", "config": {}, "project": "asyncgrpo-tests"}
+    sink = ChildSink("wandb", "consumer.loggers.wandb:WandbSink", kwargs)
+    sink.metrics(1, {"train/loss": 0.5})
+    assert sink.pid is not None
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, sink.pid) == sink.niceness == min(ours + NICE, 19)
+    sink.close()
+    run_id = (tmp_path / "wandb_id.txt").read_text().strip()
+    rows = W.history(_wandb_file(tmp_path, run_id))
+    assert [r["train/loss"] for r in rows if "train/loss" in r] == [0.5]
+
+    broken = ChildSink("broken", "builtins:dict", {})  # a "tracker" with no `config`
+    broken.config("x = 1")
+    broken._proc.join(60)
+    with pytest.raises(TrackerFailed, match="AttributeError: 'dict' object has no attribute"):
+        broken.metrics(1, {})
+    killed = ChildSink("killed", "builtins:dict", {})
+    assert killed.pid is not None
+    os.kill(killed.pid, signal.SIGKILL)
+    killed._proc.join(60)
+    with pytest.raises(TrackerFailed, match="exited with code -9"):
+        killed.metrics(1, {})

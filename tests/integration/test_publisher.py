@@ -132,6 +132,43 @@ def test_a_slow_writer_is_superseded_never_waited_for(tmp_path, monkeypatch):
     assert torch.equal(load_file(published[1].path)["w"], torch.full((4,), 4.0))
 
 
+def test_wait_queued_lets_every_version_be_written_while_one_is_in_writing(tmp_path, monkeypatch):
+    """A replay publishes every version: wait_queued returns once the version before is taken
+    by the writer, which is still stuck in writing it, so a submit after each wait_queued
+    supersedes nothing, never waits for a write, and v1..v4 all reach the disk."""
+    gates = [threading.Event() for _ in range(4)]
+    started = [threading.Event() for _ in range(4)]
+    calls: list[int] = []
+    real_write = snap.write_file
+
+    def gated_write(path: Path, data: memoryview, *, fsync: bool = True) -> str:
+        n = len(calls)  # the n-th write: version n + 1, if none is superseded
+        calls.append(n)
+        started[n].set()
+        assert gates[n].wait(60)
+        return real_write(path, data, fsync=fsync)
+
+    monkeypatch.setattr(snap, "write_file", gated_write)
+    publisher, published = make(tmp_path / "snaps", keep_last=10)
+    w = torch.zeros(4)
+    for v in range(1, 5):
+        publisher.wait_queued()
+        assert publisher.num_superseded == 0
+        w.fill_(v)
+        publisher.submit({"w": w}, version=v, step=v, dtype=torch.float32)
+        if v == 1:
+            assert started[0].wait(60)  # v1 is taken at once
+        else:
+            assert not gates[v - 2].is_set()  # v-1 still in writing while v was submitted
+            gates[v - 2].set()
+    gates[3].set()
+    publisher.close()
+    assert [p.version for p in published] == [1, 2, 3, 4]
+    for info in published:
+        assert torch.equal(load_file(info.path)["w"], torch.full((4,), float(info.version)))
+    assert publisher.num_superseded == 0
+
+
 def test_rotation_keeps_the_last_snapshots_and_prunes_after_the_announcement(tmp_path):
     root = tmp_path / "snaps"
     on_disk_at_announce: list[list[int]] = []

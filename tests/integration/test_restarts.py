@@ -14,6 +14,7 @@ import pytest
 from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, read_jsonl, stop, wait_for
 
+from common import completions_file as CF
 from common import run_files as RF
 
 P = 4  # prompts per step
@@ -156,13 +157,21 @@ def _snapshot_versions(run_dir: Path) -> list[int]:
     return snap.list_versions(run_dir / "snapshots")
 
 
+OLD = 999  # the prompt index of the completions samples the interrupted timeline wrote
+
+
+def sample(step: int) -> CF.CompletionRow:
+    return CF.CompletionRow(step, OLD, step - 1, "1+1=", "2", 1.0, {}, 2, "stop")
+
+
 @pytest.mark.timeout(300)
 def test_a_resume_stopped_at_once_drops_the_old_timeline_and_its_producers_hear_the_end(tmp_path):
     """Killed after publishing v12 with a checkpoint at 10; resumed and stopped (SIGTERM) right
     away, while the producers are still waiting out their requests to the killed consumer. The
-    snapshots above 10 (the interrupted timeline) are gone, final.json names the version the
-    resumed run ended with (the highest on disk again), and the resumed consumer waits for the
-    producers it knows from its checkpoint: they re-register, hear the end and exit 0."""
+    snapshots above 10 (the interrupted timeline) are gone, and so are its completions samples;
+    final.json names the version the resumed run ended with (the highest on disk again), and the
+    resumed consumer waits for the producers it knows from its checkpoint: they re-register,
+    hear the end and exit 0."""
     from common import snapshot as snap
 
     run_dir = tmp_path / "run"
@@ -177,6 +186,7 @@ def test_a_resume_stopped_at_once_drops_the_old_timeline_and_its_producers_hear_
         first.send_signal(signal.SIGKILL)
         first.wait(30)
         assert snap.final_version(run_dir) is None  # killed: it never ended
+        CF.append(run_dir, [sample(9), sample(11), sample(12)])  # before and after v10
         second = consumer(tmp_path, run_dir, 30, "--resume", log="consumer2.log")
         procs.append(second)
         log = tmp_path / "consumer2.log"
@@ -195,6 +205,7 @@ def test_a_resume_stopped_at_once_drops_the_old_timeline_and_its_producers_hear_
     assert max(_snapshot_versions(run_dir)) == final
     steps = read_jsonl(run_dir / RF.METRICS)
     assert [m["step"] for m in steps] == list(range(1, final + 1))
+    assert [r.step for r in CF.read(run_dir) if r.prompt_index == OLD] == [9]  # 11, 12 gone
     assert_run_balanced(run_dir)
     for name in ("p1", "p2"):
         assert "needs no more groups" in (tmp_path / f"{name}.log").read_text()

@@ -1,0 +1,104 @@
+"""A tracker in a process of its own, at a lower CPU priority (W&B's: consumer/loggers/wandb.py).
+
+W&B's `run.log` is Python that holds the GIL, and its service process (which it starts) takes a
+core: in the learner's process, on a machine whose cores the learner and the producers already
+use, both are taken from training (the learner's step took 1.2-1.7x as long on two cores).
+`ChildSink` runs the tracker in a spawned child instead, niced by `NICE` (so the service it
+starts is niced too): what the scheduler gives it is what training leaves.
+
+The logger thread calls a `ChildSink` as it would the tracker (`config`, `metrics`,
+`completions`, `close`): each call is one message on a pipe (`multiprocessing` queue), so it
+never waits for the tracker. A tracker that raises in the child, or a child that dies, makes
+the next call (or `close`) raise a `TrackerFailed` with the child's one-line reason, which the
+logger thread reports once and drops, as for a tracker in its own process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import queue
+from typing import Any
+
+NICE = 10  # added to the child's niceness (0-19 on Linux: 10 = well below training)
+CLOSE_S = 60.0
+
+
+class TrackerFailed(RuntimeError):
+    """The tracker in the child raised, or the child exited: the message says which."""
+
+
+class ChildSink:
+    """`factory` ("module:Class") built in the child with `kwargs`; `name` as the tracker's."""
+
+    def __init__(self, name: str, factory: str, kwargs: dict[str, Any]) -> None:
+        import multiprocessing
+
+        self.name = name
+        ctx = multiprocessing.get_context("spawn")
+        self._calls: Any = ctx.Queue()
+        self._errors: Any = ctx.Queue()
+        self.niceness = min(os.getpriority(os.PRIO_PROCESS, 0) + NICE, 19)
+        self._proc = ctx.Process(
+            target=serve, args=(factory, kwargs, self._calls, self._errors, self.niceness),
+            name=f"asyncgrpo-{name}", daemon=True,
+        )  # fmt: skip
+        self._proc.start()
+        assert self._proc.pid is not None
+        os.setpriority(os.PRIO_PROCESS, self._proc.pid, self.niceness)  # before its imports
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id."""
+        return self._proc.pid
+
+    def config(self, toml_text: str) -> None:
+        self._send("config", toml_text)
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self._send("metrics", step, values)
+
+    def completions(self, step: int, rows: list[Any]) -> None:
+        self._send("completions", step, rows)
+
+    def flush(self) -> None:
+        self._send("flush")
+
+    def close(self) -> None:
+        """Let the child finish what it was sent and close the tracker; at most `CLOSE_S`."""
+        if self._proc.is_alive():
+            self._calls.put(None)
+            self._proc.join(CLOSE_S)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+            raise TrackerFailed(f"did not close within {CLOSE_S:.0f} s; stopped")
+        self._check()
+
+    def _send(self, method: str, *args: Any) -> None:
+        self._check()
+        self._calls.put((method, args))
+
+    def _check(self) -> None:
+        try:
+            reason = self._errors.get_nowait()
+        except queue.Empty:
+            reason = None
+        if reason is None and not self._proc.is_alive() and self._proc.exitcode not in (0, None):
+            reason = f"its process exited with code {self._proc.exitcode}"
+        if reason is not None:
+            raise TrackerFailed(reason)
+
+
+def serve(factory: str, kwargs: dict[str, Any], calls: Any, errors: Any, niceness: int) -> None:
+    """The child: build the tracker, then apply each call until None (then close it)."""
+    os.setpriority(os.PRIO_PROCESS, 0, niceness)  # also set by the parent: whichever is first
+    try:
+        module, cls = factory.split(":")
+        sink = getattr(importlib.import_module(module), cls)(**kwargs)
+        while (call := calls.get()) is not None:
+            method, args = call
+            getattr(sink, method)(*args)
+        sink.close()
+    except Exception as exc:  # handed to the logger thread, which reports it once
+        errors.put(f"{type(exc).__name__}: {exc}")
