@@ -9,16 +9,19 @@ run with `asyncgrpo replay` (the run's own config). Times in seconds, from each 
 metrics.jsonl:
 - s_per_step: (end of the last step - end of the first) / (steps - 1), periodic evaluation
   included (the same in every run);
-- loop_s: the learner loop's clock at the last step (`time_s`): what a replay is compared with
-  (no start-up, model loading or final plots on either side).
+- loop_s: the learner loop's clock at the last step (`time_s`): a replay's loop against the
+  original's (no start-up, model loading or final plots on either side);
+- command_s: the whole command's wall time, start to exit (`asyncgrpo launch --no-eval`: the
+  producers' start and the run; `asyncgrpo replay`: the check of the stream, the run, the
+  plots and the hash comparison).
 
 JSON keys (stable; medians over pairs): on_s_per_step, off_s_per_step, recording_overhead
 (on / off - 1: under another load it measures the load), recording_s_per_step (recording the
 run's stream again in this process, its groups decoded beforehand: puts, encoding, writes, per
 step) and recording_over_off_step (that / off_s_per_step: the recorder's work apart from the
 load), replay_s_per_step, replay_over_original (replay loop_s / the recorded run's
-loop_s), versions_compared and hashes_equal (every replay: all snapshot hashes equal),
-stream_bytes (the recorded run's RUN/stream/), stream_bytes_per_token (per completion token
+loop_s), replay_over_original_command (the same for command_s), versions_compared and
+hashes_equal (every replay: all snapshot hashes equal), stream_bytes (the recorded run's RUN/stream/), stream_bytes_per_token (per completion token
 trained), group_bytes_per_token (the groups' wire bytes alone), checkpoint_bytes (its
 checkpoint directory: fp32 weights and AdamW moments), steps, pairs, cpus, load_avg_1min_start,
 load_avg_1min_end, and runs: every run's figures.
@@ -34,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +45,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def asyncgrpo(*args: str, log: Path) -> str:
-    """Run the CLI to completion; its output (also in `log`); fail loudly on a non-zero exit."""
+def asyncgrpo(*args: str, log: Path) -> tuple[str, float]:
+    """Run the CLI to completion: its output (also in `log`) and the command's wall time in
+    seconds; fail loudly on a non-zero exit."""
+    t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "launch.cli", *args], capture_output=True,
                           text=True, cwd=ROOT, check=False)  # fmt: skip
+    wall = time.perf_counter() - t0
     log.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise SystemExit(f"asyncgrpo {' '.join(args)} failed; see {log}")
-    return done.stdout
+    return done.stdout, wall
 
 
 def step_times(run_dir: Path) -> dict[str, float]:
@@ -62,17 +69,18 @@ def step_times(run_dir: Path) -> dict[str, float]:
 
 def launch(out: Path, steps: int, record: bool) -> dict[str, Any]:
     flag = f"run.record_stream={str(record).lower()}"
-    asyncgrpo("launch", "--run-dir", str(out), "--steps", str(steps), "--no-live", "--no-eval",
-              "--set", flag, log=out.with_suffix(".log"))  # fmt: skip
-    return {"run": out.name, "record_stream": record, **step_times(out)}
+    _, wall = asyncgrpo("launch", "--run-dir", str(out), "--steps", str(steps), "--no-live",
+                        "--no-eval", "--set", flag, log=out.with_suffix(".log"))  # fmt: skip
+    return {"run": out.name, "record_stream": record, **step_times(out), "command_s": wall}
 
 
 def replay(source: Path, out: Path) -> dict[str, Any]:
-    text = asyncgrpo("replay", str(source), "--run-dir", str(out), log=out.with_suffix(".log"))
+    text, wall = asyncgrpo("replay", str(source), "--run-dir", str(out),
+                           log=out.with_suffix(".log"))  # fmt: skip
     equal = re.search(r"all (\d+) versions compared equal", text)
     compared = re.search(r"of (\d+) compared", text)
     return {
-        "run": out.name, **step_times(out),
+        "run": out.name, **step_times(out), "command_s": wall,
         "hashes_equal": equal is not None,
         "versions_compared": int((equal or compared).group(1)) if (equal or compared) else 0,
     }  # fmt: skip
@@ -94,8 +102,6 @@ def recording_cpu(run_dir: Path, scratch: Path) -> float:
     """Seconds per step that recording `run_dir`'s stream again takes in this process (the
     training thread's puts, the recorder thread's encoding and writes, until closed): the
     recorder's work, apart from the load of whatever else shares the machine."""
-    import time
-
     from common import wire
     from consumer.stream.reader import index, load_group
     from consumer.stream.recorder import Recorder
@@ -133,6 +139,7 @@ def main() -> None:
             off.append(pair[False])
             r = replay(base / f"p{i}-on", base / f"p{i}-replay")
             r["replay_over_original"] = r["loop_s"] / pair[True]["loop_s"]
+            r["replay_over_original_command"] = r["command_s"] / pair[True]["command_s"]
             rep.append(r)
             runs += [pair[order[0]], pair[order[1]], r]
             size = sizes(base / f"p{i}-on")
@@ -143,6 +150,7 @@ def main() -> None:
             "off_s_per_step": med(x["s_per_step"] for x in off),
             "replay_s_per_step": med(x["s_per_step"] for x in rep),
             "replay_over_original": med(x["replay_over_original"] for x in rep),
+            "replay_over_original_command": med(x["replay_over_original_command"] for x in rep),
             "versions_compared": min(x["versions_compared"] for x in rep),
             "hashes_equal": all(x["hashes_equal"] for x in rep),
             **size, "steps": args.steps, "pairs": args.pairs, "cpus": len(os.sched_getaffinity(0)),
