@@ -19,12 +19,12 @@ JSON keys (stable; medians over pairs): on_s_per_step, off_s_per_step, recording
 (on / off - 1: under another load it measures the load), recording_s_per_step (recording the
 run's stream again in this process, its groups decoded beforehand: puts, encoding, writes, per
 step) and recording_over_off_step (that / off_s_per_step: the recorder's work apart from the
-load), replay_s_per_step, replay_over_original (replay loop_s / the recorded run's
-loop_s), replay_over_original_command (the same for command_s), versions_compared and
-hashes_equal (every replay: all snapshot hashes equal), stream_bytes (the recorded run's RUN/stream/), stream_bytes_per_token (per completion token
-trained), group_bytes_per_token (the groups' wire bytes alone), checkpoint_bytes (its
-checkpoint directory: fp32 weights and AdamW moments), steps, pairs, cpus, load_avg_1min_start,
-load_avg_1min_end, and runs: every run's figures.
+load), replay_s_per_step, replay_over_original (replay loop_s / the recorded run's loop_s),
+replay_over_original_command (the same for command_s), versions_compared and hashes_equal
+(every replay: all snapshot hashes equal), stream_bytes (the recorded run's RUN/stream/),
+stream_bytes_per_token (per completion token trained), group_bytes_per_token (the groups' wire
+bytes alone), checkpoint_bytes (its checkpoint directory: fp32 weights and AdamW moments),
+steps, pairs, cpus, load_avg_1min_start, load_avg_1min_end, and runs: every run's figures.
 """
 
 from __future__ import annotations
