@@ -24,8 +24,9 @@ def perturbed(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.T
     return {k: v + scale * torch.randn(v.shape, generator=gen) for k, v in state.items()}
 
 
-def test_the_child_scores_what_this_process_scores_version_by_version():
-    """The demo model (it adds, partly): two versions that score differently, both nonzero."""
+def test_the_child_scores_what_this_process_scores_and_its_failures_name_the_version():
+    """The demo model (it adds, partly): two versions that score differently, both nonzero;
+    then, in the same child, weights that do not fit, and the child killed."""
     model_dir = ensure_demo_model()
     model, tokenizer = load_model(model_dir)
     examples = make_examples("heldout", SIZE, seed=SEED)
@@ -42,16 +43,10 @@ def test_the_child_scores_what_this_process_scores_version_by_version():
             state["model.norm.weight"].fill_(9.0)  # training goes on: the copy was taken
         assert evals.waiting == {4, 8}
         done = evals.drain()
-    finally:
-        evals.close()
-    assert {v: r["heldout_accuracy"] for v, r in done.items()} == expected
-    assert all(r["eval_s"] > 0 for r in done.values())
-    assert evals.waiting == frozenset()
+        assert {v: r["heldout_accuracy"] for v, r in done.items()} == expected
+        assert all(r["eval_s"] > 0 for r in done.values())
+        assert evals.waiting == frozenset()
 
-
-def test_a_failing_evaluation_and_a_dead_child_are_errors_naming_the_version(tiny_model_dir):
-    evals = EvalProcess(EvalSpec(str(tiny_model_dir), SIZE, SEED, NEW))
-    try:
         evals.submit(3, {"model.norm.weight": torch.zeros(7)})  # not this model's weights
         with pytest.raises(EvalError, match=r"evaluation of version 3 failed: RuntimeError"):
             evals.drain()
