@@ -121,10 +121,12 @@ def test_hf_producer_logprobs_equal_the_learners_after_every_reload(tmp_path, ti
         "staleness.max_staleness=0",
         "train.lr=0.02",
         length_reward,
-        "log.completions_every=3",
+        "log.completions_every=2",
         'log.report_to=["tensorboard"]',
     )
-    args[args.index("--steps") + 1] = "6"
+    # 4 steps: by the 6th the large lr had made nearly every group's lengths equal (no signal),
+    # and the run drew ~1,200 groups to fill it
+    args[args.index("--steps") + 1] = "4"
     consumer = cli(*args, log=tmp_path / "consumer.log")
     ep = endpoint(run_dir, [consumer])
     producer = cli(
@@ -136,15 +138,15 @@ def test_hf_producer_logprobs_equal_the_learners_after_every_reload(tmp_path, ti
     finally:
         stop(consumer, producer)
     metrics = read_jsonl(run_dir / RF.METRICS)
-    assert len(metrics) == 6
+    assert len(metrics) == 4
     for m in metrics:
         assert m["staleness_max"] == 0
         assert m["behavior_gap_abs_max"] < 1e-4, m["step"]
         assert abs(m["tis_weight_mean"] - 1) < 1e-4
     from safetensors.torch import load_file
 
-    first = load_file(run_dir / "snapshots" / "v000005" / "model.safetensors")
-    last = load_file(run_dir / "snapshots" / "v000006" / "model.safetensors")
+    first = load_file(run_dir / "snapshots" / "v000003" / "model.safetensors")
+    last = load_file(run_dir / "snapshots" / "v000004" / "model.safetensors")
     assert max(float((first[k] - last[k]).abs().max()) for k in first) > 1e-3  # weights moved
     _assert_observed(run_dir, metrics)
 
@@ -160,12 +162,12 @@ def _assert_observed(run_dir: Path, metrics: list[dict]) -> None:
         (fn_mean,) = m["reward_fn_means"].values()
         assert fn_mean == pytest.approx(m["reward_mean_seen"], abs=1e-5)
     rows = CF.read(run_dir)
-    assert sorted({r.step for r in rows}) == [1, 3, 6]
+    assert sorted({r.step for r in rows}) == [1, 2, 4]
     assert all(set(r.rewards) == {"reward_fixtures:length"} for r in rows)
     assert all(r.reward == pytest.approx(r.rewards["reward_fixtures:length"]) for r in rows)
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
-    assert [e.step for e in events.Scalars("reward/reward_mean_seen")] == [1, 2, 3, 4, 5, 6]
+    assert [e.step for e in events.Scalars("reward/reward_mean_seen")] == [1, 2, 3, 4]
 
 
 def synchronous_hf_run(tmp_path: Path, model: Path, name: str) -> Path:
