@@ -412,10 +412,10 @@ class Producer:
     def _state_name(self) -> str:
         if self.session is None:
             return "starting"
-        target = self.state.target
-        if self.state.weights_run != self.state.run_id or (
-            target is not None and target.version != self.session.engine.version
-        ):
+        target, current = self.state.target, self.state.weights_run == self.state.run_id
+        if current and self.state.pins and not self.state.loading:
+            return "evaluating"  # holding its version for an eval round (producer/pins.py)
+        if not current or (target is not None and target.version != self.session.engine.version):
             return "loading"  # or waiting for this consumer's first snapshot
         return "generating" if self.state.in_flight else "idle"
 

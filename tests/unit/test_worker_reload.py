@@ -144,6 +144,19 @@ async def test_a_resumed_consumer_at_a_lower_version_replaces_the_weights_we_hol
         assert producer._state_name() == "idle"
 
 
+async def test_a_producer_holding_its_version_for_an_eval_round_says_so() -> None:
+    """Pinned weights (producer/pins.py) with a newer snapshot announced: "evaluating", not
+    "loading" (the reload waits for the round, not for a fetch)."""
+    async with scripted_producer() as producer:
+        producer._on_status(wire.Status("run-0", 12, info(12)))
+        await run_weights_loop_until(producer, lambda: version(producer) == 12)
+        producer.state.pins = 1
+        producer._on_status(wire.Status("run-0", 13, info(13)))
+        assert producer._state_name() == "evaluating"
+        producer.state.pins = 0
+        assert producer._state_name() == "loading"
+
+
 async def test_same_version_from_a_new_incarnation_is_reloaded() -> None:
     """v12 of a resumed run is not v12 of the run that died (training diverged after the
     checkpoint): equal version numbers must not skip the reload."""
