@@ -3,7 +3,8 @@
 Checked in every page (README.md and docs/**/*.md), outside and inside code blocks as stated:
 - every relative link `[text](target)` names a file or directory of the repository, and its
   `#anchor` a heading of the Markdown page it points to (GitHub's heading slugs);
-- every command shown in a `bash` / `sh` / `shell` / `console` code block, and every inline code
+- every command shown in a `bash` / `sh` / `shell` / `console` code block (or a block with no
+  language whose first line runs one of the programs below), and every inline code
   span that starts with one of the programs below (or with a script, `bench/X.py --option`), is
   valid as written:
   `asyncgrpo ...` (also `python -m launch.cli ...` and `torchrun ... -m launch.cli ...`) parses
@@ -143,7 +144,7 @@ def shell_commands(page: Path, text: str) -> list[tuple[str, str]]:
     name = page.relative_to(ROOT) if ROOT in page.parents else page.name
     out = []
     for lang, first, lines in blocks:
-        if lang not in SHELL_LANGS:
+        if lang not in SHELL_LANGS and not (lang == "" and _starts_with_program(lines)):
             continue
         joined, start = "", first
         for n, line in enumerate(lines, first):
@@ -167,6 +168,13 @@ def shell_commands(page: Path, text: str) -> list[tuple[str, str]]:
         if words and (words[0] in PROGRAMS or script):
             out.append((f"{name}:{line_of(prose, m.start())} (inline)", span))
     return out
+
+
+def _starts_with_program(lines: list[str]) -> bool:
+    """A code block with no language whose first line of code runs a program of ours: shown
+    as commands, so checked as a `bash` block is."""
+    code = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+    return bool(code) and code[0].removeprefix("$ ").split()[0] in PROGRAMS
 
 
 def simple_commands(command: str) -> list[list[str]]:

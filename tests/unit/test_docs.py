@@ -157,12 +157,15 @@ def test_commands_are_read_from_shell_blocks_and_inline_code_as_a_shell_would() 
         "Run `asyncgrpo launch --steps 5`, or `ruff check .`:\n\n"
         "```bash\n# a comment\nasyncgrpo consumer --model demo \\\n    --steps 3   # note\n```\n\n"
         "```console\n$ asyncgrpo status runs/x\noutput, not a command\n```\n\n"
-        '```python\nasyncgrpo = "not a command"\n```\n'
+        '```python\nasyncgrpo = "not a command"\n```\n\n'
+        "```\nasyncgrpo report runs/x\n```\n\n"  # no language, a command: checked
+        "```\nstep 3/5 reward 0.2\n```\n"  # no language, output: not
     )
     shown = shell_commands(PAGE, text)
     assert [(w, simple_commands(c)) for w, c in shown] == [
         ("docs/page.md:5", [["asyncgrpo", "consumer", "--model", "demo", "--steps", "3"]]),
         ("docs/page.md:10", [["asyncgrpo", "status", "runs/x"]]),
+        ("docs/page.md:19", [["asyncgrpo", "report", "runs/x"]]),
         ("docs/page.md:1 (inline)", [["asyncgrpo", "launch", "--steps", "5"]]),
     ]
 
