@@ -98,6 +98,9 @@ class Learner:
         self.model_dir = local_model_dir(cfg.model.path) if not cfg.train.simulate_step_s else None
         prompts = make_source(cfg.task, seed=cfg.run.seed)  # bad data stops us before the model
         check_chat_template(prompts, cfg, self.model_dir)
+        # its own thread, started before the model loads: W&B's start (its process's imports,
+        # `wandb.init`: 2-3 CPU seconds) overlaps the load instead of the first steps
+        self.loggers = make_loggers(cfg, run_dir, self.model_dir)
         if self.model_dir is None:
             from consumer.train.simulated import SimulatedTrainer
 
@@ -152,7 +155,6 @@ class Learner:
         )
         self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
         self.reward_names = reward_names([r.fn for r in cfg.rewards.fns])
-        self.loggers = make_loggers(cfg, run_dir, self.model_dir)  # its own thread
         self.published = -1
         self.heldout = PeriodicEval(cfg, self.model_dir)
         self._step_end: float | None = None  # perf_counter when the last optimizer step ended
