@@ -47,7 +47,8 @@ def round_pin(state: State, engine_version: int | None) -> None:
         state.changed.bump()
 
 
-def eval_room(state: State, max_in_flight: int) -> int:
+def eval_room(state: State, slots: int) -> int:
     """Eval leases to ask for beyond the training slots: while the round's pin is held, up to
-    `max_in_flight` eval groups in flight (the pins other than the round's own)."""
-    return max(0, max_in_flight - (state.pins - 1)) if state.round_pinned else 0
+    `slots` eval groups in flight (the pins other than the round's own; `slots` is
+    common/config/evaluation.py's `eval_slots`)."""
+    return max(0, slots - (state.pins - 1)) if state.round_pinned else 0

@@ -48,6 +48,7 @@ import zmq.asyncio
 
 from common import wire
 from common.config import Config
+from common.config.evaluation import eval_slots
 from common.errors import ConfigError
 from common.keys import load_keys
 from common.sockets import client_socket, endpoint_with_port
@@ -189,6 +190,9 @@ class Producer:
             self.cfg, spec, kept=kept, rng=self.rng,
             push=lambda: self._socket(zmq.PUSH, spec.rollouts_port),
         )  # fmt: skip
+        limit = self.cfg.producer.max_in_flight  # grants of eval leases beside them decode
+        slots = eval_slots(limit, spec.group_size, spec.eval_samples)
+        self.control.limits = wire.reply_limits(self.max_bytes, limit + slots)
         return self.session
 
     def _socket(self, kind: int, port: int) -> zmq.asyncio.Socket:
@@ -309,6 +313,7 @@ class Producer:
 
     async def lease_loop(self, tg: asyncio.TaskGroup, session: Session) -> None:
         limit = self.cfg.producer.max_in_flight
+        slots = eval_slots(limit, session.spec.group_size, session.spec.eval_samples)
         state = self.state
         backoff = Backoff(_BACKOFF_FIRST_S, _BACKOFF_CAP_S, self.rng)
 
@@ -316,7 +321,7 @@ class Producer:
             return limit - len(state.in_flight) - session.outbox.num_held
 
         def may_ask() -> bool:
-            room = free() > 0 or eval_room(state, limit) > 0
+            room = free() > 0 or eval_room(state, slots) > 0
             return state.finished or (room and state.target is not None)
 
         while not state.finished:
@@ -327,7 +332,7 @@ class Producer:
             declined, state.declined = tuple(state.declined), []
             msg = wire.LeaseRequest(
                 0, state.producer_id, max(free(), 0), session.engine.version, declined,
-                eval_room(state, limit),
+                eval_room(state, slots),
             )  # fmt: skip
             reply = await self.request_status(msg)
             leases = reply.leases if isinstance(reply, wire.LeaseGrant) else ()

@@ -13,6 +13,17 @@ from dataclasses import dataclass
 from common.config.fields import _f, failed
 
 MAX_EVAL_SAMPLES = 256  # k per prompt: one group message holds them all
+MAX_EVAL_SLOTS = 1 << 10  # eval leases one producer holds at once: one grant's (wire.sizes)
+
+
+def eval_slots(max_in_flight: int, group_size: int, samples_per_prompt: int) -> int:
+    """Eval leases a producer holding a round's version may have in flight beside its
+    `max_in_flight` training slots: as many completions as those slots hold (an eval group of k
+    completions takes k/G of a slot), at least `max_in_flight` groups, at most `MAX_EVAL_SLOTS`.
+    So a round of greedy prompts (k = 1) is sampled in one batch of G x max_in_flight rows, not
+    in G waves, and the producer's version is held for it that much less long."""
+    per_slot = max(1, group_size // max(1, samples_per_prompt))
+    return min(max_in_flight * per_slot, MAX_EVAL_SLOTS)
 
 
 @dataclass(frozen=True, slots=True)

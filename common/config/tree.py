@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.config.evaluation import EvalConfig
+from common.config.evaluation import EvalConfig, eval_slots
 from common.config.fields import choices, failed
 from common.config.observe import LogConfig
 from common.config.producer import FakeEngineConfig, ProducerConfig, VllmConfig
@@ -102,7 +102,7 @@ def _across(cfg: Config) -> list[str]:
 def _message_problems(cfg: Config) -> list[str]:
     """A producer holds at most min(producer.max_in_flight, (staleness.max_staleness + 1) x
     train.prompts_per_step) training leases (the consumer keeps no more open), and with
-    evaluation on up to producer.max_in_flight eval leases besides: its registration names
+    evaluation on up to `eval_slots(...)` eval leases besides: its registration names
     them all, a grant carries up to 1,024 of them. Both must fit one control message
     (common/wire/sizes.py): at most `MAX_LEASE_IDS` ids, and `net.max_message_mib`."""
     from common.wire import sizes  # the wire's sizes, imported only when checked
@@ -115,8 +115,11 @@ def _message_problems(cfg: Config) -> list[str]:
         else f"(staleness.max_staleness + 1) x train.prompts_per_step = {open_leases}"
     )
     if cfg.eval.on:  # eval leases come on top of the training slots (producer/pins.py)
-        held += cfg.producer.max_in_flight
-        which += " (plus as many eval leases: eval.every_steps is on)"
+        slots = eval_slots(
+            cfg.producer.max_in_flight, cfg.sampling.group_size, cfg.eval.samples_per_prompt
+        )
+        held += slots
+        which += f" (plus {slots} eval leases: eval.every_steps is on)"
     if held > sizes.MAX_LEASE_IDS:
         return [
             f"{which}: a producer would hold {held} leases, and one registration names at most "

@@ -134,3 +134,39 @@ def test_the_round_pin_holds_the_weights_while_the_round_leases_for_them():
     assert not state.round_pinned  # too old to give it one
     round_pin(state, 7)
     assert state.round_pinned  # 7 may: it holds 7 and asks for the round
+
+
+def test_eval_slots_hold_as_many_completions_as_the_training_slots():
+    from common.config.evaluation import MAX_EVAL_SLOTS, eval_slots
+
+    assert eval_slots(24, 8, 1) == 192  # greedy prompts: the round in one batch, not 8 waves
+    assert eval_slots(4, 8, 4) == 8
+    assert eval_slots(4, 8, 8) == eval_slots(4, 8, 16) == 4  # never fewer than the groups
+    assert eval_slots(200, 16, 1) == MAX_EVAL_SLOTS
+
+
+async def test_a_producer_holding_the_round_asks_for_its_eval_slots_beside_its_training_slots():
+    """The lease request of a producer that holds the round's version names `eval_slots`
+    (G = 8 completions per training lease, k = 1 per eval lease, 4 training slots: 32)."""
+    from test_worker_reload import scripted_producer
+
+    async with scripted_producer() as producer:
+        session = producer.session
+        assert session is not None
+        producer.cfg = C.apply_overrides(C.Config(), ["producer.max_in_flight=4"])
+        assert (session.spec.group_size, session.spec.eval_samples) == (8, 1)
+        await session.engine.load_weights(producer.weights.cache, 5)
+        state = producer.state
+        state.run_id = state.weights_run = "r"
+        state.target, state.eval_round = info(5), 5
+        asked: list[wire.LeaseRequest] = []
+
+        async def request_status(msg, timeout_s=0.0):
+            asked.append(msg)
+            state.finished = True  # one request is all this test needs
+            return None
+
+        producer.request_status = request_status  # type: ignore[method-assign]
+        async with asyncio.TaskGroup() as tg:
+            await producer.lease_loop(tg, session)
+        assert [(m.max_leases, m.max_eval_leases) for m in asked] == [(4, 32)]
