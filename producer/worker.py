@@ -19,11 +19,11 @@ producer/session.py) while heartbeats already run; producer/main.py runs its tas
   group the consumer told it to hold keeps its lease's slot until sent: backpressure). A request
   that cannot be granted waits at the consumer until leases free up (`net.lease_wait_s`); after
   an empty reply the producer pauses (`producer/backoff.py`: jittered, doubling from 50 ms to
-  1 s, or to the heartbeat period when the consumer has lengthened it) before asking again;
-  sooner when a newer snapshot is announced, unless the period is lengthened (many producers:
-  others wait at the consumer to take what frees up). So a starved producer sends about one
-  request per `net.lease_wait_s` plus a period, and all of them together about as many as
-  heartbeats, not one per round trip each.
+  1 s; from half the heartbeat period to all of it when the consumer has lengthened it) before
+  asking again, sooner when a newer snapshot is announced unless the period is lengthened (many
+  producers: others wait at the consumer to take what frees up). So a starved producer sends
+  about one request per `net.lease_wait_s` plus a pause, and all of them together about as
+  many as heartbeats once there are many, not one per round trip each.
 A consumer silent for `net.consumer_timeout_s`, or three heartbeat periods when
 longer (common/heartbeat.py), raises `ConsumerLost` from the heartbeat (exit 3 in
 producer/main.py). Unacknowledged groups are re-sent after `net.resend_after_s`, stretched
@@ -376,6 +376,7 @@ class Producer:
             shown = state.target.version if state.target is not None else -1
             crowded = state.heartbeat_s > self.cfg.net.heartbeat_s
             backoff.cap_s = max(_BACKOFF_CAP_S, state.heartbeat_s)
+            backoff.first_s = backoff.cap_s / 2 if crowded else _BACKOFF_FIRST_S
             until = partial(self._newer_than, float("inf") if crowded else shown)
             await state.changed.wait_for(until, backoff.next_s())
         log.info("the consumer needs no more groups: producer done")
