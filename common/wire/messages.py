@@ -193,7 +193,7 @@ class RunSpec:
     model: str
     rollouts_port: int
     announce_port: int
-    heartbeat_s: float
+    heartbeat_s: float  # net.heartbeat_s: the shortest period a status names (Status.heartbeat_s)
     max_message_bytes: int
     reward_fns: tuple[RewardWeight, ...]
     reward_timeout_s: float
