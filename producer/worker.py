@@ -374,9 +374,7 @@ class Producer:
             # period: then many others wait there for what frees up. The condition, not any
             # change: the reply itself has just bumped the change counter.
             shown = state.target.version if state.target is not None else -1
-            crowded = state.heartbeat_s > session.spec.heartbeat_s  # the consumer's floor
-            backoff.cap_s = max(_BACKOFF_CAP_S, state.heartbeat_s)
-            backoff.first_s = backoff.cap_s / 2 if crowded else _BACKOFF_FIRST_S
+            crowded = backoff.follow(state.heartbeat_s, floor_s=session.spec.heartbeat_s)
             until = partial(self._newer_than, float("inf") if crowded else shown)
             await state.changed.wait_for(until, backoff.next_s())
         log.info("the consumer needs no more groups: producer done")
