@@ -43,7 +43,8 @@ producers told) and must exit 0. Reported per N (JSON keys in brackets):
   with whatever preempted it; `network_loop_gap_cpu_max_ms`: the longest in the thread's own
   CPU time], control
   messages per second and the consumer's CPU per message [`control_messages_per_s`,
-  `consumer_cpu_s_per_message`: heartbeats and lease polls grow with N, groups need not]; and
+  `consumer_cpu_s_per_message`; heartbeats [`heartbeats_per_s`] stay within
+  `net.max_heartbeats_per_s` whatever N (common/heartbeat.py), lease polls likewise]; and
   the swarm's own CPU, in cores [`client_cpu`], so the reader sees which side is the limit.
 `n` is N again.
 The consumer is pinned to core `--consumer-core` (0 by default on a machine of 2 or more cores)
@@ -385,7 +386,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", type=int, default=64, help="completion tokens per sample")
     ap.add_argument("--in-flight", type=int, default=1, help="leases per producer")
     ap.add_argument("--latency-s", type=float, default=0.0, help="fake generation per group")
-    ap.add_argument("--heartbeat-s", type=float, default=1.0, help="net.heartbeat_s, both sides")
+    ap.add_argument("--heartbeat-s", type=float, default=1.0, help="net.heartbeat_s (floor)")
     ap.add_argument("--max-message-mib", type=float, default=64.0)
     ap.add_argument("--register-timeout-s", type=float, default=120.0)
     ap.add_argument("--stop-timeout-s", type=float, default=60.0)

@@ -373,12 +373,13 @@ class Learner:
 
     def _let_producers_hear_the_end(self) -> None:
         """Keep answering so producers learn the run is over and exit, whether the run ended by
-        itself or by a signal (unless a second signal says hurry): a few heartbeats for the
-        registered ones; after a resume, up to net.producer_timeout_s from the start for those
-        of the previous incarnation that have not registered again yet."""
-        net = self.cfg.net
-        deadline = time.monotonic() + 3 * net.heartbeat_s + 1.0
-        restored_deadline = self.started + max(net.producer_timeout_s, 3 * net.heartbeat_s + 1.0)
+        itself or by a signal (unless a second signal says hurry): a few heartbeats (of the
+        period the consumer sends: common/heartbeat.py) for the registered ones; after a resume,
+        up to the producer timeout from the start for those of the previous incarnation that
+        have not registered again yet."""
+        beat_s, timeout_s = self.server.heartbeat_timing()
+        deadline = time.monotonic() + 3 * beat_s + 1.0
+        restored_deadline = self.started + max(timeout_s, 3 * beat_s + 1.0)
         if self.stop_asked is not None:  # a stop request ends the run within STOP_WAIT_S
             restored_deadline = min(restored_deadline, self.stop_asked + STOP_WAIT_S)
         while not self.hurry.is_set():

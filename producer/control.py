@@ -6,7 +6,9 @@ in `timeout_s` raises `TimeoutError` (the consumer may be restarting; DEALER rec
 itself and the caller retries). A `Reject` reply raises `Rejected(reason)`. A monitor task
 (`watch_link`) follows the connection's events: `link` says what it has seen (nothing
 listening, connected, a failing security handshake) for "waiting for the consumer" lines,
-and a key the consumer's authenticator refuses fails every request with `KeyRefused` at once;
+and counts connections made (`connects`; `on_connected` is told: a consumer restarted at the
+same address is heard of at once), and a key the consumer's authenticator refuses fails every
+request with `KeyRefused` at once;
 so does a consumer that answers in another wire schema (`SchemaMismatch`: another release).
 A status the consumer pushes unasked (req 0: room for held groups) goes to `on_pushed`, and so
 does the status of a reply that comes after its request timed out: the consumer hands acks and
@@ -77,6 +79,8 @@ class ControlClient:
         self.refused: ConfigError | None = None  # KeyRefused or SchemaMismatch: final
         self._monitor = self.sock.get_monitor_socket()
         self.on_pushed: Callable[[wire.Status], None] | None = None
+        self.connects = 0  # connections made to the consumer (a reconnection: it may be new)
+        self.on_connected: Callable[[], None] | None = None
 
     async def request(self, msg: wire.Message, *, timeout_s: float) -> wire.Message:
         """Send `msg` (its `req` field is replaced) and await the matching reply. Raises
@@ -136,6 +140,9 @@ class ControlClient:
             kind = event["event"]
             if kind == zmq.EVENT_CONNECTED:
                 self.link = "connected; no CurveZMQ handshake yet" if self.keys else "connected"
+                self.connects += 1
+                if self.on_connected is not None:
+                    self.on_connected()
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.link = "connected, no answer yet"
             elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, _NO_DETAIL):

@@ -60,6 +60,7 @@ class State:
     target: wire.SnapshotInfo | None = None  # newest snapshot the consumer has announced
     weights_run: str = ""  # run id of the consumer whose snapshot the engine holds
     finished: bool = False
+    heartbeat_s: float = 1.0  # the period the consumer last asked for (`Status.heartbeat_s`)
     in_flight: set[int] = field(default_factory=set)
     # evaluation leases (consumer/server/eval_book.py): the eval groups being sampled pin the
     # loaded weights (no reload starts while pins > 0: producer/weights.py), `loading` is True

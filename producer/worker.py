@@ -5,8 +5,11 @@ score, send; keep the newest weights loaded.
 producer/session.py) while heartbeats already run; producer/main.py runs its tasks in one
 `asyncio.TaskGroup` (a failing task cancels the group; `close` shuts every socket and the engine):
 - `replies`: the control socket's reader (producer/control.py);
-- `heartbeat`: every `heartbeat_s`, reports state and takes acks, the newest snapshot and the
-  consumer's run id (a new run id = the consumer restarted: register again, re-send unacked);
+- `heartbeat`: reports state and takes acks, the newest snapshot and the consumer's run id (a
+  new run id = the consumer restarted: register again, re-send unacked), every period the
+  consumer last sent (`Status.heartbeat_s`: longer with more producers, common/heartbeat.py),
+  and at once when the engine first holds this run's weights (a learner may wait for that) or
+  the connection was made anew (a restarted consumer hears of us without waiting a period);
 - `announce`: listens for new snapshots (producer/announcements.py);
 - `weights`: loads the newest announced snapshot, from the consumer's file on this host or over
   the network (producer/weights.py);
@@ -16,10 +19,15 @@ producer/session.py) while heartbeats already run; producer/main.py runs its tas
   group the consumer told it to hold keeps its lease's slot until sent: backpressure). A request
   that cannot be granted waits at the consumer until leases free up (`net.lease_wait_s`); after
   an empty reply the producer pauses (`producer/backoff.py`: jittered, doubling from 50 ms to
-  1 s) before asking again, and sooner when a newer snapshot is announced, so a starved
-  producer sends about one request per `net.lease_wait_s`, not one per round trip.
-A consumer silent for `net.consumer_timeout_s` raises `ConsumerLost` from the heartbeat (exit 3
-in producer/main.py).
+  1 s; from half the heartbeat period to all of it when the consumer has lengthened it) before
+  asking again, sooner when a newer snapshot is announced unless the period is lengthened (many
+  producers: others wait at the consumer to take what frees up). So a starved producer sends
+  about one request per `net.lease_wait_s` plus a pause, and all of them together about as
+  many as heartbeats once there are many, not one per round trip each.
+A consumer silent for `net.consumer_timeout_s`, or three heartbeat periods when
+longer (common/heartbeat.py), raises `ConsumerLost` from the heartbeat (exit 3 in
+producer/main.py). Unacknowledged groups are re-sent after `net.resend_after_s`, stretched
+the same way (acks ride every reply, a heartbeat's too).
 
 Invariants: a lease starts generating only once the loaded weights are at least its
 `min_version` (the staleness bound by construction) and come from the consumer's current run;
@@ -50,6 +58,7 @@ from common import wire
 from common.config import Config
 from common.config.evaluation import eval_slots
 from common.errors import ConfigError
+from common.heartbeat import silence_limit_s
 from common.keys import load_keys
 from common.sockets import client_socket, endpoint_with_port
 from producer.announcements import announcements
@@ -103,6 +112,8 @@ class Producer:
             max_in_flight=2 * cfg.producer.max_in_flight,  # eval leases come on top
         )  # fmt: skip
         self.control.on_pushed = self._on_pushed
+        self.control.on_connected = self.state.changed.bump  # the heartbeat beats at once
+        self.state.heartbeat_s = cfg.net.heartbeat_s  # until the consumer says otherwise
         self.session: Session | None = None
         self.relay = (
             Relay(
@@ -206,8 +217,12 @@ class Producer:
         """Apply a status; True when the consumer restarted (new run id)."""
         restarted = bool(self.state.run_id) and status.run_id != self.state.run_id
         self.state.run_id = status.run_id
+        self.state.heartbeat_s = status.heartbeat_s
         if self.session is not None:
             self.session.outbox.acknowledge(status.acks)
+            self.session.outbox.resend_after_s = silence_limit_s(
+                self.cfg.net.resend_after_s, status.heartbeat_s
+            )
         if restarted:
             # A resumed consumer may stand at an older version than the weights we hold (it
             # restarts from its last checkpoint): forget the old run's snapshots, even when
@@ -265,10 +280,11 @@ class Producer:
 
     # -- tasks ---------------------------------------------------------------------------------
     def check_consumer(self) -> None:
-        """Raise `ConsumerLost` once the consumer has been silent for net.consumer_timeout_s."""
+        """Raise `ConsumerLost` once the consumer has been silent for net.consumer_timeout_s,
+        or three of the heartbeat periods it sent when that is longer."""
         timeout = self.cfg.net.consumer_timeout_s
         silent = time.monotonic() - self.control.last_reply_s
-        if timeout and silent > timeout:
+        if timeout and silent > silence_limit_s(timeout, self.state.heartbeat_s):
             unacked = len(self.session.outbox.pending) if self.session is not None else 0
             raise ConsumerLost(
                 f"no answer from the consumer at {self.cfg.net.connect} for {silent:.0f} s "
@@ -278,6 +294,7 @@ class Producer:
 
     async def heartbeat_loop(self) -> None:
         beat = self.cfg.net.heartbeat_s
+        state, control = self.state, self.control
         while True:
             self.check_consumer()
             version = self.session.engine.version if self.session is not None else -1
@@ -290,7 +307,17 @@ class Producer:
             await self.request_status(msg, timeout_s=min(max(5 * beat, 2.0), _REQUEST_TIMEOUT_S))
             if self.session is not None:
                 self.state.count("groups_resent", await self.session.outbox.resend())
-            await asyncio.sleep(beat)
+            due = partial(self._beat_due, self._holds_run_weights(), control.connects)
+            await state.changed.wait_for(due, state.heartbeat_s)
+
+    def _holds_run_weights(self) -> bool:
+        """The engine holds a snapshot of the consumer's current run (what makes it ready)."""
+        return self.session is not None and self.state.weights_run == self.state.run_id
+
+    def _beat_due(self, ready: bool, connects: int) -> bool:
+        """Beat before the period is over: the engine came to hold this run's weights (or lost
+        them), or the connection to the consumer was made anew since (`ready`, `connects`)."""
+        return self._holds_run_weights() != ready or self.control.connects != connects
 
     async def release_loop(self, outbox: Outbox) -> None:
         """Send the held groups the consumer has room for as soon as it says so."""
@@ -348,10 +375,13 @@ class Producer:
                 continue
             state.count("lease_requests_empty")
             # Nothing was free for net.lease_wait_s. Pause before asking again, less when a
-            # newer snapshot comes (leases follow it). The condition, not any change: the
-            # reply itself has just bumped the change counter.
+            # newer snapshot comes (leases follow it) unless the consumer lengthened the
+            # period: then many others wait there for what frees up. The condition, not any
+            # change: the reply itself has just bumped the change counter.
             shown = state.target.version if state.target is not None else -1
-            await state.changed.wait_for(partial(self._newer_than, shown), backoff.next_s())
+            crowded = backoff.follow(state.heartbeat_s, floor_s=session.spec.heartbeat_s)
+            until = partial(self._newer_than, float("inf") if crowded else shown)
+            await state.changed.wait_for(until, backoff.next_s())
         log.info("the consumer needs no more groups: producer done")
         for task in self.lease_tasks.values():  # their groups would never be trained
             task.cancel()
@@ -359,7 +389,7 @@ class Producer:
     def _round_pin(self) -> None:
         round_pin(self.state, self.session.engine.version if self.session is not None else None)
 
-    def _newer_than(self, version: int) -> bool:
+    def _newer_than(self, version: float) -> bool:
         """The run is finished, or a snapshot newer than `version` has been announced."""
         target = self.state.target
         return self.state.finished or (target is not None and target.version > version)

@@ -129,7 +129,10 @@ def _of_type(tp: Any) -> st.SearchStrategy[Any]:
         return leases()
     if dataclasses.is_dataclass(tp):
         fields = {f.name for f in dataclasses.fields(tp)}  # not the ClassVar KIND
-        return st.builds(tp, **{k: _of_type(v) for k, v in _hints(tp).items() if k in fields})
+        kwargs = {k: _of_type(v) for k, v in _hints(tp).items() if k in fields}
+        if tp is wire.Status:  # a positive, finite heartbeat period (`wire.check_status`)
+            kwargs["heartbeat_s"] = st.floats(1e-3, 1e6)
+        return st.builds(tp, **kwargs)
     return {
         type(None): st.none(),
         int: st.integers(-(2**63), 2**64 - 1),

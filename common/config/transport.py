@@ -80,8 +80,22 @@ class NetConfig:
     max_message_mib: float = _f(
         64.0, "Largest accepted message (ZMQ_MAXMSGSIZE and unpacker limits)."
     )
-    heartbeat_s: float = _f(1.0, "Producer heartbeat period.")
-    producer_timeout_s: float = _f(30.0, "A producer silent this long is gone; its leases expire.")
+    heartbeat_s: float = _f(
+        1.0,
+        "Shortest producer heartbeat period; the consumer lengthens it to keep heartbeats within "
+        "net.max_heartbeats_per_s and tells producers in every reply.",
+    )
+    max_heartbeats_per_s: float = _f(
+        64.0,
+        "Consumer: heartbeats per second it asks of all live producers together: the period "
+        "it sends is max(net.heartbeat_s, live producers / this), and its producer timeout and "
+        "the producers' consumer timeout stretch with it.",
+    )
+    producer_timeout_s: float = _f(
+        30.0,
+        "A producer silent this long is gone; its leases expire (at least three heartbeat "
+        "periods as the consumer sends them).",
+    )
     lease_timeout_s: float = _f(
         900.0, "A lease not delivered in this time expires and is re-issued."
     )
@@ -90,7 +104,11 @@ class NetConfig:
         "Longest a lease request that cannot be granted waits at the consumer; it is answered "
         "the moment leases free up (0 = answer at once, empty).",
     )
-    resend_after_s: float = _f(60.0, "Producer re-sends a group not acknowledged in this time.")
+    resend_after_s: float = _f(
+        60.0,
+        "Producer re-sends a group not acknowledged in this time (at least three heartbeat "
+        "periods as the consumer sends them).",
+    )
     max_queued_mib: float = _f(
         256.0,
         "Consumer: groups received and waiting for the learner take at most this many MiB "
@@ -103,7 +121,8 @@ class NetConfig:
     handshake_timeout_s: float = _f(60.0, "How long a producer waits for the consumer's welcome.")
     consumer_timeout_s: float = _f(
         300.0,
-        "A producer that hears nothing from the consumer this long exits (0 = waits for ever).",
+        "A producer that hears nothing from the consumer this long exits (0 = waits for ever; "
+        "at least three heartbeat periods as the consumer sends them).",
     )
 
     def problems(self) -> list[str]:
@@ -116,6 +135,7 @@ class NetConfig:
                 self.heartbeat_s > 0 and self.producer_timeout_s > 2 * self.heartbeat_s,
                 "net.producer_timeout_s must exceed two heartbeats (net.heartbeat_s)",
             ),
+            (self.max_heartbeats_per_s > 0, "net.max_heartbeats_per_s must be > 0"),
             (self.max_message_mib > 0, "net.max_message_mib must be > 0"),
             (
                 self.max_queued_mib >= self.max_message_mib,

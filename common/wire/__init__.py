@@ -1,4 +1,4 @@
-"""Wire schema v6: the only package that knows the bytes.
+"""Wire schema v7: the only package that knows the bytes.
 
 - messages.py: every message kind as a frozen dataclass (the table of kinds, sockets and fields),
   `SCHEMA_VERSION`, the finish reasons, the lease outcomes and the backpressure acks;
@@ -25,6 +25,7 @@ from common.wire.codec import (
     alloc_bound,
     check_group,
     check_lease,
+    check_status,
     decode,
     decode_reply,
     encode,
@@ -125,6 +126,7 @@ __all__ = [
     "alloc_bound",
     "check_group",
     "check_lease",
+    "check_status",
     "control_limits",
     "decode",
     "decode_reply",

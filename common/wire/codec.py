@@ -1,4 +1,4 @@
-"""Wire schema v6, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
+"""Wire schema v7, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
 
 Conventions and invariants:
 - Arrays (`Group.ARRAYS`) are encoded as the raw little-endian bytes of their fixed dtype;
@@ -37,6 +37,8 @@ Conventions and invariants:
   (`reward_parts`) are empty or F x G finite numbers, F = `Limits.num_reward_fns` when set.
 - A peer of another schema version is refused by its first field (`schema_version`), with a
   detail that names both versions: run the same release on both sides.
+- A status's heartbeat period (`Status.heartbeat_s`) must be positive and finite
+  (`check_status`).
 - A `LeaseGrant`'s leases are checked for their shape (`check_lease`): a prompt as text or as
   chat messages, not both; columns "" or a JSON object's text. The columns stay text here: a
   JSON value can cost tens of times its size in Python objects, so only the producer's reward
@@ -75,6 +77,7 @@ from common.wire.messages import (
     LeaseRequest,
     Message,
     Register,
+    Status,
     StatusReply,
     Welcome,
 )
@@ -221,6 +224,8 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
         elif isinstance(msg, LeaseGrant):
             for lease in msg.leases:
                 check_lease(lease)
+        if isinstance(msg, LeaseGrant | StatusReply | Welcome):
+            check_status(msg.status)
     except WireError as exc:
         if cls is Group:
             exc.lease_id, exc.producer_id = _group_ids(r, entries)
@@ -284,6 +289,13 @@ def check_lease(lease: Lease) -> None:
     columns = lease.columns
     if columns and not (columns.startswith("{") and columns.endswith("}")):
         raise WireError("bad_value", "a lease's columns must be a JSON object")
+
+
+def check_status(status: Status) -> None:
+    """A status's heartbeat period is a positive, finite number of seconds (also run by
+    `decode`: a producer sleeps on it). Raises `WireError`."""
+    if not (math.isfinite(status.heartbeat_s) and status.heartbeat_s > 0):
+        raise WireError("bad_value", "a status's heartbeat_s must be positive and finite")
 
 
 def check_group(g: Group, limits: Limits) -> None:

@@ -1,4 +1,4 @@
-"""Wire schema v6, the messages: every kind, its fields in wire order, the constants they use.
+"""Wire schema v7, the messages: every kind, its fields in wire order, the constants they use.
 
 Every message is one msgpack map whose first key is `schema` (= SCHEMA_VERSION) and second `kind`;
 common/wire/codec.py alone writes and reads the bytes. Everyone else sees the frozen dataclasses
@@ -77,6 +77,11 @@ Conventions and invariants:
   the round has one, the version from which a producer may give it its own (`eval_from`): a
   producer holding it (or, for `eval_from`, any newer one) defers its reloads and asks for up to
   `max_eval_leases` eval leases on top of its training slots until the round is leased.
+- Heartbeats (common/heartbeat.py): every status names the period at which the consumer wants
+  heartbeats (`Status.heartbeat_s`, seconds, positive and finite: `check_status`), longer with
+  more live producers so that all of them together send at most `net.max_heartbeats_per_s`;
+  a producer beats at the period it heard last, and each side tolerates silences of three
+  such periods or its configured timeout, whichever is longer.
 """
 
 from __future__ import annotations
@@ -88,7 +93,8 @@ import numpy as np
 
 from common.kept_set import KeptSets, from_counts
 
-SCHEMA_VERSION = 6  # 6: evaluation leases and groups (Lease.eval_version, Group.evaluation,
+SCHEMA_VERSION = 7  # 7: the consumer sets the heartbeat period (Status.heartbeat_s)
+# 6: evaluation leases and groups (Lease.eval_version, Group.evaluation,
 # LeaseRequest.declined / max_eval_leases, RunSpec.eval_samples / eval_temperature,
 # Status.eval_version / eval_from)
 # 5: each reward function's scores travel with the group (Group.reward_parts)
@@ -159,6 +165,9 @@ class Status:
     # a round that has no version yet waits for its first producer holding this one or newer
     # (-1: none); that producer keeps its version and asks for the round
     eval_from: int = -1
+    # the period, in seconds, at which the consumer asks this producer to heartbeat: longer
+    # with more live producers (common/heartbeat.py); the producer beats at the one it heard last
+    heartbeat_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +193,7 @@ class RunSpec:
     model: str
     rollouts_port: int
     announce_port: int
-    heartbeat_s: float
+    heartbeat_s: float  # net.heartbeat_s: the shortest period a status names (Status.heartbeat_s)
     max_message_bytes: int
     reward_fns: tuple[RewardWeight, ...]
     reward_timeout_s: float

@@ -12,11 +12,23 @@ Two orders, both kept by insertion at the current time, so each is sorted by its
 
 Invariant: a producer is in `heard` exactly while the consumer waits to hear from it (registered,
 neither left nor gone), with the time it was last heard from; `now` never goes backwards.
+
+`SentPeriods` keeps the heartbeat period every status carries (common/heartbeat.py: longer
+with more live producers) and the longest one a producer may still be sleeping on: a
+producer beats at the period it heard last, so when the period shrinks (producers left), the
+longer one is still tolerated until every producer has beaten once since: `longest_s` is the
+maximum of the periods sent over the current window and the one before, a window lasting the
+longest period then tolerated plus `_WINDOW_SLACK_S`. The silence tolerated is
+`silence_limit_s(net.producer_timeout_s, longest_s)`.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+
+from common.heartbeat import period_s, silence_limit_s
+
+_WINDOW_SLACK_S = 5.0  # beyond a period: a heartbeat's round trip, a busy event loop
 
 
 class Liveness:
@@ -71,3 +83,33 @@ class Liveness:
         """Drop every record of `producer_id`."""
         self._heard.pop(producer_id, None)
         self._ended.pop(producer_id, None)
+
+
+class SentPeriods:
+    """The heartbeat period to send (`current`) and the longest a live producer may be using
+    (`longest_s`); `floor_s` = net.heartbeat_s, `max_per_s` = net.max_heartbeats_per_s."""
+
+    def __init__(self, floor_s: float, max_per_s: float) -> None:
+        self.floor_s, self.max_per_s = floor_s, max_per_s
+        self._current_max = self._previous_max = floor_s  # periods sent, this window and last
+        self._window_end = 0.0  # monotonic seconds: the current window rolls over then
+
+    def current(self, num_live: int, now: float) -> float:
+        """The period for `num_live` live producers, recorded as sent at `now`."""
+        period = period_s(num_live, floor_s=self.floor_s, max_per_s=self.max_per_s)
+        if now >= self._window_end:  # whoever heard the previous window's periods beat since
+            self._previous_max, self._current_max = self._current_max, period
+            self._window_end = now + self.longest_s + _WINDOW_SLACK_S
+        elif period > self._current_max:
+            self._current_max = period
+        return period
+
+    @property
+    def longest_s(self) -> float:
+        """The longest period sent in this window or the one before."""
+        return max(self._current_max, self._previous_max)
+
+    def timeout_s(self, configured_s: float) -> float:
+        """The silence after which a producer is gone: `configured_s` (net.producer_timeout_s),
+        or three of the longest periods a producer may be using, when longer."""
+        return silence_limit_s(configured_s, self.longest_s)

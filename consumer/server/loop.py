@@ -5,7 +5,9 @@ Each turn: drain the rollouts socket (consumer/server/intake.py) and the control
 (consumer/server/control.py), up to `_DRAIN` messages each; run the calls other threads queued
 (consumer/server/calls.py); serve parked lease requests (consumer/server/parked.py); push the
 groups the learner made room for (`Admission.release`); and every 0.25 s the housekeeping:
-producers silent for `net.producer_timeout_s` are gone (their leases expire), leases past
+producers silent for `net.producer_timeout_s`, or three heartbeat periods when the
+consumer has lengthened the period beyond a third of it (`NetState.producer_timeout_s`,
+common/heartbeat.py), are gone (their leases expire), leases past
 `net.lease_timeout_s` expire, records of producers that left or went silent, holding no lease,
 are forgotten after `_FORGET_AFTER_S` (with their acks), held groups whose lease ended otherwise
 are pruned, and the books are handed to their writer thread when due (consumer/server/books.py).
@@ -156,14 +158,15 @@ class Loop:
         """Silent producers go, overdue leases expire, long-ended producers are forgotten, the
         books are handed over when due: each costs what it finds, not the number of producers."""
         st, net = self._state, self._state.cfg.net
-        gone = st.liveness.silent(now, net.producer_timeout_s)
+        timeout_s = st.producer_timeout_s()
+        gone = st.liveness.silent(now, timeout_s)
         expired = st.book.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=set(gone))
         with st.lock:
             for p in gone:
                 log.warning(
                     "producer %s silent for %.0f s: gone, its leases expire",
                     p,
-                    net.producer_timeout_s,
+                    timeout_s,
                 )
                 view = st.producers[p]
                 view.state, view.last_seen, view.ended_at = "gone", float("inf"), now
@@ -171,7 +174,7 @@ class Loop:
                 st.note(p)
                 self._control.parked.drop(p)  # gone: nobody to answer
             st.counters["expired"] += len(expired)
-        self._forget(now, max(_FORGET_AFTER_S, 10 * net.producer_timeout_s))
+        self._forget(now, max(_FORGET_AFTER_S, 10 * timeout_s))
         if expired:
             self._books.append_finished()
             st.ledger_dirty = True

@@ -330,6 +330,13 @@ class Server:
         live = {p for p, v in st.producers.items() if v.state not in ("gone", "left")}
         return live | (st.expected - set(st.producers)) <= st.told_finished
 
+    def heartbeat_timing(self) -> tuple[float, float]:
+        """(the longest heartbeat period sent lately, the silence after which a producer is
+        gone), in seconds (consumer/server/liveness.py: `SentPeriods`); read, not called, so
+        it answers while the network thread is busy."""
+        st = self._state
+        return st.periods.longest_s, st.producer_timeout_s()
+
     def awaiting_restored(self) -> bool:
         """True while a producer of the previous incarnation has not registered with this one
         (after a resume it may still be waiting out a request to the old consumer)."""

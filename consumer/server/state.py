@@ -14,13 +14,16 @@ Invariants:
   (consumer/server/books.py): the view's counters are the last heartbeat's decoded mapping, held,
   never copied or changed.
 - Every reply carries the newest policy and snapshot version (`status`: a missed announcement
-  costs latency, never correctness) and the acks queued for that producer.
+  costs latency, never correctness), the acks queued for that producer, and the heartbeat
+  period for the producers now live (common/heartbeat.py; `periods` keeps the longest sent
+  lately, which sets the silence after which a producer is gone: `producer_timeout_s`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -35,7 +38,7 @@ from consumer.server.admission import Admission
 from consumer.server.eval_book import EvalBook
 from consumer.server.identity import Identities
 from consumer.server.leases import LeaseBook
-from consumer.server.liveness import Liveness
+from consumer.server.liveness import Liveness, SentPeriods
 from consumer.server.prompts import PromptSource
 from consumer.server.roster import status_of
 from consumer.server.rows import PromptRow
@@ -86,6 +89,7 @@ class NetState:
         self.lock = threading.Lock()  # guards counters/producers copies for other threads
         self.producers: dict[str, ProducerView] = {}
         self.liveness = Liveness()  # who went silent, who may be forgotten
+        self.periods = SentPeriods(cfg.net.heartbeat_s, cfg.net.max_heartbeats_per_s)
         self.timing = LoopTiming()  # the loop and lease requests timed (netstats.json)
         # producer -> its status since the books last took these (None: forgotten)
         self.roster_changes: dict[str, RF.ProducerStatus | None] = {}
@@ -119,10 +123,16 @@ class NetState:
         acks = self.book.take_acks(producer_id) if producer_id else ()
         if producer_id and not self.accepting:
             self.told_finished.add(producer_id)
+        eval_version, eval_from = self.evals.leasing() if self.evals is not None else (-1, -1)
         return wire.Status(
             self.run_id, self.policy_version, self.snapshot, acks, not self.accepting,
-            *(self.evals.leasing() if self.evals is not None else (-1, -1)),
+            eval_version, eval_from, self.periods.current(len(self.liveness), time.monotonic()),
         )  # fmt: skip
+
+    def producer_timeout_s(self) -> float:
+        """The silence after which a producer is gone: net.producer_timeout_s, or three of the
+        longest heartbeat periods sent lately when that is longer."""
+        return self.periods.timeout_s(self.cfg.net.producer_timeout_s)
 
     def internal_error(self, exc: Exception) -> None:
         """Handling one message raised: count it, log it (with its traceback the first time

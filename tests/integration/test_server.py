@@ -289,7 +289,9 @@ def test_registrations_beyond_the_producer_records_kept_are_refused(server, monk
         sock.close(linger=0)
 
 
-@pytest.mark.parametrize("server", [["net.producer_timeout_s=0.2"]], indirect=True)
+@pytest.mark.parametrize(
+    "server", [["net.producer_timeout_s=0.2", "net.heartbeat_s=0.05"]], indirect=True
+)
 def test_a_producer_the_server_forgets_takes_its_fetch_records_along(server, monkeypatch):
     import consumer.server.loop
 
@@ -326,3 +328,35 @@ def test_a_server_stopped_before_it_started_closes_its_sockets(tmp_path):
     for end in (loop._calls._wake_recv, loop._calls._wake_send):
         assert end.fileno() == -1
     ctx.term()  # returns only once every socket of the context is closed
+
+
+@pytest.mark.parametrize("server", [["net.max_heartbeats_per_s=0.1"]], indirect=True)
+def test_the_heartbeat_period_replies_name_grows_with_live_producers_and_the_timeout_with_it(
+    server,
+):
+    srv, ctx = server  # net.heartbeat_s = 1, net.producer_timeout_s = 30
+    assert srv.heartbeat_timing() == (1.0, 30.0)
+    socks, periods = [], []
+    for i in range(4):
+        control = ctx.socket(zmq.DEALER)
+        control.connect(f"tcp://127.0.0.1:{srv.ports['control']}")
+        welcome = _request(control, wire.Register(1, f"p{i}", "h", 1, "fake", -1))
+        periods.append(welcome.status.heartbeat_s)
+        socks.append(control)
+    assert periods == [10.0, 20.0, 30.0, 40.0]  # live producers / 0.1 per second
+    beat = _request(socks[0], wire.Heartbeat(2, "p0", -1, "idle", 0))
+    assert beat.status.heartbeat_s == 40.0
+    assert srv.heartbeat_timing() == (40.0, 3 * 40.0)  # silences of 3 periods
+    _request(socks[3], wire.Goodbye(3, "p3"))  # one left: fewer beats are asked for ...
+    assert _request(socks[0], wire.Heartbeat(4, "p0", -1, "idle", 0)).status.heartbeat_s == 30.0
+    assert srv.heartbeat_timing()[0] == 40.0  # ... but those who heard 40 s may still sleep it
+    for sock in socks:
+        sock.close(linger=0)
+
+
+@pytest.mark.parametrize("server", [["net.heartbeat_s=2"]], indirect=True)
+def test_a_few_producers_are_asked_for_the_configured_period_never_less(server):
+    srv, ctx = server
+    control = _connect(srv, ctx, "p")
+    assert _request(control, wire.Heartbeat(2, "p", -1, "idle", 0)).status.heartbeat_s == 2.0
+    control.close(linger=0)

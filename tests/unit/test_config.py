@@ -262,6 +262,7 @@ PROBLEMS = [
     (["log.completions_groups=0"], "completions_groups must be >= 1", "log.completions_groups"),
     (["snapshot.delta_max_ratio=0"], "must be in (0, 1]", "snapshot.delta_max_ratio"),
     (["net.heartbeat_s=20"], "must exceed two heartbeats", "net.producer_timeout_s"),
+    (["net.max_heartbeats_per_s=0"], "must be > 0", "net.max_heartbeats_per_s"),
     (["net.max_message_mib=0"], "max_message_mib must be > 0", "net.max_message_mib"),
     (["net.lease_wait_s=6"], "lease_wait_s must be in [0, 5]", "net.lease_wait_s"),
     (["net.max_queued_mib=32"], "largest group could never be admitted", "net.max_queued_mib"),

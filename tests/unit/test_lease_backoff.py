@@ -57,3 +57,20 @@ async def test_wait_for_outlasts_changes_that_leave_its_condition_false():
 async def test_wait_for_returns_after_its_timeout_when_nothing_changes():
     async with asyncio.timeout(10):
         await Changes().wait_for(lambda: False, 0.01)
+
+
+def test_in_a_crowd_the_pauses_span_half_the_heartbeat_period_to_all_of_it_at_once():
+    backoff = Backoff(0.05, 1.0, random.Random(2))
+    assert backoff.follow(16.0, floor_s=1.0)  # the consumer lengthened the period: crowded
+    waits = [backoff.next_s() for _ in range(50)]
+    assert all(4.0 <= w <= 16.0 for w in waits)  # from the first one on
+    assert sum(w >= 8.0 for w in waits) >= 45  # at the cap after one pause
+
+
+def test_at_the_shortest_period_the_pauses_are_as_built():
+    backoff = Backoff(0.05, 1.0, random.Random(3))
+    backoff.follow(16.0, floor_s=1.0)
+    assert not backoff.follow(1.0, floor_s=1.0)  # the crowd left
+    backoff.reset()
+    assert backoff.next_s() <= 0.05
+    assert max(backoff.next_s() for _ in range(20)) <= 1.0
