@@ -24,10 +24,9 @@ producer/session.py) while heartbeats already run; producer/main.py runs its tas
   producers: others wait at the consumer to take what frees up). So a starved producer sends
   about one request per `net.lease_wait_s` plus a pause, and all of them together about as
   many as heartbeats once there are many, not one per round trip each.
-A consumer silent for `net.consumer_timeout_s`, or three heartbeat periods when
-longer (common/heartbeat.py), raises `ConsumerLost` from the heartbeat (exit 3 in
-producer/main.py). Unacknowledged groups are re-sent after `net.resend_after_s`, stretched
-the same way (acks ride every reply, a heartbeat's too).
+A consumer silent for `net.consumer_timeout_s` (or three heartbeat periods, if longer:
+common/heartbeat.py) raises `ConsumerLost` from the heartbeat (exit 3 in producer/main.py).
+Unacked groups are re-sent after `net.resend_after_s`, stretched alike (acks ride every reply).
 
 Invariants: a lease starts generating only once the loaded weights are at least its
 `min_version` (the staleness bound by construction) and come from the consumer's current run;
