@@ -50,10 +50,17 @@ producers told) and must exit 0. Reported per N (JSON keys in brackets):
 The consumer is pinned to core `--consumer-core` (0 by default on a machine of 2 or more cores)
 and this process to the others.
 Top level: `ratio_groups_per_s_largest_vs_64` (trained groups/s at the largest N over the figure
-at 64, the same run; null when 64 is not among the Ns), `largest_producers`, the machine's load
+at 64, the same run; null when 64 is not among the Ns), `ratio_cpu_per_group_largest_vs_64`
+(the consumer's CPU per trained group likewise), `largest_producers`, the machine's load
 average before and after (`load_1m_start`, `load_1m_end`) and the settings. This process runs
 the producers on the same machine as the consumer, so on a small machine the figures at large N
-include the cost of simulating the swarm.
+include the cost of simulating the swarm: its one core delivers fewer groups per second at
+1,024 than at 64, and the consumer's per-second costs then weigh on fewer groups.
+`--offered-groups-per-s R` offers the same load at every N instead (each producer's generation
+time set so that its groups in flight finish R per second in all), which compares the
+consumer's CPU per group at equal throughput:
+
+    python bench/swarm.py --producers 64,1024 --offered-groups-per-s 40 --json PATH
 """
 
 from __future__ import annotations
@@ -167,14 +174,24 @@ def consumer_args(run: Path, prompts: Path, a: argparse.Namespace) -> list[str]:
     return args
 
 
-def producer_config(endpoint: str, i: int, a: argparse.Namespace) -> C.Config:
+def latency_s(n: int, a: argparse.Namespace) -> float:
+    """Each producer's fake generation time per group: `--latency-s`, or with
+    `--offered-groups-per-s R` the time that makes the groups in flight at once (N x
+    `--in-flight`, at most the leases the consumer keeps open) finish R groups per second."""
+    if not a.offered_groups_per_s:
+        return float(a.latency_s)
+    open_leases = (a.max_staleness + 1) * a.prompts_per_step
+    return min(n * a.in_flight, open_leases) / a.offered_groups_per_s
+
+
+def producer_config(endpoint: str, i: int, a: argparse.Namespace, n: int) -> C.Config:
     return C.override(
         C.Config(),
         {
             "net.connect": endpoint, "producer.id": f"swarm-{i:04d}",
             "producer.engine": "fake", "producer.max_in_flight": a.in_flight,
             "fake.min_tokens": a.tokens, "fake.max_tokens": a.tokens,
-            "fake.latency_s": a.latency_s, "net.max_message_mib": a.max_message_mib,
+            "fake.latency_s": latency_s(n, a), "net.max_message_mib": a.max_message_mib,
             "net.heartbeat_s": a.heartbeat_s,
             "net.producer_timeout_s": max(30.0, 3 * a.heartbeat_s),
             "run.seed": i,
@@ -189,7 +206,7 @@ async def run_producers(
     `--steps`); their exit codes. Raises TimeoutError after `timeout_s`."""
     ctx = zmq.asyncio.Context()
     ctx.set(zmq.MAX_SOCKETS, max(1024, 8 * n))
-    producers = [Producer(producer_config(endpoint, i, a), ctx) for i in range(n)]
+    producers = [Producer(producer_config(endpoint, i, a, n), ctx) for i in range(n)]
     try:
         async with asyncio.timeout(timeout_s):
             return list(await asyncio.gather(*(run_producer(p) for p in producers)))
@@ -209,7 +226,7 @@ async def swarm(
     ctx = zmq.asyncio.Context()
     ctx.set(zmq.MAX_SOCKETS, max(1024, 8 * n))
     probe = Probe()
-    producers = [Producer(producer_config(endpoint, i, a), ctx) for i in range(n)]
+    producers = [Producer(producer_config(endpoint, i, a, n), ctx) for i in range(n)]
     for p in producers:
         instrument(p, probe)
     t_start = time.monotonic()
@@ -369,7 +386,15 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ratio = None
     if base is not None and base["trained_groups_per_s"] > 0:
         ratio = by_n[largest]["trained_groups_per_s"] / base["trained_groups_per_s"]
-    return {"largest_producers": largest, "ratio_groups_per_s_largest_vs_64": ratio}
+    cpu = None
+    if base is not None and base.get("consumer_cpu_s_per_group"):
+        largest_cpu = by_n[largest].get("consumer_cpu_s_per_group")
+        cpu = None if largest_cpu is None else largest_cpu / base["consumer_cpu_s_per_group"]
+    return {
+        "largest_producers": largest,
+        "ratio_groups_per_s_largest_vs_64": ratio,
+        "ratio_cpu_per_group_largest_vs_64": cpu,
+    }
 
 
 def parser() -> argparse.ArgumentParser:
@@ -386,6 +411,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", type=int, default=64, help="completion tokens per sample")
     ap.add_argument("--in-flight", type=int, default=1, help="leases per producer")
     ap.add_argument("--latency-s", type=float, default=0.0, help="fake generation per group")
+    ap.add_argument(
+        "--offered-groups-per-s", type=float, default=0.0, metavar="R",
+        help="the same offered load at every N: each producer's generation time set so that "
+        "the groups in flight finish R groups/s (0: as fast as the swarm can; overrides "
+        "--latency-s)",
+    )  # fmt: skip
     ap.add_argument("--heartbeat-s", type=float, default=1.0, help="net.heartbeat_s (floor)")
     ap.add_argument("--max-message-mib", type=float, default=64.0)
     ap.add_argument("--register-timeout-s", type=float, default=120.0)
@@ -457,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     ratio = out["ratio_groups_per_s_largest_vs_64"]
     if ratio is not None:
         print(f"ratio trained groups/s N={out['largest_producers']} vs N={BASELINE_N}: {ratio:.3f}")
+    cpu_ratio = out["ratio_cpu_per_group_largest_vs_64"]
+    if cpu_ratio is not None:
+        print(f"ratio consumer CPU per group N={out['largest_producers']} vs N={BASELINE_N}: "
+              f"{cpu_ratio:.3f}")  # fmt: skip
     print(f"load average (1 min): {load_start:.1f} before, {out['load_1m_end']:.1f} after")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1, sort_keys=True))

@@ -41,18 +41,31 @@ def bench_module() -> ModuleType:
 def test_the_ratio_is_the_largest_n_over_64_and_null_without_64():
     swarm = bench_module()
     runs = [
-        {"producers": 1, "trained_groups_per_s": 500.0},
-        {"producers": 64, "trained_groups_per_s": 400.0},
-        {"producers": 256, "trained_groups_per_s": 300.0},
+        {"producers": 1, "trained_groups_per_s": 500.0, "consumer_cpu_s_per_group": 1e-3},
+        {"producers": 64, "trained_groups_per_s": 400.0, "consumer_cpu_s_per_group": 2e-3},
+        {"producers": 256, "trained_groups_per_s": 300.0, "consumer_cpu_s_per_group": 3e-3},
     ]
     assert swarm.summarise(runs) == {
         "largest_producers": 256,
         "ratio_groups_per_s_largest_vs_64": pytest.approx(0.75),
+        "ratio_cpu_per_group_largest_vs_64": pytest.approx(1.5),
     }
     assert swarm.summarise(runs[:1])["ratio_groups_per_s_largest_vs_64"] is None
+    assert swarm.summarise(runs[:1])["ratio_cpu_per_group_largest_vs_64"] is None
     assert swarm.quantile([], 0.5) is None
     assert swarm.quantile([3.0, 1.0, 2.0, 4.0], 0.5) == 3.0
     assert swarm.quantile([float(i) for i in range(100)], 0.99) == 99.0
+
+
+def test_an_offered_load_sets_the_same_throughput_at_every_n():
+    """R groups/s from the groups in flight at once: N x in-flight, at most the open leases
+    ((max_staleness + 1) x prompts_per_step = 256 by default)."""
+    swarm = bench_module()
+    a = swarm.parser().parse_args(["--offered-groups-per-s", "40"])
+    assert swarm.latency_s(64, a) == pytest.approx(64 / 40)
+    assert swarm.latency_s(1024, a) == pytest.approx(256 / 40)
+    b = swarm.parser().parse_args(["--latency-s", "0.5"])
+    assert swarm.latency_s(1024, b) == 0.5
 
 
 def test_a_producer_count_out_of_range_is_refused():
@@ -77,6 +90,7 @@ def test_a_few_producers_against_a_real_consumer(tmp_path):
     assert res["bench"] == "swarm"
     assert res["largest_producers"] == 3
     assert res["ratio_groups_per_s_largest_vs_64"] is None
+    assert res["ratio_cpu_per_group_largest_vs_64"] is None
     (run,) = res["runs"]
     assert set(run) == KEYS
     assert run["producers"] == 3
