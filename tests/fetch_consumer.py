@@ -15,12 +15,11 @@ from pathlib import Path
 import torch
 import zmq
 import zmq.asyncio
+from served import started_server
 
 from common import config as C
 from common import snapshot as snap
 from common import wire
-from consumer.server.prompts import make_source
-from consumer.server.server import Server, run_spec
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.publisher import Publisher
 from producer.control import ControlClient
@@ -43,13 +42,8 @@ class Consumer:
                 "snapshot.fanout": fanout,
             },
         )
-        self.ctx = zmq.Context()
-        spec = run_spec(self.cfg, vocab_size=32, model="")
-        self.server = Server(
-            self.cfg, self.ctx, prompts=make_source(self.cfg.task, seed=0), spec=spec,
-            run_dir=run_dir, keys=None,
-        )  # fmt: skip
-        self.server.start()
+        self._served = contextlib.ExitStack()
+        self.server, self.ctx = self._served.enter_context(started_server(self.cfg, run_dir))
         self.infos: dict[int, wire.SnapshotInfo] = {}
         dist = FetchFiles(chunk_bytes=CHUNK, anchor_every=10, max_ratio=0.5)
         self.publisher = Publisher(
@@ -86,8 +80,7 @@ class Consumer:
 
     def close(self) -> None:
         self.publisher.close()
-        self.server.stop()
-        self.ctx.destroy(linger=0)
+        self._served.close()
 
 
 @contextlib.asynccontextmanager

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 from procs import cli, stop, wait_for
+from typer.testing import CliRunner
 
 from common import run_files as RF
+from launch.cli import app
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FAKE = (
@@ -78,9 +80,10 @@ def test_a_sweep_stopped_by_ctrl_c_resumes_where_it_stopped(tmp_path):
     first = out / "runs" / "ms0-p2-token-truncate-s0" / "result.json"
     kept = first.read_text()
 
-    again = cli(*args, log=log)  # the same directory without --resume: refused
-    assert finish(again, log) == 2
-    assert "pass --resume" in log.read_text()
+    # the same directory without --resume: refused before anything starts (so in this process)
+    again = CliRunner().invoke(app, list(args))
+    assert again.exit_code == 2, again.output
+    assert "pass --resume" in again.output
 
     resumed = cli(*args, "--resume", log=log)
     assert finish(resumed, log) == 0, log.read_text()[-3000:]

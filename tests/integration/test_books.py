@@ -18,15 +18,14 @@ import threading
 import numpy as np
 import pytest
 import zmq
+from served import started_server
 
 from common import config as C
 from common import run_files as RF
 from common import wire
 from common.net_stats import read_net_stats
 from consumer.server import books
-from consumer.server.prompts import make_source
 from consumer.server.roster import Census, Roster, aggregate, status_of
-from consumer.server.server import Server, run_spec
 from consumer.server.state import ProducerView
 
 G = 2
@@ -41,18 +40,11 @@ def server(tmp_path, monkeypatch):
         ["net.control_port=0", f"sampling.group_size={G}", "train.prompts_per_step=4",
          "staleness.max_staleness=0"],
     )  # fmt: skip
-    ctx = zmq.Context()
-    spec = run_spec(cfg, vocab_size=32, model="")
-    srv = Server(
-        cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=spec, run_dir=tmp_path, keys=None
-    )
-    srv.start()
-    control = ctx.socket(zmq.DEALER)
-    control.connect(f"tcp://127.0.0.1:{srv.ports['control']}")
-    yield srv, ctx, control
-    control.close(linger=0)
-    srv.stop()
-    ctx.destroy(linger=0)
+    with started_server(cfg, tmp_path) as (srv, ctx):
+        control = ctx.socket(zmq.DEALER)
+        control.connect(f"tcp://127.0.0.1:{srv.ports['control']}")
+        yield srv, ctx, control
+        control.close(linger=0)
 
 
 def request(sock: zmq.Socket, msg: wire.Message) -> wire.Message:

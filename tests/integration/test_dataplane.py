@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 import zmq
 import zmq.auth
+from served import started_server
 
 from common import config as C
 from common import snapshot as snap
 from common import wire
 from common.keys import Keys, load_keys
-from consumer.key_gate import start_key_gate
-from consumer.server.prompts import make_source
-from consumer.server.server import Server, run_spec
+from consumer.server.server import Server
 from consumer.snapshots.dataplane import DataPlane
 
 CHUNK = 64 << 10
@@ -38,20 +37,8 @@ def write_snapshot(run_dir: Path, version: int, data: bytes) -> None:
 @contextlib.contextmanager
 def serving(run_dir: Path, keys: Keys | None = None) -> Iterator[tuple[Server, zmq.Context]]:
     cfg = C.override(C.Config(), {"net.control_port": 0, "snapshot.chunk_mib": CHUNK / (1 << 20)})
-    ctx: zmq.Context = zmq.Context()
-    auth = start_key_gate(ctx, keys) if keys is not None else None
-    srv = Server(
-        cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=run_spec(cfg, vocab_size=32,
-        model=""), run_dir=run_dir, keys=keys,
-    )  # fmt: skip
-    srv.start()
-    try:
-        yield srv, ctx
-    finally:
-        srv.stop()
-        if auth is not None:
-            auth.stop()
-        ctx.destroy(linger=0)
+    with started_server(cfg, run_dir, keys=keys) as served:
+        yield served
 
 
 def dealer(ctx: zmq.Context, port: int, keys: Keys | None = None) -> zmq.Socket:

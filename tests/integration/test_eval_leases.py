@@ -11,12 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zmq
+from served import started_server
 
 from common import config as C
 from common import wire
 from consumer.server.eval_book import EVAL_BIT
-from consumer.server.prompts import make_source
-from consumer.server.server import Server, run_spec
 
 G, K, PROMPTS = 2, 3, 3
 
@@ -29,15 +28,8 @@ def server(tmp_path):
          "staleness.max_staleness=0", "net.lease_wait_s=0", "eval.every_steps=2",
          f"eval.samples_per_prompt={K}", f"eval.max_prompts={PROMPTS}", "eval.temperature=0.5"],
     )  # fmt: skip
-    ctx = zmq.Context()
-    spec = run_spec(cfg, vocab_size=32, model="")
-    srv = Server(
-        cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=spec, run_dir=tmp_path, keys=None
-    )
-    srv.start()
-    yield srv, ctx
-    srv.stop()
-    ctx.destroy(linger=0)
+    with started_server(cfg, tmp_path) as served:
+        yield served
 
 
 def _request(sock: zmq.Socket, msg: wire.Message) -> wire.Message:

@@ -273,23 +273,25 @@ def test_curve_keys_admit_producers_with_keys_and_shut_out_those_without(tmp_pat
     procs = [consumer]
     try:
         ep = endpoint(run_dir, procs)
+        # the two refused producers start together (neither can end the run, which needs the
+        # member's groups): one without keys, and one whose key the consumer does not list
         outsider = cli(
             "producer", "--connect", ep, "--engine", "fake", "--set", "net.handshake_timeout_s=3",
             log=tmp_path / "outsider.log",
         )  # fmt: skip
         procs.append(outsider)
-        assert outsider.wait(60) == 2
-        said = (tmp_path / "outsider.log").read_text()
-        assert "no answer from the consumer" in said
-        assert "waiting for the consumer at" in said
-        assert "connected, but the security handshake fails" in said
-        # a key the consumer does not list: refused, and told so at once (not a silent wait)
         stranger = cli(
             "producer", "--connect", ep, "--engine", "fake", "--keys",
             str(keys / "producers" / "stranger"), "--set", "net.handshake_timeout_s=60",
             log=tmp_path / "stranger.log",
         )  # fmt: skip
         procs.append(stranger)
+        assert outsider.wait(60) == 2
+        said = (tmp_path / "outsider.log").read_text()
+        assert "no answer from the consumer" in said
+        assert "waiting for the consumer at" in said
+        assert "connected, but the security handshake fails" in said
+        # the stranger: refused, and told so at once (not a silent wait)
         assert stranger.wait(60) == 2
         said = (tmp_path / "stranger.log").read_text()
         assert "refused this producer's CurveZMQ key" in said

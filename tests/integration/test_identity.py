@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 import zmq
 import zmq.auth
+from served import started_server
 
 from common import config as C
 from common import wire
 from common.keys import Keys, load_keys
-from consumer.key_gate import start_key_gate
 from consumer.server.identity import Identities
-from consumer.server.prompts import make_source
-from consumer.server.server import Server, run_spec
+from consumer.server.server import Server
 
 G = 2
 
@@ -77,17 +76,8 @@ def keyed(tmp_path):
         ["net.control_port=0", f"sampling.group_size={G}", "train.prompts_per_step=2",
          "staleness.max_staleness=0", "task.epochs=1"],
     )  # fmt: skip
-    ctx = zmq.Context()
-    auth = start_key_gate(ctx, server_keys)
-    srv = Server(
-        cfg, ctx, prompts=make_source(cfg.task, seed=0),
-        spec=run_spec(cfg, vocab_size=32, model=""), run_dir=tmp_path, keys=server_keys,
-    )  # fmt: skip
-    srv.start()
-    yield srv, ctx, {n: _keys(keys_dir, n, server_keys) for n in ("a", "b")}
-    srv.stop()
-    auth.stop()
-    ctx.destroy(linger=0)
+    with started_server(cfg, tmp_path, keys=server_keys) as (srv, ctx):
+        yield srv, ctx, {n: _keys(keys_dir, n, server_keys) for n in ("a", "b")}
 
 
 def test_a_producer_cannot_speak_for_another_or_take_its_leases(keyed, tmp_path):

@@ -5,6 +5,7 @@ tracker that fails or stalls never reaching training."""
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from pathlib import Path
 
@@ -23,12 +24,16 @@ from tests import wandb_records as W
 REWARDS = ['rewards.fns=[{fn="exact_match", weight=1.0}, {fn="boxed_format", weight=0.5}]']
 
 
-@pytest.fixture(autouse=True)
-def _offline(tmp_path, monkeypatch):
+def _set_offline(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
+        monkeypatch.setenv(var, str(home / "wandb-home"))
+
+
+@pytest.fixture(autouse=True)
+def _offline(tmp_path, monkeypatch):
+    _set_offline(tmp_path, monkeypatch)
 
 
 def _config(*report_to: str) -> C.Config:
@@ -59,17 +64,28 @@ def _wandb_file(run_dir: Path, run_id: str) -> Path:
     return path
 
 
-def test_metrics_config_and_completions_reach_tensorboard_wandb_and_the_run_dir(tmp_path):
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory) -> tuple[Path, tuple[int, int]]:
+    """A run directory both trackers wrote steps 1-3 and a completions sample of step 3 to (one
+    W&B start, the slow part, for the two tests that read it); (failed, dropped) after closing."""
+    run_dir = tmp_path_factory.mktemp("logged-run")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _set_offline(run_dir.parent / f"{run_dir.name}-home", monkeypatch)
+        loggers = make_loggers(_config("tensorboard", "wandb"), run_dir, None)
+        for step in (1, 2, 3):
+            loggers.submit_step(_record(step))
+        loggers.submit_completions(3, [_group(4)])
+        loggers.close()
+    return run_dir, (loggers.failed, loggers.dropped)
+
+
+def test_metrics_config_and_completions_reach_tensorboard_wandb_and_the_run_dir(logged_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    loggers = make_loggers(_config("tensorboard", "wandb"), tmp_path, None)
-    for step in (1, 2, 3):
-        loggers.submit_step(_record(step))
-    loggers.submit_completions(3, [_group(4)])
-    loggers.close()
-    assert (loggers.failed, loggers.dropped) == (0, 0)
+    run_dir, failed_dropped = logged_run
+    assert failed_dropped == (0, 0)
 
-    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     seen = [(e.step, e.value) for e in events.Scalars("reward/reward_mean_seen")]
     assert seen == [(1, 0.25), (2, 0.5), (3, 0.75)]
@@ -78,8 +94,8 @@ def test_metrics_config_and_completions_reach_tensorboard_wandb_and_the_run_dir(
             "weights/snapshot_write_s"} <= set(events.Tags()["scalars"])  # fmt: skip
     assert {"config/text_summary", "completions/text_summary"} <= set(events.Tags()["tensors"])
 
-    run_id = (tmp_path / "wandb_id.txt").read_text().strip()
-    path = _wandb_file(tmp_path, run_id)
+    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    path = _wandb_file(run_dir, run_id)
     rows = W.history(path)
     metrics = [r for r in rows if "reward/reward_mean_seen" in r]
     assert [(r["policy_version"], r["reward/reward_mean_seen"]) for r in metrics] == [
@@ -88,27 +104,25 @@ def test_metrics_config_and_completions_reach_tensorboard_wandb_and_the_run_dir(
     assert (table["policy_version"], table["completions/nrows"]) == (3, 2)
     assert W.config(path)["log"]["report_to"] == ["tensorboard", "wandb"]
 
-    written = CF.read(tmp_path)
+    written = CF.read(run_dir)
     assert [(r.step, r.prompt_index, r.reward, r.length, r.finish_reason) for r in written] == [
         (3, 4, 1.5, 1, "stop"), (3, 4, 0.0, 2, "length")]  # fmt: skip
     assert written[0].rewards == {"exact_match": 1.0, "boxed_format": 1.0}
     assert written[0].prompt == "5 6"  # no model: the ids as numbers
 
 
-def test_a_resumed_run_continues_the_same_wandb_run(tmp_path):
-    first = make_loggers(_config("wandb"), tmp_path, None)
-    first.submit_step(_record(1))
-    first.close()
-    run_id = (tmp_path / "wandb_id.txt").read_text().strip()
-    again = make_loggers(_config("wandb"), tmp_path, None)
-    again.submit_step(_record(2))
+def test_a_resumed_run_continues_the_same_wandb_run(logged_run, tmp_path):
+    run_dir = Path(shutil.copytree(logged_run[0], tmp_path / "run"))  # steps 1-3 logged
+    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    again = make_loggers(_config("wandb"), run_dir, None)
+    again.submit_step(_record(4))
     again.close()
     # W&B names a run's directory by its start second and id, "-1" added when that is taken
-    runs = sorted(tmp_path.glob(f"wandb/offline-run-*-{run_id}*"))
+    runs = sorted(run_dir.glob(f"wandb/offline-run-*-{run_id}*"))
     assert len(runs) >= 1
-    assert sorted(tmp_path.glob("wandb/offline-run-*")) == runs  # no other run id
+    assert sorted(run_dir.glob("wandb/offline-run-*")) == runs  # no other run id
     versions = {r["policy_version"] for p in runs for r in W.history(p / f"run-{run_id}.wandb")}
-    assert versions == {1, 2}
+    assert versions == {1, 2, 3, 4}
 
 
 def test_a_failing_tracker_is_reported_once_counted_and_dropped(tmp_path, monkeypatch, caplog):

@@ -8,13 +8,13 @@ the producer command runs in this process (typer's runner)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
-import zmq
+from served import started_server
 from typer.testing import CliRunner
 
 from common import config as C
-from consumer.server.prompts import make_source
-from consumer.server.server import Server, run_spec
 from launch.cli import app
 
 
@@ -22,26 +22,17 @@ from launch.cli import app
 def consumer_at(tmp_path):
     """A factory: a listening consumer network thread announcing `model` and `rewards`; its
     control endpoint."""
-    made = []
+    with contextlib.ExitStack() as made:
 
-    def start(model: str, reward: str = "exact_match") -> str:
-        cfg = C.apply_overrides(
-            C.Config(), ["net.control_port=0", f'rewards.fns=[{{fn="{reward}", weight=1.0}}]']
-        )
-        ctx = zmq.Context()
-        spec = run_spec(cfg, vocab_size=64, model=model)
-        srv = Server(
-            cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=spec, run_dir=tmp_path,
-            keys=None,
-        )  # fmt: skip
-        srv.start()
-        made.append((srv, ctx))
-        return f"tcp://127.0.0.1:{srv.ports['control']}"
+        def start(model: str, reward: str = "exact_match") -> str:
+            cfg = C.apply_overrides(
+                C.Config(), ["net.control_port=0", f'rewards.fns=[{{fn="{reward}", weight=1.0}}]']
+            )
+            served = started_server(cfg, tmp_path, vocab_size=64, model=model)
+            srv, _ = made.enter_context(served)
+            return f"tcp://127.0.0.1:{srv.ports['control']}"
 
-    yield start
-    for srv, ctx in made:
-        srv.stop()
-        ctx.destroy(linger=0)
+        yield start
 
 
 def _producer(*args: str) -> tuple[int, list[str]]:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
+from served import started_server
 
 from common import config as C
 from common import run_files as RF
@@ -33,15 +34,8 @@ def server(tmp_path, request):
         ["net.control_port=0", f"sampling.group_size={G}", "train.prompts_per_step=1",
          "staleness.max_staleness=0", "task.epochs=1", "net.lease_wait_s=0", *request.param],
     )  # fmt: skip
-    ctx = zmq.Context()
-    spec = run_spec(cfg, vocab_size=32, model="")
-    srv = Server(
-        cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=spec, run_dir=tmp_path, keys=None
-    )
-    srv.start()
-    yield srv, ctx
-    srv.stop()
-    ctx.destroy(linger=0)
+    with started_server(cfg, tmp_path) as served:
+        yield served
 
 
 def _request(sock: zmq.Socket, msg: wire.Message) -> wire.Message:

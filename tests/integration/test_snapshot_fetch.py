@@ -13,15 +13,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import torch
-import zmq
 import zmq.asyncio
+from served import started_server
 
 from common import config as C
 from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError
-from consumer.server.prompts import make_source
-from consumer.server.server import Server, run_spec
+from consumer.server.server import Server
 from consumer.snapshots.publisher import Publisher
 from producer.worker import Producer
 
@@ -39,18 +38,8 @@ def publish(root: Path, version: int = 1) -> wire.SnapshotInfo:
 async def served(tmp_path: Path) -> AsyncIterator[tuple[Server, wire.SnapshotInfo]]:
     """A consumer's network thread serving one published snapshot; chunks of at most 64 KiB."""
     cfg = C.override(C.Config(), {"net.control_port": 0, "snapshot.chunk_mib": 1 / 16})
-    ctx = zmq.Context()
-    spec = run_spec(cfg, vocab_size=32, model="")
-    server = Server(
-        cfg, ctx, prompts=make_source(cfg.task, seed=0), spec=spec, run_dir=tmp_path, keys=None
-    )
-    server.start()
-    info = publish(tmp_path / "snapshots")
-    try:
-        yield server, info
-    finally:
-        server.stop()
-        ctx.destroy(linger=0)
+    with started_server(cfg, tmp_path) as (server, _):
+        yield server, publish(tmp_path / "snapshots")
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,53 @@
+"""A consumer's network thread (consumer/server/server.py's `Server`) started in this process on
+a run directory, for the tests that talk to it over real loopback sockets.
+
+`started_server` owns what it builds: the ZeroMQ context, the CurveZMQ key gate when `keys` is
+given, and the server; all are stopped (server first, then the gate, then the context with
+linger 0) when the block ends, whether or not it raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from common.config import Config
+from common.keys import Keys
+from consumer.key_gate import start_key_gate
+from consumer.server.prompts import make_source
+from consumer.server.server import Server, run_spec
+
+
+@contextlib.contextmanager
+def started_server(
+    cfg: Config,
+    run_dir: Path,
+    *,
+    keys: Keys | None = None,
+    vocab_size: int = 32,
+    model: str = "",
+) -> Iterator[tuple[Server, zmq.Context[Any]]]:
+    """A started `Server` for `cfg` on `run_dir` (prompts from `cfg.task`, seed 0; the run spec
+    of a `vocab_size`-token `model`), and its context for the test's own sockets. With `keys`,
+    the server speaks CurveZMQ and admits the clients whose public keys lie in `keys.directory`.
+    """
+    ctx: zmq.Context[Any] = zmq.Context()
+    gate = start_key_gate(ctx, keys) if keys is not None else None
+    try:
+        server = Server(
+            cfg, ctx, prompts=make_source(cfg.task, seed=0),
+            spec=run_spec(cfg, vocab_size=vocab_size, model=model), run_dir=run_dir, keys=keys,
+        )  # fmt: skip
+        server.start()
+        try:
+            yield server, ctx
+        finally:
+            server.stop()
+    finally:
+        if gate is not None:
+            gate.stop()
+        ctx.destroy(linger=0)
