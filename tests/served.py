@@ -1,5 +1,6 @@
 """A consumer's network thread (consumer/server/server.py's `Server`) started in this process on
-a run directory, for the tests that talk to it over real loopback sockets.
+a run directory, for the tests that talk to it over real loopback sockets; and the other side's
+`fake_session`, a producer's session with the fake engine and fake rewards.
 
 `started_server` owns what it builds: the ZeroMQ context, the CurveZMQ key gate when `keys` is
 given, and the server; all are stopped (server first, then the gate, then the context with
@@ -20,6 +21,12 @@ from common.keys import Keys
 from consumer.key_gate import start_key_gate
 from consumer.server.prompts import make_source
 from consumer.server.server import Server, run_spec
+from producer.engines.fake import FakeEngine
+from producer.outbox import Outbox
+from producer.scoring import FakeRewards
+from producer.session import Session
+from producer.tokenizer import PromptCodec
+from producer.worker import Producer
 
 
 @contextlib.contextmanager
@@ -51,3 +58,15 @@ def started_server(
         if gate is not None:
             gate.stop()
         ctx.destroy(linger=0)
+
+
+def fake_session(producer: Producer) -> Session:
+    """A session of `producer`'s config with the fake engine and fake rewards, its outbox on an
+    unconnected PUSH socket of the producer's context (re-sending after 60 s)."""
+    return Session(
+        spec=run_spec(producer.cfg, vocab_size=16, model=""),
+        engine=FakeEngine(vocab_size=16, eos_token_id=15, seed=0),
+        codec=PromptCodec(None, "raw", vocab_size=16),
+        rewards=FakeRewards(run_seed=0, p=0.5),
+        outbox=Outbox(producer.ctx.socket(zmq.PUSH), resend_after_s=60.0),
+    )

@@ -13,15 +13,10 @@ from collections.abc import AsyncIterator
 import pytest
 import zmq
 import zmq.asyncio
+from served import fake_session
 
 from common import config as C
 from common import wire
-from consumer.server.server import run_spec
-from producer.engines.fake import FakeEngine
-from producer.outbox import Outbox
-from producer.scoring import FakeRewards
-from producer.session import Session
-from producer.tokenizer import PromptCodec
 from producer.worker import ConsumerLost, Producer
 
 
@@ -84,14 +79,7 @@ async def test_the_consumer_timeout_stretches_with_the_period_it_sent() -> None:
 
 async def test_an_unacknowledged_group_waits_longer_before_it_is_resent_at_a_long_period() -> None:
     async with producer_and_consumer("net.resend_after_s=60") as (producer, _):
-        ctx = producer.ctx
-        producer.session = Session(
-            spec=run_spec(producer.cfg, vocab_size=16, model=""),
-            engine=FakeEngine(vocab_size=16, eos_token_id=15, seed=0),
-            codec=PromptCodec(None, "raw", vocab_size=16),
-            rewards=FakeRewards(run_seed=0, p=0.5),
-            outbox=Outbox(ctx.socket(zmq.PUSH), resend_after_s=60.0),
-        )
+        producer.session = fake_session(producer)
         outbox = producer.session.outbox
         try:
             producer._on_status(status(heartbeat_s=1.0))

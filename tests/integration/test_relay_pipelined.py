@@ -45,15 +45,21 @@ def write_chunk(path: Path, data: bytes, chunks: cm.ChunkHashes, index: int) -> 
         os.close(fd)
 
 
+def serving_relay(ctx: zmq.asyncio.Context) -> tuple[Relay, asyncio.Task[None], ChunkClient]:
+    """A relay on a free loopback port, its serving task, and a chunk client connected to it."""
+    relay = Relay(ctx, host="127.0.0.1", port=0, keys=None, insecure=False,
+                  max_message_bytes=MAX_MESSAGE)  # fmt: skip
+    serving = asyncio.create_task(relay.serve())
+    client = ChunkClient(ctx, relay.source.endpoint, keys=None, max_message_bytes=MAX_MESSAGE)
+    return relay, serving, client
+
+
 async def test_a_relay_serves_a_chunk_before_it_holds_the_next(tmp_path):
     data = os.urandom(3 * CB - 100)
     chunks = cm.chunk_hashes(data, CB)
     part = tmp_path / "model.safetensors.part"
     ctx = zmq.asyncio.Context()
-    relay = Relay(ctx, host="127.0.0.1", port=0, keys=None, insecure=False,
-                  max_message_bytes=MAX_MESSAGE)  # fmt: skip
-    serving = asyncio.create_task(relay.serve())
-    client = ChunkClient(ctx, relay.source.endpoint, keys=None, max_message_bytes=MAX_MESSAGE)
+    relay, serving, client = serving_relay(ctx)
 
     def ask(index: int) -> asyncio.Task[wire.Chunk]:
         msg = wire.FileChunkRequest(0, 7, "weights", index * CB, CB)
@@ -212,10 +218,7 @@ async def test_a_held_request_waits_while_the_relay_is_alive_and_not_once_it_die
     chunks = cm.chunk_hashes(data, CB)
     part = tmp_path / "model.safetensors.part"
     ctx = zmq.asyncio.Context()
-    relay = Relay(ctx, host="127.0.0.1", port=0, keys=None, insecure=False,
-                  max_message_bytes=MAX_MESSAGE)  # fmt: skip
-    serving = asyncio.create_task(relay.serve())
-    client = ChunkClient(ctx, relay.source.endpoint, keys=None, max_message_bytes=MAX_MESSAGE)
+    relay, serving, client = serving_relay(ctx)
     idle_s = 0.2
 
     def ask(index: int) -> asyncio.Task[wire.Chunk]:

@@ -19,16 +19,11 @@ from pathlib import Path
 import pytest
 import zmq
 import zmq.asyncio
+from served import fake_session
 
 from common import config as C
 from common import wire
 from common.errors import ConfigError, SnapshotError, SnapshotMismatch
-from consumer.server.server import run_spec
-from producer.engines.fake import FakeEngine
-from producer.outbox import Outbox
-from producer.scoring import FakeRewards
-from producer.session import Session
-from producer.tokenizer import PromptCodec
 from producer.worker import Producer
 
 
@@ -56,13 +51,7 @@ class ScriptedProducer(Producer):
 async def scripted_producer() -> AsyncIterator[ScriptedProducer]:
     ctx = zmq.asyncio.Context()
     producer = ScriptedProducer(C.Config(), ctx)
-    producer.session = Session(
-        spec=run_spec(producer.cfg, vocab_size=16, model=""),
-        engine=FakeEngine(vocab_size=16, eos_token_id=15, seed=0),
-        codec=PromptCodec(None, "raw", vocab_size=16),
-        rewards=FakeRewards(run_seed=0, p=0.5),
-        outbox=Outbox(ctx.socket(zmq.PUSH), resend_after_s=60.0),
-    )
+    producer.session = fake_session(producer)
     try:
         yield producer
     finally:
