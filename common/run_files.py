@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from common.json_text import dumps_sorted
 from common.metrics import StepRecord, read_jsonl
 
 # -- names ------------------------------------------------------------------------------------
@@ -374,8 +375,8 @@ class ProducerChange(_Record):
 
 
 def write_producers(run_dir: Path, current: ProducersFile) -> None:
-    """Replace `producers.json` atomically (keys sorted)."""
-    _replace_atomically(run_dir / PRODUCERS, json.dumps(current.to_json(), sort_keys=True))
+    """Replace `producers.json` atomically (keys sorted; encoded a producer at a time)."""
+    _replace_atomically(run_dir / PRODUCERS, dumps_sorted(current.to_json(), depth=2))
 
 
 def append_producer_changes(run_dir: Path, changes: Iterable[ProducerChange]) -> None:
