@@ -209,5 +209,5 @@ class Loop:
             st.book.forget_acks(p)
             st.identities.forget(p)
             st.routes.pop(p, None)
-            st.told_finished.discard(p)
+            st.told_finished.pop(p, None)
             self._control.forget(p)  # its parked request, fetch records and relay

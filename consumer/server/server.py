@@ -60,6 +60,7 @@ from consumer.snapshots.fetch_files import snapshot_chunk_bytes
 
 log = logging.getLogger("asyncgrpo.consumer")
 T = TypeVar("T")
+GOODBYE_WAIT_S = 2.0  # a producer told the run is over waits this long for its goodbye's answer
 
 
 def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
@@ -322,13 +323,18 @@ class Server:
 
     def all_told_finished(self) -> bool:
         """Every live producer (and every producer of the previous incarnation that has not
-        re-registered yet) has heard that the run is finished."""
+        re-registered yet) has heard that the run is finished, and each live one has said
+        goodbye or heard it `GOODBYE_WAIT_S` ago (its goodbye is answered, not left to time
+        out: producers of a crowd hear the end together, their parked requests answered)."""
         return self._call(self._all_told_finished).result()
 
     def _all_told_finished(self) -> bool:
-        st = self._state
+        st, now = self._state, time.monotonic()
         live = {p for p, v in st.producers.items() if v.state not in ("gone", "left")}
-        return live | (st.expected - set(st.producers)) <= st.told_finished
+        told = st.told_finished
+        if not live | (st.expected - set(st.producers)) <= told.keys():
+            return False
+        return all(now - told[p] >= GOODBYE_WAIT_S for p in live)
 
     def heartbeat_timing(self) -> tuple[float, float]:
         """(the longest heartbeat period sent lately, the silence after which a producer is

@@ -98,7 +98,8 @@ class NetState:
         self.expected = set(identities.keys)
         self.hosts: dict[str, str] = {}  # producer id -> host it registered from
         self.routes: dict[str, bytes] = {}  # producer id -> ROUTER identity of its last request
-        self.told_finished: set[str] = set()  # producers whose last reply said finished
+        # producers whose last reply said finished -> when first told (monotonic s)
+        self.told_finished: dict[str, float] = {}
         self.policy_version = policy_version
         self.snapshot: wire.SnapshotInfo | None = None
         self.accepting = True  # False once the learner needs no more groups
@@ -122,7 +123,7 @@ class NetState:
         """What every reply to `producer_id` carries (its queued acks are taken)."""
         acks = self.book.take_acks(producer_id) if producer_id else ()
         if producer_id and not self.accepting:
-            self.told_finished.add(producer_id)
+            self.told_finished.setdefault(producer_id, time.monotonic())
         eval_version, eval_from = self.evals.leasing() if self.evals is not None else (-1, -1)
         return wire.Status(
             self.run_id, self.policy_version, self.snapshot, acks, not self.accepting,

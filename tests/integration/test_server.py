@@ -97,6 +97,8 @@ def test_a_lease_goes_from_grant_to_trained_and_the_ledger_balances(server, tmp_
     status = _request(control, wire.Heartbeat(5, "p", 0, "idle", 0))
     assert status.status.finished
     assert wire.Ack(second.lease_id, "dropped_zero_variance") in status.status.acks
+    assert not srv.all_told_finished()  # told, its goodbye not yet answered (GOODBYE_WAIT_S)
+    assert isinstance(_request(control, wire.Goodbye(6, "p", ())), wire.StatusReply)
     assert srv.all_told_finished()
     srv.expire_open("shutdown")
     balance = srv.balance()
@@ -234,6 +236,25 @@ def test_a_parked_lease_request_is_answered_empty_after_the_wait_and_a_newer_rep
     assert (_reply(a).req, _reply(a).req) == (2, 3)  # ... and the newer after net.lease_wait_s
     assert srv.view()["counters"]["lease_replies_empty"] == 2
     a.close(linger=0)
+
+
+@pytest.mark.parametrize("server", [["net.lease_wait_s=0.3"]], indirect=True)
+def test_a_request_that_asks_to_wait_longer_stays_parked_past_the_consumers_own_wait(
+    server, tmp_path
+):
+    """A crowd's request (`wait_s`, common/heartbeat.py) waits its own time: b, parked first
+    for 600 s, is still waiting when a, parked after it for net.lease_wait_s, is answered."""
+    srv, ctx = server
+    a, b = _connect(srv, ctx, "a"), _connect(srv, ctx, "b")
+    b.send(wire.encode(wire.LeaseRequest(2, "b", 1, -1, wait_s=600.0)))
+    assert not b.poll(200)  # parked before a: a's empty reply below cannot come first by order
+    a.send(wire.encode(wire.LeaseRequest(2, "a", 1, -1)))
+    assert _reply(a).leases == ()  # after net.lease_wait_s
+    assert not b.poll(500), "answered at net.lease_wait_s, not at the wait it asked for"
+    srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))
+    assert len(_reply(b).leases) == 1  # still waiting, so the lease freed up is b's at once
+    for sock in (a, b):
+        sock.close(linger=0)
 
 
 @pytest.mark.parametrize(
