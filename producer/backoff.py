@@ -5,12 +5,12 @@ The n-th consecutive wait (n = 0, 1, ...) is drawn uniformly from [b/2, b] with
 never zero (a reply that arrives at once cannot make the caller spin), and is spread, so that
 producers started together stop asking together. `reset()` after a success.
 
-`follow(period_s, floor_s)` fits it to the heartbeat period the consumer last sent
-(common/heartbeat.py) before each pause: at its floor (`floor_s`, net.heartbeat_s: few
-producers) the pauses are as built; once the consumer has lengthened it (many producers, many
-of them waiting at the consumer to take what frees up) they run from half the period to all of
-it at once, so starved producers together ask about as often as they heartbeat, whatever their
-number.
+`follow(period_s, floor_s)` fits it to the heartbeat period before each pause: at its floor
+(`floor_s`, net.heartbeat_s) the pauses are as built. A crowd's requests wait at the consumer
+for several periods (common/heartbeat.py), so the producer passes the floor after those; but a
+crowd whose consumer answered at once (net.lease_wait_s = 0) passes the lengthened period, and
+the pauses then run from half the period to all of it, so that starved producers together ask
+about as often as they heartbeat, whatever their number.
 """
 
 from __future__ import annotations

@@ -17,13 +17,10 @@ producer/session.py) while heartbeats already run; producer/main.py runs its tas
   (a status it pushes unasked; producer/outbox.py);
 - `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task (a finished
   group the consumer told it to hold keeps its lease's slot until sent: backpressure). A request
-  that cannot be granted waits at the consumer until leases free up (`net.lease_wait_s`); after
-  an empty reply the producer pauses (`producer/backoff.py`: jittered, doubling from 50 ms to
-  1 s; from half the heartbeat period to all of it when the consumer has lengthened it) before
-  asking again, sooner when a newer snapshot is announced unless the period is lengthened (many
-  producers: others wait at the consumer to take what frees up). So a starved producer sends
-  about one request per `net.lease_wait_s` plus a pause, and all of them together about as
-  many as heartbeats once there are many, not one per round trip each.
+  that cannot be granted waits at the consumer until leases free up (`net.lease_wait_s`; in a
+  crowd, several heartbeat periods: common/heartbeat.py); after an empty reply the producer
+  pauses (`producer/backoff.py`) before asking again, sooner when a newer snapshot is announced.
+  So a starved producer sends one request per wait, not one per round trip.
 A consumer silent for `net.consumer_timeout_s` (or three heartbeat periods, if longer:
 common/heartbeat.py) raises `ConsumerLost` from the heartbeat (exit 3 in producer/main.py).
 Unacked groups are re-sent after `net.resend_after_s`, stretched alike (acks ride every reply).
@@ -57,7 +54,7 @@ from common import wire
 from common.config import Config
 from common.config.evaluation import eval_slots
 from common.errors import ConfigError
-from common.heartbeat import silence_limit_s
+from common.heartbeat import lease_wait_s, silence_limit_s
 from common.keys import load_keys
 from common.sockets import client_socket, endpoint_with_port
 from producer.announcements import announcements
@@ -356,11 +353,14 @@ class Producer:
                 await state.changed.wait_for(may_ask, 1.0)
                 continue
             declined, state.declined = tuple(state.declined), []
+            floor_s = session.spec.heartbeat_s
+            wait_s = lease_wait_s(state.heartbeat_s, floor_s=floor_s)  # 0: net.lease_wait_s
             msg = wire.LeaseRequest(
                 0, state.producer_id, max(free(), 0), session.engine.version, declined,
-                eval_room(state, slots),
+                eval_room(state, slots), wait_s,
             )  # fmt: skip
-            reply = await self.request_status(msg)
+            asked = time.monotonic()
+            reply = await self.request_status(msg, timeout_s=wait_s + _REQUEST_TIMEOUT_S)
             leases = reply.leases if isinstance(reply, wire.LeaseGrant) else ()
             for lease in leases:
                 if lease.eval_version >= 0 and not pin_lease(state, session.engine.version, lease):
@@ -373,12 +373,12 @@ class Producer:
                 backoff.reset()
                 continue
             state.count("lease_requests_empty")
-            # Nothing was free for net.lease_wait_s. Pause before asking again, less when a
-            # newer snapshot comes (leases follow it) unless the consumer lengthened the
-            # period: then many others wait there for what frees up. The condition, not any
-            # change: the reply itself has just bumped the change counter.
+            # Nothing was free while it waited. Pause, less when a newer snapshot comes (leases
+            # follow it: the condition, not any change, since the reply bumped the counter);
+            # a crowd answered at once (net.lease_wait_s = 0) paces by the period, uncut
+            at_once = time.monotonic() - asked < wait_s / 2
+            crowded = backoff.follow(state.heartbeat_s if at_once else floor_s, floor_s=floor_s)
             shown = state.target.version if state.target is not None else -1
-            crowded = backoff.follow(state.heartbeat_s, floor_s=session.spec.heartbeat_s)
             until = partial(self._newer_than, float("inf") if crowded else shown)
             await state.changed.wait_for(until, backoff.next_s())
         log.info("the consumer needs no more groups: producer done")

@@ -132,6 +132,8 @@ def _of_type(tp: Any) -> st.SearchStrategy[Any]:
         kwargs = {k: _of_type(v) for k, v in _hints(tp).items() if k in fields}
         if tp is wire.Status:  # a positive, finite heartbeat period (`wire.check_status`)
             kwargs["heartbeat_s"] = st.floats(1e-3, 1e6)
+        if tp is wire.LeaseRequest:  # a wait in [0, MAX_LEASE_WAIT_S] (`check_lease_request`)
+            kwargs["wait_s"] = st.floats(0.0, wire.MAX_LEASE_WAIT_S)
         return st.builds(tp, **kwargs)
     return {
         type(None): st.none(),

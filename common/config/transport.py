@@ -102,7 +102,9 @@ class NetConfig:
     lease_wait_s: float = _f(
         2.0,
         "Longest a lease request that cannot be granted waits at the consumer; it is answered "
-        "the moment leases free up (0 = answer at once, empty).",
+        "the moment leases free up (0 = answer at once, empty). With more producers than "
+        "net.max_heartbeats_per_s allows at net.heartbeat_s, producers ask to wait four "
+        "heartbeat periods instead (at most 600 s).",
     )
     resend_after_s: float = _f(
         60.0,

@@ -38,7 +38,8 @@ Conventions and invariants:
 - A peer of another schema version is refused by its first field (`schema_version`), with a
   detail that names both versions: run the same release on both sides.
 - A status's heartbeat period (`Status.heartbeat_s`) must be positive and finite
-  (`check_status`).
+  (`check_status`); a lease request's wait (`LeaseRequest.wait_s`) finite and in [0,
+  `MAX_LEASE_WAIT_S`] (`check_lease_request`).
 - A `LeaseGrant`'s leases are checked for their shape (`check_lease`): a prompt as text or as
   chat messages, not both; columns "" or a JSON object's text. The columns stay text here: a
   JSON value can cost tens of times its size in Python objects, so only the producer's reward
@@ -65,6 +66,7 @@ from common.errors import WireError
 from common.kept_set import encoding_problem
 from common.wire.messages import (
     FINISH_REASONS,
+    MAX_LEASE_WAIT_S,
     SCHEMA_VERSION,
     Ack,
     Chunk,
@@ -226,6 +228,8 @@ def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:
                 check_lease(lease)
         if isinstance(msg, LeaseGrant | StatusReply | Welcome):
             check_status(msg.status)
+        elif isinstance(msg, LeaseRequest):
+            check_lease_request(msg)
     except WireError as exc:
         if cls is Group:
             exc.lease_id, exc.producer_id = _group_ids(r, entries)
@@ -296,6 +300,15 @@ def check_status(status: Status) -> None:
     `decode`: a producer sleeps on it). Raises `WireError`."""
     if not (math.isfinite(status.heartbeat_s) and status.heartbeat_s > 0):
         raise WireError("bad_value", "a status's heartbeat_s must be positive and finite")
+
+
+def check_lease_request(msg: LeaseRequest) -> None:
+    """A lease request's wait is a finite number of seconds in [0, `MAX_LEASE_WAIT_S`] (also
+    run by `decode`: the consumer parks the request that long). Raises `WireError`."""
+    if not (math.isfinite(msg.wait_s) and 0 <= msg.wait_s <= MAX_LEASE_WAIT_S):
+        raise WireError(
+            "bad_value", f"a lease request's wait_s must be in [0, {MAX_LEASE_WAIT_S:g}] s"
+        )
 
 
 def check_group(g: Group, limits: Limits) -> None:

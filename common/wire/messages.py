@@ -11,7 +11,7 @@ below; nobody builds message dicts by hand.
 | heartbeat   | control, producer → consumer     | req, producer_id, loaded_version, state,       |
 |             |                                  | num_in_flight, counters                        |
 | lease_req   | control, producer → consumer     | req, producer_id, max_leases, loaded_version,  |
-|             |                                  | declined, max_eval_leases                      |
+|             |                                  | declined, max_eval_leases, wait_s              |
 | goodbye     | control, producer → consumer     | req, producer_id, held_leases                  |
 | fetch_req   | control, producer → consumer     | req, producer_id, version, held_version,       |
 |             |                                  | held_hash, relay (Source)                      |
@@ -81,7 +81,11 @@ Conventions and invariants:
   heartbeats (`Status.heartbeat_s`, seconds, positive and finite: `check_status`), longer with
   more live producers so that all of them together send at most `net.max_heartbeats_per_s`;
   a producer beats at the period it heard last, and each side tolerates silences of three
-  such periods or its configured timeout, whichever is longer.
+  such periods or its configured timeout, whichever is longer. A lease request that cannot be
+  granted waits at the consumer for leases to free up: `net.lease_wait_s`, or longer when the
+  producer says it waits longer (`LeaseRequest.wait_s`, seconds, finite, in [0,
+  `MAX_LEASE_WAIT_S`]: `check_lease_request`; a crowd of starved producers waits there rather
+  than polling: common/heartbeat.py).
 """
 
 from __future__ import annotations
@@ -93,7 +97,8 @@ import numpy as np
 
 from common.kept_set import KeptSets, from_counts
 
-SCHEMA_VERSION = 7  # 7: the consumer sets the heartbeat period (Status.heartbeat_s)
+SCHEMA_VERSION = 7  # 7: the consumer sets the heartbeat period (Status.heartbeat_s); a lease
+# request may wait longer than net.lease_wait_s (LeaseRequest.wait_s)
 # 6: evaluation leases and groups (Lease.eval_version, Group.evaluation,
 # LeaseRequest.declined / max_eval_leases, RunSpec.eval_samples / eval_temperature,
 # Status.eval_version / eval_from)
@@ -102,6 +107,7 @@ SCHEMA_VERSION = 7  # 7: the consumer sets the heartbeat period (Status.heartbea
 # 3: kept sets of truncated sampling (Group.kept_*, RunSpec.min_p/max_kept); a lease carries a
 # chat prompt (`messages`) and the row's `columns`
 # 2: snapshot chunks moved to the data socket (`chunk_head` + bytes)
+MAX_LEASE_WAIT_S = 600.0  # the longest `LeaseRequest.wait_s`
 FINISH_REASONS = ("stop", "length", "abort")
 OUTCOMES = (
     "trained",
@@ -258,6 +264,8 @@ class LeaseRequest:
     declined: tuple[int, ...] = ()  # eval leases given back unsampled (that version is gone)
     max_eval_leases: int = 0  # eval leases it takes beyond `max_leases` (it holds a round's
     # version: `Status.eval_version`); 0: eval leases come out of `max_leases`
+    wait_s: float = 0.0  # seconds it waits for the reply at the consumer if nothing is free:
+    # the consumer answers empty after max(net.lease_wait_s, this); 0: net.lease_wait_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -192,9 +192,9 @@ class Control:
             st.evals.decline(msg.producer_id, msg.declined)
         self.parked.unpark(msg.producer_id)  # its older request (it gave up on it) goes first
         leases = self.grant(msg, now)
-        wait_s = st.cfg.net.lease_wait_s
+        wait_s = st.cfg.net.lease_wait_s  # or longer, when the producer waits longer (a crowd)
         if not leases and st.accepting and wait_s > 0:
-            self.parked.park(identity, msg, now + wait_s)
+            self.parked.park(identity, msg, now + max(wait_s, msg.wait_s))
             return None
         if not leases:
             st.count("lease_replies_empty")

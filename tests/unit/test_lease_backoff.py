@@ -1,5 +1,6 @@
 """A starved producer's pause between lease requests: jittered, growing to a cap, never zero,
-and a wait on a condition that a reply's own change-counter bump does not end."""
+and a wait on a condition that a reply's own change-counter bump does not end; in a crowd, a
+request that waits at the consumer for several heartbeat periods instead."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import random
 
 import pytest
 
+from common import wire
+from common.heartbeat import LEASE_WAIT_PERIODS, lease_wait_s
 from producer.backoff import Backoff
 from producer.state import Changes
 
@@ -74,3 +77,55 @@ def test_at_the_shortest_period_the_pauses_are_as_built():
     backoff.reset()
     assert backoff.next_s() <= 0.05
     assert max(backoff.next_s() for _ in range(20)) <= 1.0
+
+
+async def crowd_asks(period_s: float, reply_empty_at_once: bool) -> tuple[list, list[float]]:
+    """The lease requests (with the timeout each was given) of a real producer's lease loop
+    that heard `period_s` (its floor: net.heartbeat_s = 1), and the pause after the first."""
+    from test_worker_reload import info, scripted_producer
+
+    async with scripted_producer() as producer:
+        session, state = producer.session, producer.state
+        assert session is not None
+        assert session.spec.heartbeat_s == 1.0
+        state.run_id = state.weights_run = "r"
+        state.target, state.heartbeat_s = info(0), period_s
+        asked, pauses = [], []
+
+        async def request_status(msg, timeout_s=0.0):
+            asked.append((msg, timeout_s))
+            if reply_empty_at_once:  # a consumer with net.lease_wait_s = 0
+                return wire.LeaseGrant(msg.req, (), wire.Status("r", 0, None))
+            state.finished = True
+            return None
+
+        async def wait_for(predicate, timeout_s):
+            pauses.append(timeout_s)
+            state.finished = True  # the first pause is all this test needs
+
+        producer.request_status = request_status  # type: ignore[method-assign]
+        state.changed.wait_for = wait_for  # type: ignore[method-assign]
+        async with asyncio.TaskGroup() as tg:
+            await producer.lease_loop(tg, session)
+        return asked, pauses
+
+
+async def test_a_crowded_producer_asks_to_wait_four_periods_and_waits_that_long_for_the_reply():
+    (msg, timeout_s), *_ = (await crowd_asks(16.0, reply_empty_at_once=False))[0]
+    assert msg.wait_s == LEASE_WAIT_PERIODS * 16.0  # leases freed at a step find it waiting
+    assert timeout_s > msg.wait_s  # the producer never gives up on a request still parked
+    (msg, _), *_ = (await crowd_asks(1.0, reply_empty_at_once=False))[0]
+    assert msg.wait_s == 0  # at the floor: the consumer's own net.lease_wait_s
+
+
+async def test_a_crowd_answered_at_once_pauses_by_the_period_and_after_a_wait_briefly():
+    _, pauses = await crowd_asks(16.0, reply_empty_at_once=True)
+    assert 4.0 <= pauses[0] <= 16.0  # no parking: the crowd paces itself (Backoff.follow)
+    _, pauses = await crowd_asks(1.0, reply_empty_at_once=True)
+    assert pauses[0] <= 0.05  # as built
+
+
+def test_the_wait_asked_is_the_consumers_at_the_floor_and_periods_in_a_crowd():
+    assert lease_wait_s(1.0, floor_s=1.0) == 0.0
+    assert lease_wait_s(16.0, floor_s=1.0) == LEASE_WAIT_PERIODS * 16.0
+    assert lease_wait_s(1e6, floor_s=1.0) == wire.MAX_LEASE_WAIT_S

@@ -167,9 +167,9 @@ GOLDEN_HEX = {
         "000000ad7265776172645f6572726f7273cb0000000000000000"
     ),
     "lease_req": (
-        "88a6736368656d6107a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
+        "89a6736368656d6107a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
         "64a27030aa6d61785f6c656173657304ae6c6f616465645f76657273696f6e03a86465636c696e65"
-        "6490af6d61785f6576616c5f6c656173657300"
+        "6490af6d61785f6576616c5f6c656173657300a6776169745f73cb0000000000000000"
     ),
     "goodbye": (
         "85a6736368656d6107a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
@@ -892,6 +892,7 @@ OPTIONAL = {
     (wire.Lease, "eval_version"): -1,
     (wire.LeaseRequest, "declined"): (),
     (wire.LeaseRequest, "max_eval_leases"): 0,
+    (wire.LeaseRequest, "wait_s"): 0.0,
     (wire.Status, "eval_version"): -1,
     (wire.Status, "eval_from"): -1,
     (wire.Status, "heartbeat_s"): 1.0,
@@ -913,7 +914,7 @@ WHERE = {  # a message holding each optional field (not at its default), and the
         wire.LeaseGrant(2, (dataclasses_replace(LEASE, eval_version=3),), STATUS),
         ("leases", 0),
     ),
-    wire.LeaseRequest: (wire.LeaseRequest(3, "p0", 4, 3, ((1 << 62) | 7,), 2), ()),
+    wire.LeaseRequest: (wire.LeaseRequest(3, "p0", 4, 3, ((1 << 62) | 7,), 2, 64.0), ()),
 }
 
 
@@ -1229,4 +1230,11 @@ def test_the_heartbeat_period_a_status_carries_round_trips(kind):
 def test_a_status_whose_heartbeat_period_is_not_a_positive_number_is_refused(period):
     msg = wire.StatusReply(1, dataclasses.replace(STATUS, heartbeat_s=period))
     with pytest.raises(WireError, match="heartbeat_s must be positive and finite"):
+        wire.decode(wire.encode(msg), wire.Limits())
+
+
+@pytest.mark.parametrize("wait", [-1.0, wire.MAX_LEASE_WAIT_S + 1, math.inf, math.nan])
+def test_a_lease_request_whose_wait_is_not_in_range_is_refused(wait):
+    msg = dataclasses.replace(MESSAGES["lease_req"], wait_s=wait)
+    with pytest.raises(WireError, match=r"wait_s must be in \[0, 600\] s"):
         wire.decode(wire.encode(msg), wire.Limits())
