@@ -19,7 +19,7 @@ producers told) and must exit 0. Reported per N (JSON keys in brackets):
   [`trained_groups_per_s`, `tokens_per_s`];
 - lease request round trips seen by the producers, p50/p99 [`lease_p50_s`, `lease_p99_s`],
   heartbeat round trips [`heartbeat_p99_s`], requests that got no reply within the producer's
-  timeout [`control_timeouts`];
+  timeout [`control_timeouts`, and by message kind `control_timeouts_by_kind`];
 - registration: from starting the producers to the last one registered [`registration_s`],
   and the p99 of one registration's round trip [`register_p99_s`];
 - the consumer's CPU (user + system seconds per second of the window: 1.0 = one core busy)
@@ -48,7 +48,12 @@ producers told) and must exit 0. Reported per N (JSON keys in brackets):
   the swarm's own CPU, in cores [`client_cpu`], so the reader sees which side is the limit.
 `n` is N again.
 The consumer is pinned to core `--consumer-core` (0 by default on a machine of 2 or more cores)
-and this process to the others.
+and this process to the others. The consumer's run directory and the producers' snapshot caches
+live under `--tmp-dir` (/dev/shm by default: in memory). Every producer pins every snapshot
+(a directory and a hard link, producer/weights.py); a real one does that once per snapshot on
+its own host, but 1,024 simulated ones on one core and an ext4 journal took seconds per
+snapshot, and the leases granted at a step waited for them (at 1,024, offered 40 groups/s:
+24-31 delivered on disk, 32 in memory).
 Top level: `ratio_groups_per_s_largest_vs_64` (trained groups/s at the largest N over the figure
 at 64, the same run; null when 64 is not among the Ns), `ratio_cpu_per_group_largest_vs_64`
 (the consumer's CPU per trained group likewise), `largest_producers`, the machine's load
@@ -75,6 +80,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +110,7 @@ class Probe:
     register: list[float] = field(default_factory=list)  # round trip s of each registration
     registered: dict[str, float] = field(default_factory=dict)  # producer -> first Welcome at
     empty: list[float] = field(default_factory=list)  # when a lease reply granted nothing
-    timeouts: list[float] = field(default_factory=list)
+    timeouts: list[tuple[float, str]] = field(default_factory=list)  # (at, message kind)
 
 
 def instrument(producer: Producer, probe: Probe) -> None:
@@ -117,7 +123,7 @@ def instrument(producer: Producer, probe: Probe) -> None:
         try:
             reply = await request(msg, timeout_s=timeout_s)
         except TimeoutError:
-            probe.timeouts.append(time.monotonic())
+            probe.timeouts.append((time.monotonic(), msg.KIND))
             raise
         t1 = time.monotonic()
         if isinstance(msg, wire.LeaseRequest):
@@ -282,6 +288,7 @@ async def swarm(
         "lease_p99_s": quantile(within(probe.lease), 0.99),
         "heartbeat_p99_s": quantile(within(probe.heartbeat), 0.99),
         "control_timeouts": len(probe.timeouts),
+        "control_timeouts_by_kind": dict(Counter(kind for _, kind in probe.timeouts)),
         "registration_s": registration_s,
         "register_p99_s": quantile(probe.register, 0.99),
         "consumer_cpu": (cpu_b - cpu_a) / span,
@@ -425,6 +432,11 @@ def parser() -> argparse.ArgumentParser:
         "--consumer-core", type=int, default=0 if (os.cpu_count() or 1) > 1 else -1,
         help="pin the consumer to this core and the swarm to the others (-1: no pinning)",
     )  # fmt: skip
+    ap.add_argument(
+        "--tmp-dir", default="/dev/shm" if Path("/dev/shm").is_dir() else None,
+        help="the consumer's run dir and the producers' snapshot caches (default: /dev/shm, "
+        "memory: 1,024 simulated producers pinning every snapshot do not wait on a disk)",
+    )  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
@@ -446,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         others = set(os.sched_getaffinity(0)) - {a.consumer_core}
         if others:
             os.sched_setaffinity(0, others)
+    if a.tmp_dir:  # the consumer's run dir (measure) and every Weights cache (mkdtemp)
+        tempfile.tempdir = a.tmp_dir
     load_start = os.getloadavg()[0]
     runs = []
     for n in ns:
