@@ -63,9 +63,14 @@ include the cost of simulating the swarm: its one core delivers fewer groups per
 1,024 than at 64, and the consumer's per-second costs then weigh on fewer groups.
 `--offered-groups-per-s R` offers the same load at every N instead (each producer's generation
 time set so that its groups in flight finish R per second in all), which compares the
-consumer's CPU per group at equal throughput:
+consumer's CPU per group at equal offered load. On one small machine the swarm itself may not
+deliver it at 1,024 (it pins every snapshot 1,024 times on one core, and a step's new leases
+wait for their producer's pin), so `--match-delivered` runs the largest N first and offers the
+others what it delivered: the consumer's CPU per group at equal throughput. Each run's
+`offered_groups_per_s` says what it was offered.
 
     python bench/swarm.py --producers 64,1024 --offered-groups-per-s 40 --json PATH
+    python bench/swarm.py --producers 64,1024 --offered-groups-per-s 40 --match-delivered
 """
 
 from __future__ import annotations
@@ -375,7 +380,9 @@ def measure(n: int, a: argparse.Namespace) -> dict[str, Any]:
         pin = ["taskset", "-c", str(a.consumer_core)] if a.consumer_core >= 0 else []
         consumer = subprocess.Popen(pin + consumer_args(run, prompts, a), stdout=log, stderr=log)
         try:
-            return {"n": n, **asyncio.run(swarm(n, run, consumer, a))}
+            offered = a.offered_groups_per_s or None
+            result = asyncio.run(swarm(n, run, consumer, a))
+            return {"n": n, "offered_groups_per_s": offered, **result}
         except BaseException:
             consumer.kill()
             consumer.wait()
@@ -424,6 +431,11 @@ def parser() -> argparse.ArgumentParser:
         "the groups in flight finish R groups/s (0: as fast as the swarm can; overrides "
         "--latency-s)",
     )  # fmt: skip
+    ap.add_argument(
+        "--match-delivered", action="store_true",
+        help="with --offered-groups-per-s: run the largest N first, then offer the others the "
+        "groups/s it delivered (the consumer's CPU per group compared at equal throughput)",
+    )  # fmt: skip
     ap.add_argument("--heartbeat-s", type=float, default=1.0, help="net.heartbeat_s (floor)")
     ap.add_argument("--max-message-mib", type=float, default=64.0)
     ap.add_argument("--register-timeout-s", type=float, default=120.0)
@@ -461,10 +473,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.tmp_dir:  # the consumer's run dir (measure) and every Weights cache (mkdtemp)
         tempfile.tempdir = a.tmp_dir
     load_start = os.getloadavg()[0]
-    runs = []
-    for n in ns:
-        r = measure(n, a)
-        runs.append(r)
+    done = {}
+    for n in sorted(ns, reverse=True) if a.match_delivered else ns:
+        r = done[n] = measure(n, a)
+        if a.match_delivered and n == max(ns):  # the others are offered what it delivered
+            a.offered_groups_per_s = r["groups_per_s"]
         p50, p99 = r["lease_p50_s"], r["lease_p99_s"]
         print(
             f"N={n:5d}  trained {r['trained_groups_per_s']:8.1f} groups/s "
@@ -490,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             f"client cpu {r['client_cpu']:4.2f}",
             flush=True,
         )
+    runs = [done[n] for n in ns]
     out = {
         "bench": "swarm",
         "load_1m_start": load_start,

@@ -24,7 +24,7 @@ KEYS = {
     "lease_requests_parked", "lease_service_p50_ms", "lease_service_p99_ms",
     "network_loop_gap_max_ms", "network_loop_gap_p999_ms", "network_loop_gap_cpu_max_ms",
     "control_messages_per_s", "consumer_cpu_s_per_message", "lease_parked_grant_p99_ms",
-    "lease_parked_grants",
+    "lease_parked_grants", "control_timeouts_by_kind", "offered_groups_per_s",
 }  # fmt: skip
 
 
@@ -80,7 +80,8 @@ def test_a_producer_count_out_of_range_is_refused():
 @pytest.mark.timeout(180)
 def test_a_few_producers_against_a_real_consumer(tmp_path):
     path = tmp_path / "swarm.json"
-    args = ["--producers", "3", "--seconds", "2", "--warmup-s", "0.5", "--json", str(path)]
+    args = ["--producers", "2,3", "--seconds", "2", "--warmup-s", "0.5", "--json", str(path),
+            "--offered-groups-per-s", "1000", "--match-delivered"]  # fmt: skip
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "swarm.py"), *args],
         capture_output=True, text=True, timeout=170,
@@ -91,7 +92,10 @@ def test_a_few_producers_against_a_real_consumer(tmp_path):
     assert res["largest_producers"] == 3
     assert res["ratio_groups_per_s_largest_vs_64"] is None
     assert res["ratio_cpu_per_group_largest_vs_64"] is None
-    (run,) = res["runs"]
+    two, run = res["runs"]  # in the order asked for, the largest measured first
+    assert (two["n"], run["n"]) == (2, 3)
+    assert run["offered_groups_per_s"] == 1000
+    assert two["offered_groups_per_s"] == run["groups_per_s"]  # offered what 3 delivered
     assert set(run) == KEYS
     assert run["producers"] == 3
     assert run["consumer_ok"] is True  # the ledger balanced and the consumer exited 0
@@ -103,7 +107,7 @@ def test_a_few_producers_against_a_real_consumer(tmp_path):
     assert run["consumer_rss_mib"] > 0
     assert run["consumer_rss_peak_mib"] >= run["consumer_rss_mib"]
     assert 0 < run["queued_mib_peak"] <= 256  # net.max_queued_mib
-    assert "N=    3" in out.stdout
+    assert out.stdout.index("N=    3") < out.stdout.index("N=    2")
     # measured inside the consumer (netstats.json)
     assert run["n"] == 3
     assert run["groups_per_s"] > 0
