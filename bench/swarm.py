@@ -225,6 +225,17 @@ async def run_producers(
         ctx.destroy(linger=0)
 
 
+def throughput(run: Path, unix_a: float, unix_b: float) -> tuple[list[Any], float, float]:
+    """The metrics lines of `run` within [unix_a, unix_b], and from them the trained groups and
+    completion tokens per second (0 with fewer than two lines)."""
+    steps = [r for r in read_steps(run / RF.METRICS) if unix_a <= r.unix_time <= unix_b]
+    if len(steps) < 2:
+        return steps, 0.0, 0.0
+    wall = steps[-1].unix_time - steps[0].unix_time
+    trained = (steps[-1].groups_trained - steps[0].groups_trained) / wall
+    return steps, trained, sum(r.num_completion_tokens for r in steps[1:]) / wall
+
+
 async def swarm(
     n: int, run: Path, consumer: subprocess.Popen[bytes], a: argparse.Namespace
 ) -> dict[str, Any]:
@@ -271,12 +282,7 @@ async def swarm(
     def within(stamps: list[tuple[float, float]]) -> list[float]:
         return [v for at, v in stamps if t_a <= at <= t_b]
 
-    steps = [r for r in read_steps(run / RF.METRICS) if unix_a <= r.unix_time <= unix_b]
-    trained = tokens = 0.0
-    if len(steps) >= 2:
-        wall = steps[-1].unix_time - steps[0].unix_time
-        trained = (steps[-1].groups_trained - steps[0].groups_trained) / wall
-        tokens = sum(r.num_completion_tokens for r in steps[1:]) / wall
+    steps, trained, tokens = throughput(run, unix_a, unix_b)
     lines = (run / RF.METRICS).read_text().splitlines()
     ledger = RF.read_ledger(run)
     empty = sum(t_a <= at <= t_b for at in probe.empty) / span
