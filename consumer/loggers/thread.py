@@ -4,8 +4,8 @@ The training thread calls `submit_step(record)` after each metrics line and
 `submit_completions(step, groups)` every `log.completions_every` steps; both put one item on a
 bounded queue (`QUEUE_ITEMS`) without waiting: when the queue is full (a tracker slower than
 the learner) the item is dropped and counted (`dropped`). This thread starts the trackers
-(`wandb.init` may take seconds: never on the training thread; W&B runs in a niced process
-of its own, consumer/loggers/child.py), logs the config once, then serves the queue. A
+(`wandb.init` may take seconds: never on the training thread; each tracker runs in a niced
+process of its own, consumer/loggers/child.py), logs the config once, then serves the queue. A
 tracker that raises is reported once (one warning with the exception), counted (`failed`) and
 dropped; the others and training go on. Catching every exception there
 is deliberate: a tracker is third-party code at the edge of the process, like a bad message at
@@ -33,6 +33,10 @@ from consumer.loggers.names import namespaced
 log = logging.getLogger("asyncgrpo.consumer")
 QUEUE_ITEMS = 256
 CLOSE_S = 60.0  # the longest shutdown waits for the trackers to finish (W&B syncing its files)
+_TRACKERS = {  # log.report_to name -> its sink class, built in the tracker's child process
+    "tensorboard": "consumer.loggers.tensorboard:TensorBoardSink",
+    "wandb": "consumer.loggers.wandb:WandbSink",
+}
 
 
 class Loggers:
@@ -100,17 +104,13 @@ class Loggers:
         config = to_dict(self.cfg)
         sinks: list[Any] = []
         for name in self.cfg.log.report_to:
-            try:
-                if name == "tensorboard":
-                    from consumer.loggers.tensorboard import TensorBoardSink
+            try:  # each in a niced process of its own (consumer/loggers/child.py)
+                from consumer.loggers.child import ChildSink
 
-                    sinks.append(TensorBoardSink(self.run_dir, run_name=run_name, config=config))
-                else:  # in a niced process of its own (consumer/loggers/child.py)
-                    from consumer.loggers.child import ChildSink
-
-                    kwargs = {"run_dir": self.run_dir, "run_name": run_name, "config": config,
-                              "project": self.cfg.log.project}  # fmt: skip
-                    sinks.append(ChildSink(name, "consumer.loggers.wandb:WandbSink", kwargs))
+                kwargs = {"run_dir": self.run_dir, "run_name": run_name, "config": config}
+                if name == "wandb":
+                    kwargs["project"] = self.cfg.log.project
+                sinks.append(ChildSink(name, _TRACKERS[name], kwargs))
             except Exception as exc:  # a tracker's own failure: see the module docstring
                 self._failed(name, exc)
         return sinks

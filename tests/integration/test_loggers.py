@@ -126,12 +126,16 @@ def test_a_resumed_run_continues_the_same_wandb_run(logged_run, tmp_path):
 
 
 def test_a_failing_tracker_is_reported_once_counted_and_dropped(tmp_path, monkeypatch, caplog):
-    from consumer.loggers.tensorboard import TensorBoardSink
+    class DiskFull:  # as a tracker's child reports it (ChildSink: tested below)
+        name = "tensorboard"
 
-    def broken(self, step, values):
-        raise OSError("disk full")
+        def metrics(self, step, values):
+            raise OSError("disk full")
 
-    monkeypatch.setattr(TensorBoardSink, "metrics", broken)
+        def __getattr__(self, method):
+            return lambda *args: None
+
+    monkeypatch.setattr(T.Loggers, "_open_sinks", lambda self: [DiskFull()])
     loggers = make_loggers(_config("tensorboard"), tmp_path, None)
     with caplog.at_level(logging.WARNING, logger="asyncgrpo.consumer"):
         for step in (1, 2, 3):
