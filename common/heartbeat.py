@@ -29,6 +29,9 @@ from common.wire.messages import MAX_LEASE_WAIT_S
 
 SILENT_PERIODS = 3  # heartbeats in a row that may be missed (late, lost) before a peer is gone
 LEASE_WAIT_PERIODS = 4  # how many periods a crowded producer's lease request waits at most
+# a producer told the run is over waits this long for its goodbye's answer, and the consumer
+# keeps answering that long after telling it (consumer/server/server.py `all_told_finished`)
+GOODBYE_WAIT_S = 2.0
 
 
 def period_s(num_live: int, *, floor_s: float, max_per_s: float) -> float:

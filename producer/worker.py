@@ -54,7 +54,7 @@ from common import wire
 from common.config import Config
 from common.config.evaluation import eval_slots
 from common.errors import ConfigError
-from common.heartbeat import lease_wait_s, silence_limit_s
+from common.heartbeat import GOODBYE_WAIT_S, lease_wait_s, silence_limit_s
 from common.keys import load_keys
 from common.sockets import client_socket, endpoint_with_port
 from producer.announcements import announcements
@@ -475,7 +475,7 @@ class Producer:
         held = tuple(self.session.outbox.pending)
         with contextlib.suppress(TimeoutError, Rejected, ConfigError):  # KeyRefused is one
             reply = await self.control.request(
-                wire.Goodbye(0, self.state.producer_id, held), timeout_s=2.0
+                wire.Goodbye(0, self.state.producer_id, held), timeout_s=GOODBYE_WAIT_S
             )
             if isinstance(reply, wire.StatusReply):
                 self._on_status(reply.status)

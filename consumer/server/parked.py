@@ -29,11 +29,11 @@ Grant = Callable[[wire.LeaseRequest, float, int], tuple[wire.Lease, ...]]
 
 @dataclass(slots=True)
 class _Parked:
-    """A lease request waiting for leases: who asked (ROUTER identity), what, and until when."""
+    """A lease request waiting for leases: who asked (ROUTER identity) and what (until when:
+    its entry in `ParkedRequests._deadlines`)."""
 
     identity: bytes
     msg: wire.LeaseRequest
-    deadline: float  # monotonic seconds: answered empty then
 
 
 class ParkedRequests:
@@ -60,7 +60,7 @@ class ParkedRequests:
     def park(self, identity: bytes, msg: wire.LeaseRequest, deadline: float) -> None:
         """Park `msg` until `deadline` (monotonic seconds) at the latest (its producer's older
         request, if any, must be answered first: `unpark`)."""
-        parked = _Parked(identity, msg, deadline)
+        parked = _Parked(identity, msg)
         self._parked[msg.producer_id] = parked
         self._queue.append((msg.producer_id, parked))
         heapq.heappush(self._deadlines, (deadline, next(self._order), msg.producer_id, parked))

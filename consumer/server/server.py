@@ -40,6 +40,7 @@ import zmq
 from common import run_files as RF
 from common import wire
 from common.config import Config
+from common.heartbeat import GOODBYE_WAIT_S
 from common.keys import Keys
 from common.sockets import server_socket
 from consumer.server.admission import Admission
@@ -60,7 +61,6 @@ from consumer.snapshots.fetch_files import snapshot_chunk_bytes
 
 log = logging.getLogger("asyncgrpo.consumer")
 T = TypeVar("T")
-GOODBYE_WAIT_S = 2.0  # a producer told the run is over waits this long for its goodbye's answer
 
 
 def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
