@@ -93,6 +93,10 @@ def test_metrics_config_and_completions_reach_tensorboard_wandb_and_the_run_dir(
     assert {"rollout/groups_trained", "staleness/hist/0", "throughput/tokens_per_s",
             "weights/snapshot_write_s"} <= set(events.Tags()["scalars"])  # fmt: skip
     assert {"config/text_summary", "completions/text_summary"} <= set(events.Tags()["tensors"])
+    (config_text,) = events.Tensors("config/text_summary")
+    text = config_text.tensor_proto.string_val[0].decode()
+    assert text.startswith("```toml\n[run]\n")
+    assert '"wandb"' in text
 
     run_id = (run_dir / "wandb_id.txt").read_text().strip()
     path = _wandb_file(run_dir, run_id)
