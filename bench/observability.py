@@ -1,6 +1,6 @@
 """What the trackers and completions samples cost the learner: the demo with and without them.
 
-    python bench/observability.py [--seeds 0,1] [--steps 30] [--report-to tensorboard,wandb]
+    python bench/observability.py [--seeds 0,1] [--steps 300] [--report-to tensorboard,wandb]
         [--completions-every 1] [--json PATH]
 
 For each seed, one after another on this machine, alternating (off, on):
@@ -16,7 +16,10 @@ the training thread's cost of handing one step's record and one completions samp
 groups to the logger thread (median over 500 of each, microseconds).
 
 JSON keys (stable): off_s_per_step, on_s_per_step, on_over_off_s_per_step, off_step_s,
-on_step_s, on_over_off_step_s (medians over seeds), submit_us, seeds, steps, cpus,
+on_step_s, on_over_off_step_s (medians over seeds, and their ratio);
+paired_on_over_off_s_per_step, paired_on_over_off_step_s (the median over seeds of each seed's
+on/off ratio: a seed's pace varies with its draws by more than the trackers cost, so the pairs
+are the steadier figure) and their `_per_seed` lists; submit_us, seeds, steps, cpus,
 load_avg_1min_start, load_avg_1min_end, runs (every run's figures).
 """
 
@@ -107,7 +110,7 @@ def _submit_us() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=300)  # the demo's own
     ap.add_argument("--report-to", default="tensorboard,wandb")
     ap.add_argument("--completions-every", type=int, default=1)
     ap.add_argument("--json", type=Path)
@@ -127,6 +130,9 @@ def main() -> None:
         off = statistics.median(r[key] for r in runs if not r["on"])
         on_ = statistics.median(r[key] for r in runs if r["on"])
         out |= {f"off_{key}": off, f"on_{key}": on_, f"on_over_off_{key}": on_ / off}
+        pairs = [on_r[key] / off_r[key] for off_r, on_r in zip(runs[::2], runs[1::2], strict=True)]
+        out |= {f"paired_on_over_off_{key}": statistics.median(pairs),
+                f"paired_on_over_off_{key}_per_seed": pairs}  # fmt: skip
     out |= {
         "submit_us": _submit_us(), "seeds": seeds, "steps": args.steps, "cpus": os.cpu_count(),
         "report_to": args.report_to, "completions_every": args.completions_every,
