@@ -129,17 +129,30 @@ def encode(msg: Message) -> bytes:
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 
+_SCALARS = frozenset({int, float, str, bytes, bool, type(None)})  # sent as they are
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a message class's field names, in order
+
+
 def _to_wire(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {}
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if isinstance(obj, Group) and f.name in Group.ARRAYS:
-                if f.name in Group.OMIT_EMPTY and len(value) == 0:
+    """`obj` as msgpack takes it: dataclasses as dicts of their fields in order, sequences as
+    lists. A class's field names are looked up once (`dataclasses.fields` on every value was
+    most of a small message's encoding)."""
+    cls = type(obj)
+    if cls in _SCALARS:
+        return obj
+    names = _FIELD_NAMES.get(cls)
+    if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(obj))
+    if names is not None:
+        out, group = {}, isinstance(obj, Group)
+        for name in names:
+            value = getattr(obj, name)
+            if group and name in Group.ARRAYS:
+                if name in Group.OMIT_EMPTY and len(value) == 0:
                     continue
-                out[f.name] = np.ascontiguousarray(value, dtype=Group.ARRAYS[f.name]).tobytes()
+                out[name] = np.ascontiguousarray(value, dtype=Group.ARRAYS[name]).tobytes()
             else:
-                out[f.name] = _to_wire(value)
+                out[name] = _to_wire(value)
         return out
     if isinstance(obj, tuple | list):
         return [_to_wire(v) for v in obj]
