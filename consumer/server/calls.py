@@ -45,6 +45,10 @@ class Calls:
             self._wake_send.send(b"\0")
         return fut
 
+    def pending(self) -> bool:
+        """A call is queued (any thread may ask; the answer may be stale by the time it returns)."""
+        return not self._queue.empty()
+
     def take_wake_ups(self) -> None:
         """Empty the wake-up socket (the network thread, when poll said it is readable)."""
         with contextlib.suppress(BlockingIOError):

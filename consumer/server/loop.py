@@ -1,10 +1,13 @@
 """The network thread itself ("consumer-net"): one poller over the control and rollouts sockets
 and the calls' wake-up, each event dispatched to its handler, then the housekeeping.
 
-Each turn: drain the rollouts socket (consumer/server/intake.py) and the control socket
-(consumer/server/control.py), up to `_DRAIN` messages each; run the calls other threads queued
-(consumer/server/calls.py); serve parked lease requests (consumer/server/parked.py); push the
-groups the learner made room for (`Admission.release`); and every 0.25 s the housekeeping:
+Each turn: run the calls other threads queued (consumer/server/calls.py) and serve the parked
+lease requests (consumer/server/parked.py), first, so the leases a settled step or a published
+snapshot frees are granted before any socket is read; drain the rollouts socket
+(consumer/server/intake.py) and the control socket (consumer/server/control.py), up to `_DRAIN`
+messages each, stopping early once a call is queued; run the calls and serve the parked
+requests again; push the groups the learner made room for (`Admission.release`); and every
+0.25 s the housekeeping:
 producers silent for `net.producer_timeout_s`, or three heartbeat periods when the
 consumer has lengthened the period beyond a third of it (`NetState.producer_timeout_s`,
 common/heartbeat.py), are gone (their leases expire), leases past
@@ -111,16 +114,15 @@ class Loop:
             while not self._stop.is_set():
                 events = dict(poller.poll(timeout=10))
                 timing.resume()
+                if wake_fd in events:
+                    self._calls.take_wake_ups()
+                self._run_calls()  # first: the leases a settled step frees go out at once
                 if self._rollouts in events:
                     self._drain(self._rollouts, self._intake.on_frames)
                 if control in events:
                     self._drain(control, self._control.on_frames)
-                if wake_fd in events:
-                    self._calls.take_wake_ups()
-                self._calls.run(stopped=self._failed)
+                self._run_calls()  # those queued meanwhile (a drain stops for them)
                 now = time.monotonic()
-                if self._control.parked:
-                    self._control.parked.serve(now)
                 self._control.release(self._state.admission.release())  # the learner made room
                 if now >= next_housekeeping:
                     self._housekeeping(now)
@@ -142,8 +144,19 @@ class Loop:
         self._calls.close()
         self._books.close()
 
+    def _run_calls(self) -> None:
+        """Run the queued calls, then serve the parked lease requests (a call that settled a
+        step or published a snapshot freed leases for them)."""
+        self._calls.run(stopped=self._failed)
+        if self._control.parked:
+            self._control.parked.serve(time.monotonic())
+
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[zmq.Frame]], None]) -> None:
+        """Handle up to `_DRAIN` messages from `sock`; stop early when a call is queued (the
+        learner waits for it, and the producers for the leases it may free)."""
         for _ in range(_DRAIN):
+            if self._calls.pending():
+                return
             self._state.timing.served()
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)

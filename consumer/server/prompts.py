@@ -70,6 +70,9 @@ class SyntheticSource:
         from common.tasks import ArithmeticTask
 
         self._task = ArithmeticTask(seed=seed)
+        # its splits (10,000 hashes, ~80 ms) are built here, on the caller's thread, not in
+        # the network thread's first grant
+        self._task.pairs("train")
 
     def __len__(self) -> int:
         return SYNTHETIC_TRAIN_SIZE
