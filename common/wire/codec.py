@@ -125,40 +125,35 @@ mp.prepare(*_KINDS.values(), names=("schema", "kind"))
 def encode(msg: Message) -> bytes:
     """The msgpack bytes of `msg` (deterministic: same message, same bytes)."""
     body: dict[str, Any] = {"schema": SCHEMA_VERSION, "kind": msg.KIND}
-    body.update(_to_wire(msg))
-    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+    body.update(_fields(msg))
+    return msgpack.packb(body, use_bin_type=True, default=_fields)  # type: ignore[no-any-return]
 
 
-_SCALARS = frozenset({int, float, str, bytes, bool, type(None)})  # sent as they are
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a message class's field names, in order
 
 
-def _to_wire(obj: Any) -> Any:
-    """`obj` as msgpack takes it: dataclasses as dicts of their fields in order, sequences as
-    lists. A class's field names are looked up once (`dataclasses.fields` on every value was
-    most of a small message's encoding)."""
+def _fields(obj: Any) -> dict[str, Any]:
+    """A message (or a message inside one) as msgpack takes it: its fields by name, in order,
+    a group's arrays as raw bytes. msgpack's packer calls it for every dataclass it meets and
+    walks the rest (lists, tuples, dicts, scalars) itself, in C; a class's field names are
+    looked up once. Anything else is refused as msgpack refuses it (`TypeError`)."""
     cls = type(obj)
-    if cls in _SCALARS:
-        return obj
     names = _FIELD_NAMES.get(cls)
-    if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    if names is None:
+        if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+            raise TypeError(f"cannot encode {cls.__name__}")
         names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(obj))
-    if names is not None:
-        out, group = {}, isinstance(obj, Group)
-        for name in names:
-            value = getattr(obj, name)
-            if group and name in Group.ARRAYS:
-                if name in Group.OMIT_EMPTY and len(value) == 0:
-                    continue
-                out[name] = np.ascontiguousarray(value, dtype=Group.ARRAYS[name]).tobytes()
-            else:
-                out[name] = _to_wire(value)
-        return out
-    if isinstance(obj, tuple | list):
-        return [_to_wire(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _to_wire(v) for k, v in obj.items()}
-    return obj
+    if not isinstance(obj, Group):
+        return {name: getattr(obj, name) for name in names}
+    out = {}
+    for name in names:
+        value = getattr(obj, name)
+        if name in Group.ARRAYS:
+            if name in Group.OMIT_EMPTY and len(value) == 0:
+                continue
+            value = np.ascontiguousarray(value, dtype=Group.ARRAYS[name]).tobytes()
+        out[name] = value
+    return out
 
 
 def encode_chunk(chunk: Chunk) -> list[bytes | memoryview]:
