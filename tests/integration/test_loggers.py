@@ -185,21 +185,34 @@ def test_a_tracker_whose_package_is_missing_stops_the_start_naming_the_extra(mon
         make_loggers(_config("wandb"), Path("."), None)
 
 
-def test_a_tracker_in_a_child_runs_idle_and_niced_and_its_failures_reach_the_logger_thread():
-    """W&B's wrapper (the W&B runs above go through it): the child's scheduling policy and
-    niceness, a tracker that raises in the child, and a child that dies, each failing the next
-    call with the reason."""
+def test_a_tracker_child_starts_at_our_priority_then_runs_niced_and_reports_failures(tmp_path):
+    """W&B's wrapper (the W&B runs above go through it): the tracker is built at the priority
+    the child started with, then every thread of the child and of the process the tracker
+    started (W&B's service) runs niced and, on Linux, under SCHED_BATCH; a tracker that raises
+    in the child, and a child that dies, each fail the next call with the reason."""
+    import json
     import os
     import signal
 
     from consumer.loggers.child import NICE, ChildSink, TrackerFailed
 
-    broken = ChildSink("broken", "builtins:dict", {})  # a "tracker" with no `config`
-    assert broken.pid is not None
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("reads each thread's niceness from /proc (Linux)")
     ours = os.getpriority(os.PRIO_PROCESS, 0)
-    assert os.getpriority(os.PRIO_PROCESS, broken.pid) == broken.niceness == max(ours, NICE)
-    if hasattr(os, "SCHED_BATCH"):  # Linux: its wake-ups never preempt training
-        assert os.sched_getscheduler(broken.pid) == os.SCHED_BATCH
+    probe = ChildSink("probe", "tracker_probe:NicenessProbe", {})
+    assert probe.niceness == max(ours, NICE)
+    probe.config(str(tmp_path / "niceness.json"))
+    probe.close()  # the child applied `config`, closed the probe and exited
+    got = json.loads((tmp_path / "niceness.json").read_text())
+    assert got["built_at"] == ours
+    assert len(got["own"]) >= 2  # the child's main thread and the probe's
+    assert len(got["started"]) >= 1
+    for thread in got["own"] + got["started"]:
+        assert thread["nice"] == probe.niceness
+        if hasattr(os, "SCHED_BATCH"):  # Linux: its wake-ups never preempt training
+            assert thread["policy"] == os.SCHED_BATCH
+
+    broken = ChildSink("broken", "builtins:dict", {})  # a "tracker" with no `config`
     broken.config("x = 1")
     broken._proc.join(60)
     with pytest.raises(TrackerFailed, match="AttributeError: 'dict' object has no attribute"):
