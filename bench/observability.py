@@ -11,16 +11,18 @@ For each seed, one after another on this machine, alternating (off, on):
   ten times the default rate, the worst case).
 From each run's metrics.jsonl, in seconds: s_per_step = (end of the last step - end of the
 first) / (steps - 1) (the learner's pace, waiting for groups included); step_s = the median
-optimizer step (the training thread's own work). Also, measured in this process: submit_us,
-the training thread's cost of handing one step's record and one completions sample of two
-groups to the logger thread (median over 500 of each, microseconds).
+optimizer step (the training thread's own work); wall_s = the whole command, start-up and
+shutdown included (a tracker's start-up shows here when it is not in s_per_step). Also,
+measured in this process: submit_us, the training thread's cost of handing one step's record
+and one completions sample of two groups to the logger thread (median over 500 of each, µs).
 
 JSON keys (stable): off_s_per_step, on_s_per_step, on_over_off_s_per_step, off_step_s,
-on_step_s, on_over_off_step_s (medians over seeds, and their ratio);
-paired_on_over_off_s_per_step, paired_on_over_off_step_s (the median over seeds of each seed's
-on/off ratio: a seed's pace varies with its draws by more than the trackers cost, so the pairs
-are the steadier figure) and their `_per_seed` lists; submit_us, seeds, steps, cpus,
-load_avg_1min_start, load_avg_1min_end, runs (every run's figures).
+on_step_s, on_over_off_step_s, off_wall_s, on_wall_s, on_over_off_wall_s (medians over seeds,
+and their ratio); paired_on_over_off_s_per_step, paired_on_over_off_step_s,
+paired_on_over_off_wall_s (the median over seeds of each seed's on/off ratio: a seed's pace
+varies with its draws by more than the trackers cost, so the pairs are the steadier figure)
+and their `_per_seed` lists; submit_us, seeds, steps, cpus, load_avg_1min_start,
+load_avg_1min_end, runs (every run's figures).
 """
 
 from __future__ import annotations
@@ -62,11 +64,13 @@ def _launch(
         cmd += ["--report-to", report_to] if report_to else []
     else:
         cmd += ["--set", "log.completions_every=0"]
+    t0 = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, capture_output=True)
+    wall = time.perf_counter() - t0
     recs = read_steps(out / "metrics.jsonl")
     pace = (recs[-1].time_s - recs[0].time_s) / (len(recs) - 1)
     step_s = statistics.median(r.step_s for r in recs if r.step_s is not None)
-    return {"s_per_step": pace, "step_s": step_s, "steps": len(recs)}
+    return {"s_per_step": pace, "step_s": step_s, "wall_s": wall, "steps": len(recs)}
 
 
 def _submit_us() -> float:
@@ -126,7 +130,7 @@ def main() -> None:
                 runs.append({"seed": seed, "on": on, **fig})
                 print(json.dumps(runs[-1]), flush=True)
     out: dict[str, object] = {}
-    for key in ("s_per_step", "step_s"):
+    for key in ("s_per_step", "step_s", "wall_s"):
         off = statistics.median(r[key] for r in runs if not r["on"])
         on_ = statistics.median(r[key] for r in runs if r["on"])
         out |= {f"off_{key}": off, f"on_{key}": on_, f"on_over_off_{key}": on_ / off}
