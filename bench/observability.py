@@ -68,6 +68,9 @@ def _launch(
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, capture_output=True)
     wall = time.perf_counter() - t0
     recs = read_steps(out / "metrics.jsonl")
+    if on and report_to and recs[-1].loggers_failed:  # it would measure no tracker at all
+        log = (out / "consumer.log").read_text()
+        raise SystemExit(f"a tracker failed in {out}: " + log[log.find("logger ") :][:300])
     pace = (recs[-1].time_s - recs[0].time_s) / (len(recs) - 1)
     step_s = statistics.median(r.step_s for r in recs if r.step_s is not None)
     return {"s_per_step": pace, "step_s": step_s, "wall_s": wall, "steps": len(recs)}
