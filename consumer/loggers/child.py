@@ -29,6 +29,7 @@ logger thread reports once and drops, as for a tracker in its own process.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import queue
@@ -110,13 +111,13 @@ def lower(tid: int, niceness: int) -> None:
     os.setpriority(os.PRIO_PROCESS, tid, niceness)
 
 
-def lower_tree(pid: int, niceness: int) -> int:
+def lower_tree(pid: int, niceness: int) -> None:
     """`lower` every thread of process `pid` and of every process descended from it (read from
-    /proc: Linux only; elsewhere the calling thread alone). Returns the threads lowered; one
-    that ended meanwhile is skipped."""
+    /proc: Linux only; elsewhere the calling thread alone); one that ended meanwhile is
+    skipped."""
     if not os.path.isdir("/proc/self/task"):
         lower(0, niceness)
-        return 1
+        return
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -127,7 +128,7 @@ def lower_tree(pid: int, niceness: int) -> int:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-    lowered, todo = 0, [pid]
+    todo = [pid]
     while todo:
         proc = todo.pop()
         todo.extend(children.get(proc, ()))
@@ -135,13 +136,9 @@ def lower_tree(pid: int, niceness: int) -> int:
             tids = [int(t) for t in os.listdir(f"/proc/{proc}/task")]
         except OSError:
             continue
-        for tid in tids:
-            try:
+        for tid in tids:  # one that ended meanwhile (ProcessLookupError) or is not ours: skipped
+            with contextlib.suppress(OSError):
                 lower(tid, niceness)
-                lowered += 1
-            except OSError:  # it ended meanwhile (ProcessLookupError), or is not ours
-                pass
-    return lowered
 
 
 def serve(factory: str, kwargs: dict[str, Any], calls: Any, errors: Any, niceness: int) -> None:
