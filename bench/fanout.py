@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
 from common import snapshot as snap
 from common import wire
-from consumer.server.prompts import make_source
+from consumer.data.prompts import make_source
 from consumer.server.server import Server, run_spec
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.publisher import Publisher

@@ -6,7 +6,7 @@
 What a user would write instead of our pipeline, with our own math so that only the system
 differs: one process, one model (sampling and training share the weights: no snapshots, no
 sockets, no staleness), per step:
-1. the next prompts of the run's prompt order (`consumer.server.prompts`, the consumer's own order);
+1. the next prompts of the run's prompt order (`consumer.data.prompts`, the consumer's own order);
 2. one batched `model.generate(do_sample=True)` of prompts x G rows (left-padded), behaviour
    log-probs from its scores, log_softmax(logits / T) (the sampling rule of both sides);
 3. rewards by the config's reward functions (`producer.rewards`, called in-process);
@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
 from common import wire
 from common.tasks import make_examples
+from consumer.data.prompts import PromptOrder, make_source
 from consumer.evaluate import accuracy_of
-from consumer.server.prompts import PromptOrder, make_source
 from consumer.staleness import zero_variance
 from consumer.train.trainer import DeviceTrainer
 from launch.demo_model import ensure_demo_model

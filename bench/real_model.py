@@ -48,7 +48,7 @@ from learner_step import bare_rows, bare_step
 
 from common import config as C
 from common import wire
-from consumer.server.prompts import JsonlSource
+from consumer.data.prompts import JsonlSource
 from consumer.train.trainer import DeviceTrainer
 from producer.engines.base import Completion, SamplingParams
 from producer.engines.hf import HFEngine

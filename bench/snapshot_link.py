@@ -50,8 +50,8 @@ def serve(directory: Path, host: str, mib: float, chunk_mib: float, keys: str) -
     from common import snapshot as snap
     from common import wire
     from common.keys import load_keys
+    from consumer.data.prompts import make_source
     from consumer.key_gate import start_key_gate
-    from consumer.server.prompts import make_source
     from consumer.server.server import Server, run_spec
 
     chunk = int(chunk_mib * (1 << 20))

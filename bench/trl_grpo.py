@@ -5,7 +5,7 @@
 
 Needs `trl` (an optional bench dependency: `pip install -e '.[bench]'`; never a runtime one).
 Settings taken from the config: model (the demo model, float32, CPU), prompts in the run's own
-order (`consumer.server.prompts`, TRL's shuffling off), G, temperature, max_new_tokens, prompts per
+order (`consumer.data.prompts`, TRL's shuffling off), G, temperature, max_new_tokens, prompts per
 step (per-device batch = prompts x G completions), AdamW lr / betas / weight decay / warm-up
 with a constant schedule, gradient clip, gradient checkpointing, PPO clip, beta; token-mean
 aggregation is TRL's `loss_type="dapo"`, group-std advantages its `scale_rewards="group"`.
@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
 from common.tasks import make_examples
+from consumer.data.prompts import PromptOrder, make_source
 from consumer.evaluate import accuracy_of
-from consumer.server.prompts import PromptOrder, make_source
 from launch.demo_model import ensure_demo_model
 from producer.reward_fns import resolve
 

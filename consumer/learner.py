@@ -56,11 +56,11 @@ from common.endpoints import advertised_host, tcp_endpoint
 from common.errors import ConfigError
 from common.keys import load_keys
 from common.model_dir import local_model_dir
+from consumer.data.prompts import PromptSource, make_source
 from consumer.evaluate import PeriodicEval
 from consumer.key_gate import start_key_gate
 from consumer.loggers import make_loggers
 from consumer.reward_tally import RewardTally
-from consumer.server.prompts import PromptSource, make_source
 from consumer.server.server import Server, run_spec
 from consumer.snapshots.fetch_files import FetchFiles, snapshot_chunk_bytes
 from consumer.snapshots.publisher import Publisher

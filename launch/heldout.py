@@ -2,7 +2,7 @@
 
 What is evaluated (`describe(cfg)` says it in words, `has_heldout(cfg)` whether there is any):
 - `task.eval_path` set: its rows, read like task.path (JSONL, Parquet or a Hugging Face
-  dataset: consumer/server/task_data.py), each prompt formatted as producers format it (text
+  dataset: consumer/data/sources.py), each prompt formatted as producers format it (text
   per `task.prompt_format`, chat messages with the chat template: producer/tokenizer.py), one
   completion per prompt, greedy or sampled at
   `sampling.temperature` over the full vocabulary (`task.eval_mode`, seeded by `run.seed`), at
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import Config
-from consumer.server.rows import PromptRow
+from consumer.data.rows import PromptRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ def describe(cfg: Config) -> str:
 def examples(cfg: Config) -> list[PromptRow]:
     """The rows of `task.eval_path`, read like task.path (a `ConfigError` naming the file, row
     and field if one is malformed)."""
-    from consumer.server.task_data import load_rows
+    from consumer.data.sources import load_rows
 
     return load_rows(cfg.task, held_out=True)
 

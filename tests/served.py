@@ -18,8 +18,8 @@ import zmq
 
 from common.config import Config
 from common.keys import Keys
+from consumer.data.prompts import make_source
 from consumer.key_gate import start_key_gate
-from consumer.server.prompts import make_source
 from consumer.server.server import Server, run_spec
 from producer.engines.fake import FakeEngine
 from producer.outbox import Outbox

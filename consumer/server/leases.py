@@ -56,7 +56,7 @@ from typing import Any
 
 from common.run_files import Balance, LeaseLine
 from common.wire import ACKS_PER_REPLY, HOLD, OUTCOMES, SEND, Ack
-from consumer.server.prompts import PromptOrder
+from consumer.data.prompts import PromptOrder
 
 OPEN_STATES = ("issued", "held", "received")
 RETRY_OUTCOMES = ("expired", "dropped_stale")

@@ -43,6 +43,8 @@ from common.config import Config
 from common.heartbeat import GOODBYE_WAIT_S
 from common.keys import Keys
 from common.sockets import server_socket
+from consumer.data.prompts import PromptOrder, PromptSource
+from consumer.data.sources import eval_rows
 from consumer.server.admission import Admission
 from consumer.server.books import Books
 from consumer.server.calls import Calls
@@ -52,9 +54,7 @@ from consumer.server.identity import Identities
 from consumer.server.intake import Intake
 from consumer.server.leases import LeaseBook
 from consumer.server.loop import Loop
-from consumer.server.prompts import PromptOrder, PromptSource
 from consumer.server.state import NetState
-from consumer.server.task_data import eval_rows
 from consumer.snapshots.dataplane import DataPlane
 from consumer.snapshots.fanout import FanOut
 from consumer.snapshots.fetch_files import snapshot_chunk_bytes

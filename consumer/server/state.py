@@ -34,14 +34,14 @@ from common import wire
 from common.config import Config
 from common.log_limit import LogLimiter
 from common.net_stats import LoopTiming
+from consumer.data.prompts import PromptSource
+from consumer.data.rows import PromptRow
 from consumer.server.admission import Admission
 from consumer.server.eval_book import EvalBook
 from consumer.server.identity import Identities
 from consumer.server.leases import LeaseBook
 from consumer.server.liveness import Liveness, SentPeriods
-from consumer.server.prompts import PromptSource
 from consumer.server.roster import status_of
-from consumer.server.rows import PromptRow
 
 log = logging.getLogger("asyncgrpo.consumer")
 

@@ -24,8 +24,8 @@ from procs import endpoint, stop
 from common import config as C
 from common import run_files as RF
 from common.metrics import read_steps
-from consumer.server.prompts import make_source
-from consumer.server.task_data import load_rows
+from consumer.data.prompts import make_source
+from consumer.data.sources import load_rows
 from consumer.train.schedule import lr_factor
 from producer.rewards import RewardRunner
 

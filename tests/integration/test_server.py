@@ -19,7 +19,7 @@ from served import started_server
 from common import config as C
 from common import run_files as RF
 from common import wire
-from consumer.server.prompts import make_source
+from consumer.data.prompts import make_source
 from consumer.server.server import Server, run_spec
 
 G = 2

@@ -11,9 +11,9 @@ import zmq
 import zmq.asyncio
 
 from common import wire
+from consumer.data.prompts import PromptOrder
 from consumer.server.admission import Admission
 from consumer.server.leases import LeaseBook
-from consumer.server.prompts import PromptOrder
 from producer.outbox import Outbox
 from tests.ledger_invariant import assert_book_balanced
 from tests.unit.test_wire import group

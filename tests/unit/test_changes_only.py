@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from consumer.data.prompts import PromptOrder
 from consumer.server.leases import LeaseBook, producer_balanced
 from consumer.server.liveness import Liveness
-from consumer.server.prompts import PromptOrder
 
 PRODUCERS = ("a", "b", "c", "d")
 
@@ -142,8 +142,8 @@ def test_a_heartbeats_counters_are_held_as_decoded_not_copied(tmp_path):
 
     from common import config as C
     from common import wire
+    from consumer.data.prompts import make_source
     from consumer.server.control import Control
-    from consumer.server.prompts import make_source
     from consumer.server.server import _restored_state, run_spec
     from consumer.snapshots.fanout import FanOut
 

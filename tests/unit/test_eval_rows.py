@@ -1,4 +1,4 @@
-"""consumer/server/task_data.py `eval_rows`: the held-out prompts of evaluation during training,
+"""consumer/data/sources.py `eval_rows`: the held-out prompts of evaluation during training,
 for the built-in task and a custom one alike."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from common import config as C
 from common.errors import ConfigError
 from common.tasks import make_examples
-from consumer.server.task_data import eval_rows
+from consumer.data.sources import eval_rows
 
 
 def write(path, rows):

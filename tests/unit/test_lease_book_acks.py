@@ -4,8 +4,8 @@ not be sent (`requeue_acks`), `holds`, and `totals` (consumer/server/leases.py).
 from __future__ import annotations
 
 from common.wire import Ack
+from consumer.data.prompts import PromptOrder
 from consumer.server.leases import MAX_ACKS, LeaseBook
-from consumer.server.prompts import PromptOrder
 
 
 def book() -> LeaseBook:

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from ledger_invariant import assert_book_balanced
 
 from common.wire import OUTCOMES, Ack
+from consumer.data.prompts import PromptOrder
 from consumer.server.leases import FinalStates, LeaseBook
-from consumer.server.prompts import PromptOrder
 
 P = 4  # prompts per step
 

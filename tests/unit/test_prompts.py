@@ -8,8 +8,8 @@ import json
 import pytest
 
 from common.config import TaskConfig
-from consumer.server.prompts import PromptOrder, RowSource, SyntheticSource, make_source
-from consumer.server.rows import PromptRow
+from consumer.data.prompts import PromptOrder, RowSource, SyntheticSource, make_source
+from consumer.data.rows import PromptRow
 
 
 def take(order: PromptOrder, n: int) -> list[int | None]:

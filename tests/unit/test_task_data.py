@@ -17,8 +17,8 @@ import pytest
 from common.config import TaskConfig
 from common.errors import ConfigError
 from common.wire import ChatTurn
-from consumer.server.rows import PromptRow
-from consumer.server.task_data import data_format, load_rows
+from consumer.data.rows import PromptRow
+from consumer.data.sources import data_format, load_rows
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
 

@@ -1,11 +1,11 @@
 """Prompt sources and the prompt order the consumer leases from.
 
 The consumer owns the prompt cursor (DESIGN.md): leases carry the prompt (text or chat
-messages), the reference answer and the row's other columns (consumer/server/rows.py), so
+messages), the reference answer and the row's other columns (consumer/data/rows.py), so
 producers need no copy of the dataset and hold no state worth losing.
 
 - `RowSource`: the user's rows (`task.source` = jsonl, parquet or hf), read and checked whole
-  at start by consumer/server/task_data.py: a bad row stops the consumer with its file, row
+  at start by consumer/data/sources.py: a bad row stops the consumer with its file, row
   and field.
 - `SyntheticSource`: the built-in verifiable task of `common.tasks` (train split), indexed
   deterministically; its length is virtual (indices are generated on demand).
@@ -22,8 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from common.config import TaskConfig
-from consumer.server.rows import PromptRow
-from consumer.server.task_data import load_rows
+from consumer.data.rows import PromptRow
+from consumer.data.sources import load_rows
 
 SYNTHETIC_TRAIN_SIZE = 1_000_000
 
@@ -47,7 +47,7 @@ class PromptSource(Protocol):
 
 
 class RowSource:
-    """Rows read and checked at start (consumer/server/task_data.py), served from memory."""
+    """Rows read and checked at start (consumer/data/sources.py), served from memory."""
 
     def __init__(self, rows: list[PromptRow]) -> None:
         assert rows, "load_rows refuses data without rows"

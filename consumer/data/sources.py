@@ -1,7 +1,7 @@
 """The user's prompt rows, read from disk and checked: JSONL, Parquet, Hugging Face datasets.
 
 `load_rows(task, held_out=False)` reads `task.path` (or `task.eval_path`) whole and checks
-every row (consumer/server/rows.py), so bad data stops the consumer at start with one
+every row (consumer/data/rows.py), so bad data stops the consumer at start with one
 `ConfigError` that names the file, the row and the field, not a producer halfway through a run.
 Rows are numbered from 1 in file order (JSONL: the line number, blank lines counted).
 `eval_rows(cfg)`: the held-out prompts of evaluation during training (`[eval]`): the first
@@ -34,7 +34,7 @@ from typing import Any
 
 from common.config import Config, TaskConfig
 from common.errors import ConfigError
-from consumer.server.rows import PromptRow, RowFields, row_of
+from consumer.data.rows import PromptRow, RowFields, row_of
 
 HF_BUILDERS = {  # a local data file's suffix -> the `datasets` builder that reads it
     ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet",
