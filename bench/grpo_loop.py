@@ -9,7 +9,7 @@ sockets, no staleness), per step:
 1. the next prompts of the run's prompt order (`consumer.data.prompts`, the consumer's own order);
 2. one batched `model.generate(do_sample=True)` of prompts x G rows (left-padded), behaviour
    log-probs from its scores, log_softmax(logits / T) (the sampling rule of both sides);
-3. rewards by the config's reward functions (`producer.rewards`, called in-process);
+3. rewards by the config's reward functions (`producer.rewards.runner`, called in-process);
 4. groups whose rewards are all equal are dropped and replaced by new prompts when
    `train.drop_zero_variance` (as the learner does), until `train.prompts_per_step` groups;
 5. one `consumer.train.trainer.DeviceTrainer.step` (advantages, TIS-GRPO loss, AdamW) on them,
@@ -42,7 +42,7 @@ from consumer.evaluate import accuracy_of
 from consumer.staleness import zero_variance
 from consumer.train.trainer import DeviceTrainer
 from launch.demo_model import ensure_demo_model
-from producer.reward_fns import resolve
+from producer.rewards.calls import resolve
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "launch" / "configs" / "demo.toml"
 

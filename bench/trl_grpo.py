@@ -11,7 +11,7 @@ with a constant schedule, gradient clip, gradient checkpointing, PPO clip, beta;
 aggregation is TRL's `loss_type="dapo"`, group-std advantages its `scale_rewards="group"`.
 What TRL does not do: drop zero-variance groups (it trains on them with zero advantage) and
 the TIS correction (not needed: it samples with the weights it trains). Rewards: the config's
-reward functions (`producer.rewards`). Every `train.eval_every` steps the learner's periodic
+reward functions (`producer.rewards.runner`). Every `train.eval_every` steps the learner's periodic
 evaluation (`consumer.evaluate`, same held-out problems). Writes the same JSON lines as
 bench/grpo_loop.py: step, unix_time (end of the step, before evaluation), heldout_accuracy and
 eval_s.
@@ -35,7 +35,7 @@ from common.tasks import make_examples
 from consumer.data.prompts import PromptOrder, make_source
 from consumer.evaluate import accuracy_of
 from launch.demo_model import ensure_demo_model
-from producer.reward_fns import resolve
+from producer.rewards.calls import resolve
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "launch" / "configs" / "demo.toml"
 PROMPTS_PER_STEP_MARGIN = 2  # TRL does not refill dropped groups: steps x prompts suffice

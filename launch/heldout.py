@@ -170,7 +170,7 @@ def _complete(model: Any, prompts: list[list[int]], stop_ids: tuple[int, ...], c
 
 
 async def _score(cfg: Config, texts: list[str], rows: list[PromptRow]) -> list[float]:
-    from producer.rewards import RewardRunner
+    from producer.rewards.runner import RewardRunner
 
     runner = RewardRunner(
         cfg.rewards.fns, timeout_s=cfg.rewards.timeout_s, workers=cfg.rewards.workers

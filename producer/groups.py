@@ -17,7 +17,7 @@ import numpy as np
 from common import kept_set, wire
 from common.kept_set import NO_TRUNCATION
 from producer.engines.base import Completion, SamplingParams
-from producer.scoring import GroupScore
+from producer.rewards.scoring import GroupScore
 from producer.session import truncation_of
 
 

@@ -4,8 +4,8 @@
 says G, sampling, reward functions, prompt format, vocabulary and ports) while heartbeats
 already run: it checks the model directory, builds the tokenizer (`PromptCodec`), the engine
 (`producer.engines.make_engine`, on a thread: loading can take long), the rewards
-(`producer.scoring.make_rewards`) and the outbox on the consumer's rollouts port. Nothing in a
-`Session` is optional.
+(`producer.rewards.scoring.make_rewards`) and the outbox on the consumer's rollouts port.
+Nothing in a `Session` is optional.
 
 With `producer.follow` a finished run's engine is handed to the next run (`KeptEngine`) and
 reused when the model directory and vocabulary are the same; otherwise it is closed first.
@@ -30,7 +30,7 @@ from common.kept_set import Truncation
 from producer.engines import make_engine
 from producer.engines.base import Engine
 from producer.outbox import Outbox
-from producer.scoring import Rewards, make_rewards
+from producer.rewards.scoring import Rewards, make_rewards
 from producer.tokenizer import PromptCodec
 
 # (model dir, vocab size, truncation): an engine fits a run with the same key (vLLM's

@@ -30,7 +30,7 @@ Invariants: a lease starts generating only once the loaded weights are at least 
 an eval lease is sampled with exactly the version it names, or given back unsampled, and an
 eval round's version is held until the round is leased (producer/pins.py);
 every finished group stays in the outbox until acknowledged; a reward that raises or hangs
-scores 0 and is counted (producer/scoring.py, producer/rewards.py); a snapshot that fails
+scores 0 and is counted (producer/rewards/); a snapshot that fails
 verification is never loaded, and one that can never fit the model ends the producer with one
 clear error (producer/weights.py).
 """

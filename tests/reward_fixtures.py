@@ -73,7 +73,7 @@ def sum_is_right(completion: str, answer: str) -> float:
     return float(completion.strip() == answer.strip())
 
 
-# -- the calling conventions (producer/reward_fns.py) ---------------------------------------------
+# -- the calling conventions (producer/rewards/calls.py) -----------------------------------------
 def within_tolerance(completion: str, answer: str, tolerance: float, unit: str) -> float:
     """Two columns by name: 1.0 when the completion is the answer (in `unit`) within `tolerance`."""
     number, _, got_unit = completion.strip().partition(" ")

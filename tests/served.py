@@ -23,7 +23,7 @@ from consumer.key_gate import start_key_gate
 from consumer.server.server import Server, run_spec
 from producer.engines.fake import FakeEngine
 from producer.outbox import Outbox
-from producer.scoring import FakeRewards
+from producer.rewards.scoring import FakeRewards
 from producer.session import Session
 from producer.tokenizer import PromptCodec
 from producer.worker import Producer

@@ -43,7 +43,7 @@ Conventions and invariants:
 - A `LeaseGrant`'s leases are checked for their shape (`check_lease`): a prompt as text or as
   chat messages, not both; columns "" or a JSON object's text. The columns stay text here: a
   JSON value can cost tens of times its size in Python objects, so only the producer's reward
-  workers parse it (producer/reward_worker.py), where a failure is a counted reward error.
+  workers parse it (producer/rewards/worker.py), where a failure is a counted reward error.
 - A chunk reply is two ZeroMQ frames (`encode_chunk` / `decode_reply`): a `chunk_head` message
   (decoded like any other, bounded) and the chunk's bytes, raw, so neither side copies them into
   or out of a msgpack map; `num_bytes` must equal the second frame's length. Any other reply on

@@ -1,8 +1,9 @@
 """The `fake` engine: no model, seeded random tokens with configurable lengths and latency.
 
 Used by tests, the stress command and transport benchmarks; its rewards are
-producer/scoring.py's `FakeRewards`. Keeps the contract of producer/engines/base.py: log-probs
-are those of a uniform policy, every token carries the version loaded when the call started.
+producer/rewards/scoring.py's `FakeRewards`. Keeps the contract of producer/engines/base.py:
+log-probs are those of a uniform policy, every token carries the version loaded when the call
+started.
 With truncated sampling each token gets a kept set of random ids around it (top-k: k of them;
 otherwise a size drawn in [1, max_kept]) and the uniform log-prob over that set, so transport
 tests carry kept sets of realistic sizes.

@@ -27,7 +27,7 @@ from common.metrics import read_steps
 from consumer.data.prompts import make_source
 from consumer.data.sources import load_rows
 from consumer.train.schedule import lr_factor
-from producer.rewards import RewardRunner
+from producer.rewards.runner import RewardRunner
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "docs" / "custom_task"

@@ -24,7 +24,7 @@ from producer.engines.base import Completion, SamplingParams
 from producer.engines.fake import FakeEngine
 from producer.outbox import Outbox
 from producer.pins import pin_lease
-from producer.scoring import FakeRewards
+from producer.rewards.scoring import FakeRewards
 from producer.session import Session
 from producer.tokenizer import PromptCodec
 

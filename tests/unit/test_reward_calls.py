@@ -1,6 +1,6 @@
-"""How a reward function is called (its signature decides: producer/reward_fns.py), and the
+"""How a reward function is called (its signature decides: producer/rewards/calls.py), and the
 runner calling user rewards by name, per group and async in real spawn workers
-(producer/reward_worker.py), with the row's columns as the consumer sends them."""
+(producer/rewards/worker.py), with the row's columns as the consumer sends them."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 from common.config import RewardSpec
 from common.errors import ConfigError
-from producer.reward_fns import CallPlan, MissingColumn, call_arguments, plan_call
-from producer.rewards import RewardRunner
+from producer.rewards.calls import CallPlan, MissingColumn, call_arguments, plan_call
+from producer.rewards.runner import RewardRunner
 
 ROW = {"prompt": "Length of the rod?", "answer": "12", "unit": "cm", "tolerance": 0.5}
 COLUMNS = json.dumps({"unit": "cm", "tolerance": 0.5})

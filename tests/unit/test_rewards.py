@@ -11,9 +11,10 @@ import pytest
 from common.config import RewardSpec
 from common.config.run import reward_names as part_names
 from common.errors import ConfigError
-from producer.reward_fns import boxed_format, exact_match, last_boxed, math_verify, resolve
-from producer.rewards import RewardRunner
-from producer.scoring import FakeRewards
+from producer.rewards.builtins import boxed_format, exact_match, last_boxed, math_verify
+from producer.rewards.calls import resolve
+from producer.rewards.runner import RewardRunner
+from producer.rewards.scoring import FakeRewards
 
 
 @pytest.mark.parametrize(
@@ -215,7 +216,7 @@ async def test_bounded_builtins_score_inline_with_no_pool_and_the_pools_values()
 async def test_a_scored_group_carries_each_reward_functions_own_scores_function_major():
     from common import wire
     from producer.engines.base import Completion
-    from producer.scoring import TaskRewards
+    from producer.rewards.scoring import TaskRewards
 
     class Letters:  # token id i decodes to the letter "a" + i
         def decode(self, ids):

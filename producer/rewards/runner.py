@@ -3,8 +3,8 @@ hurting the producer.
 
 What a reward is (the built-ins, `module:function`, and how its signature says it is called:
 per completion or per group, by name with the row's prompt, answer and other columns,
-positionally as `fn(completion, answer)`, sync or async): producer/reward_fns.py. What runs
-one group's calls, each under its timer: producer/reward_worker.py.
+positionally as `fn(completion, answer)`, sync or async): producer/rewards/calls.py. What runs
+one group's calls, each under its timer: producer/rewards/worker.py.
 
 `RewardRunner.score(completions, answer, prompt=..., columns=...)` scores one group in one round
 trip to a process pool (spawn context: a worker never inherits the producer's torch threads or
@@ -14,7 +14,7 @@ at most `sampling.max_new_tokens` tokens, which can neither hang nor crash the p
 group is scored in the producer itself and no pool is started: the same values, counters and
 log lines, without a process round trip per group (~0.8 ms of wall and ~1 ms of the producer's
 CPU). The reward of completion i is `sum_k weight_k * fn_k(c_i, row)`.
-Invariants (besides producer/reward_worker.py's, per call):
+Invariants (besides producer/rewards/worker.py's, per call):
 - A group whose round trip outlives `timeout_s * calls + hard_margin_s` (a reward stuck in C
   code, or one that blocks SIGALRM) gets the pool's processes killed and a new pool started; the
   group scores 0 and every call counts as a timeout. A worker that dies (a reward calling
@@ -52,8 +52,9 @@ from common.config import RewardSpec
 from common.config.run import reward_names
 from common.errors import ConfigError
 from common.log_limit import LogLimiter
-from producer.reward_fns import INLINE, resolve
-from producer.reward_worker import Failure, RowData, init_worker, score_group
+from producer.rewards.builtins import INLINE
+from producer.rewards.calls import resolve
+from producer.rewards.worker import Failure, RowData, init_worker, score_group
 
 log = logging.getLogger("asyncgrpo.producer")
 POOL_START_S = 60.0  # longest wait for a new pool's first worker (spawn + imports, e.g. sympy)

@@ -1,8 +1,8 @@
 """One group's reward calls, as a reward worker process runs them (spawned by the runner in
-producer/rewards.py; the bounded built-ins run here in the producer itself, with no timer).
+producer/rewards/runner.py; the bounded built-ins run here in the producer itself, with no timer).
 
 `score_group(specs, completions, row, timeout_s)` calls every reward on the group the way its
-signature asks (producer/reward_fns.py: per completion or per group, positionally or by name,
+signature asks (producer/rewards/calls.py: per completion or per group, positionally or by name,
 awaited if async) and returns the table of values with what failed. Invariants:
 - A call that raises, returns a non-number (bool counts as 0/1) or a non-finite value scores 0
   for that completion and counts as an error; a per-group call that returns anything but G
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from producer.reward_fns import (
+from producer.rewards.calls import (
     CallPlan,
     MissingColumn,
     RewardFn,

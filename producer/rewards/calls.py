@@ -1,13 +1,6 @@
-"""Reward functions: the built-ins, resolving a spec to a function, and how a function is called.
-
-Built-ins (each `fn(completion, answer) -> float`):
-- `exact_match`: 1.0 when the completion, whitespace-stripped, equals the answer, stripped
-  (`common.tasks.is_correct`, the rule of the built-in synthetic task).
-- `math_verify`: the `math-verify` library. The completion's answer is the content of its last
-  `\\boxed{…}`, else its last number (`-3`, `2.5`, `1/2`); it and the reference are parsed as
-  LaTeX and compared for mathematical equivalence (`\\boxed{1/2}` matches `0.5`).
-- `boxed_format`: 1.0 when the completion contains a non-empty `\\boxed{…}` (a format reward).
-Anything else is `"module:function"`, imported with importlib (`resolve`).
+"""How a reward function is found and called: `resolve` a spec (a built-in name,
+producer/rewards/builtins.py, or `"module:function"`, imported with importlib), and
+`plan_call`/`call_arguments`: how its signature says it is called.
 
 The calling convention (`plan_call`: the function's signature decides, once, at startup):
 - By name, when a parameter is named `completion` or `completions`, or the function takes
@@ -25,7 +18,7 @@ The calling convention (`plan_call`: the function's signature decides, once, at 
 - Positionally, `fn(completion, answer)`, for a function with none of those names and no
   `**kwargs` (the original convention: `def reward(text, ref)` keeps working).
 - `async def` functions (or any call that returns an awaitable) are awaited, each call in an
-  event loop of its own in the reward worker (producer/reward_worker.py).
+  event loop of its own in the reward worker (producer/rewards/worker.py).
 A signature that fits none of these (both `completion` and `completions`; fewer than two
 positional parameters without the names; a positional-only parameter without a default beside
 named ones) is refused by `plan_call` with a `ConfigError` that names the reward.
@@ -35,56 +28,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import logging
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ConfigError
-from common.tasks import is_correct
+from producer.rewards.builtins import BUILTINS, RewardFn
 
-RewardFn = Callable[..., Any]
 ROW_ARGUMENTS = ("prompt", "answer")  # given by name besides the row's other columns
-_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*)\}")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
-
-
-def exact_match(completion: str, answer: str) -> float:
-    return float(is_correct(completion, answer))
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{…}` (braces nested up to two levels), else None."""
-    found = _BOXED.findall(text)
-    return found[-1] if found else None
-
-
-def math_verify(completion: str, answer: str) -> float:
-    from math_verify import parse, verify  # sympy: imported by the workers that use it
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": on purpose
-    target = last_boxed(completion)
-    if target is None:
-        numbers_found = _NUMBER.findall(completion)
-        target = numbers_found[-1] if numbers_found else None
-    if not target or not answer.strip():
-        return 0.0
-    gold = parse(f"${answer}$", parsing_timeout=None)
-    pred = parse(f"${target}$", parsing_timeout=None)
-    return float(bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None))
-
-
-def boxed_format(completion: str, answer: str) -> float:
-    return float(bool(last_boxed(completion)))
-
-
-BUILTINS: dict[str, RewardFn] = {
-    "exact_match": exact_match,
-    "math_verify": math_verify,
-    "boxed_format": boxed_format,
-}
-INLINE = frozenset({"exact_match", "boxed_format"})  # bounded: scored without a worker pool
 
 
 def resolve(spec: str) -> RewardFn:

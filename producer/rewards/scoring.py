@@ -3,14 +3,15 @@
 - `TaskRewards`: decodes the G completions (special tokens dropped, producer/tokenizer.py) and
   scores them against the lease's row (its prompt, text or chat messages, its reference answer
   and its other columns) with the run's reward functions
-  (`RewardRunner`, producer/rewards.py: a raising or hanging reward scores 0 and is counted).
+  (`RewardRunner`, producer/rewards/runner.py: a raising or hanging reward scores 0 and is counted).
   Its `counters` sum, over the groups scored, the reward calls that failed (`reward_errors`) and
   timed out (`reward_timeouts`); a key appears with the first group.
 - `FakeRewards`: the fake engine's rewards, a seeded coin per completion (no text is read: fake
   tokens decode to nothing). It counts nothing.
 
 `make_rewards` picks the one the config's engine goes with. The worker never asks which it has.
-producer/rewards.py is imported only for `TaskRewards`, so fake-engine producers start without it.
+producer/rewards/runner.py is imported only for `TaskRewards`, so fake-engine producers start
+without it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from producer.engines.base import Completion
 from producer.tokenizer import PromptCodec
 
 if TYPE_CHECKING:
-    from producer.rewards import RewardRunner
+    from producer.rewards.runner import RewardRunner
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -110,7 +111,7 @@ def make_rewards(cfg: Config, spec: wire.RunSpec, codec: PromptCodec) -> Rewards
     with this producer's `rewards.workers`."""
     if cfg.producer.engine == "fake":
         return FakeRewards(run_seed=cfg.run.seed, p=cfg.fake.reward_p)
-    from producer.rewards import RewardRunner
+    from producer.rewards.runner import RewardRunner
 
     specs = [RewardSpec(r.fn, r.weight) for r in spec.reward_fns]
     runner = RewardRunner(specs, timeout_s=spec.reward_timeout_s, workers=cfg.rewards.workers)
