@@ -4,11 +4,11 @@ cost of making and applying a delta.
     python bench/delta.py [--steps 30] [--lrs 1e-6,1e-5] [--hidden 256 --layers 4] [--json PATH]
 
 A tiny Qwen2-shaped causal LM (random init, fp32 master weights, tied embeddings) is trained with
-AdamW on next-token prediction of a learnable synthetic sequence task (each sequence counts up
-from a random start, modulo the vocabulary), one run per learning rate, from the same start.
-After every optimizer step the weights are copied into a bf16 publication buffer exactly as the
-learner publishes them (consumer/snapshots/weights_buffer.py) and diffed bitwise against the
-previous step's (common/delta.py). Adam's update is about `lr` per element whatever the loss, so the
+AdamW on next-token prediction of a learnable synthetic sequence task (each sequence counts up from
+a random start, modulo the vocabulary), one run per learning rate, from the same start. After every
+optimizer step the weights are copied into a bf16 publication buffer exactly as the learner
+publishes them (consumer/snapshots/weights_buffer.py) and diffed bitwise against the previous step's
+(common/weights/delta.py). Adam's update is about `lr` per element whatever the loss, so the
 fraction of bf16 values that move per step depends mostly on the learning rate and the weights'
 magnitudes: that is what this measures; the GRPO loss itself is not run here.
 
@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import delta as D
-from common import snapshot as snap
+from common.weights import delta as D
+from common.weights import snapshot as snap
 from consumer.snapshots.weights_buffer import HostCopier, HostWeights, table_for, unique_tensors
 
 

@@ -20,12 +20,12 @@ CUDA is initialised in that process; results in $OUT/<phase>.json, logs in $OUT/
   padded up to Qwen's size). Also checks which of the project's imports the image lacks.
 - `qwen05`: `VLLMEngine` on A.
   a) behaviour log-probs vs a learner-style transformers forward (float32 and bf16) of the same
-     weights, `common.logprobs.sampled_logprobs` at the sampling temperature, before and after an
-     idle reload to B, at each temperature; and three in-flight reloads during which tokens
-     sampled before the switch are compared with the old weights, after it with the new ones
-     (by the per-token versions the engine recorded). The `bf16 floor` row compares the float32
-     and bf16 learners with each other on the same sampled tokens: what bf16 weights alone
-     change in this model's log-probs, the floor under any vLLM (bf16) vs learner gap.
+     weights, `common.sampling.logprobs.sampled_logprobs` at the sampling temperature, before and
+     after an idle reload to B, at each temperature; and three in-flight reloads during which tokens
+     sampled before the switch are compared with the old weights, after it with the new ones (by the
+     per-token versions the engine recorded). The `bf16 floor` row compares the float32 and bf16
+     learners with each other on the same sampled tokens: what bf16 weights alone change in this
+     model's log-probs, the floor under any vLLM (bf16) vs learner gap.
   b) tokens/s through `VLLMEngine.generate` (many concurrent groups, streamed deltas) vs the
      same AsyncLLM driven directly with FINAL_ONLY outputs, same settings and prompts.
   c) publish + reload: `consumer.snapshots.publisher.Publisher` on the learner's CUDA weights (the
@@ -106,7 +106,7 @@ PROJECT_IMPORTS = [
     "numpy",
     "common.config",
     "common.wire",
-    "common.snapshot",
+    "common.weights.snapshot",
     "producer.main",
     "consumer.learner",
     "launch.cli",
@@ -181,7 +181,7 @@ class Learner:
         """Per completion, float64 log-probs of its tokens (right-padded batch, causal)."""
         import torch
 
-        from common.logprobs import sampled_logprobs
+        from common.sampling.logprobs import sampled_logprobs
 
         n_p, width = len(prompt), max(len(c.token_ids) for c in completions)
         ids = torch.zeros((len(completions), n_p + width), dtype=torch.long)
@@ -369,7 +369,7 @@ def publish(model: Any, root: Path, version: int, base_dir: Path) -> tuple[Path,
     round, as in the learner (its host buffers are allocated by the first call)."""
     import torch
 
-    from common import snapshot as snap
+    from common.weights import snapshot as snap
     from consumer.snapshots.publisher import Publisher
 
     if root not in _PUBLISHERS:
@@ -520,7 +520,7 @@ async def _demo(a_dir: Path, b_dir: Path, res: dict[str, Any]) -> dict[str, Any]
     from transformers import AutoTokenizer
 
     from common.config import VllmConfig
-    from common.tasks import ArithmeticTask
+    from common.task.synthetic import ArithmeticTask
     from producer.engines.vllm import VLLMEngine
 
     vcfg = VllmConfig(

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 def _launch(out: Path, seed: int, steps: int, every: int, prompts: int) -> tuple[float, list]:
     """Run the demo; (its command's start as unix time, its metrics lines)."""
-    from common.metrics import read_steps
+    from common.files.metrics import read_steps
 
     cmd = [sys.executable, "-m", "launch.cli", "launch", "--no-eval", "--no-live",
            "--run-dir", str(out), "--steps", str(steps), "--set", f"run.seed={seed}",

@@ -57,8 +57,8 @@ import zmq.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
-from common import snapshot as snap
 from common import wire
+from common.weights import snapshot as snap
 from consumer.data.prompts import make_source
 from consumer.server.server import Server, run_spec
 from consumer.snapshots.fetch_files import FetchFiles

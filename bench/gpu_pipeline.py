@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _RELOAD_KEYS = ("reloads", "reload_s", "fetch_s")
 sys.path.insert(0, str(ROOT))
 from common import run_files as RF  # noqa: E402 (the repository, not an installed copy)
-from common.metrics import read_steps  # noqa: E402
+from common.files.metrics import read_steps  # noqa: E402
 
 
 def cli(*args: str, log: Path) -> subprocess.Popen[bytes]:

@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
 from common import wire
-from common.tasks import make_examples
+from common.task.synthetic import make_examples
 from consumer.data.prompts import PromptOrder, make_source
 from consumer.evaluate import accuracy_of
 from consumer.staleness import zero_variance

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common.tasks import make_examples
+from common.task.synthetic import make_examples
 from launch.demo_model import ensure_demo_model
 from producer.engines.base import SamplingParams
 from producer.engines.hf import HFEngine

@@ -169,7 +169,7 @@ def timed(fn: Any, device: torch.device) -> tuple[float, float]:
 def head_memory(trainer: DeviceTrainer, n: int, device: torch.device) -> dict[str, float]:
     """Peak memory (MiB above the start) of log-probs + entropy + backward on n positions:
     the trainer's chunked head vs full float32 logits, bf16 matmul under autocast."""
-    from common.logprobs import entropy_from_logits, sampled_logprobs
+    from common.sampling.logprobs import entropy_from_logits, sampled_logprobs
     from consumer.train.lm_head import chunked_logprobs
 
     head = trainer.model.get_output_embeddings()

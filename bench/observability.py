@@ -54,7 +54,7 @@ RECORD = {  # one metrics line of the demo's size (the hand-off's cost grows wit
 def _launch(
     out: Path, seed: int, steps: int, on: bool, report_to: str, every: int
 ) -> dict[str, float]:
-    from common.metrics import read_steps
+    from common.files.metrics import read_steps
 
     cmd = [sys.executable, "-m", "launch.cli", "launch", "--no-eval", "--no-live",
            "--run-dir", str(out), "--steps", str(steps), "--set", f"run.seed={seed}"]  # fmt: skip
@@ -81,8 +81,8 @@ def _submit_us() -> float:
     import numpy as np
 
     from common import config as C
-    from common import metrics as M
     from common import wire
+    from common.files import metrics as M
     from consumer.loggers import thread as T
 
     class Idle:  # a tracker that takes no time: this measures the hand-off alone

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import snapshot as snap
+from common.weights import snapshot as snap
 from consumer.snapshots.publisher import Publisher
 from consumer.snapshots.weights_buffer import table_for, unique_tensors
 

@@ -59,8 +59,8 @@ def asyncgrpo(*args: str, log: Path) -> tuple[str, float]:
 
 
 def step_times(run_dir: Path) -> dict[str, float]:
-    from common import run_files as RF
-    from common.metrics import read_steps
+    from common.files import run_files as RF
+    from common.files.metrics import read_steps
 
     records = read_steps(run_dir / RF.METRICS)
     span = records[-1].time_s - records[0].time_s

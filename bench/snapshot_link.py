@@ -45,11 +45,11 @@ def serve(directory: Path, host: str, mib: float, chunk_mib: float, keys: str) -
 
     import zmq
 
-    from common import chunk_manifest as cm
     from common import config as C
-    from common import snapshot as snap
     from common import wire
-    from common.keys import load_keys
+    from common.net.keys import load_keys
+    from common.weights import chunk_manifest as cm
+    from common.weights import snapshot as snap
     from consumer.data.prompts import make_source
     from consumer.key_gate import start_key_gate
     from consumer.server.server import Server, run_spec
@@ -113,8 +113,8 @@ def fetch(control: str, raw: str, info_fields: list[Any], keys: str, repeats: in
     import zmq.asyncio
 
     from common import wire
-    from common.keys import load_keys
-    from common.sockets import endpoint_with_port
+    from common.net.keys import load_keys
+    from common.net.sockets import endpoint_with_port
     from producer.control import ControlClient
     from producer.fetch.fetcher import Fetcher
 
@@ -192,7 +192,7 @@ def main() -> None:
 
     import netns
 
-    from common.keys import create_keys
+    from common.net.keys import create_keys
 
     why = netns.unavailable()
     if why:

@@ -32,7 +32,7 @@ producers told) and must exit 0. Reported per N (JSON keys in brackets):
 - backpressure over the whole run (ledger.json's `admission`; null for a consumer without it):
   the most MiB of groups queued for the learner at once [`queued_mib_peak`], times producers
   were told to hold a group [`holds`] and the longest hold [`hold_s_max`].
-- measured inside the consumer (its netstats.json, common/net_stats.py, read at both ends of
+- measured inside the consumer (its netstats.json, common/files/net_stats.py, read at both ends of
   the window), so the swarm's own delays are not in them: trained groups/s [`groups_per_s`],
   the consumer's CPU seconds per trained group and per heartbeat [`consumer_cpu_s_per_group`,
   `consumer_cpu_s_per_heartbeat`], lease requests from off the socket to reply sent, p50/p99
@@ -44,7 +44,7 @@ producers told) and must exit 0. Reported per N (JSON keys in brackets):
   CPU time], control
   messages per second and the consumer's CPU per message [`control_messages_per_s`,
   `consumer_cpu_s_per_message`; heartbeats [`heartbeats_per_s`] stay within
-  `net.max_heartbeats_per_s` whatever N (common/heartbeat.py), lease polls likewise]; and
+  `net.max_heartbeats_per_s` whatever N (common/net/heartbeat.py), lease polls likewise]; and
   the swarm's own CPU, in cores [`client_cpu`], so the reader sees which side is the limit.
 `n` is N again.
 The consumer is pinned to core `--consumer-core` (0 by default on a machine of 2 or more cores)
@@ -95,10 +95,10 @@ import zmq.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
-from common import run_files as RF
 from common import wire
-from common.metrics import read_steps
-from common.net_stats import NetStats, read_net_stats
+from common.files import run_files as RF
+from common.files.metrics import read_steps
+from common.files.net_stats import NetStats, read_net_stats
 from producer.main import run as run_producer
 from producer.worker import Producer
 
@@ -337,7 +337,7 @@ async def stats_since(run: Path, unix: float, timeout_s: float = 15.0) -> NetSta
 
 
 def inside(a: NetStats | None, b: NetStats | None) -> dict[str, Any]:
-    """The consumer's own figures between two of its netstats.json (common/net_stats.py): CPU
+    """The consumer's own figures between two of its netstats.json (common/files/net_stats.py): CPU
     per trained group and per heartbeat, lease service time and the longest gap in reading."""
     if a is None or b is None or b.unix_time <= a.unix_time:
         raise RuntimeError("the consumer wrote no netstats.json during the window")

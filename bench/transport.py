@@ -25,9 +25,9 @@ import numpy as np
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import run_files as RF
 from common import wire
-from common.metrics import read_steps
+from common.files import run_files as RF
+from common.files.metrics import read_steps
 
 
 def sample_group(group_size: int, tokens: int, lease_id: int) -> wire.Group:

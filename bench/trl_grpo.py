@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
-from common.tasks import make_examples
+from common.task.synthetic import make_examples
 from consumer.data.prompts import PromptOrder, make_source
 from consumer.evaluate import accuracy_of
 from launch.demo_model import ensure_demo_model

@@ -48,9 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from safetensors.torch import save_file
 
 from common import config as C
-from common import kept_set, wire
-from common.kept_set import Truncation
-from common.tasks import is_correct, make_examples
+from common import wire
+from common.sampling import kept_set
+from common.sampling.kept_set import Truncation
+from common.task.synthetic import is_correct, make_examples
 from consumer.train.trainer import DeviceTrainer
 from launch.demo_model import ensure_demo_model
 from producer.engines.base import SamplingParams

@@ -123,7 +123,7 @@ class EvalProcess:
 def serve(spec: EvalSpec, jobs: Any, done: Any) -> None:
     """The child: evaluate each `(version, state)` from `jobs` until None."""
     torch.set_num_threads(1)
-    from common.tasks import make_examples
+    from common.task.synthetic import make_examples
     from consumer.evaluate import accuracy_of, load_model
 
     model, tokenizer = load_model(Path(spec.model_dir))

@@ -1,14 +1,14 @@
 """Greedy held-out accuracy of a model directory or snapshot on the synthetic task.
 
-Owns the evaluation rule the launcher, `asyncgrpo eval` and the learner's periodic evaluation
-share: greedy decoding (no sampling) of the prompts of `common.tasks`' held-out split, batched
+Owns the evaluation rule the launcher, `asyncgrpo eval` and the learner's periodic evaluation share:
+greedy decoding (no sampling) of the prompts of `common.task.synthetic`' held-out split, batched
 with left padding, each completion ending at EOS or after `max_new_tokens`, judged by
-`common.tasks.is_correct` on the decoded text (special tokens removed). Does not train or
+`common.task.synthetic.is_correct` on the decoded text (special tokens removed). Does not train or
 sample; never touches the train split.
 
 - `greedy_accuracy(model_dir, snapshot=...)` loads `model_dir` (config, tokenizer, weights) in
   float32 and, if given, a snapshot `model.safetensors` over the weights: every tensor is cast to
-  the model's dtype, after `common.snapshot.check_fits` (the engines' rule: names and shapes
+  the model's dtype, after `common.weights.snapshot.check_fits` (the engines' rule: names and shapes
   agree, tied embeddings may be stored once) or a `SnapshotError`.
 - `accuracy_of(model, tokenizer, examples)` decodes with a model already in memory and leaves
   its train/eval mode and the tokenizer's padding side as they were.
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import run_files as RF
-from common import snapshot as snap
-from common.tasks import Example, is_correct, make_examples
+from common.files import run_files as RF
+from common.task.synthetic import Example, is_correct, make_examples
+from common.weights import snapshot as snap
 
 log = logging.getLogger("asyncgrpo.consumer")
 

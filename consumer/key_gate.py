@@ -3,12 +3,12 @@
 A ZAP authenticator thread (pyzmq's `ThreadAuthenticator`) asks `KeyGate.callback` about each
 CurveZMQ handshake on the consumer's sockets. The answer is "yes" exactly when the client's
 public key is one of the `*.key` files in the allowlist directory (`DIR/clients/` of
-`asyncgrpo keys DIR`; see common/keys.py). Invariants:
+`asyncgrpo keys DIR`; see common/net/keys.py). Invariants:
 - The directory is read again when its modification time changes (checked at most once a
   second), so deleting `clients/NAME.key` revokes host NAME's new connections while the
   consumer runs; a connection already admitted stays (restart with `--resume` to cut it).
 - Every refusal is counted (`refused`) and logged with the peer's address and the first
-  characters of its key: rate-limited per address (common/log_limit.py), so a producer
+  characters of its key: rate-limited per address (common/net/log_limit.py), so a producer
   retrying with a wrong key writes one line every 10 s, not one per attempt. libzmq then sends
   the client an ERROR (ZAP status 400), which a producer reports as a refused key
   (producer/control.py) instead of waiting for a consumer that seems to be down.
@@ -27,8 +27,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from common.keys import Keys
-from common.log_limit import LogLimiter
+from common.net.keys import Keys
+from common.net.log_limit import LogLimiter
 
 log = logging.getLogger("asyncgrpo.consumer")
 _RESCAN_S = 1.0

@@ -44,18 +44,18 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common import completions_file as CF
 from common import config as config_mod
-from common import metrics as M
-from common import run_files as RF
-from common import snapshot as snap
 from common import wire
 from common.config import Config
 from common.config.run import reward_names
-from common.endpoints import advertised_host, tcp_endpoint
 from common.errors import ConfigError
-from common.keys import load_keys
-from common.model_dir import local_model_dir
+from common.files import completions_file as CF
+from common.files import metrics as M
+from common.files import run_files as RF
+from common.host.model_dir import local_model_dir
+from common.net.endpoints import advertised_host, tcp_endpoint
+from common.net.keys import load_keys
+from common.weights import snapshot as snap
 from consumer.data.prompts import PromptSource, make_source
 from consumer.evaluate import PeriodicEval
 from consumer.key_gate import start_key_gate
@@ -374,7 +374,7 @@ class Learner:
     def _let_producers_hear_the_end(self) -> None:
         """Keep answering so producers learn the run is over and exit, whether the run ended by
         itself or by a signal (unless a second signal says hurry): a few heartbeats (of the
-        period the consumer sends: common/heartbeat.py) for the registered ones; after a resume,
+        period the consumer sends: common/net/heartbeat.py) for the registered ones; after a resume,
         up to the producer timeout from the start for those of the previous incarnation that
         have not registered again yet."""
         beat_s, timeout_s = self.server.heartbeat_timing()

@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from common import metrics as M
-from common import run_files as RF
-from common import snapshot as snap
 from common import wire
 from common.config import Config
 from common.config.run import reward_names
 from common.errors import ConfigError, StreamError
-from common.model_dir import local_model_dir
+from common.files import metrics as M
+from common.files import run_files as RF
+from common.host.model_dir import local_model_dir
+from common.weights import snapshot as snap
 from consumer.eval_process import EvalProcess, EvalSpec
 from consumer.evaluate import PeriodicEval
 from consumer.reward_tally import RewardTally

@@ -57,7 +57,7 @@ class RewardTally:
             self.fn_completions += g.group_size
 
     def fields(self) -> dict[str, Any]:
-        """The step's `StepRecord` fields this tally owns (common/metrics.py)."""
+        """The step's `StepRecord` fields this tally owns (common/files/metrics.py)."""
         fn_means = None
         if self.fn_completions:
             means = self.fn_sums / self.fn_completions

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import run_files as RF
-from common.metrics import StepRecord, read_steps
+from common.files import run_files as RF
+from common.files.metrics import StepRecord, read_steps
 from launch.report import _series, plt, save_figure
 
 PANELS = ("loss", "batch reward mean", "ratio max / min, TIS weight mean", "held-out accuracy")

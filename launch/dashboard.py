@@ -1,7 +1,7 @@
 """Live progress of a run, read from its files (the processes are never asked).
 
 `MetricsTail` follows `metrics.jsonl` by file offset (a torn last line is read again next time)
-and keeps its lines as `common.metrics.StepRecord`s.
+and keeps its lines as `common.files.metrics.StepRecord`s.
 `render(...)` builds one rich renderable: a progress bar of steps, the newest learner metrics,
 the ledger, reward failures, and one row per producer (weight version, state, restarts). On a
 terminal the launcher shows it with `rich.live.Live`; otherwise it prints one plain line every
@@ -26,8 +26,8 @@ from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from common import run_files as RF
-from common.metrics import StepRecord
+from common.files import run_files as RF
+from common.files.metrics import StepRecord
 from launch.eval_report import eval_text
 from launch.headline import fn_means_text, no_signal, reward_text
 
@@ -65,7 +65,7 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 def reward_failures(views: Mapping[str, RF.ProducerStatus]) -> tuple[int, int]:
     """(reward calls that failed, that timed out) so far, over every producer's heartbeat
-    counters in `views` (common/run_files.py `latest_producers`; a restarted producer counts
+    counters in `views` (common/files/run_files.py `latest_producers`; a restarted producer counts
     from 0 again)."""
     errors = sum(v.reward_errors for v in views.values())
     timeouts = sum(v.reward_timeouts for v in views.values())
@@ -95,7 +95,7 @@ def summary_line(
 ) -> str:
     """One plain progress line; before the first step, the ledger's counts (`ledger.json`'s
     balance) say whether groups arrive and why none was trained; `views` (the producers'
-    latest, common/run_files.py) add reward failures; `beyond` says why a run goes on past
+    latest, common/files/run_files.py) add reward failures; `beyond` says why a run goes on past
     `steps` (`step_text`); `evaluated`, the newest evaluation (launch/eval_report.py)."""
     warning = no_signal(rec, ledger)
     tail = f" — {warning}" if warning else ""

@@ -1,7 +1,7 @@
 """The embedded demo model: built here, deterministically, from nothing (no hub).
 
-Owns the recipe of the tiny model that `model.path = "demo"` means, its build, and its cache.
-Does not: evaluate (consumer/evaluate.py), define the task (common/tasks.py) or train with RL.
+Owns the recipe of the tiny model that `model.path = "demo"` means, its build, and its cache. Does
+not: evaluate (consumer/evaluate.py), define the task (common/task/synthetic.py) or train with RL.
 
 Recipe (`Recipe`; its `name` is part of the cache directory, so a new recipe rebuilds):
 - tokenizer: one token per character of "0123456789+-*= " plus `<pad>`, `<eos>`, `<unk>` (18
@@ -13,7 +13,7 @@ Recipe (`Recipe`; its `name` is part of the cache directory, so a new recipe reb
   and decoder of any `qwen2` checkpoint with Qwen2's byte-level ones (our space and `<unk>`
   would be lost), while for `llama` it loads `tokenizer.json` as written;
 - warm-up, teacher-forced cross-entropy on the answer and EOS tokens only (never the prompt),
-  batches of train-split problems of common/tasks.py drawn from a seeded generator:
+  batches of train-split problems of common/task/synthetic.py drawn from a seeded generator:
   1. `learn_steps` steps at `learn_lr` on correct answers: the model learns to add, partly;
   2. `sloppy_steps` steps at `sloppy_lr` where each answer is correct with probability
      `correct_prob` and otherwise has every carry dropped (49+97 → "036" instead of "146"), the
@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.tasks import ArithmeticTask
+from common.task.synthetic import ArithmeticTask
 
 if TYPE_CHECKING:
     import torch

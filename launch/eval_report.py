@@ -1,13 +1,13 @@
 """What evaluation during training (`[eval]`: consumer/server/eval_book.py) shows a user: each
 evaluated version's line in summary.md, its points in reward.png, and one short text for the
-progress line and the dashboard. Pure reads of `StepRecord`s (common/metrics.py): a version's
+progress line and the dashboard. Pure reads of `StepRecord`s (common/files/metrics.py): a version's
 result sits in the metrics line of the step at which its round completed (`eval_version` says
 which version it is).
 """
 
 from __future__ import annotations
 
-from common.metrics import StepRecord
+from common.files.metrics import StepRecord
 
 
 def eval_results(records: list[StepRecord]) -> list[StepRecord]:

@@ -14,8 +14,8 @@ summary.md): one definition, so the views cannot disagree.
 
 from __future__ import annotations
 
-from common import run_files as RF
-from common.metrics import StepRecord
+from common.files import run_files as RF
+from common.files.metrics import StepRecord
 
 NO_SIGNAL_FRAC = 0.9  # share of arrived groups with equal rewards that counts as "no signal"
 NO_SIGNAL_HINT = (

@@ -57,10 +57,10 @@ def eval_target(path: Path, snapshot: Path | None, *, eval_path: Path | None) ->
     """What `asyncgrpo eval PATH` scores (module docstring); a `ConfigError` with one line
     when PATH is a run whose task it cannot score."""
     from common import config as C
-    from common import run_files as RF
-    from common import snapshot as snap
     from common.errors import ConfigError
-    from common.model_dir import local_model_dir
+    from common.files import run_files as RF
+    from common.host.model_dir import local_model_dir
+    from common.weights import snapshot as snap
 
     run_dir = None
     if (path / RF.CONFIG).is_file():
@@ -190,7 +190,7 @@ def evaluate_run(cfg: Config, run_dir: Path, model_dir: Path) -> dict[str, Any] 
     snapshot or without a held-out split."""
     import json
 
-    from common import snapshot as snap
+    from common.weights import snapshot as snap
 
     if not has_heldout(cfg):
         return None

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common import run_files as RF
+from common.files import run_files as RF
 
 if TYPE_CHECKING:
     from common.config import Config

@@ -29,9 +29,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from common import completions_file as CF
-from common import run_files as RF
-from common.metrics import StepRecord, read_steps
+from common.files import completions_file as CF
+from common.files import run_files as RF
+from common.files.metrics import StepRecord, read_steps
 from launch.eval_report import eval_lines, eval_series
 from launch.headline import no_signal
 
@@ -179,7 +179,7 @@ def weight_versions(
     records: list[StepRecord], history: list[RF.ProducerChange]
 ) -> dict[str, list[tuple[float, int]]]:
     """{producer: [(time_s, loaded weight version)]} on the metrics' clock: from
-    producers.jsonl (`history`, common/run_files.py), or, in a run older than that file, from
+    producers.jsonl (`history`, common/files/run_files.py), or, in a run older than that file, from
     the per-producer fields of every metrics line."""
     out: dict[str, list[tuple[float, int]]] = {}
     if history and records:
@@ -208,7 +208,7 @@ def plot_lag(records: list[StepRecord], history: list[RF.ProducerChange], out: P
 
 def reward_failures_line(views: dict[str, RF.ProducerStatus]) -> str:
     """Reward calls that failed or timed out (scored 0), in total and per producer (`views`:
-    common/run_files.py `latest_producers`)."""
+    common/files/run_files.py `latest_producers`)."""
     from launch.dashboard import reward_failures
 
     errors, timeouts = reward_failures(views)

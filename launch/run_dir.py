@@ -15,8 +15,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from common import run_files as RF
 from common.errors import ConfigError
+from common.files import run_files as RF
 
 # what a run writes into its run directory and leaves behind; any of these means "a run was here"
 PREVIOUS_RUN = (RF.METRICS, RF.LEASES, RF.LEDGER, RF.SNAPSHOTS, RF.CHECKPOINTS,

@@ -14,7 +14,7 @@ import zmq.asyncio
 
 from common import wire
 from common.errors import WireError
-from common.log_limit import LogLimiter
+from common.net.log_limit import LogLimiter
 
 log = logging.getLogger("asyncgrpo.producer")
 

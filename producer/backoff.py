@@ -7,7 +7,7 @@ producers started together stop asking together. `reset()` after a success.
 
 `follow(period_s, floor_s)` fits it to the heartbeat period before each pause: at its floor
 (`floor_s`, net.heartbeat_s) the pauses are as built. A crowd's requests wait at the consumer
-for several periods (common/heartbeat.py), so the producer passes the floor after those; but a
+for several periods (common/net/heartbeat.py), so the producer passes the floor after those; but a
 crowd whose consumer answered at once (net.lease_wait_s = 0) passes the lengthened period, and
 the pauses then run from half the period to all of it, so that starved producers together ask
 about as often as they heartbeat, whatever their number.

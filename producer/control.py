@@ -31,9 +31,9 @@ import zmq.asyncio
 
 from common import wire
 from common.errors import ConfigError, WireError
-from common.keys import Keys
-from common.log_limit import LogLimiter
-from common.sockets import client_socket
+from common.net.keys import Keys
+from common.net.log_limit import LogLimiter
+from common.net.sockets import client_socket
 
 log = logging.getLogger("asyncgrpo.producer")
 _NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL

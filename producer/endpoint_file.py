@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from common import config as C
-from common import run_files as RF
 from common.errors import ConfigError
+from common.files import run_files as RF
 
 _POLL_S = 0.05
 

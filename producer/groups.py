@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from common import kept_set, wire
-from common.kept_set import NO_TRUNCATION
+from common import wire
+from common.sampling import kept_set
+from common.sampling.kept_set import NO_TRUNCATION
 from producer.engines.base import Completion, SamplingParams
 from producer.rewards.scoring import GroupScore
 from producer.session import truncation_of

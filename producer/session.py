@@ -26,7 +26,7 @@ import zmq.asyncio
 from common import wire
 from common.config import Config
 from common.errors import ConfigError
-from common.kept_set import Truncation
+from common.sampling.kept_set import Truncation
 from producer.engines import make_engine
 from producer.engines.base import Engine
 from producer.outbox import Outbox

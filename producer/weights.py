@@ -6,10 +6,11 @@ is not the one loaded, or was loaded from another consumer incarnation (a resume
 publish lower or equal versions of another lineage: `State.weights_run` says whose weights the
 engine holds). `fetch(info)` gives the engine a private directory holding the verified file:
 - the consumer's own file when this host sees it (shared filesystem), pinned by a link of the
-  producer's own so that the bytes loaded are the bytes checked (`common.snapshot.pin_local`).
-  A file the consumer wrote on this very host is taken on its manifest's hash
-  (`producer.trust_local_hash`): the writer hashed the memory it wrote, and one page cache serves
-  both processes, so reading and hashing it again would only add latency; any other is hashed;
+  producer's own so that the bytes loaded are the bytes checked
+  (`common.weights.snapshot.pin_local`). A file the consumer wrote on this very host is taken on its
+  manifest's hash (`producer.trust_local_hash`): the writer hashed the memory it wrote, and one page
+  cache serves both processes, so reading and hashing it again would only add latency; any other is
+  hashed;
 - else over the network (producer/fetch/fetcher.py: chunks from the consumer's data socket or
   relays; a delta on the file held here when the consumer offers one).
 The private cache keeps the two newest directories (the engine's, and the next).
@@ -36,11 +37,11 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from common import snapshot as snap
 from common import wire
 from common.config import Config
 from common.errors import ConfigError, SnapshotError, SnapshotMismatch
-from common.keys import Keys
+from common.net.keys import Keys
+from common.weights import snapshot as snap
 from producer.control import ControlClient, Rejected
 from producer.engines.base import Engine
 from producer.fetch.fetcher import Fetcher, Held, Report
@@ -136,7 +137,7 @@ class Weights:
     async def fetch(self, info: wire.SnapshotInfo) -> Path:
         """A private directory holding the verified `model.safetensors` of `info`, which the
         engine then loads: the consumer's own file when this host sees it, pinned so that the
-        bytes loaded are the bytes verified (`common.snapshot.pin_local`; taken on its
+        bytes loaded are the bytes verified (`common.weights.snapshot.pin_local`; taken on its
         manifest when written here, see `producer.trust_local_hash`; else hashed), else
         fetched over the network (producer/fetch/fetcher.py). Counted in the producer's counters."""
         t0 = time.perf_counter()

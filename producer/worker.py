@@ -7,7 +7,7 @@ producer/session.py) while heartbeats already run; producer/main.py runs its tas
 - `replies`: the control socket's reader (producer/control.py);
 - `heartbeat`: reports state and takes acks, the newest snapshot and the consumer's run id (a
   new run id = the consumer restarted: register again, re-send unacked), every period the
-  consumer last sent (`Status.heartbeat_s`: longer with more producers, common/heartbeat.py),
+  consumer last sent (`Status.heartbeat_s`: longer with more producers, common/net/heartbeat.py),
   and at once when the engine first holds this run's weights (a learner may wait for that) or
   the connection was made anew (a restarted consumer hears of us without waiting a period);
 - `announce`: listens for new snapshots (producer/announcements.py);
@@ -18,11 +18,11 @@ producer/session.py) while heartbeats already run; producer/main.py runs its tas
 - `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task (a finished
   group the consumer told it to hold keeps its lease's slot until sent: backpressure). A request
   that cannot be granted waits at the consumer until leases free up (`net.lease_wait_s`; in a
-  crowd, several heartbeat periods: common/heartbeat.py); after an empty reply the producer
+  crowd, several heartbeat periods: common/net/heartbeat.py); after an empty reply the producer
   pauses (`producer/backoff.py`) before asking again, sooner when a newer snapshot is announced.
   So a starved producer sends one request per wait, not one per round trip.
 A consumer silent for `net.consumer_timeout_s` (or three heartbeat periods, if longer:
-common/heartbeat.py) raises `ConsumerLost` from the heartbeat (exit 3 in producer/main.py).
+common/net/heartbeat.py) raises `ConsumerLost` from the heartbeat (exit 3 in producer/main.py).
 Unacked groups are re-sent after `net.resend_after_s`, stretched alike (acks ride every reply).
 
 Invariants: a lease starts generating only once the loaded weights are at least its
@@ -54,9 +54,9 @@ from common import wire
 from common.config import Config
 from common.config.evaluation import eval_slots
 from common.errors import ConfigError
-from common.heartbeat import GOODBYE_WAIT_S, lease_wait_s, silence_limit_s
-from common.keys import load_keys
-from common.sockets import client_socket, endpoint_with_port
+from common.net.heartbeat import GOODBYE_WAIT_S, lease_wait_s, silence_limit_s
+from common.net.keys import load_keys
+from common.net.sockets import client_socket, endpoint_with_port
 from producer.announcements import announcements
 from producer.backoff import Backoff
 from producer.control import ControlClient, Rejected

@@ -18,8 +18,8 @@ import zmq.asyncio
 from served import started_server
 
 from common import config as C
-from common import snapshot as snap
 from common import wire
+from common.weights import snapshot as snap
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.publisher import Publisher
 from producer.control import ControlClient

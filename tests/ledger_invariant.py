@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
-from common import run_files as RF
+from common.files import run_files as RF
 from common.wire import OUTCOMES
 from consumer.server.leases import LeaseBook
 

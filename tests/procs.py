@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import run_files as RF
+from common.files import run_files as RF
 
 
 def cli(*args: str, log: Path) -> subprocess.Popen[bytes]:

@@ -17,7 +17,7 @@ from typing import Any
 import zmq
 
 from common.config import Config
-from common.keys import Keys
+from common.net.keys import Keys
 from consumer.data.prompts import make_source
 from consumer.key_gate import start_key_gate
 from consumer.server.server import Server, run_spec

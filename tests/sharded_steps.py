@@ -27,8 +27,9 @@ import numpy as np
 from safetensors.torch import load_file, save_file
 
 from common import config as C
-from common import kept_set, wire
-from common import run_files as RF
+from common import wire
+from common.files import run_files as RF
+from common.sampling import kept_set
 
 # (name, config overrides): every aggregation mode, and one case with packing, gradient
 # checkpointing, two updates per batch (an old-log-prob pass) and a sharded reference model, and

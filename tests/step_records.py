@@ -1,4 +1,4 @@
-"""A whole `common.metrics.StepRecord` line for tests of what reads metrics (the headline
+"""A whole `common.files.metrics.StepRecord` line for tests of what reads metrics (the headline
 numbers, the trackers): every required field, plausible values; tests override what they check."""
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ import msgpack
 import numpy as np
 from hypothesis import strategies as st
 
-from common import kept_set, wire
+from common import wire
+from common.sampling import kept_set
 
 F32_LOWEST = float(np.finfo(np.float32).min)  # the most negative finite float32
 F32_TINY = float(np.finfo(np.float32).smallest_subnormal)

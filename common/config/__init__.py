@@ -14,7 +14,7 @@ One `Config` of frozen section dataclasses, each section beside its own checks:
   (`apply_overrides`) < typed values from code and flags (`override`); `load_given` also
   returns the keys the user gave; `to_toml` / `write`.
 `validate` refuses impossible settings with a message that names the key to change.
-Endpoint rules (loopback, `tcp://HOST:PORT`) live in common/endpoints.py.
+Endpoint rules (loopback, `tcp://HOST:PORT`) live in common/net/endpoints.py.
 
 Everything is importable from `common.config` itself (`from common.config import Config`).
 """
@@ -64,8 +64,8 @@ from common.config.training import (
 from common.config.transport import NetConfig, SnapshotConfig
 from common.config.tree import CHECK_ORDER, SECTIONS, Config, field_help, problems, validate
 from common.config.tree import _section_types as _section_types
-from common.endpoints import endpoint_problem, is_loopback
 from common.errors import ConfigError
+from common.net.endpoints import endpoint_problem, is_loopback
 
 __all__ = [
     "CHECK_ORDER",

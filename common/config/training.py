@@ -6,7 +6,7 @@ Invariants kept by the checks (besides per-field ranges):
   to start a lease would ever exist and producers would starve.
 - truncated sampling (`sampling.top_p < 1`, `top_k > 0`, `min_p > 0`) keeps `top_k <=
   sampling.max_kept`: every sampled token's kept set travels whole to the learner, which
-  renormalises its log-probs over it (common/kept_set.py, docs/sampling.md).
+  renormalises its log-probs over it (common/sampling/kept_set.py, docs/sampling.md).
 - `sampling.group_size >= 2`: a group of one has no variance to learn from.
 """
 
@@ -27,7 +27,7 @@ from common.config.fields import (
     _meta,
     failed,
 )
-from common.kept_set import MAX_KEPT_WIRE, Truncation
+from common.sampling.kept_set import MAX_KEPT_WIRE, Truncation
 
 MAX_KEPT_LIMIT = MAX_KEPT_WIRE  # the wire carries a kept set's size in one byte per token
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.config.fields import SnapshotDtype, SnapshotFsync, _f, failed
-from common.endpoints import endpoint_host, endpoint_problem, is_loopback
+from common.net.endpoints import endpoint_host, endpoint_problem, is_loopback
 
 
 @dataclass(frozen=True, slots=True)

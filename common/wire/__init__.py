@@ -7,6 +7,8 @@
   `encode_chunk` / `decode_reply` for the two-frame chunk replies of the data path;
 - sizes.py: the lists whose length a run sets (leases, lease ids, acks), the limits the control
   channel's two ends decode them with, and the settings whose largest messages would not fit.
+- reader.py: untrusted msgpack into typed dataclasses, led by the schema, within a memory budget
+  (what `decode` reads with).
 
 Everyone else imports from here (`from common import wire`; `wire.encode`, `wire.Group`) and
 never builds message dicts by hand.

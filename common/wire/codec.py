@@ -5,7 +5,7 @@ Conventions and invariants:
   decoding returns read-only `numpy.frombuffer` views (one bytes object per array, no other
   copy).
 - `decode(data, limits)` never raises anything but `WireError(reason)`, whatever the bytes: it
-  reads them with common/msgpack_reader.py, led by the schema, so only values the schema expects
+  reads them with common/wire/reader.py, led by the schema, so only values the schema expects
   are ever built and a value of the wrong type is refused at its first byte. Limits: the message
   size (checked first; ZMQ_MAXMSGSIZE drops larger frames earlier), entries per list or map
   (`max_items`), values per message (`max_objects`), nesting (32), and memory: decoding builds
@@ -18,7 +18,7 @@ Conventions and invariants:
   ~64x its size. The allowances exist because the protocol's own lists cost more than the
   factor: a held lease id of 1-9 bytes builds up to 52, a lease with a 6-character prompt
   ~7 bytes per byte; they are what one such item builds beyond the factor's share of its
-  characters (`msgpack_reader.fixed_cost`), so the largest grant, registration and goodbye
+  characters (`reader.fixed_cost`), so the largest grant, registration and goodbye
   the run's settings make decode (common/wire/sizes.py), and a hostile message of any shape
   builds at most the same bound. No ext types, no pickle. Unknown
   fields, wrong types (bool is not int), invalid UTF-8 and trailing bytes are refused. Error
@@ -30,11 +30,11 @@ Conventions and invariants:
 - A `Group` is checked against the run (`Limits`): G completions, lengths that agree
   (sum(completion_lens) == len(completion_ids) == len(behavior_logp)), token ids in [0, vocab),
   log-probs finite and <= 0, rewards finite, the run's sampling temperature; and its kept sets
-  (`Limits.max_kept`: present exactly when the run truncates, one count per token summing to
-  the kept ids, ids in [0, vocab), each set ascending without its sampled token, |K| <= max_kept:
-  `common.kept_set.encoding_problem`, whose temporaries stay within the memory bound below).
-  The fields of `Group.OMIT_EMPTY` are left out of the bytes when empty. Per-function rewards
-  (`reward_parts`) are empty or F x G finite numbers, F = `Limits.num_reward_fns` when set.
+  (`Limits.max_kept`: present exactly when the run truncates, one count per token summing to the
+  kept ids, ids in [0, vocab), each set ascending without its sampled token, |K| <= max_kept:
+  `common.sampling.kept_set.encoding_problem`, whose temporaries stay within the memory bound
+  below). The fields of `Group.OMIT_EMPTY` are left out of the bytes when empty. Per-function
+  rewards (`reward_parts`) are empty or F x G finite numbers, F = `Limits.num_reward_fns` when set.
 - A peer of another schema version is refused by its first field (`schema_version`), with a
   detail that names both versions: run the same release on both sides.
 - A status's heartbeat period (`Status.heartbeat_s`) must be positive and finite
@@ -61,9 +61,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from common import msgpack_reader as mp
 from common.errors import WireError
-from common.kept_set import encoding_problem
+from common.sampling.kept_set import encoding_problem
+from common.wire import reader as mp
 from common.wire.messages import (
     FINISH_REASONS,
     MAX_LEASE_WAIT_S,

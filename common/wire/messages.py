@@ -54,13 +54,13 @@ Conventions and invariants:
   producer hands to reward functions; the decoder checks the shape (`check_lease`).
 - `behavior_version` is the oldest weight version that produced any token of the group;
   `token_versions` is empty unless the weights changed mid-generation (then one int32 per token).
-- Truncated sampling (`RunSpec.top_p < 1`, `top_k > 0` or `min_p > 0`): every sampled token's
-  kept set travels with the group, `kept_counts` uint8 [sum L_i] (each token's kept ids other
-  than itself: |K| - 1) and `kept_ids` int32 (those ids, ascending, token after token),
-  `kept_unknown` int32 (tokens whose set the engine could not record: never trained);
-  `behavior_logp` is log q over the kept set. The encoding and its rule: common/kept_set.py.
-  Without truncation the three are empty and left
-  out of the message (`Group.OMIT_EMPTY`): an untruncated group costs no extra byte.
+- Truncated sampling (`RunSpec.top_p < 1`, `top_k > 0` or `min_p > 0`): every sampled token's kept
+  set travels with the group, `kept_counts` uint8 [sum L_i] (each token's kept ids other than
+  itself: |K| - 1) and `kept_ids` int32 (those ids, ascending, token after token), `kept_unknown`
+  int32 (tokens whose set the engine could not record: never trained); `behavior_logp` is log q over
+  the kept set. The encoding and its rule: common/sampling/kept_set.py. Without truncation the three
+  are empty and left out of the message (`Group.OMIT_EMPTY`): an untruncated group costs no extra
+  byte.
 - `reward_parts`: each reward function's own (unweighted) score of each completion, float32
   [F * G] function-major (function k's G scores at k*G..k*G+G-1, k in the order of
   `RunSpec.reward_fns`), so the consumer reports per-function means; `rewards` stays their
@@ -77,7 +77,7 @@ Conventions and invariants:
   the round has one, the version from which a producer may give it its own (`eval_from`): a
   producer holding it (or, for `eval_from`, any newer one) defers its reloads and asks for up to
   `max_eval_leases` eval leases on top of its training slots until the round is leased.
-- Heartbeats (common/heartbeat.py): every status names the period at which the consumer wants
+- Heartbeats (common/net/heartbeat.py): every status names the period at which the consumer wants
   heartbeats (`Status.heartbeat_s`, seconds, positive and finite: `check_status`), longer with
   more live producers so that all of them together send at most `net.max_heartbeats_per_s`;
   a producer beats at the period it heard last, and each side tolerates silences of three
@@ -85,7 +85,7 @@ Conventions and invariants:
   granted waits at the consumer for leases to free up: `net.lease_wait_s`, or longer when the
   producer says it waits longer (`LeaseRequest.wait_s`, seconds, finite, in [0,
   `MAX_LEASE_WAIT_S`]: `check_lease_request`; a crowd of starved producers waits there rather
-  than polling: common/heartbeat.py).
+  than polling: common/net/heartbeat.py).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ from typing import Any, ClassVar, Union
 
 import numpy as np
 
-from common.kept_set import KeptSets, from_counts
+from common.sampling.kept_set import KeptSets, from_counts
 
 SCHEMA_VERSION = 7  # 7: the consumer sets the heartbeat period (Status.heartbeat_s); a lease
 # request may wait longer than net.lease_wait_s (LeaseRequest.wait_s)
@@ -172,7 +172,8 @@ class Status:
     # (-1: none); that producer keeps its version and asks for the round
     eval_from: int = -1
     # the period, in seconds, at which the consumer asks this producer to heartbeat: longer
-    # with more live producers (common/heartbeat.py); the producer beats at the one it heard last
+    # with more live producers (common/net/heartbeat.py); the producer beats at the one it heard
+    # last
     heartbeat_s: float = 1.0
 
 

@@ -7,7 +7,7 @@ producers need no copy of the dataset and hold no state worth losing.
 - `RowSource`: the user's rows (`task.source` = jsonl, parquet or hf), read and checked whole
   at start by consumer/data/sources.py: a bad row stops the consumer with its file, row
   and field.
-- `SyntheticSource`: the built-in verifiable task of `common.tasks` (train split), indexed
+- `SyntheticSource`: the built-in verifiable task of `common.task.synthetic` (train split), indexed
   deterministically; its length is virtual (indices are generated on demand).
 - `PromptOrder`: epochs over a source, shuffled per epoch with a seeded permutation, plus a retry
   queue that is served first (prompts whose lease expired or whose group was dropped as stale).
@@ -67,7 +67,7 @@ class SyntheticSource:
     has_chat = False
 
     def __init__(self, *, seed: int) -> None:
-        from common.tasks import ArithmeticTask
+        from common.task.synthetic import ArithmeticTask
 
         self._task = ArithmeticTask(seed=seed)
         # its splits (10,000 hashes, ~80 ms) are built here, on the caller's thread, not in

@@ -79,7 +79,7 @@ def eval_rows(cfg: Config) -> list[PromptRow]:
         key = "eval.path" if cfg.eval.path else "task.eval_path"
         return load_rows(task, held_out=True, key=key)[:n]
     assert cfg.task.source == "synthetic", "config validation asks for eval.path"
-    from common.tasks import make_examples
+    from common.task.synthetic import make_examples
 
     return [PromptRow(ex.prompt, ex.answer) for ex in make_examples("heldout", n, seed=0)]
 

@@ -1,6 +1,6 @@
 """Where each metric of metrics.jsonl goes in an experiment tracker: a namespaced name.
 
-`namespaced(record)` maps one `StepRecord` (common/metrics.py) to flat `{name: number}`:
+`namespaced(record)` maps one `StepRecord` (common/files/metrics.py) to flat `{name: number}`:
 `reward/` (the rewards, the share of equal-reward groups, `reward/fn/<function>`),
 `rollout/` (the ledger's counts, leases, producers), `staleness/` (mean, max,
 `staleness/hist/<lag>`), `throughput/` (wall times, tokens/s, idle, backpressure),
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.metrics import StepRecord
+from common.files.metrics import StepRecord
 
 NAMESPACES = ("train", "rollout", "reward", "staleness", "throughput", "weights", "eval")
 _PREFIX: dict[str, str] = {

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.completions_file import CompletionRow, markdown_table
+from common.files.completions_file import CompletionRow, markdown_table
 
 DIR = "tensorboard"
 FLUSH_S = 10

@@ -10,7 +10,7 @@ tracker that raises is reported once (one warning with the exception), counted (
 dropped; the others and training go on. Catching every exception there
 is deliberate: a tracker is third-party code at the edge of the process, like a bad message at
 the network boundary. Completions are decoded here (the model's tokenizer, loaded on this
-thread), appended to completions.jsonl (common/completions_file.py) and sent to the trackers.
+thread), appended to completions.jsonl (common/files/completions_file.py) and sent to the trackers.
 `close()` drains the queue and closes the trackers, waiting at most `CLOSE_S`.
 """
 
@@ -23,11 +23,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import completions_file as CF
 from common import wire
 from common.config import Config, to_dict, to_toml
 from common.config.run import reward_names
-from common.metrics import StepRecord
+from common.files import completions_file as CF
+from common.files.metrics import StepRecord
 from consumer.loggers.names import namespaced
 
 log = logging.getLogger("asyncgrpo.consumer")

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common.completions_file import COLUMNS, CompletionRow
+from common.files.completions_file import COLUMNS, CompletionRow
 
 ID_FILE = "wandb_id.txt"
 STEP = "policy_version"

@@ -30,7 +30,7 @@ from collections.abc import Container
 from dataclasses import dataclass
 
 from common import wire
-from common.run_files import Backpressure, BackpressureTotals
+from common.files.run_files import Backpressure, BackpressureTotals
 
 
 @dataclass(slots=True)

@@ -4,8 +4,8 @@
 The network thread hands over `BookChanges`, what changed since its last hand-over, taken in
 time proportional to the changes (consumer/server/books.py); this thread keeps the whole picture
 (each producer's counts, open leases and host; each producer's status), applies the changes in
-the order they were handed over and writes the files in common/run_files.py's formats, and the
-network thread's timing to netstats.json (common/net_stats.py). The JSON
+the order they were handed over and writes the files in common/files/run_files.py's formats, and the
+network thread's timing to netstats.json (common/files/net_stats.py). The JSON
 encoding of every producer, the cost that grows with the number of producers, is paid here.
 
 Invariants:
@@ -25,8 +25,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import run_files as RF
-from common.net_stats import NetStats, write_net_stats
+from common.files import run_files as RF
+from common.files.net_stats import NetStats, write_net_stats
 from common.wire import OUTCOMES
 from consumer.server.leases import producer_balanced
 from consumer.server.roster import Roster

@@ -1,5 +1,5 @@
 """The network thread's files in the run directory: leases.jsonl, ledger.json and (through
-consumer/server/roster.py) the producers' files, written as common/run_files.py's records.
+consumer/server/roster.py) the producers' files, written as common/files/run_files.py's records.
 
 Nothing the network thread does here grows with the number of producers:
 - a settled step appends its finished leases to leases.jsonl (`append_finished`: the cost of a
@@ -10,7 +10,7 @@ Nothing the network thread does here grows with the number of producers:
   writer thread (consumer/server/book_writer.py). The network thread hands it what changed
   since the last hand-over: the producers' statuses noted as they changed (a dict swap) and the
   counts of the producers whose leases moved (`LeaseBook.take_changed`), and a copy of the
-  loop's timing for netstats.json (common/net_stats.py).
+  loop's timing for netstats.json (common/files/net_stats.py).
 ledger.json is replaced atomically: readers see the old file or the new one.
 """
 
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from common import run_files as RF
-from common.net_stats import NetStats
+from common.files import run_files as RF
+from common.files.net_stats import NetStats
 from consumer.server.book_writer import BookChanges, BookWriter, LedgerChanges
 from consumer.server.roster import Census
 from consumer.server.state import NetState

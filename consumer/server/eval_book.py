@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import wire
-from common.pass_at_k import mean_pass_at_k
+from common.task.pass_at_k import mean_pass_at_k
 
 EVAL_BIT = 1 << 62  # set in every eval lease id (training lease ids stay below: leases.py)
 _ID_BITS = 40
@@ -255,7 +255,7 @@ class EvalBook:
 
     # -- results -------------------------------------------------------------------------------
     def _result(self, r: _Round) -> dict[str, Any]:
-        """A whole round as metrics.jsonl fields (common/metrics.py StepRecord)."""
+        """A whole round as metrics.jsonl fields (common/files/metrics.py StepRecord)."""
         stats = list(r.answered.values())
         completions = sum(n for n, _, _, _ in stats)
         return {

@@ -11,7 +11,7 @@ its name. The bindings are part of the checkpoint, so a resumed consumer still k
 its producers re-register.
 
 This decides which id a key may speak for; which keys may connect at all is the authenticator's
-business (common/sockets.py: the public keys in the keys directory). Each host with its own
+business (common/net/sockets.py: the public keys in the keys directory). Each host with its own
 client key, the two together mean that one host cannot forge another host's groups.
 """
 

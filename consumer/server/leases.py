@@ -54,7 +54,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from common.run_files import Balance, LeaseLine
+from common.files.run_files import Balance, LeaseLine
 from common.wire import ACKS_PER_REPLY, HOLD, OUTCOMES, SEND, Ack
 from consumer.data.prompts import PromptOrder
 
@@ -79,7 +79,7 @@ class LeaseRecord:
     reason: str = ""
 
     def line(self) -> LeaseLine:
-        """The record as a line of leases.jsonl (common/run_files.py)."""
+        """The record as a line of leases.jsonl (common/files/run_files.py)."""
         return LeaseLine(**asdict(self))
 
 

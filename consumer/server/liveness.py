@@ -13,7 +13,7 @@ Two orders, both kept by insertion at the current time, so each is sorted by its
 Invariant: a producer is in `heard` exactly while the consumer waits to hear from it (registered,
 neither left nor gone), with the time it was last heard from; `now` never goes backwards.
 
-`SentPeriods` keeps the heartbeat period every status carries (common/heartbeat.py: longer
+`SentPeriods` keeps the heartbeat period every status carries (common/net/heartbeat.py: longer
 with more live producers) and the longest one a producer may still be sleeping on: a
 producer beats at the period it heard last, so when the period shrinks (producers left), the
 longer one is still tolerated until every producer has beaten once since: `longest_s` is the
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from common.heartbeat import period_s, silence_limit_s
+from common.net.heartbeat import period_s, silence_limit_s
 
 _WINDOW_SLACK_S = 5.0  # beyond a period: a heartbeat's round trip, a busy event loop
 

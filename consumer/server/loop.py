@@ -10,7 +10,7 @@ requests again; push the groups the learner made room for (`Admission.release`);
 0.25 s the housekeeping:
 producers silent for `net.producer_timeout_s`, or three heartbeat periods when the
 consumer has lengthened the period beyond a third of it (`NetState.producer_timeout_s`,
-common/heartbeat.py), are gone (their leases expire), leases past
+common/net/heartbeat.py), are gone (their leases expire), leases past
 `net.lease_timeout_s` expire, records of producers that left or went silent, holding no lease,
 are forgotten after `_FORGET_AFTER_S` (with their acks), held groups whose lease ended otherwise
 are pruned, and the books are handed to their writer thread when due (consumer/server/books.py).

@@ -4,7 +4,7 @@ A lease request that cannot be granted is parked, not answered empty: it gets it
 moment leases free up (a step settled, a snapshot published, a lease dropped or expired: the
 loop calls `serve` after every event), or an empty reply once its wait is over
 (`net.lease_wait_s`, or longer when the producer asked to wait longer: `LeaseRequest.wait_s`,
-a crowd of starved producers, common/heartbeat.py), or a finished one when the run ends.
+a crowd of starved producers, common/net/heartbeat.py), or a finished one when the run ends.
 Parked requests are served first come, first served (one per producer: a newer one answers the
 older empty, `unpark`), so a starved producer costs one request per wait, not one per round
 trip. Serving them costs one lease-book query when nothing is free and one heap look-up for
@@ -90,7 +90,7 @@ class ParkedRequests:
                 st.counters["lease_replies_empty"] += 1
         status = st.status(producer_id)
         self._reply(parked.identity, wire.LeaseGrant(parked.msg.req, leases, status))
-        if leases:  # common/net_stats.py: from the turn that freed them to the reply sent
+        if leases:  # common/files/net_stats.py: from the turn that freed them to the reply sent
             st.timing.lease_parked_grant.record(time.perf_counter() - st.timing.turn_start)
         st.timing.served()  # a producer answered: the stretch without one ends
 

@@ -1,7 +1,7 @@
 """Per-producer state on disk, off the optimizer step's path.
 
 The per-step metrics line holds aggregates only (how many producers, by state); what each
-producer reports goes to two files of the run directory (common/run_files.py's records),
+producer reports goes to two files of the run directory (common/files/run_files.py's records),
 written every few seconds (not per step) on the books' writer thread from the statuses the
 network thread noted as they changed (consumer/server/state.py `note`), so neither a step nor the
 network thread's housekeeping costs more at 1,000 producers than at 1:
@@ -10,7 +10,8 @@ network thread's housekeeping costs more at 1,000 producers than at 1:
 - `producers.jsonl` (`ProducerChange` lines): one line each time a producer's loaded weight
   version or state has changed since the last write (the history that `asyncgrpo report`
   plots; at most one line per producer per write).
-Readers use common/run_files.py (`read_producers`, `read_producer_history`, `latest_producers`).
+Readers use common/files/run_files.py (`read_producers`, `read_producer_history`,
+`latest_producers`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from common import run_files as RF
+from common.files import run_files as RF
 
 
 class Stated(Protocol):

@@ -37,12 +37,12 @@ from typing import Any, TypeVar
 
 import zmq
 
-from common import run_files as RF
 from common import wire
 from common.config import Config
-from common.heartbeat import GOODBYE_WAIT_S
-from common.keys import Keys
-from common.sockets import server_socket
+from common.files import run_files as RF
+from common.net.heartbeat import GOODBYE_WAIT_S
+from common.net.keys import Keys
+from common.net.sockets import server_socket
 from consumer.data.prompts import PromptOrder, PromptSource
 from consumer.data.sources import eval_rows
 from consumer.server.admission import Admission

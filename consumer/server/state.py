@@ -8,14 +8,14 @@ Invariants:
 - A message whose handling raises, even through a bug of ours, is counted by `internal_error` as
   `rejected.internal_error` (and `internal_error.<exception type>`), logged with its traceback
   the first time, and the loop goes on. Log lines about bad messages are rate-limited per reason
-  (common/log_limit.py): a flood of garbage is counted, not written out line by line.
+  (common/net/log_limit.py): a flood of garbage is counted, not written out line by line.
 - Every change to a producer's view is noted (`note`) as that producer's new `ProducerStatus`
   in `roster_changes`, which the books take whole (a swap) and write off this thread
   (consumer/server/books.py): the view's counters are the last heartbeat's decoded mapping, held,
   never copied or changed.
 - Every reply carries the newest policy and snapshot version (`status`: a missed announcement
   costs latency, never correctness), the acks queued for that producer, and the heartbeat
-  period for the producers now live (common/heartbeat.py; `periods` keeps the longest sent
+  period for the producers now live (common/net/heartbeat.py; `periods` keeps the longest sent
   lately, which sets the silence after which a producer is gone: `producer_timeout_s`).
 """
 
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from common import run_files as RF
 from common import wire
 from common.config import Config
-from common.log_limit import LogLimiter
-from common.net_stats import LoopTiming
+from common.files import run_files as RF
+from common.files.net_stats import LoopTiming
+from common.net.log_limit import LogLimiter
 from consumer.data.prompts import PromptSource
 from consumer.data.rows import PromptRow
 from consumer.server.admission import Admission

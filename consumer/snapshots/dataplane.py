@@ -14,7 +14,7 @@ a lease, a heartbeat or a registration (they wait in another socket's queue, on 
 thread; file reads and socket sends release the interpreter lock).
 
 Invariants:
-- Same bind and security rules as control (common/sockets.py `server_socket`): with keys it is
+- Same bind and security rules as control (common/net/sockets.py `server_socket`): with keys it is
   a CurveZMQ server, and its context runs its own authenticator over the same allowlist
   (consumer/key_gate.py), which admits or refuses a peer (and logs the refusal) before it can
   send a single request; its refusals (`refused_keys`) go into the same
@@ -42,13 +42,13 @@ from typing import Any
 
 import zmq
 
-from common import delta as D
-from common import snapshot as snap
 from common import wire
 from common.errors import WireError
-from common.keys import Keys
-from common.log_limit import LogLimiter
-from common.sockets import server_socket
+from common.net.keys import Keys
+from common.net.log_limit import LogLimiter
+from common.net.sockets import server_socket
+from common.weights import delta as D
+from common.weights import snapshot as snap
 from consumer.key_gate import start_key_gate
 
 log = logging.getLogger("asyncgrpo.consumer")

@@ -3,11 +3,10 @@
 A producer that cannot read the consumer's snapshot from a shared filesystem asks over control
 (`wire.FetchRequest`) and gets a `wire.FetchPlan`: which file (a delta when it holds exactly the
 delta's base version, else the full weights), the file's per-chunk BLAKE3 digests (from the
-snapshot's `chunks.json`, common/chunk_manifest.py) and where to take the chunks. Sources are a
-relay (a producer that serves this file, whole or as far as it has fetched it: `wire.Source`) or
-the consumer itself;
-the consumer is always the last source of a plan, so a fetcher that drops a bad relay finishes
-from it.
+snapshot's `chunks.json`, common/weights/chunk_manifest.py) and where to take the chunks. Sources
+are a relay (a producer that serves this file, whole or as far as it has fetched it: `wire.Source`)
+or the consumer itself; the consumer is always the last source of a plan, so a fetcher that drops a
+bad relay finishes from it.
 
 The copies form a tree of bounded fan-out: a source serves at most `max_children` fetchers of
 one version at a time. A producer that relays becomes a source of the file the moment it is
@@ -54,11 +53,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import chunk_manifest as cm
-from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError, WireError
-from common.log_limit import LogLimiter
+from common.net.log_limit import LogLimiter
+from common.weights import chunk_manifest as cm
+from common.weights import snapshot as snap
 
 log = logging.getLogger("asyncgrpo.consumer")
 CONSUMER = wire.Source("", "")

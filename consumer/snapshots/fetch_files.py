@@ -7,10 +7,10 @@ file from a shared filesystem (the learner's own host included) never wait for i
 `model.safetensors` (just written from the publication buffer: page-cache reads) and writes into
 the snapshot directory:
 
-- `weights.delta` (common/delta.py): version v on the last version written before it (its base;
-  with superseded versions that may be older than v-1), unless v is an **anchor**;
-- `chunks.json` last (common/chunk_manifest.py, through a rename): per-chunk BLAKE3 digests of
-  `model.safetensors` and of the delta, and the delta's base and hash. Until it exists the
+- `weights.delta` (common/weights/delta.py): version v on the last version written before it (its
+  base; with superseded versions that may be older than v-1), unless v is an **anchor**;
+- `chunks.json` last (common/weights/chunk_manifest.py, through a rename): per-chunk BLAKE3 digests
+  of `model.safetensors` and of the delta, and the delta's base and hash. Until it exists the
   consumer tells network fetchers to wait a moment (consumer/snapshots/fanout.py).
 
 Anchors: the first version written, every version at least `anchor_every` after the previous
@@ -35,10 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common import chunk_manifest as cm
-from common import delta as D
-from common import snapshot as snap
 from common.config import Config
+from common.weights import chunk_manifest as cm
+from common.weights import delta as D
+from common.weights import snapshot as snap
 
 log = logging.getLogger("asyncgrpo.consumer")
 

@@ -1,4 +1,4 @@
-"""Publishes weight snapshots (layout and manifest: common/snapshot.py) at memory speed.
+"""Publishes weight snapshots (layout and manifest: common/weights/snapshot.py) at memory speed.
 
 `Publisher.submit(state, version=, step=, dtype=)` is all the training thread pays: one copy of
 the weights into a preallocated host buffer that already holds the safetensors header
@@ -29,19 +29,19 @@ Invariants:
   is always written (only older waiting ones are superseded); `wait()` returns when it is.
 - The directory is a complete HF model directory: the base model's config and tokenizer files are
   copied next to `model.safetensors`, so `from_pretrained(snapshot_dir)` and vLLM load it as is.
-- The manifest records this host's id (`common.snapshot.host_id`), so a producer on the same host
-  may take the hash instead of reading the whole file again.
+- The manifest records this host's id (`common.weights.snapshot.host_id`), so a producer on the same
+  host may take the hash instead of reading the whole file again.
 - An exception in the writer thread is re-raised by the next `submit`/`wait` (never swallowed).
 
 The fsync policy (`snapshot.fsync`): `before_announce` (default) fsyncs the weights (hashing
-meanwhile), every file, the directory and, after the rename, the parent, then announces: a
-snapshot is durable before anyone hears of it. `after_announce` renames and announces first,
-then fsyncs the same set: producers on this host read it from the page cache while it is made
-durable. `off` never fsyncs. Either way a reader never sees a partial directory (the rename is
-atomic); after a power loss a snapshot that was not yet durable may hold torn bytes, which no
-reader loads: its hash disagrees, and a manifest's hash is only taken without reading the file
-by a reader on the same host *and boot* (common/snapshot.py). A resumed consumer publishes its
-current version anew at start.
+meanwhile), every file, the directory and, after the rename, the parent, then announces: a snapshot
+is durable before anyone hears of it. `after_announce` renames and announces first, then fsyncs the
+same set: producers on this host read it from the page cache while it is made durable. `off` never
+fsyncs. Either way a reader never sees a partial directory (the rename is atomic); after a power
+loss a snapshot that was not yet durable may hold torn bytes, which no reader loads: its hash
+disagrees, and a manifest's hash is only taken without reading the file by a reader on the same host
+*and boot* (common/weights/snapshot.py). A resumed consumer publishes its current version anew at
+start.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ from pathlib import Path
 
 import torch
 
-from common import snapshot as snap
 from common.config import SnapshotFsync, choices
+from common.weights import snapshot as snap
 from common.wire import SnapshotInfo
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.weights_buffer import (

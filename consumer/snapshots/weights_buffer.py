@@ -2,8 +2,8 @@
 device-to-host copy that fills them.
 
 `HostWeights(table, pin=...)` preallocates `table.num_bytes` bytes (page-locked when the weights
-live on a GPU) holding the file exactly as it will be on disk: the header, written once, then
-every tensor at its slot of the `TensorTable` (common/tensor_table.py), one flat range per dtype.
+live on a GPU) holding the file exactly as it will be on disk: the header, written once, then every
+tensor at its slot of the `TensorTable` (common/weights/tensor_table.py), one flat range per dtype.
 `HostCopier.copy(state, host)` copies a state dict into it: on CUDA every tensor is enqueued on a
 side stream (non-blocking, into pinned memory) and a `Fence` (a CUDA event) marks the end, so
 the training thread returns at once; on CPU the same call copies synchronously into a plain
@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from common.tensor_table import TensorSpec, TensorTable, plan
+from common.weights.tensor_table import TensorSpec, TensorTable, plan
 
 DTYPE_CODES: dict[torch.dtype, str] = {
     torch.float64: "F64", torch.int64: "I64", torch.float32: "F32", torch.int32: "I32",

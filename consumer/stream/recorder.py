@@ -22,8 +22,8 @@ import threading
 from concurrent.futures import Future
 from pathlib import Path
 
-from common import run_files as RF
 from common import wire
+from common.files import run_files as RF
 from consumer.stream import segments as S
 from consumer.stream.records import SnapshotEntry, StepEntry
 

@@ -26,12 +26,12 @@ split because it uses global normalisers (`loss_normalisers`, consumer/train/los
 `aggregate(..., global_tokens=, global_seqs=)`): a data-parallel learner passes the counts of
 the whole batch to every rank.
 
-Truncated sampling: each row carries its completion's kept sets (`Row.kept`, common/kept_set.py).
-A token whose kept set the engine could not record (`kept.unknown`) is off the mask: never
-trained, not counted by the normalisers. The micro-batch lays the N trained tokens' sets out
-for the LM head as `kept_NK` (int64 [N, K], K = the largest set of the micro-batch, at most
-max_kept: column 0 the token itself, then its other kept ids) and `kept_valid_NK` (bool, False
-at padding entries); both None when the rows carry no kept sets.
+Truncated sampling: each row carries its completion's kept sets (`Row.kept`,
+common/sampling/kept_set.py). A token whose kept set the engine could not record (`kept.unknown`) is
+off the mask: never trained, not counted by the normalisers. The micro-batch lays the N trained
+tokens' sets out for the LM head as `kept_NK` (int64 [N, K], K = the largest set of the micro-batch,
+at most max_kept: column 0 the token itself, then its other kept ids) and `kept_valid_NK` (bool,
+False at padding entries); both None when the rows carry no kept sets.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from common.kept_set import KeptSets
+from common.sampling.kept_set import KeptSets
 from common.wire import Group
 
 

@@ -41,9 +41,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.optim.lr_scheduler import LRScheduler
 
-from common import run_files as RF
 from common.errors import ConfigError
-from common.snapshot import fsync_path, sync_dir
+from common.files import run_files as RF
+from common.weights.snapshot import fsync_path, sync_dir
 from consumer.train.protocol import Trainer
 
 ROOT = RF.CHECKPOINTS

@@ -7,7 +7,7 @@ sampled tokens and the sampling temperature T, return per position
     logp_N    = log_softmax(z / T)[token]          z = hidden @ weight.T + bias  (the logits)
     entropy_N = -Σ_v p_v log p_v,  p = softmax(z / T)   (nats; no gradient: a metric)
 
-exactly as `common.logprobs.sampled_logprobs` and `entropy_from_logits` define them on full
+exactly as `common.sampling.logprobs.sampled_logprobs` and `entropy_from_logits` define them on full
 logits (same operation order: the head's matmul in `compute_dtype`, then float32 at least, then
 / T), but without ever holding the logits of more than `chunk_rows` positions: memory for this
 part is O(chunk_rows · V), not O(N · V). The gradient is exact, from a custom autograd function
@@ -18,11 +18,11 @@ whose backward recomputes each chunk's logits (one matmul) and uses
 so with upstream gradient g: ∂/∂hidden = G @ weight, ∂/∂weight = Gᵀ @ hidden, ∂/∂bias = Σ_n G_n
 where G = g ⊙ (onehot - p) / T, chunk by chunk (∂/∂weight accumulated in float32 at least).
 
-Truncated sampling (`kept`: each position's kept set K, common/kept_set.py, as
-`common.logprobs.kept_set_logprobs` lays it out: `kept_NK` ids with the token in column 0,
+Truncated sampling (`kept`: each position's kept set K, common/sampling/kept_set.py, as
+`common.sampling.logprobs.kept_set_logprobs` lays it out: `kept_NK` ids with the token in column 0,
 `valid_NK` marking real entries): the log-prob is renormalised over K,
 
-    logp_N = z_a - logsumexp_{k∈K} z_k          (= common.logprobs.kept_set_logprobs)
+    logp_N = z_a - logsumexp_{k∈K} z_k          (= common.sampling.logprobs.kept_set_logprobs)
     ∂logp_n / ∂z_n = (onehot(token_n) - q_n) / T,  q = softmax over K (0 outside it)
 
 the chunk's kept logits gathered from its logits ([C, K] more, K <= max_kept: memory bounded
@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from common.logprobs import check_temperature
+from common.sampling.logprobs import check_temperature
 
 
 def chunk_rows_for(vocab_size: int, chunk_mib: float) -> int:

@@ -1,10 +1,10 @@
 """The GRPO loss family as pure tensor functions: rewards and log-probs in, a scalar loss out.
 
 Owns: advantages, the truncated-importance-sampling (TIS) weight, the clipped surrogate, the KL
-penalty, aggregation and the loss metrics. Does not: run models, read config objects, move
-tensors between devices, or do I/O (consumer/train/trainer.py does). The sampling-distribution
-log-prob rule the log-prob inputs follow lives in common/logprobs.py (the engines share it).
-docs/loss.md lists the same formulas with their defaults.
+penalty, aggregation and the loss metrics. Does not: run models, read config objects, move tensors
+between devices, or do I/O (consumer/train/trainer.py does). The sampling-distribution log-prob rule
+the log-prob inputs follow lives in common/sampling/logprobs.py (the engines share it). docs/loss.md
+lists the same formulas with their defaults.
 
 Shapes: N groups, G completions per group, B = N·G rows, T token positions, V vocabulary.
 Names carry their shape (`rewards_NG`, `logp_BT`, `mask_BT`, `advantages_B`). Log-prob roles:
@@ -14,7 +14,7 @@ completion tokens that count and 0 at padding.
 
 Formulas (references: GRPO, Shao et al. 2024; Dr. GRPO, Liu et al. 2025; DAPO clip-higher, Yu et
 al. 2025; dual clip, Ye et al. 2020; TIS, Yao et al. 2025; IcePop / MIS; k3, Schulman 2020):
-- Sampling distribution, learner and engines alike (common/logprobs.py):
+- Sampling distribution, learner and engines alike (common/sampling/logprobs.py):
   logp = log_softmax(logits / temperature)[tok].
 - Advantages of one group of G rewards r:
     "group": A = (r - mean_g) / (std_g + eps), std with Bessel's correction (ddof=1), eps outside

@@ -9,7 +9,7 @@ protocol: each trainer writes and reads its own part of a checkpoint (`save_chec
 
 Conventions:
 - `step` consumes one batch of groups (one optimizer step, or `train.updates_per_batch`) and
-  returns that step's metrics, fields of `common.metrics.StepRecord` by name.
+  returns that step's metrics, fields of `common.files.metrics.StepRecord` by name.
 - `weights()` are the policy's tensors by Hugging Face parameter name (tied names share one
   tensor), for publication; they stay as they are until the next `step`, which first waits
   for the fence `hold_weights` was given (a copy of them still in flight).

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.kept_set import KeptSets
+from common.sampling.kept_set import KeptSets
 from consumer.train.batching import Row
 
 

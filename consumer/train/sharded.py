@@ -74,7 +74,7 @@ class ShardedTrainer(DeviceTrainer):
     """The `Trainer` on one rank of several; rank 0 drives, the others `follow`."""
 
     def __init__(self, cfg: Config, model_dir: Path, world: D.World) -> None:
-        from common.device import resolve_device
+        from common.host.device import resolve_device
 
         self.world = world
         self.model_dir = model_dir

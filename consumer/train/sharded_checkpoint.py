@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim.lr_scheduler import LRScheduler
 
-from common.snapshot import sync_dir
+from common.weights.snapshot import sync_dir
 
 DCP_DIR = "dcp"
 

@@ -11,11 +11,12 @@ enqueued, and `hold_weights(fence)` makes the next optimizer step (the first thi
 a weight) wait for it on the GPU — the training thread itself never waits.
 
 Conventions:
-- Log-probs are of the sampling distribution, the rule of `common.logprobs.sampled_logprobs`
-  (logits divided by `sampling.temperature`, exactly as the producers' engines do), computed from
-  hidden states by consumer/train/lm_head.py. With truncated sampling every log-prob the loss
-  sees (current, old, reference) is renormalised over the token's kept set as the engine
-  recorded it (common/kept_set.py); a token whose set is unknown is not trained. Per step:
+- Log-probs are of the sampling distribution, the rule of
+  `common.sampling.logprobs.sampled_logprobs` (logits divided by `sampling.temperature`, exactly as
+  the producers' engines do), computed from hidden states by consumer/train/lm_head.py. With
+  truncated sampling every log-prob the loss sees (current, old, reference) is renormalised over the
+  token's kept set as the engine recorded it (common/sampling/kept_set.py); a token whose set is
+  unknown is not trained. Per step:
   `kept_mass_mean` (the policy's mass on the kept sets, before the update), `kept_size_mean`
   (|K|; the vocabulary size without truncation), `tokens_kept_unknown`.
 - `model.dtype = "bfloat16"` runs forward/backward under CUDA autocast in bf16 with fp32 master
@@ -47,7 +48,7 @@ import numpy as np
 import torch
 
 from common.config import Config
-from common.device import resolve_device
+from common.host.device import resolve_device
 from common.wire import Group
 from consumer.snapshots.weights_buffer import Fence
 from consumer.train import attention as A

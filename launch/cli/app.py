@@ -17,8 +17,8 @@ from typing import Annotated, NoReturn
 import typer
 
 from common import config as C
-from common import run_files as RF
 from common.errors import ConfigError
+from common.files import run_files as RF
 
 app = typer.Typer(
     help=(
@@ -173,7 +173,7 @@ def resolve_model(path: str) -> Path:
         from launch.demo_model import ensure_demo_model
 
         return ensure_demo_model()
-    from common.model_dir import local_model_dir
+    from common.host.model_dir import local_model_dir
 
     try:
         return local_model_dir(path)

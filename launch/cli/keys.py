@@ -1,4 +1,4 @@
-"""`asyncgrpo keys`: CurveZMQ keys for a run across machines (common/keys.py makes them)."""
+"""`asyncgrpo keys`: CurveZMQ keys for a run across machines (common/net/keys.py makes them)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def keys(
         typer.Option("--producer", "-p", help="A producer host's name (repeatable)."),
     ] = None,
 ) -> None:
-    from common.keys import create_keys
+    from common.net.keys import create_keys
 
     try:
         homes = create_keys(directory, producer_names or ["producer"])

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from common import config as C
-from common import run_files as RF
 from common.errors import ConfigError, EvalError, StreamError
+from common.files import run_files as RF
 from launch.cli.app import (
     ForceOpt,
     SetOpt,

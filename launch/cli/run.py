@@ -22,8 +22,8 @@ from typing import Annotated
 import typer
 
 from common import config as C
-from common import run_files as RF
 from common.errors import ConfigError
+from common.files import run_files as RF
 from launch.cli.app import (
     DEMO_CONFIG,
     EXIT_INTERRUPTED,
@@ -79,7 +79,7 @@ def _join_ranks(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.Con
     directory, the config and the log's name (consumer, consumer-rank1, ...)."""
     import json
 
-    from common.device import resolve_device
+    from common.host.device import resolve_device
     from consumer.train import ranks as D
 
     world = D.World.from_env()

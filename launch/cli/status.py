@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from common import run_files as RF
 from common.errors import ConfigError
+from common.files import run_files as RF
 from launch.cli.app import fail
 
 

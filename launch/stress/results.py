@@ -32,8 +32,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from common import run_files as RF
-from common.metrics import StepRecord, read_steps
+from common.files import run_files as RF
+from common.files.metrics import StepRecord, read_steps
 
 WINDOW = 10  # steps over which rewards are averaged
 COLUMNS = [

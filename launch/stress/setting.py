@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from common import config as C
-from common import run_files as RF
 from common.errors import ConfigError
+from common.files import run_files as RF
 from launch.stress.plan import (
     RunSetting,
     Setting,

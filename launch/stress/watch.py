@@ -26,8 +26,8 @@ import shutil
 import signal
 from pathlib import Path
 
-from common import run_files as RF
-from common import snapshot as snap
+from common.files import run_files as RF
+from common.weights import snapshot as snap
 from launch.dashboard import MetricsTail
 from launch.local import Supervisor
 

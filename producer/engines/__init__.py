@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.config import Config
-from common.kept_set import NO_TRUNCATION, Truncation
+from common.sampling.kept_set import NO_TRUNCATION, Truncation
 from producer.engines.base import Engine
 
 

@@ -6,12 +6,12 @@ checks it):
 - each completion's `token_ids` (int32) and `logprobs` (float32) have equal length in
   [1, params.max_new_tokens]; `logprobs[i]` is the log-probability of exactly `token_ids[i]` under
   the sampling distribution, log_softmax(logits / temperature), finite and <= 0;
-- with `params.truncation.active` (top-k, top-p, min-p), the sampling distribution is q, the
-  softmax over each step's kept set K (common/kept_set.py): `logprobs[i]` is log q, and `kept`
-  holds every token's K exactly as the engine sampled from it (`KeptSets`: offsets [L + 1],
-  the other kept ids, at most `max_kept` per token; a token whose K the engine cannot know
-  exactly is listed in `kept.unknown`, with an empty set and log-prob 0: it is never trained).
-  Without truncation `kept` is empty;
+- with `params.truncation.active` (top-k, top-p, min-p), the sampling distribution is q, the softmax
+  over each step's kept set K (common/sampling/kept_set.py): `logprobs[i]` is log q, and `kept`
+  holds every token's K exactly as the engine sampled from it (`KeptSets`: offsets [L + 1], the
+  other kept ids, at most `max_kept` per token; a token whose K the engine cannot know exactly is
+  listed in `kept.unknown`, with an empty set and log-prob 0: it is never trained). Without
+  truncation `kept` is empty;
 - `versions[i]` is the weight version that produced token i (int32); the engine's `version`
   before the call is the version of the first token;
 - `finish_reason` is "stop" (the completion ends with an EOS/stop token, included) or "length";
@@ -30,7 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
-from common.kept_set import NO_TRUNCATION, KeptSets, Truncation
+from common.sampling.kept_set import NO_TRUNCATION, KeptSets, Truncation
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import kept_set
-from common.kept_set import Truncation
+from common.sampling import kept_set
+from common.sampling.kept_set import Truncation
 from producer.engines.base import Completion, SamplingParams
 
 

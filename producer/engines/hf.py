@@ -2,17 +2,17 @@
 
 Owns: sampling completions with exact sampling log-probs for every request in flight at once,
 and in-place weight reloads from a snapshot's `model.safetensors`. Does not own: fetching or
-hash-checking snapshots (common/snapshot.py and the producer loop do that before calling
+hash-checking snapshots (common/weights/snapshot.py and the producer loop do that before calling
 `load_weights`), nor the batch arithmetic itself (producer/engines/hf_batch.py: left-padded prefill,
 per-request Gumbel-max streams, one forward per token for all rows).
 
 Why our own loop rather than `model.generate`: the log-prob reported for a token must be exactly
 that of the sampling distribution, `log_softmax(logits / temperature)` in float32, the rule the
-learner applies too (`common.logprobs.sampled_logprobs`), so behaviour and learner log-probs agree
-to float32 rounding for the same weights; every request must keep its own random stream, so
-that its seed alone decides its completions whatever else shares the batch; and truncated
-sampling must record each token's kept set exactly as it sampled from it (transformers applies
-min-p after top-k and top-p, vLLM before: we follow vLLM, common/kept_set.py).
+learner applies too (`common.sampling.logprobs.sampled_logprobs`), so behaviour and learner
+log-probs agree to float32 rounding for the same weights; every request must keep its own random
+stream, so that its seed alone decides its completions whatever else shares the batch; and truncated
+sampling must record each token's kept set exactly as it sampled from it (transformers applies min-p
+after top-k and top-p, vLLM before: we follow vLLM, common/sampling/kept_set.py).
 
 Batching: the producer runs one asyncio task per lease, each awaiting `generate`. Calls made in
 the same event-loop turn reach the torch thread together (one hand-over per turn), and the thread
@@ -69,9 +69,9 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from common import snapshot as snap
-from common.device import resolve_device
 from common.errors import SnapshotError
+from common.host.device import resolve_device
+from common.weights import snapshot as snap
 from producer.engines.base import Completion, SamplingParams
 from producer.engines.hf_batch import Batch, Request
 
@@ -368,7 +368,7 @@ def check_fits(
     shapes: dict[str, tuple[int, ...]], own: dict[str, torch.Tensor], path: Path
 ) -> None:
     """Raise SnapshotError unless `shapes` (file) fits `own` (model state): the rule of
-    `common.snapshot.check_fits`, tied weights told apart by their storage."""
+    `common.weights.snapshot.check_fits`, tied weights told apart by their storage."""
     model_shapes = {k: tuple(t.shape) for k, t in own.items()}
     storage = {k: _storage(t) for k, t in own.items()}
     snap.check_fits(shapes, model_shapes, path, storage=storage)

@@ -16,11 +16,11 @@ Per token step, for all B rows at once (`Batch.sample`, then `Batch.forward`):
     logp = sampled_logprobs(logits, token, T) = log_softmax(z)[token]   (the learner's rule)
     logp = min(logp, 0)            (a token of probability 1 can round to +1e-8)
 
-With truncated sampling (the request's `truncation`: top-k, top-p, min-p, common/kept_set.py),
-z is `truncated_logits(logits, truncation, T)`: -inf outside the kept set K, vLLM's order of
-operations (temperature, min-p, top-k with ties and the max_kept cap, top-p). The same Gumbel
-noise then samples exactly q = softmax over K, logp = log_softmax(z)[token] is log q, and the
-row's K (its finite entries other than the token, ascending) is recorded with the token.
+With truncated sampling (the request's `truncation`: top-k, top-p, min-p,
+common/sampling/kept_set.py), z is `truncated_logits(logits, truncation, T)`: -inf outside the kept
+set K, vLLM's order of operations (temperature, min-p, top-k with ties and the max_kept cap, top-p).
+The same Gumbel noise then samples exactly q = softmax over K, logp = log_softmax(z)[token] is log
+q, and the row's K (its finite entries other than the token, ascending) is recorded with the token.
 
 Gumbel-max samples exactly softmax(z). Because every request draws its noise from its own
 generator, n x V numbers per step, whichever rows of it are still alive, a request's tokens depend
@@ -53,9 +53,9 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from common import kept_set
-from common.kept_set import NO_TRUNCATION, Truncation
-from common.logprobs import sampled_logprobs, truncated_logits
+from common.sampling import kept_set
+from common.sampling.kept_set import NO_TRUNCATION, Truncation
+from common.sampling.logprobs import sampled_logprobs, truncated_logits
 from producer.engines.base import Completion
 
 

@@ -2,15 +2,16 @@
 
 Owns: turning our `SamplingParams` into vLLM requests for the `n = G` samples of a group, many
 groups in flight at once (vLLM batches them continuously), converting vLLM's outputs into
-`Completion`s (producer/engines/vllm_outputs.py; kept sets: vllm_kept.py), and switching
-weights in place with per-token versions. Does not own: fetching
-or hash-checking snapshots (common/snapshot.py and the producer loop do that before `load_weights`).
+`Completion`s (producer/engines/vllm_outputs.py; kept sets: vllm_kept.py), and switching weights in
+place with per-token versions. Does not own: fetching or hash-checking snapshots
+(common/weights/snapshot.py and the producer loop do that before `load_weights`).
 
 Sampling: `logprobs_mode="processed_logprobs"` makes vLLM report log-probs of the sampling
-distribution, `log_softmax(logits / T)`, the learner's rule (`common.logprobs.sampled_logprobs`).
-Untruncated, requests ask for `logprobs=0` (the sampled token only). With top-k, top-p or min-p
-(`params.truncation`), they also ask for the max_kept + 1 best processed log-probs, from which
-producer/engines/vllm_kept.py takes each token's kept set and log q (the engine arg
+distribution, `log_softmax(logits / T)`, the learner's rule
+(`common.sampling.logprobs.sampled_logprobs`). Untruncated, requests ask for `logprobs=0` (the
+sampled token only). With top-k, top-p or min-p (`params.truncation`), they also ask for the
+max_kept + 1 best processed log-probs, from which producer/engines/vllm_kept.py takes each token's
+kept set and log q (the engine arg
 `max_logprobs` is raised to match; releases before 0.24 are refused at start).
 `generation_config="vllm"` keeps a checkpoint's `generation_config.json` from changing these
 settings. Requests ask for `flat_logprobs=True` and `detokenize=False`.
@@ -51,7 +52,7 @@ the new version from their first token (which may be newer than `version` when t
 Invariants (besides the contract in producer/engines/base.py):
 - `version` is -1 until the first `load_weights`; it changes only at a recorded boundary.
 - A snapshot is checked against the checkpoint the engine started from (tensor names and
-  shapes, from the safetensors headers: `common.snapshot.check_fits`) before anything is
+  shapes, from the safetensors headers: `common.weights.snapshot.check_fits`) before anything is
   loaded: vLLM itself would only log a warning for a missing tensor and keep the old one. A
   failed reload raises `SnapshotError`; the version stays, generation is resumed, the gate
   reopens (vLLM copies tensor by tensor, so a file that fails halfway may have replaced some
@@ -71,10 +72,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from common import snapshot as snap
 from common.config import VllmConfig
 from common.errors import ConfigError, SnapshotError
-from common.kept_set import NO_TRUNCATION, Truncation
+from common.sampling.kept_set import NO_TRUNCATION, Truncation
+from common.weights import snapshot as snap
 from producer.engines import vllm_kept
 from producer.engines.base import Completion, SamplingParams
 from producer.engines.vllm_outputs import (

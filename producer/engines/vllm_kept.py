@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from common.kept_set import Truncation
+from common.sampling.kept_set import Truncation
 
 MIN_VERSION = (0, 24, 0)
 SUM_TOL = 1e-3  # |logsumexp over K of the processed log-probs|: q sums to 1 in float32

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from common import kept_set
-from common.kept_set import NO_TRUNCATION, Truncation
+from common.sampling import kept_set
+from common.sampling.kept_set import NO_TRUNCATION, Truncation
 from producer.engines import vllm_kept
 from producer.engines.base import Completion
 

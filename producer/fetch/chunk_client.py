@@ -29,9 +29,9 @@ import zmq.asyncio
 
 from common import wire
 from common.errors import WireError
-from common.keys import Keys
-from common.log_limit import LogLimiter
-from common.sockets import client_socket
+from common.net.keys import Keys
+from common.net.log_limit import LogLimiter
+from common.net.sockets import client_socket
 from producer.control import Rejected
 
 log = logging.getLogger("asyncgrpo.producer")

@@ -12,9 +12,9 @@ sources it names, check each against its hash, and apply a delta on exactly its 
 2. Chunks are fetched with `window` requests in flight per fetch
    (producer/fetch/chunk_client.py: the consumer's data socket, consumer/snapshots/dataplane.py, or
    a relay), written at their offsets and hashed as a whole file as they land
-   (common/snapshot.py `IncomingFile`); the received frame is written and hashed as it is,
+   (common/weights/snapshot.py `IncomingFile`); the received frame is written and hashed as it is,
    never copied. A relay's chunk is accepted only if it hashes to its digest
-   (common/chunk_manifest.py); the consumer's chunks skip that second hash, as a wrong byte
+   (common/weights/chunk_manifest.py); the consumer's chunks skip that second hash, as a wrong byte
    from the consumer fails the whole-file hash, which ends the fetch just as a failed chunk
    digest from the consumer would. A relay that sends wrong bytes, a short chunk, refuses, or
    sends nothing at all for `relay_timeout_s` and then does not answer a probe within as long
@@ -27,9 +27,10 @@ sources it names, check each against its hash, and apply a delta on exactly its 
    checked against its digest before it is written, and its relay serves it from then on
    (`Relay.begin` / `ready`, the whole file by `offer` once verified, `abort` if the fetch
    fails): producers below it in the tree stream the file while it arrives here.
-3. A delta is applied to a copy of the held file (common/delta.py `apply_file`: only on exactly
-   its base hash, the result checked against the snapshot's hash). A refused delta (another
-   base, a failed digest) is counted (`delta_refused`) and the full weights are fetched instead.
+3. A delta is applied to a copy of the held file (common/weights/delta.py `apply_file`: only on
+   exactly its base hash, the result checked against the snapshot's hash). A refused delta
+   (another base, a failed digest) is counted (`delta_refused`) and the full weights are
+   fetched instead.
 4. `wire.FetchDone` reports the outcome and the bad sources, and, when this producer relays
    (producer/fetch/relay.py), that it now serves the files it fetched whole. It goes out through
    `report` (the producer's `Producer.request_status`), which applies the status the consumer
@@ -52,12 +53,12 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from common import chunk_manifest as cm
-from common import delta as D
-from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError
-from common.keys import Keys
+from common.net.keys import Keys
+from common.weights import chunk_manifest as cm
+from common.weights import delta as D
+from common.weights import snapshot as snap
 from producer.control import ControlClient, Rejected
 from producer.fetch.chunk_client import ChunkClient
 from producer.fetch.relay import Relay

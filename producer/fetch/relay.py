@@ -39,12 +39,12 @@ from typing import TypeVar
 import zmq
 import zmq.asyncio
 
-from common import chunk_manifest as cm
 from common import wire
 from common.errors import WireError
-from common.keys import Keys
-from common.log_limit import LogLimiter
-from common.sockets import server_socket
+from common.net.keys import Keys
+from common.net.log_limit import LogLimiter
+from common.net.sockets import server_socket
+from common.weights import chunk_manifest as cm
 
 log = logging.getLogger("asyncgrpo.producer")
 HOLD_S = 60.0  # the longest a request waits here for a chunk still on its way

@@ -2,7 +2,7 @@
 what `rewards.fns` may name besides `module:function`, producer/rewards/calls.py).
 
 - `exact_match`: 1.0 when the completion, whitespace-stripped, equals the answer, stripped
-  (`common.tasks.is_correct`, the rule of the built-in synthetic task).
+  (`common.task.synthetic.is_correct`, the rule of the built-in synthetic task).
 - `math_verify`: the `math-verify` library. The completion's answer is the content of its last
   `\\boxed{…}`, else its last number (`-3`, `2.5`, `1/2`); it and the reference are parsed as
   LaTeX and compared for mathematical equivalence (`\\boxed{1/2}` matches `0.5`).
@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from common.tasks import is_correct
+from common.task.synthetic import is_correct
 
 RewardFn = Callable[..., Any]
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*)\}")

@@ -29,7 +29,7 @@ Invariants (besides producer/rewards/worker.py's, per call):
 - Nothing fails silently: each failed call's reason (the exception and its message, the
   value returned, the missing column, or the timeout) comes back from the worker, and the
   producer logs the first of each kind per reward at once, then at most one line every 10 s per
-  kind (common/log_limit.py), with the counts; timeouts also say that they cost throughput. The
+  kind (common/net/log_limit.py), with the counts; timeouts also say that they cost throughput. The
   counts reach the consumer in heartbeats (the dashboard, `asyncgrpo status`, summary.md).
 """
 
@@ -51,7 +51,7 @@ import numpy as np
 from common.config import RewardSpec
 from common.config.run import reward_names
 from common.errors import ConfigError
-from common.log_limit import LogLimiter
+from common.net.log_limit import LogLimiter
 from producer.rewards.builtins import INLINE
 from producer.rewards.calls import resolve
 from producer.rewards.worker import Failure, RowData, init_worker, score_group

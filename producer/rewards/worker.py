@@ -36,14 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from producer.rewards.calls import (
-    CallPlan,
-    MissingColumn,
-    RewardFn,
-    call_arguments,
-    plan_call,
-    resolve,
-)
+from producer.rewards.builtins import RewardFn
+from producer.rewards.calls import CallPlan, MissingColumn, call_arguments, plan_call, resolve
 
 OK, ERROR, TIMEOUT = 0, 1, 2
 KINDS = {ERROR: "error", TIMEOUT: "timeout"}

@@ -20,8 +20,8 @@ from types import ModuleType
 
 import pytest
 
-from common import run_files as RF
-from common.metrics import read_steps
+from common.files import run_files as RF
+from common.files.metrics import read_steps
 from tests.e2e.test_bench_swarm import bench_module
 from tests.ledger_invariant import assert_run_balanced
 from tests.procs import endpoint

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # procs, tiny_mode
 from ledger_invariant import assert_run_balanced
 from procs import cli, read_jsonl, wait_for
 
-from common import run_files as RF
+from common.files import run_files as RF
 
 P = 2  # prompts per step
 MAX_STALENESS = 2
@@ -171,7 +171,7 @@ def chaos(tmp: Path, *, kills: int, seed: int) -> dict[str, int]:
 
 
 def check_run(run_dir: Path, model: Path) -> dict[str, int]:
-    from common import snapshot as snap
+    from common.weights import snapshot as snap
 
     out: dict[str, int] = {}
     ledger = assert_run_balanced(run_dir)  # every lease final, ledger == leases.jsonl

@@ -22,8 +22,8 @@ import pytest
 from procs import endpoint, stop
 
 from common import config as C
-from common import run_files as RF
-from common.metrics import read_steps
+from common.files import run_files as RF
+from common.files.metrics import read_steps
 from consumer.data.prompts import make_source
 from consumer.data.sources import load_rows
 from consumer.train.schedule import lr_factor

@@ -29,8 +29,8 @@ import pytest
 from ledger_invariant import assert_run_balanced
 from procs import read_jsonl, wait_for
 
-from common import run_files as RF
-from common.keys import create_keys
+from common.files import run_files as RF
+from common.net.keys import create_keys
 from common.wire import OUTCOMES
 
 pytestmark = [

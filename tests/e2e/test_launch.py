@@ -10,7 +10,7 @@ import psutil
 import pytest
 from procs import cli, read_jsonl, stop, wait_for
 
-from common import run_files as RF
+from common.files import run_files as RF
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -101,7 +101,7 @@ def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snap
     steps = len(read_jsonl(run_dir / RF.METRICS))
     assert steps < 10000
     final = run_dir / "snapshots" / f"v{steps:06d}"
-    from common import snapshot as snap
+    from common.weights import snapshot as snap
     from consumer.evaluate import load_model
 
     manifest = snap.read_manifest(final)

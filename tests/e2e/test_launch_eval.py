@@ -13,7 +13,7 @@ import pytest
 from docs_check import ROOT, shell_commands
 from procs import cli, read_jsonl, stop
 
-from common import run_files as RF
+from common.files import run_files as RF
 
 PAGE = ROOT / "docs" / "observability.md"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from procs import stop, wait_for
 
-from common import run_files as RF
+from common.files import run_files as RF
 
 pytestmark = [
     pytest.mark.slow,

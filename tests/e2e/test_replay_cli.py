@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from procs import cli, endpoint, read_jsonl, stop, wait_for
 
-from common import run_files as RF
+from common.files import run_files as RF
 from consumer.stream import segments as S
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # procs, ledger_in
 from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, read_jsonl, stop, wait_for
 
-from common import run_files as RF
+from common.files import run_files as RF
 
 
 def _prompts(path: Path) -> Path:

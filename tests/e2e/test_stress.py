@@ -14,7 +14,7 @@ import pytest
 from procs import cli, stop, wait_for
 from typer.testing import CliRunner
 
-from common import run_files as RF
+from common.files import run_files as RF
 from launch.cli import app
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -156,7 +156,7 @@ def test_settings_wait_for_every_external_producer_and_name_their_hosts(tmp_path
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_an_hf_sweep_on_a_user_config_scores_its_heldout_split(tmp_path):
-    from common.tasks import make_examples
+    from common.task.synthetic import make_examples
 
     def jsonl(path: Path, examples) -> Path:
         path.write_text("".join(json.dumps({"question": e.prompt, "answer": e.answer}) + "\n"

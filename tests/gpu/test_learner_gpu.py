@@ -13,7 +13,7 @@ import torch
 
 from common import config as C
 from common import wire
-from common.logprobs import entropy_from_logits, sampled_logprobs
+from common.sampling.logprobs import entropy_from_logits, sampled_logprobs
 from consumer.train import attention as A
 from consumer.train.lm_head import chunk_rows_for, chunked_logprobs
 from consumer.train.trainer import DeviceTrainer

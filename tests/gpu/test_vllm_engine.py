@@ -1,11 +1,11 @@
 """The vLLM engine on a real GPU: contract, log-prob agreement across reloads, in-flight versions,
 and truncated sampling (kept sets from processed log-probs, renormalised by the learner).
 
-One engine for the module (starting vLLM takes seconds), on a small random Qwen2 with heads of
-64 (a size FlashAttention takes) and a perturbed copy of it. The engine starts before this
-process touches CUDA, so vLLM can fork its engine process. The reference ("learner") is a
-transformers float32 forward of the same weights through `common.logprobs.sampled_logprobs` at the
-sampling temperature; vLLM runs bf16, so agreement is at bf16 noise (mean |Δ| < 0.02).
+One engine for the module (starting vLLM takes seconds), on a small random Qwen2 with heads of 64 (a
+size FlashAttention takes) and a perturbed copy of it. The engine starts before this process touches
+CUDA, so vLLM can fork its engine process. The reference ("learner") is a transformers float32
+forward of the same weights through `common.sampling.logprobs.sampled_logprobs` at the sampling
+temperature; vLLM runs bf16, so agreement is at bf16 noise (mean |Δ| < 0.02).
 
 Run on a CUDA machine with vllm installed: `pytest -m gpu tests/gpu/test_vllm_engine.py`.
 """
@@ -28,7 +28,7 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed", allow_module_level=True)
 
 from common.config import VllmConfig
-from common.kept_set import Truncation
+from common.sampling.kept_set import Truncation
 from producer.engines.base import Completion, SamplingParams
 
 pytestmark = [
@@ -85,7 +85,7 @@ class Learner:
     def logprobs(self, prompt: list[int], c: Completion, temperature: float) -> np.ndarray:
         import torch
 
-        from common.logprobs import sampled_logprobs
+        from common.sampling.logprobs import sampled_logprobs
 
         ids = torch.tensor([prompt + c.token_ids.tolist()], device="cuda")
         with torch.no_grad():
@@ -216,7 +216,7 @@ async def test_truncated_sampling_records_the_kept_sets_the_learner_renormalises
     sampled entry) stay rare."""
     import torch
 
-    from common.logprobs import kept_set_logprobs
+    from common.sampling.logprobs import kept_set_logprobs
 
     await engine.load_weights(model_dirs[0], 0)
     prompts = [[6 + i, 7, 8] for i in range(8)]  # 64 rows: vLLM's Triton top-k/top-p kernels

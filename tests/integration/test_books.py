@@ -21,9 +21,9 @@ import zmq
 from served import started_server
 
 from common import config as C
-from common import run_files as RF
 from common import wire
-from common.net_stats import read_net_stats
+from common.files import run_files as RF
+from common.files.net_stats import read_net_stats
 from consumer.server import books
 from consumer.server.roster import Census, Roster, aggregate, status_of
 from consumer.server.state import ProducerView

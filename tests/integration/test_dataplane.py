@@ -17,9 +17,9 @@ import zmq.auth
 from served import started_server
 
 from common import config as C
-from common import snapshot as snap
 from common import wire
-from common.keys import Keys, load_keys
+from common.net.keys import Keys, load_keys
+from common.weights import snapshot as snap
 from consumer.server.server import Server
 from consumer.snapshots.dataplane import DataPlane
 

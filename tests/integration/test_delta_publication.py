@@ -7,9 +7,9 @@ import json
 
 import torch
 
-from common import chunk_manifest as cm
-from common import delta as D
-from common import snapshot as snap
+from common.weights import chunk_manifest as cm
+from common.weights import delta as D
+from common.weights import snapshot as snap
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.publisher import Publisher
 

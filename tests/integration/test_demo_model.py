@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.errors import SnapshotError
-from common.tasks import make_examples
+from common.task.synthetic import make_examples
 from consumer.evaluate import accuracy_of, greedy_accuracy, load_model
 from launch import demo_model
 from launch.demo_model import DEFAULT_RECIPE, Recipe, build_demo_model, ensure_demo_model
@@ -172,7 +172,7 @@ def _untied(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 def _sample_accuracy(
     model: torch.nn.Module, tokenizer: object, *, num_prompts: int, group_size: int
 ) -> tuple[float, float]:
-    from common.tasks import is_correct
+    from common.task.synthetic import is_correct
 
     torch.manual_seed(0)
     examples = make_examples("heldout", num_prompts)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from common import kept_set
-from common.kept_set import Truncation
+from common.sampling import kept_set
+from common.sampling.kept_set import Truncation
 from producer.engines.base import Engine, SamplingParams
 from producer.engines.fake import FakeEngine
 

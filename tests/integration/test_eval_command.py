@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from common import config as C
-from common import run_files as RF
+from common.files import run_files as RF
 from launch.cli import app
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common.errors import EvalError
-from common.tasks import make_examples
+from common.task.synthetic import make_examples
 from consumer.eval_process import EvalProcess, EvalSpec
 from consumer.evaluate import accuracy_of, load_model
 from launch.demo_model import ensure_demo_model

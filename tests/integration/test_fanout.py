@@ -16,9 +16,9 @@ import zmq
 import zmq.asyncio
 from fetch_consumer import Consumer, fetcher_of, held, read, same_as
 
-from common import chunk_manifest as cm
-from common import snapshot as snap
 from common import wire
+from common.weights import chunk_manifest as cm
+from common.weights import snapshot as snap
 from consumer.snapshots import fanout
 from producer.fetch.fetcher import Held
 

@@ -10,7 +10,7 @@ import pytest
 
 from common import config as C
 from common.errors import ConfigError
-from common.tasks import make_examples
+from common.task.synthetic import make_examples
 from consumer.evaluate import _greedy, load_model
 from launch import heldout
 from launch.demo_model import Recipe, build_demo_model

@@ -26,8 +26,8 @@ import zmq
 import zmq.auth
 from procs import cli, endpoint, stop, wait_for
 
-from common import run_files as RF
 from common import wire
+from common.files import run_files as RF
 
 STEPS = 5
 P = 2  # prompts per step
@@ -257,7 +257,7 @@ def test_a_wildcard_bind_advertises_an_address_a_producer_following_the_file_rea
 
 @pytest.mark.timeout(240)
 def test_curve_keys_admit_producers_with_keys_and_shut_out_those_without(tmp_path):
-    from common.keys import create_keys
+    from common.net.keys import create_keys
 
     keys = tmp_path / "keys"
     create_keys(keys, ["member", "stranger"])
@@ -318,7 +318,7 @@ def test_a_key_outside_the_allowlist_on_the_data_socket_is_counted_where_control
     tmp_path,
 ):
     """The data socket has its own key gate: its refusals were logged but counted nowhere."""
-    from common.keys import create_keys, load_keys
+    from common.net.keys import create_keys, load_keys
 
     keys = tmp_path / "keys"
     create_keys(keys, ["stranger"])

@@ -18,7 +18,7 @@ from served import started_server
 
 from common import config as C
 from common import wire
-from common.keys import Keys, load_keys
+from common.net.keys import Keys, load_keys
 from consumer.server.identity import Identities
 from consumer.server.server import Server
 

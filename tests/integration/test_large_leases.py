@@ -12,7 +12,7 @@ import pytest
 from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, read_jsonl, stop
 
-from common import run_files as RF
+from common.files import run_files as RF
 
 STEPS = 2
 P = 1024

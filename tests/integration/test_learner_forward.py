@@ -1,5 +1,5 @@
 """The learner's forward on a real tiny model: chunked head, padded and packed layouts, against the
-full-logits path it replaced (per-row unpadded forwards, `common.logprobs` on full logits).
+full-logits path it replaced (per-row unpadded forwards, `common.sampling.logprobs` on full logits).
 
 float64 where the path runs in float64 on a CPU (padded and dense-mask packed SDPA, with
 gradients); flex_attention runs forward only and in float32 on a CPU (no CPU backward, no
@@ -15,7 +15,7 @@ import torch
 
 from common import config as C
 from common import wire
-from common.logprobs import entropy_from_logits, sampled_logprobs
+from common.sampling.logprobs import entropy_from_logits, sampled_logprobs
 from consumer.train import attention as A
 from consumer.train import loss as L
 from consumer.train.batching import Row, collate, rows_of

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from step_records import BASE
 
-from common import completions_file as CF
 from common import config as C
-from common import metrics as M
 from common import wire
+from common.files import completions_file as CF
+from common.files import metrics as M
 from consumer.loggers import make_loggers
 from consumer.loggers import thread as T
 from tests import wandb_records as W

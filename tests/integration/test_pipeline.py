@@ -16,7 +16,7 @@ import pytest
 from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, read_jsonl, stop
 
-from common import run_files as RF
+from common.files import run_files as RF
 from common.wire import OUTCOMES
 
 STEPS = 20
@@ -156,7 +156,7 @@ def _assert_observed(run_dir: Path, metrics: list[dict]) -> None:
     by the learner's logger thread (docs/observability.md)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from common import completions_file as CF
+    from common.files import completions_file as CF
 
     for m in metrics:  # one reward: its own mean is the reward over every arrived group
         (fn_mean,) = m["reward_fn_means"].values()

@@ -1,4 +1,4 @@
-"""The producer keeps the heartbeat rule (common/heartbeat.py): it beats at the period the
+"""The producer keeps the heartbeat rule (common/net/heartbeat.py): it beats at the period the
 consumer last sent, not its own net.heartbeat_s, and the silences it tolerates (the consumer's,
 an unacknowledged group's) stretch with that period. A real producer against a scripted
 consumer (a ROUTER on loopback)."""

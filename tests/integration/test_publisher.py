@@ -14,8 +14,8 @@ from safetensors import safe_open
 from safetensors.torch import load, load_file, save
 
 from common import config as C
-from common import snapshot as snap
 from common import wire
+from common.weights import snapshot as snap
 from common.wire import SnapshotInfo
 from consumer.snapshots.publisher import Publisher
 from consumer.snapshots.weights_buffer import Fence, unique_tensors

@@ -16,8 +16,8 @@ import pytest_asyncio
 import zmq.asyncio
 from fetch_consumer import MAX_MESSAGE, Consumer, fetcher_of, read, same_as
 
-from common import chunk_manifest as cm
 from common import wire
+from common.weights import chunk_manifest as cm
 from consumer.snapshots.fanout import FanOut
 from producer.control import Rejected
 from producer.fetch.chunk_client import ChunkClient

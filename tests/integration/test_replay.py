@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from replay_streams import STEPS, P, config, record, replay
 
-from common import run_files as RF
 from common.errors import ConfigError, StreamError
+from common.files import run_files as RF
 from consumer.replay import Replay, compare
 from consumer.stream import reader as R
 from consumer.stream.recorder import STREAM
@@ -54,7 +54,7 @@ def test_a_recording_the_config_does_not_match_is_refused_at_its_step(tmp_path, 
 
 def test_a_replay_from_a_checkpoint_continues_to_the_same_hashes(tmp_path, tiny_model_dir):
 
-    from common import run_files as RF
+    from common.files import run_files as RF
 
     source = tmp_path / "run"
     record(source)

@@ -14,8 +14,8 @@ import pytest
 from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, read_jsonl, stop, wait_for
 
-from common import completions_file as CF
-from common import run_files as RF
+from common.files import completions_file as CF
+from common.files import run_files as RF
 
 P = 4  # prompts per step
 
@@ -152,7 +152,7 @@ def test_a_killed_producer_is_replaced_and_its_leases_are_reissued(tmp_path):
 
 
 def _snapshot_versions(run_dir: Path) -> list[int]:
-    from common import snapshot as snap
+    from common.weights import snapshot as snap
 
     return snap.list_versions(run_dir / "snapshots")
 
@@ -172,7 +172,7 @@ def test_a_resume_stopped_at_once_drops_the_old_timeline_and_its_producers_hear_
     final.json names the version the resumed run ended with (the highest on disk again), and the
     resumed consumer waits for the producers it knows from its checkpoint: they re-register,
     hear the end and exit 0."""
-    from common import snapshot as snap
+    from common.weights import snapshot as snap
 
     run_dir = tmp_path / "run"
     first = consumer(tmp_path, run_dir, 30)

@@ -17,8 +17,8 @@ import zmq.asyncio
 from served import started_server
 
 from common import config as C
-from common import run_files as RF
 from common import wire
+from common.files import run_files as RF
 from consumer.data.prompts import make_source
 from consumer.server.server import Server, run_spec
 
@@ -242,7 +242,7 @@ def test_a_parked_lease_request_is_answered_empty_after_the_wait_and_a_newer_rep
 def test_a_request_that_asks_to_wait_longer_stays_parked_past_the_consumers_own_wait(
     server, tmp_path
 ):
-    """A crowd's request (`wait_s`, common/heartbeat.py) waits its own time: b, parked first
+    """A crowd's request (`wait_s`, common/net/heartbeat.py) waits its own time: b, parked first
     for 600 s, is still waiting when a, parked after it for net.lease_wait_s, is answered."""
     srv, ctx = server
     a, b = _connect(srv, ctx, "a"), _connect(srv, ctx, "b")

@@ -17,9 +17,9 @@ import zmq.asyncio
 from served import started_server
 
 from common import config as C
-from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError
+from common.weights import snapshot as snap
 from consumer.server.server import Server
 from consumer.snapshots.publisher import Publisher
 from producer.worker import Producer

@@ -11,7 +11,7 @@ import pytest
 from ledger_invariant import assert_run_balanced
 from procs import cli, endpoint, stop, wait_for
 
-from common import run_files as RF
+from common.files import run_files as RF
 
 
 def _dropped(run_dir: Path) -> int:

@@ -1,10 +1,10 @@
 """Truncated sampling (top-k, top-p, min-p) from the hf engine to the loss, float32, tiny model.
 
-The engine samples inside the kept set the rule of common/kept_set.py gives on the logits of an
-independent full-sequence forward, and reports log q over it; the group carries the sets over the
-wire; at the same weights (max_staleness 0) the learner's log π_K over the recorded set equals
-log q to 1e-5 per token, while the full-vocabulary log-prob of the same tokens falls short by
-log S (the kept mass): the bias that carrying the set removes.
+The engine samples inside the kept set the rule of common/sampling/kept_set.py gives on the logits
+of an independent full-sequence forward, and reports log q over it; the group carries the sets over
+the wire; at the same weights (max_staleness 0) the learner's log π_K over the recorded set equals
+log q to 1e-5 per token, while the full-vocabulary log-prob of the same tokens falls short by log S
+(the kept mass): the bias that carrying the set removes.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import torch
 from tiny_models import reference_model
 
 from common import config as C
-from common import kept_set, wire
-from common.kept_set import Truncation, reference_kept_set, reference_log_q
+from common import wire
+from common.sampling import kept_set
+from common.sampling.kept_set import Truncation, reference_kept_set, reference_log_q
 from consumer.train.trainer import DeviceTrainer
 from producer.engines.base import Completion, SamplingParams
 from producer.engines.hf import HFEngine

@@ -23,9 +23,9 @@ from safetensors.torch import load_file
 from tiny_models import write_snapshot
 
 from common import config as C
-from common import snapshot as snap
 from common import wire
 from common.errors import SnapshotError
+from common.weights import snapshot as snap
 from producer.engines.hf import HFEngine
 from producer.worker import Producer
 

@@ -10,7 +10,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import kept_set, wire
+from common import wire
+from common.sampling import kept_set
 from consumer.train.batching import (
     Row,
     collate,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from step_records import BASE
 
-from common.metrics import StepRecord
+from common.files.metrics import StepRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import run_files as RF
+from common.files import run_files as RF
 from consumer.train import checkpoint
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common.logprobs import entropy_from_logits, kept_set_logprobs, sampled_logprobs
+from common.sampling.logprobs import entropy_from_logits, kept_set_logprobs, sampled_logprobs
 from consumer.train.lm_head import chunk_rows_for, chunked_head, chunked_logprobs
 
 N, H, V = 23, 6, 31

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from common import completions_file as CF
+from common.files import completions_file as CF
 
 
 def row(step: int) -> CF.CompletionRow:

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import delta as D
-from common import snapshot as snap
+from common.weights import delta as D
+from common.weights import snapshot as snap
 from consumer.snapshots.weights_buffer import HostCopier, HostWeights, table_for
 
 

@@ -51,7 +51,7 @@ async def test_a_file_that_never_becomes_valid_ends_in_one_clear_error(tmp_path,
 def test_a_wildcard_bind_advertises_this_hosts_name_or_the_chosen_host() -> None:
     import socket
 
-    from common.endpoints import advertised_host, tcp_endpoint
+    from common.net.endpoints import advertised_host, tcp_endpoint
 
     assert advertised_host("0.0.0.0") == socket.gethostname()
     assert advertised_host("::") == socket.gethostname()

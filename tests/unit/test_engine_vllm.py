@@ -27,7 +27,7 @@ from safetensors.numpy import save_file
 
 from common.config import Config, ProducerConfig, VllmConfig
 from common.errors import ConfigError, SnapshotError
-from common.snapshot import check_fits, tensor_shapes
+from common.weights.snapshot import check_fits, tensor_shapes
 from producer.engines import make_engine
 from producer.engines.base import SamplingParams
 from producer.engines.vllm import VLLMEngine, engine_kwargs, reload_mode, sampling_kwargs

@@ -21,9 +21,9 @@ from test_engine_vllm import (
     write_checkpoint,
 )
 
-from common import kept_set
 from common.config import VllmConfig
-from common.kept_set import Truncation
+from common.sampling import kept_set
+from common.sampling.kept_set import Truncation
 from producer.engines import vllm_kept
 from producer.engines.base import SamplingParams
 from producer.engines.vllm import VLLMEngine, engine_kwargs, sampling_kwargs

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from common import wire
-from common.pass_at_k import pass_at_k
+from common.task.pass_at_k import pass_at_k
 from consumer.server.eval_book import EVAL_BIT, EvalBook
 
 K = 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from step_records import BASE
 
-from common.metrics import StepRecord
+from common.files.metrics import StepRecord
 from consumer.loggers.names import namespaced
 from launch.dashboard import summary_line
 from launch.eval_report import eval_lines, eval_series, eval_text

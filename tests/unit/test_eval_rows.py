@@ -9,7 +9,7 @@ import pytest
 
 from common import config as C
 from common.errors import ConfigError
-from common.tasks import make_examples
+from common.task.synthetic import make_examples
 from consumer.data.sources import eval_rows
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 from step_records import BASE
 
-from common import metrics as M
-from common import run_files as RF
 from common import wire
 from common.config.run import reward_names
+from common.files import metrics as M
+from common.files import run_files as RF
 from consumer.reward_tally import RewardTally
 from launch.dashboard import summary_line
 from launch.report import plot_reward, report, summarize
@@ -94,7 +94,7 @@ def test_the_reward_plot_axis_follows_a_reward_above_one(tmp_path, monkeypatch):
 
 
 def test_summary_md_shows_the_newest_completions_sample(tmp_path):
-    from common import completions_file as CF
+    from common.files import completions_file as CF
 
     def row(step: int, text: str) -> CF.CompletionRow:
         return CF.CompletionRow(

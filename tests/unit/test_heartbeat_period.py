@@ -1,4 +1,4 @@
-"""The heartbeat rule (common/heartbeat.py) and the consumer's record of the periods it sent
+"""The heartbeat rule (common/net/heartbeat.py) and the consumer's record of the periods it sent
 (consumer/server/liveness.py: `SentPeriods`): heartbeats per second bounded whatever the number
 of producers, and silences tolerated in proportion to the period in use, on both sides."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.heartbeat import period_s, silence_limit_s
+from common.net.heartbeat import period_s, silence_limit_s
 from consumer.server.liveness import Liveness, SentPeriods
 
 WINDOW_SLACK_S = 5.0  # consumer/server/liveness.py

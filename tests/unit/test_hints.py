@@ -8,7 +8,7 @@ import pytest
 from hints_check import hint_problems, product_hints
 from typer.testing import CliRunner
 
-from common import run_files as RF
+from common.files import run_files as RF
 from launch.cli import app
 
 HINTS = product_hints()

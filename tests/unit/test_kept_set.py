@@ -1,6 +1,7 @@
-"""The kept set of truncated sampling (common/kept_set.py, common/logprobs.py): the batched rule
-against the per-token brute force for every combination of temperature, top-k, top-p, min-p and
-max_kept, the tie conventions, the learner's renormalised log-prob, and the encoding."""
+"""The kept set of truncated sampling (common/sampling/kept_set.py, common/sampling/logprobs.py):
+the batched rule against the per-token brute force for every combination of temperature, top-k,
+top-p, min-p and max_kept, the tie conventions, the learner's renormalised log-prob, and the
+encoding."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from common import kept_set as ks
-from common.kept_set import KeptSets, Truncation, reference_kept_set, reference_log_q
-from common.logprobs import kept_set_logprobs, sampled_logprobs, truncated_logits
+from common.sampling import kept_set as ks
+from common.sampling.kept_set import KeptSets, Truncation, reference_kept_set, reference_log_q
+from common.sampling.logprobs import kept_set_logprobs, sampled_logprobs, truncated_logits
 
 V = 23
 TEMPERATURES = [0.7, 1.0, 1.6]

@@ -12,7 +12,7 @@ import zmq.auth
 from typer.testing import CliRunner
 
 from common.errors import ConfigError
-from common.keys import create_keys, load_keys
+from common.net.keys import create_keys, load_keys
 from consumer.key_gate import KeyGate
 from launch.cli import app
 

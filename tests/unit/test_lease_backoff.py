@@ -10,7 +10,7 @@ import random
 import pytest
 
 from common import wire
-from common.heartbeat import LEASE_WAIT_PERIODS, lease_wait_s
+from common.net.heartbeat import LEASE_WAIT_PERIODS, lease_wait_s
 from producer.backoff import Backoff
 from producer.state import Changes
 

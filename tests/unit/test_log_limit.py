@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from common.log_limit import LogLimiter
+from common.net.log_limit import LogLimiter
 
 
 def test_one_line_per_key_and_interval_with_the_count_held_back(caplog):

@@ -1,4 +1,4 @@
-"""common/logprobs.py: the sampling log-prob rule, its entropy and the temperature check.
+"""common/sampling/logprobs.py: the sampling log-prob rule, its entropy and the temperature check.
 
 Float64 on CPU where the dtype is not the point of the test.
 """
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.logprobs import entropy_from_logits, sampled_logprobs
+from common.sampling.logprobs import entropy_from_logits, sampled_logprobs
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3, 2.0])

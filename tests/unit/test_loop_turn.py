@@ -9,7 +9,7 @@ from typing import Any
 
 import zmq
 
-from common.net_stats import LoopTiming
+from common.files.net_stats import LoopTiming
 from consumer.server.calls import Calls
 from consumer.server.loop import Loop
 

@@ -1,5 +1,5 @@
-"""common/metrics.py: one typed record per optimizer step, written by the learner and read back
-by the dashboard, the report and the stress sweep."""
+"""common/files/metrics.py: one typed record per optimizer step, written by the learner and read
+back by the dashboard, the report and the stress sweep."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from common import config as C
-from common import metrics as M
 from common import wire
+from common.files import metrics as M
 from consumer.train import loss as L
 
 LEARNER = {

@@ -9,7 +9,7 @@ from huggingface_hub import constants
 from typer.testing import CliRunner
 
 from common.errors import ConfigError
-from common.model_dir import local_model_dir
+from common.host.model_dir import local_model_dir
 from launch.cli import app
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -48,7 +48,7 @@ def test_anything_else_says_it_is_neither_a_directory_nor_a_cached_model(hf_cach
 def test_launch_takes_a_cached_model_by_name(hf_cache, tmp_path, monkeypatch):
     """Through the CLI, up to the run's config: the name became the cached directory."""
     from common import config as C
-    from common import run_files as RF
+    from common.files import run_files as RF
 
     run_dir = tmp_path / "run"
     monkeypatch.setattr("launch.local.run", lambda *a, **k: 0)  # the run itself is not the point

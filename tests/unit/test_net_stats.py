@@ -1,11 +1,11 @@
-"""common/net_stats.py: histograms in fixed log buckets (quantiles err high by at most one
+"""common/files/net_stats.py: histograms in fixed log buckets (quantiles err high by at most one
 bucket, ~9%), window differences, and netstats.json round trips."""
 
 from __future__ import annotations
 
 import pytest
 
-from common.net_stats import (
+from common.files.net_stats import (
     BOUNDS_S,
     Histogram,
     LoopTiming,

@@ -9,7 +9,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 from common import wire
-from common.net_stats import LoopTiming
+from common.files.net_stats import LoopTiming
 from consumer.server.parked import ParkedRequests
 
 

@@ -1,4 +1,4 @@
-"""common/pass_at_k.py: the unbiased estimator against brute force over every k-subset."""
+"""common/task/pass_at_k.py: the unbiased estimator against brute force over every k-subset."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from common.pass_at_k import mean_pass_at_k, pass_at_k
+from common.task.pass_at_k import mean_pass_at_k, pass_at_k
 
 
 def brute_force(n: int, c: int, k: int) -> float:

@@ -1,6 +1,6 @@
 """The multi-machine recipes (launch/recipes/) with --dry-run: the commands they would run are
 printed, and each one is checked: every asyncgrpo command parses with the real CLI, the keys go
-where common/keys.py says (the learner never receives a producer's secret, each producer host
+where common/net/keys.py says (the learner never receives a producer's secret, each producer host
 only its own), producers connect to the learner."""
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from common import config as C
-from common import run_files as RF
 from common.errors import ConfigError
+from common.files import run_files as RF
 from launch.cli import app
 from launch.run_dir import claim, previous_run
 

@@ -1,4 +1,4 @@
-"""The run directory's typed files (common/run_files.py): written key for key as before the
+"""The run directory's typed files (common/files/run_files.py): written key for key as before the
 records existed, older runs' files still read, and the module light enough for the CLI."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from common import run_files as RF
-from common.metrics import StepRecord
+from common.files import run_files as RF
+from common.files.metrics import StepRecord
 from common.wire import OUTCOMES
 
 BALANCE = {"issued": 9, "trained": 4, "dropped_stale": 1, "dropped_zero_variance": 2,
@@ -148,7 +148,7 @@ def test_a_checkpoints_book_state_keeps_its_layout():
 
 def test_the_module_imports_neither_numpy_nor_the_wire():
     """`asyncgrpo --help` stays instant: the CLI imports this module at its start."""
-    code = "import sys, common.run_files; print({'numpy', 'common.wire'} & set(sys.modules))"
+    code = "import sys, common.files.run_files; print({'numpy', 'common.wire'} & set(sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "set()"
 

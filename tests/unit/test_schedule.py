@@ -12,7 +12,7 @@ import torch
 from sharded_steps import batch
 
 from common import config as C
-from common import run_files as RF
+from common.files import run_files as RF
 from consumer.train import checkpoint
 from consumer.train.schedule import lr_factor
 from consumer.train.trainer import DeviceTrainer

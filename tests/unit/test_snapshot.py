@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from common import chunk_manifest as cm
-from common import delta as D
-from common import snapshot as snap
 from common.errors import SnapshotError
+from common.weights import chunk_manifest as cm
+from common.weights import delta as D
+from common.weights import snapshot as snap
 
 WEIGHTS = bytes(range(256)) * 41  # 10,496 bytes
 
@@ -395,8 +395,8 @@ def test_the_publisher_syncs_each_snapshot_and_leaks_no_descriptor(tmp_path, mon
 
 
 def test_a_verified_link_is_made_only_to_the_file_still_open(tmp_path):
-    """common/snapshot.py `_link_same_file`: the open file is linked; a file replaced since it
-    was opened is not (nothing is left under the target name)."""
+    """common/weights/snapshot.py `_link_same_file`: the open file is linked; a file replaced
+    since it was opened is not (nothing is left under the target name)."""
     path, target = tmp_path / "model.safetensors", tmp_path / "pinned"
     path.write_bytes(b"first")
     fd = os.open(path, os.O_RDONLY)

@@ -1,5 +1,5 @@
-"""common/snapshot.py's one rule for "does this snapshot fit the model" (hf engine, vllm engine
-and evaluator alike), and tensor shapes read from safetensors headers."""
+"""common/weights/snapshot.py's one rule for "does this snapshot fit the model" (hf engine, vllm
+engine and evaluator alike), and tensor shapes read from safetensors headers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from common.errors import SnapshotError
-from common.snapshot import check_fits, tensor_shapes
+from common.weights.snapshot import check_fits, tensor_shapes
 
 MODEL = {"embed": (10, 4), "head": (10, 4), "norm": (4,)}
 TIED = {"embed": 1, "head": 1, "norm": 2}  # head shares embed's storage

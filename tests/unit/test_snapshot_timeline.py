@@ -3,8 +3,8 @@ versions, and `final.json` (not the highest number on disk) names the version a 
 
 from __future__ import annotations
 
-from common import run_files as RF
-from common import snapshot as snap
+from common.files import run_files as RF
+from common.weights import snapshot as snap
 
 
 def _publish(root, version: int) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from common import snapshot as snap
 from common.errors import SnapshotError
+from common.weights import snapshot as snap
 
 DATA = bytes(range(256)) * 4099  # 1,049,344 bytes
 

@@ -8,8 +8,8 @@ import logging
 
 from typer.testing import CliRunner
 
-from common import metrics as M
-from common import run_files as RF
+from common.files import metrics as M
+from common.files import run_files as RF
 from launch.cli import app
 from launch.dashboard import MetricsTail, Progress, render, reward_failures, status, summary_line
 from launch.report import summarize

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from common import config as C
-from common import run_files as RF
 from common.errors import ConfigError
+from common.files import run_files as RF
 from launch.placement import plan
 from launch.stress.plan import Setting, Sweep, settings
 from launch.stress.results import first_reaching, reward_at

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sweep_rows import row, sweep_dir
 from typer.testing import CliRunner
 
-from common import run_files as RF
+from common.files import run_files as RF
 from launch.cli import app
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

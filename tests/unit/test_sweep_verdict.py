@@ -67,7 +67,7 @@ def test_a_progress_line_never_counts_past_the_step_limit():
     )
     assert step_text(301, 300) == "step 301 (300 done)"
     assert step_text(7, 0) == "step 7"  # run.steps = 0: until the prompts run out
-    from common.metrics import StepRecord
+    from common.files.metrics import StepRecord
 
     rec = StepRecord.from_json({
         "step": 59, "time_s": 9.0, "unix_time": 1.7e9, "step_wall_s": 0.1, "reward_mean": 0.5,

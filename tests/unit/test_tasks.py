@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.tasks import ArithmeticTask, Example, is_correct, make_examples
+from common.task.synthetic import ArithmeticTask, Example, is_correct, make_examples
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load
 
-from common.tensor_table import DTYPE_SIZES, TensorSpec, plan
+from common.weights.tensor_table import DTYPE_SIZES, TensorSpec, plan
 
 NUMPY = {
     "F64": np.float64, "I64": np.int64, "F32": np.float32, "I32": np.int32, "F16": np.float16,

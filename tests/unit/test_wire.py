@@ -573,7 +573,7 @@ REJECTIONS = [
 ONE_PROMPT = "a lease holds a prompt text or chat messages, one of them"
 PEER = " (the peer runs another asyncgrpo release: run the same one on the consumer and every producer)"  # noqa: E501
 # What each refusal tells the sender (and the log), besides its reason. The reader is ours
-# (common/msgpack_reader.py), so its not_msgpack details are fixed too, not msgpack's exceptions.
+# (common/wire/reader.py), so its not_msgpack details are fixed too, not msgpack's exceptions.
 DETAILS = {
     "too_large-over_the_limit": "317 bytes > 64",
     "not_a_map-list": "list",
@@ -715,9 +715,9 @@ def test_every_reason_that_decode_can_raise_has_a_rejection_case():
     if "MUTANT_UNDER_TEST" in os.environ:  # set by mutmut, also for its clean run
         pytest.skip("reads the wire's source text, which a mutation run rewrites")
 
-    from common import msgpack_reader
+    from common.wire import reader
 
-    modules = (wire, wire.codec, wire.messages, msgpack_reader)
+    modules = (wire, wire.codec, wire.messages, reader)
     source = "".join(inspect.getsource(m) for m in modules)
     raised = set(re.findall(r'WireError\(\s*"(\w+)"', source))
     tested = {reason for reason, *_ in REJECTIONS} | {reason for reason, *_ in REPLY_REJECTIONS}

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from strategies import assert_same, groups
 from test_wire import EDGE_RUN, PROPERTY, TRUNCATED, UNTRUNCATED, group, truncated_group
 
-from common import kept_set, wire
+from common import wire
 from common.errors import WireError
+from common.sampling import kept_set
 
 # Golden encoding of `truncated_group()` (kept sets: uint8 counts and the other ids, int32). A
 # change here means the bytes on the wire changed: bump wire.SCHEMA_VERSION.

@@ -8,7 +8,7 @@ authenticated control channel (`wire.FetchPlan`); a fetcher then accepts a chunk
 untrusted producer) only if its bytes hash to that entry. The whole-file hash is still checked at
 the end: a chunk manifest never replaces it.
 
-Files (`FILES`): `weights` is model.safetensors, `delta` is weights.delta (common/delta.py).
+Files (`FILES`): `weights` is model.safetensors, `delta` is weights.delta (common/weights/delta.py).
 `chunks.json` also names the delta's base version and its file hash (`Chunks`). It is written
 last, by replacing a temporary file: a snapshot directory without it is still being prepared.
 """

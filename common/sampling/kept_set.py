@@ -12,7 +12,7 @@ The learner never recomputes K: it uses what the engine recorded (vLLM's own K d
 kernel: ties, approximate top-p pivots), so the ratio is exact whatever the engine's rule was.
 
 Owns: the truncation settings (`Truncation`), the rule our own sampler applies (stated here;
-computed batched in torch by `common.logprobs.truncated_logits`, checked against
+computed batched in torch by `common.sampling.logprobs.truncated_logits`, checked against
 `reference_kept_set`, a per-token brute force in float64), and the compact encoding of the kept
 sets of a run of tokens (`KeptSets`: offsets + ids), its checks (`encoding_problem`) and its
 concatenation. Imports numpy only (no torch): the wire and the fake engine use it.
@@ -93,7 +93,7 @@ NO_TRUNCATION = Truncation()
 
 # ---------------------------------------------------------------------------------------------
 # The reference: the rule above, one token at a time, in float64 (tests check the batched torch
-# version, common.logprobs.truncated_logits, against it)
+# version, common.sampling.logprobs.truncated_logits, against it)
 
 
 def reference_kept_set(

@@ -1,13 +1,13 @@
 """Endpoint rules: which addresses never leave this machine, and what a control endpoint is.
 
 Two layers hold these rules: config validation (common/config, `net.bind_host` and
-`net.connect`: refused early, naming the key to change) and socket creation (common/sockets.py:
+`net.connect`: refused early, naming the key to change) and socket creation (common/net/sockets.py:
 `server_socket` refuses a non-loopback bind without keys). Both read them here, so sockets
 need not import the config.
 
 Conventions:
 - A control endpoint is `tcp://HOST:PORT`; the consumer's other sockets are reached by
-  replacing PORT (common/sockets.py `endpoint_with_port`).
+  replacing PORT (common/net/sockets.py `endpoint_with_port`).
 - Loopback is 127.0.0.0/8, ::1 and the name `localhost`; `ipc://` and `inproc://` endpoints
   count as loopback (they never leave the host). Any other name counts as leaving the machine.
 - A consumer bound to every interface (0.0.0.0, ::, *) advertises, in endpoints.json, the host

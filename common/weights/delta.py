@@ -1,13 +1,13 @@
 """Sparse deltas between two snapshot files of one tensor table (pure: numpy, no torch, no I/O
 but the thin `apply_file` at the end).
 
-A delta turns the bytes of snapshot `base_version` into the bytes of snapshot `version`. Both
-files have the same layout (common/tensor_table.py: same header bytes, every tensor at the same
-byte range), so a delta only lists, per tensor, the elements whose bits changed and their new
-bits, compared **bitwise in the snapshot dtype** (a bf16 weight whose update was too small to
-move its bf16 value costs nothing; -0.0 vs 0.0 and NaN payloads count as changes, so applying is
-exact). Per tensor the smallest of three index encodings is kept (k changes of e-byte
-elements among n), followed by the k new values (`k * e` bytes):
+A delta turns the bytes of snapshot `base_version` into the bytes of snapshot `version`. Both files
+have the same layout (common/weights/tensor_table.py: same header bytes, every tensor at the same
+byte range), so a delta only lists, per tensor, the elements whose bits changed and their new bits,
+compared **bitwise in the snapshot dtype** (a bf16 weight whose update was too small to move its
+bf16 value costs nothing; -0.0 vs 0.0 and NaN payloads count as changes, so applying is exact). Per
+tensor the smallest of three index encodings is kept (k changes of e-byte elements among n),
+followed by the k new values (`k * e` bytes):
 
 - `gap`: one byte per change in most cases: the gaps between consecutive changed indices
   (the first counted from -1), each gap g >= 1 written as `(g - 1) // 255` zero bytes then the
@@ -48,7 +48,7 @@ import blake3
 import numpy as np
 
 from common.errors import SnapshotError
-from common.tensor_table import DTYPE_SIZES, TensorSpec, plan
+from common.weights.tensor_table import DTYPE_SIZES, TensorSpec, plan
 
 FORMAT = "asyncgrpo-delta-1"
 DELTA_FILE = "weights.delta"

@@ -8,7 +8,8 @@ one back, filling what older runs lack with the field's default and ignoring key
 know (a newer writer). Who writes what:
 
 - `config.toml` (`CONFIG`): the resolved config (launch/cli/, the consumer).
-- `metrics.jsonl` (`METRICS`): one `common.metrics.StepRecord` per optimizer step (the learner).
+- `metrics.jsonl` (`METRICS`): one `common.files.metrics.StepRecord` per optimizer step (the
+  learner).
 - `leases.jsonl` (`LEASES`): one `LeaseLine` per finished lease, appended when it ends
   (consumer/server/books.py).
 - `ledger.json` (`LEDGER`): the lease book's `Ledger`, replaced atomically (books.py).
@@ -21,9 +22,9 @@ know (a newer writer). Who writes what:
 - `consumer.json` (`CONSUMER`): `ConsumerProcess`, the consumer serving the run (host, pid, start),
   written when it listens: with no `final.json`, a live process there is a running run and a dead
   one a run that crashed or was killed (launch/dashboard.py `run_state`).
-- `netstats.json`: the network thread timed from inside (common/net_stats.py), rewritten with
+- `netstats.json`: the network thread timed from inside (common/files/net_stats.py), rewritten with
   the books.
-- `final.json` (`FINAL`): the snapshot version the run ended with (common/snapshot.py).
+- `final.json` (`FINAL`): the snapshot version the run ended with (common/weights/snapshot.py).
 - `eval.json`, `summary.md`, `plots/`, `processes.json`, `*.log`: the evaluator's, the report's
   and the launcher's outputs.
 - `snapshots/`, `checkpoints/` (`checkpoint/` in older runs): weights out and resume state; a
@@ -45,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from common.json_text import dumps_sorted
-from common.metrics import StepRecord, read_jsonl
+from common.files.json_text import dumps_sorted
+from common.files.metrics import StepRecord, read_jsonl
 
 # -- names ------------------------------------------------------------------------------------
 CONFIG = "config.toml"

@@ -9,7 +9,7 @@ included) and only the tensors' bytes change from one version to the next. Reade
 range (a delta between versions, a relay that forwards chunks) use the same table.
 
 What it owns: the layout (pure: no torch, no I/O). What it does not do: copying tensors
-(consumer/snapshots/weights_buffer.py), writing or hashing files (common/snapshot.py).
+(consumer/snapshots/weights_buffer.py), writing or hashing files (common/weights/snapshot.py).
 
 Invariants (what `safetensors`, transformers and vLLM check when they open the file):
 - The header is padded with spaces so that the data section starts at a multiple of 8 bytes.

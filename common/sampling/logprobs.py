@@ -1,11 +1,11 @@
 """The sampling distribution's log-prob rule, shared by the learner and the engines.
 
-Owns one rule: a token's log-prob is `log_softmax(logits / temperature)[token]`, computed in
-float32 at least, the same on both sides, so behaviour and learner log-probs of the same weights
-agree to float32 rounding. Also the entropy of that distribution, the temperature check, and,
-for truncated sampling, the kept set of our own sampler batched (`truncated_logits`: the rule of
-common/kept_set.py, which also holds its per-token reference) and the log-prob renormalised over
-recorded kept sets (`kept_set_logprobs`: what the learner's LM head computes chunk by chunk).
+Owns one rule: a token's log-prob is `log_softmax(logits / temperature)[token]`, computed in float32
+at least, the same on both sides, so behaviour and learner log-probs of the same weights agree to
+float32 rounding. Also the entropy of that distribution, the temperature check, and, for truncated
+sampling, the kept set of our own sampler batched (`truncated_logits`: the rule of
+common/sampling/kept_set.py, which also holds its per-token reference) and the log-prob renormalised
+over recorded kept sets (`kept_set_logprobs`: what the learner's LM head computes chunk by chunk).
 Does not own: sampling itself (producer/engines/hf_batch.py), or what the loss does with log-probs
 (consumer/train/loss.py).
 
@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from common.kept_set import Truncation
+from common.sampling.kept_set import Truncation
 
 
 def check_temperature(temperature: float) -> None:
@@ -58,8 +58,8 @@ def truncated_logits(
     logits_BV: torch.Tensor, truncation: Truncation, *, temperature: float
 ) -> torch.Tensor:
     """z = logits / T (float32 at least) with -inf outside each row's kept set: rules 1-3 of
-    common/kept_set.py (min-p, top-k with ties and the max_kept cap, top-p by the mass strictly
-    above), batched over the leading axes. K of a row is where the result is finite; its
+    common/sampling/kept_set.py (min-p, top-k with ties and the max_kept cap, top-p by the mass
+    strictly above), batched over the leading axes. K of a row is where the result is finite; its
     softmax is q. Without truncation, z itself (no sort is paid).
 
     One stable descending sort per row (ties in ascending id order, which is the max_kept

@@ -8,9 +8,9 @@ Invariants:
 - ROUTER sets ROUTER_MANDATORY, so a reply to a vanished producer raises instead of vanishing.
   Data that must not be lost never rides PUB: announcements are hints, every reply repeats them.
 - `bind` refuses a non-loopback address without keys unless `insecure` (the rule is
-  common/endpoints.py's; config validation says the same earlier, with the key to change);
+  common/net/endpoints.py's; config validation says the same earlier, with the key to change);
   ports are read back, never guessed.
-- With keys (common/keys.py), all traffic is CurveZMQ-encrypted and only clients whose public
+- With keys (common/net/keys.py), all traffic is CurveZMQ-encrypted and only clients whose public
   key is in the consumer's allowlist are accepted (consumer/key_gate.py, a ZAP authenticator
   thread owned by the consumer's context).
 """
@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import zmq
 
-from common.endpoints import is_loopback
 from common.errors import ConfigError
-from common.keys import Keys
+from common.net.endpoints import is_loopback
+from common.net.keys import Keys
 
 # The socket class a context makes: `zmq.Socket` for a `zmq.Context`, `zmq.asyncio.Socket` for a
 # `zmq.asyncio.Context` (producers use the asyncio flavour, the consumer the blocking one).

@@ -10,8 +10,8 @@ model's config and tokenizer files, and `manifest.json`:
      "writer": "<hostname>/<boot id> of the process that wrote and hashed the file"}
 
 and, added just after the announcement for network fetchers, `chunks.json` (per-chunk hashes,
-common/chunk_manifest.py) and, unless the version is an anchor, `weights.delta` (common/delta.py;
-consumer/snapshots/fetch_files.py says when).
+common/weights/chunk_manifest.py) and, unless the version is an anchor, `weights.delta`
+(common/weights/delta.py; consumer/snapshots/fetch_files.py says when).
 
 Invariants:
 - A snapshot directory exists under its final name only when complete: it is written under a
@@ -60,8 +60,8 @@ from pathlib import Path
 import blake3
 from safetensors import SafetensorError, safe_open
 
-from common import run_files as RF
 from common.errors import SnapshotError, SnapshotMismatch
+from common.files import run_files as RF
 
 WEIGHTS_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"

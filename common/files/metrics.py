@@ -6,7 +6,7 @@ or missing name is a `TypeError` there, at once, not a silently empty plot later
 reader (the live dashboard, `asyncgrpo report`, the stress sweep, the benchmarks) reads lines
 back with `read_steps` / `StepRecord.from_json` and uses its attributes. Values are numbers, or
 small dicts of a fixed size (histograms, producers by state; each producer's own view is in
-producers.json: common/run_files.py); NaN/inf are written as null.
+producers.json: common/files/run_files.py); NaN/inf are written as null.
 
 On disk a line is `to_json()`: every field, except the optional ones that are None (what the
 stand-in trainer or a step without evaluation does not measure), keys sorted.
@@ -124,7 +124,7 @@ class StepRecord:
     eval_version: int | None = None  # the policy version evaluated (sampled with exactly it)
     eval_reward_mean: float | None = None  # over every completion of the held-out prompts
     eval_pass_at_1: float | None = None  # mean over prompts of c/n (reward >= eval.pass_reward)
-    eval_pass_at_k: float | None = None  # unbiased pass@k, k = eval_k (common/pass_at_k.py)
+    eval_pass_at_k: float | None = None  # unbiased pass@k, k = eval_k (common/task/pass_at_k.py)
     eval_k: int | None = None  # eval.samples_per_prompt
     eval_completion_len_mean: float | None = None  # tokens per completion
     eval_prompts: int | None = None  # held-out prompts in the round

@@ -1,0 +1,10 @@
+"""The run directory's files, each with one typed reader and writer (nobody indexes their JSON
+by string).
+
+- run_files.py: the file names and typed records (ledger, lease lines, producers' files,
+  endpoints, step summary);
+- metrics.py: `StepRecord`, one typed line of metrics.jsonl, and its JSONL sink;
+- completions_file.py: completions.jsonl's rows, reader, writer and Markdown table;
+- net_stats.py: netstats.json, the network thread timed from inside;
+- json_text.py: large JSON files written an entry at a time.
+"""
