@@ -6,7 +6,7 @@ command to a held-out score of 55%, with eval every 20 steps, against the same r
 
 For each seed, one after another on this machine, alternating (off, on):
 - off: `asyncgrpo launch --no-eval --no-live` (launch/configs/demo.toml) with no evaluation
-  during training at all (`train.eval_every=0`, `eval.every_steps=0`);
+  during training at all (`eval.learner_every_steps=0`, `eval.every_steps=0`);
 - on:  the same with `eval.every_steps=EVERY` and greedy completions (`eval.temperature=0`) of
   the first PROMPTS held-out prompts (`eval.max_prompts`, default 64 as in the config).
 From each run's metrics.jsonl: s_per_step = (end of the last step - end of the first) /
@@ -44,7 +44,7 @@ def _launch(out: Path, seed: int, steps: int, every: int, prompts: int) -> tuple
 
     cmd = [sys.executable, "-m", "launch.cli", "launch", "--no-eval", "--no-live",
            "--run-dir", str(out), "--steps", str(steps), "--set", f"run.seed={seed}",
-           "--set", "train.eval_every=0", "--set", f"eval.every_steps={every}"]  # fmt: skip
+           "--set", "eval.learner_every_steps=0", "--set", f"eval.every_steps={every}"]  # fmt: skip
     if every:
         cmd += ["--set", "eval.temperature=0", "--set", f"eval.max_prompts={prompts}"]
     start = time.time()

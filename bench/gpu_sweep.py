@@ -43,7 +43,7 @@ def config_text(model: str, *, device: str, sets: list[str]) -> str:
         "task.source": '"synthetic"', "staleness.publish_every": "1",
         "train.prompts_per_step": "16" if gpu else "4", "sampling.group_size": "8" if gpu else "4",
         "sampling.max_new_tokens": "256" if gpu else "5", "train.drop_zero_variance": "false",
-        "train.eval_every": "0", "producer.max_in_flight": "64" if gpu else "2",
+        "eval.learner_every_steps": "0", "producer.max_in_flight": "64" if gpu else "2",
         "vllm.max_model_len": "1024",
     }  # fmt: skip
     if gpu:

@@ -14,7 +14,8 @@ sockets, no staleness), per step:
    `train.drop_zero_variance` (as the learner does), until `train.prompts_per_step` groups;
 5. one `consumer.train.trainer.DeviceTrainer.step` (advantages, TIS-GRPO loss, AdamW) on them,
    in order;
-6. every `train.eval_every` steps the learner's periodic evaluation (`consumer.evaluate`, the same
+6. every `eval.learner_every_steps` steps the learner's periodic evaluation
+(`consumer.evaluation.greedy`, the same
    held-out problems, greedy, `sampling.max_new_tokens`).
 Writes one JSON line per step: step, unix_time (when the step ended, before any evaluation),
 num_groups_sampled, and heldout_accuracy / eval_s on evaluation steps. `--threads 0` = torch's
@@ -38,7 +39,7 @@ from common import config as C
 from common import wire
 from common.task.synthetic import make_examples
 from consumer.data.prompts import PromptOrder, make_source
-from consumer.evaluate import accuracy_of
+from consumer.evaluation.greedy import accuracy_of
 from consumer.staleness import zero_variance
 from consumer.train.trainer import DeviceTrainer
 from launch.demo_model import ensure_demo_model
@@ -121,8 +122,8 @@ def run(cfg: C.Config, out: Path, *, threads: int) -> None:
     source = make_source(cfg.task, seed=cfg.run.seed)
     t = cfg.task
     order = PromptOrder(len(source), seed=cfg.run.seed, shuffle=t.shuffle, epochs=t.epochs)
-    examples = make_examples("heldout", cfg.train.eval_size, seed=cfg.run.seed)
-    per_step, next_id, every = cfg.train.prompts_per_step, 0, cfg.train.eval_every
+    examples = make_examples("heldout", cfg.eval.learner_prompts, seed=cfg.run.seed)
+    per_step, next_id, every = cfg.train.prompts_per_step, 0, cfg.eval.learner_every_steps
     with out.open("w") as f:
         for step in range(1, cfg.run.steps + 1):
             kept: list[wire.Group] = []

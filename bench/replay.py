@@ -3,10 +3,9 @@
     python bench/replay.py [--steps 300] [--pairs 1] [--json PATH] [--keep DIR]
 
 Each pair runs `asyncgrpo launch --no-eval` (launch/configs/demo.toml: max_staleness 2, hf
-producers, held-out evaluation every train.eval_every steps) twice, one after the other, with
-`run.record_stream` on and off (the order alternates between pairs), then replays the recorded
-run with `asyncgrpo replay` (the run's own config). Times in seconds, from each run's
-metrics.jsonl:
+producers, held-out evaluation every eval.learner_every_steps steps) twice, one after the other,
+with `run.record_stream` on and off (the order alternates between pairs), then replays the recorded
+run with `asyncgrpo replay` (the run's own config). Times in seconds, from each run's metrics.jsonl:
 - s_per_step: (end of the last step - end of the first) / (steps - 1), periodic evaluation
   included (the same in every run);
 - loop_s: the learner loop's clock at the last step (`time_s`): a replay's loop against the

@@ -4,15 +4,15 @@
         [--steps N] [--threads 0]
 
 Needs `trl` (an optional bench dependency: `pip install -e '.[bench]'`; never a runtime one).
-Settings taken from the config: model (the demo model, float32, CPU), prompts in the run's own
-order (`consumer.data.prompts`, TRL's shuffling off), G, temperature, max_new_tokens, prompts per
-step (per-device batch = prompts x G completions), AdamW lr / betas / weight decay / warm-up
-with a constant schedule, gradient clip, gradient checkpointing, PPO clip, beta; token-mean
-aggregation is TRL's `loss_type="dapo"`, group-std advantages its `scale_rewards="group"`.
-What TRL does not do: drop zero-variance groups (it trains on them with zero advantage) and
-the TIS correction (not needed: it samples with the weights it trains). Rewards: the config's
-reward functions (`producer.rewards.runner`). Every `train.eval_every` steps the learner's periodic
-evaluation (`consumer.evaluate`, same held-out problems). Writes the same JSON lines as
+Settings taken from the config: model (the demo model, float32, CPU), prompts in the run's own order
+(`consumer.data.prompts`, TRL's shuffling off), G, temperature, max_new_tokens, prompts per step
+(per-device batch = prompts x G completions), AdamW lr / betas / weight decay / warm-up with a
+constant schedule, gradient clip, gradient checkpointing, PPO clip, beta; token-mean aggregation is
+TRL's `loss_type="dapo"`, group-std advantages its `scale_rewards="group"`. What TRL does not do:
+drop zero-variance groups (it trains on them with zero advantage) and the TIS correction (not
+needed: it samples with the weights it trains). Rewards: the config's reward functions
+(`producer.rewards.runner`). Every `eval.learner_every_steps` steps the learner's periodic
+evaluation (`consumer.evaluation.greedy`, same held-out problems). Writes the same JSON lines as
 bench/grpo_loop.py: step, unix_time (end of the step, before evaluation), heldout_accuracy and
 eval_s.
 """
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import config as C
 from common.task.synthetic import make_examples
 from consumer.data.prompts import PromptOrder, make_source
-from consumer.evaluate import accuracy_of
+from consumer.evaluation.greedy import accuracy_of
 from launch.demo_model import ensure_demo_model
 from producer.rewards.calls import resolve
 
@@ -74,13 +74,14 @@ def run(cfg: C.Config, out: Path, *, threads: int) -> None:
         ]
 
     s, t, loss = cfg.sampling, cfg.train, cfg.loss
-    examples = make_examples("heldout", t.eval_size, seed=cfg.run.seed)
+    examples = make_examples("heldout", cfg.eval.learner_prompts, seed=cfg.run.seed)
+    every = cfg.eval.learner_every_steps
     f = out.open("w")
 
     class Record(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             record: dict[str, Any] = {"step": state.global_step, "unix_time": time.time()}
-            if t.eval_every and state.global_step % t.eval_every == 0:
+            if every and state.global_step % every == 0:
                 t0 = time.perf_counter()
                 n = s.max_new_tokens
                 acc = accuracy_of(kw["model"], tokenizer, examples, max_new_tokens=n).accuracy

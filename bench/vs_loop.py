@@ -3,17 +3,16 @@
     python bench/vs_loop.py [--seeds 0,1,2] [--steps 0] [--json PATH] [--keep DIR] [--no-trl]
         [--loop-threads 0]
 
-For each seed, one after another on this machine, each started as its own command (the clock
-starts when the command is started, so imports, model loading and start-up count):
-- loop:  bench/grpo_loop.py, one process: batched `generate` + this project's loss and trainer;
-- async: `asyncgrpo launch` (launch/configs/demo.toml: max_staleness 2, two hf producers);
-- sync:  `asyncgrpo launch --max-staleness 0`;
-- trl:   bench/trl_grpo.py, TRL's GRPOTrainer with the same settings, if `trl` is importable.
-All four read launch/configs/demo.toml (`--steps` overrides run.steps) and evaluate the same
-held-out problems every `train.eval_every` steps, as the learner does. The loop and TRL run with
-`--loop-threads` torch threads (default 1: on the 2-core machine torch's default of 2 threads
-took 2.9 s per loop step instead of 0.15 s whenever other processes shared the CPU; 0 = torch's
-default).
+For each seed, one after another on this machine, each started as its own command (the clock starts
+when the command is started, so imports, model loading and start-up count): - loop:
+bench/grpo_loop.py, one process: batched `generate` + this project's loss and trainer; - async:
+`asyncgrpo launch` (launch/configs/demo.toml: max_staleness 2, two hf producers); - sync:
+`asyncgrpo launch --max-staleness 0`; - trl:   bench/trl_grpo.py, TRL's GRPOTrainer with the same
+settings, if `trl` is importable. All four read launch/configs/demo.toml (`--steps` overrides
+run.steps) and evaluate the same held-out problems every `eval.learner_every_steps` steps, as the
+learner does. The loop and TRL run with `--loop-threads` torch threads (default 1: on the 2-core
+machine torch's default of 2 threads took 2.9 s per loop step instead of 0.15 s whenever other
+processes shared the CPU; 0 = torch's default).
 
 Per run, from its per-step records (the learner's metrics.jsonl; the loop's and TRL's JSON
 lines), times in seconds:

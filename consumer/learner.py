@@ -4,7 +4,8 @@ step loop, owns shutdown.
 Threads: the network thread (consumer/server/) owns every socket and the lease book, and
 this thread reaches it only through `Server`'s typed methods; the publisher thread writes snapshots;
 the recorder thread writes what this one consumed to RUN/stream/ (consumer/stream/recorder.py);
-this (main) thread runs the training loop and never touches a socket. One step:
+this (main) thread runs the training loop and never touches a socket. One step (the training
+part is consumer/step.py's, which a replay runs too):
 
     collect P admitted groups (gate: stale → dropped_stale, all-equal rewards →
     dropped_zero_variance, both finalized at once so their lease slots are re-granted)
@@ -36,12 +37,9 @@ import signal
 import socket
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import zmq
 
 from common import config as config_mod
@@ -50,23 +48,20 @@ from common.config import Config
 from common.config.run import reward_names
 from common.errors import ConfigError
 from common.files import completions_file as CF
-from common.files import metrics as M
 from common.files import run_files as RF
 from common.host.model_dir import local_model_dir
 from common.net.endpoints import advertised_host, tcp_endpoint
 from common.net.keys import load_keys
 from common.weights import snapshot as snap
 from consumer.data.prompts import PromptSource, make_source
-from consumer.evaluate import PeriodicEval
+from consumer.evaluation import evaluate_in_learner
 from consumer.key_gate import start_key_gate
 from consumer.loggers import make_loggers
 from consumer.reward_tally import RewardTally
 from consumer.server.server import Server, run_spec
-from consumer.snapshots.fetch_files import FetchFiles, snapshot_chunk_bytes
-from consumer.snapshots.publisher import Publisher
-from consumer.staleness import lag, verdict
-from consumer.stream.recorder import Recorder, resume_position
-from consumer.stream.records import StepEntry
+from consumer.staleness import verdict
+from consumer.step import Batch, Steps
+from consumer.stream.recorder import resume_position
 from consumer.train import checkpoint
 from consumer.train.protocol import Trainer
 
@@ -75,17 +70,6 @@ log = logging.getLogger("asyncgrpo.consumer")
 # (they exit by themselves after net.consumer_timeout_s otherwise): a stop ends any run in a
 # bounded time, whatever the groups, the producers and the resume state.
 STOP_WAIT_S = 5.0
-
-
-@dataclass
-class Collected:
-    kept: list[wire.Group] = field(default_factory=list)
-    dropped: Counter[str] = field(default_factory=Counter)
-    dropped_ids: list[tuple[int, str]] = field(default_factory=list)  # (lease id, why)
-    tally: RewardTally = field(default_factory=lambda: RewardTally([]))  # every arrived group
-    sample: list[wire.Group] = field(default_factory=list)  # the first few (log.completions_*)
-    wait_s: float = 0.0
-    round_trip_s: float | None = None  # previous step's end -> first kept group
 
 
 class Learner:
@@ -109,55 +93,44 @@ class Learner:
             from consumer.train import make_trainer
 
             self.trainer = make_trainer(cfg, self.model_dir)
-        self.version = 0
-        book_state = None
+        version, book_state = 0, None
         if cfg.run.resume:
-            self.version, book_state = checkpoint.load(run_dir, trainer=self.trainer)
+            version, book_state = checkpoint.load(run_dir, trainer=self.trainer)
             cfg = self.cfg = _reuse_ports(cfg, run_dir)
             # the interrupted timeline's snapshots above the checkpoint were never trained on
             # by this one, and the run has not ended (again) yet
-            gone = snap.remove_newer(run_dir / RF.SNAPSHOTS, self.version)
+            gone = snap.remove_newer(run_dir / RF.SNAPSHOTS, version)
             if gone:
                 log.info("resume: removed snapshots %s of the interrupted run", gone)
             (run_dir / RF.FINAL).unlink(missing_ok=True)
-            CF.keep_through(run_dir, self.version)  # samples of the interrupted timeline go
+            CF.keep_through(run_dir, version)  # samples of the interrupted timeline go
         self.ctx = zmq.Context()
         keys = load_keys(cfg.net.keys_dir, "server") if cfg.net.keys_dir else None
         auth = self.auth = start_key_gate(self.ctx, keys) if keys else None
         spec = run_spec(cfg, vocab_size=self.trainer.vocab_size, model=str(self.model_dir or ""))
         self.server = Server(
             cfg, self.ctx, prompts=prompts, spec=spec,
-            run_dir=run_dir, keys=keys, policy_version=self.version, book_state=book_state,
+            run_dir=run_dir, keys=keys, policy_version=version, book_state=book_state,
             hold_grants=cfg.run.wait_for_producers > 0,
             refused_keys=(lambda: auth.refused) if auth is not None else None,
         )  # fmt: skip
         self.run_id = self.server.run_id
         if cfg.run.resume:
             checkpoint.record_incarnation(run_dir, self.server.incarnation)
-            log.info(
-                "resumed at version %d (incarnation %d)", self.version, self.server.incarnation
-            )
-        # RUN/stream/: what the learner consumed, for `asyncgrpo replay` (consumer/stream/)
+            log.info("resumed at version %d (incarnation %d)", version, self.server.incarnation)
         resume_at = resume_position(book_state.log_sizes) if book_state else None
-        self.recorder = Recorder(run_dir, resume_from=resume_at) if cfg.run.record_stream else None
-        self.publisher = Publisher(
-            run_dir / "snapshots",
-            self.model_dir,
-            keep_last=cfg.snapshot.keep_last,
-            delay_s=cfg.snapshot.delay_s,
-            fsync=cfg.snapshot.fsync,
-            fetch_files=FetchFiles(
-                chunk_bytes=snapshot_chunk_bytes(cfg),
-                anchor_every=cfg.snapshot.anchor_every,
-                max_ratio=cfg.snapshot.delta_max_ratio,
-            ),
-            on_published=self._on_published,
-        )
-        self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
+        self.steps = Steps(
+            cfg, run_dir, self.trainer, self.model_dir,
+            on_published=self.server.announce_snapshot, for_network=True, resume_from=resume_at,
+            version=version,
+        )  # fmt: skip
         self.reward_names = reward_names([r.fn for r in cfg.rewards.fns])
-        self.published = -1
-        self.heldout = PeriodicEval(cfg, self.model_dir)
-        self._step_end: float | None = None  # perf_counter when the last optimizer step ended
+        self.heldout = evaluate_in_learner(cfg, self.model_dir)
+
+    @property
+    def version(self) -> int:
+        """The policy version: optimizer steps taken."""
+        return self.steps.version
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -173,7 +146,7 @@ class Learner:
             endpoints.control,
             self.run_dir,
         )
-        self._publish(wait=True)
+        self.steps.publish(wait=True)
         steps = self.cfg.run.steps or 1 << 62
         try:
             self._wait_for_producers()
@@ -182,7 +155,9 @@ class Learner:
                 got = self._collect()
                 if got is None:
                     break
-                record = self._train(got, t_start, last)
+                record = self.steps.train(
+                    got, started=t_start, last=last, settle=self._settle, books=self._books
+                )
                 record.update(self.heldout(self.version, self.trainer.eval_model))
                 record.update(self.server.take_eval())  # never waits for an evaluation
                 last = time.perf_counter()
@@ -196,13 +171,12 @@ class Learner:
             self.shutdown()
         return 0
 
-    def _write(self, record: dict[str, Any], got: Collected) -> None:
+    def _write(self, record: dict[str, Any], got: Batch) -> None:
         """The step's metrics.jsonl line, handed to the trackers too (consumer/loggers/, their
         own thread); a completions sample at step 1 and every log.completions_every steps."""
         if self.cfg.log.report_to:
             record.update(loggers_dropped=self.loggers.dropped, loggers_failed=self.loggers.failed)
-        step_record = M.StepRecord(**record)
-        self.metrics.write(step_record)
+        step_record = self.steps.write(record)
         self.loggers.submit_step(step_record)
         every = self.cfg.log.completions_every
         if every and (self.version == 1 or self.version % every == 0):
@@ -239,9 +213,9 @@ class Learner:
             time.sleep(0.1)
         self.server.open_grants()
 
-    def _collect(self) -> Collected | None:
+    def _collect(self) -> Batch | None:
         """Admitted groups for the step at the current version (None when asked to stop)."""
-        c, out = self.cfg, Collected(tally=RewardTally(self.reward_names))
+        c, out = self.cfg, Batch(tally=RewardTally(self.reward_names))
         while len(out.kept) < c.train.prompts_per_step:
             if self.stop_event.is_set():  # even while every arriving group is dropped
                 return None
@@ -254,8 +228,8 @@ class Learner:
                 if self.server.starving():
                     return None
                 continue
-            if self.recorder is not None:
-                self.recorder.group(g)
+            if self.steps.recorder is not None:
+                self.steps.recorder.group(g)
             out.tally.add(g)
             if len(out.sample) < c.log.completions_groups:
                 out.sample.append(g)
@@ -266,8 +240,8 @@ class Learner:
                 drop_zero_variance=c.train.drop_zero_variance,
             )
             if why is None:
-                if not out.kept and self._step_end is not None:
-                    out.round_trip_s = time.perf_counter() - self._step_end
+                if not out.kept and self.steps.step_end is not None:
+                    out.round_trip_s = time.perf_counter() - self.steps.step_end
                 out.kept.append(g)
                 continue
             out.dropped[why] += 1
@@ -285,89 +259,24 @@ class Learner:
         out.kept.sort(key=lambda g: g.lease_id)  # arrival order must not change the step
         return out
 
-    def _train(self, got: Collected, t_start: float, last: float) -> dict[str, Any]:
-        """One optimizer step; its `StepRecord` fields (evaluation aside)."""
-        v = self.version
-        metrics = self.trainer.step(got.kept)
-        self._step_end = time.perf_counter()
-        lags = [lag(v, g) for g in got.kept]
-        self.version = v + 1
-        self.server.settle_trained(got.kept, trained_step=v)
-        publish_s = 0.0
-        if self.version % self.cfg.staleness.publish_every == 0:
-            t0 = time.perf_counter()
-            self._publish()
-            publish_s = time.perf_counter() - t0
-        now = time.perf_counter()
-        rewards = np.concatenate([g.rewards for g in got.kept])
-        tokens = sum(g.num_tokens for g in got.kept)
-        if self.recorder is not None:
-            self.recorder.step(StepEntry(
-                version=v, kept=tuple(g.lease_id for g in got.kept),
-                dropped=tuple(got.dropped_ids), seed=self.cfg.run.seed,
-                micro_batches=metrics.get("micro_batches"), lr=metrics.get("lr"), tokens=tokens,
-            ))  # fmt: skip
-        books = self.server.step_summary()  # its size does not grow with the producers
-        totals = books.totals
-        return {
-            "step": self.version,
-            "world_size": self.trainer.world_size,
-            "time_s": now - t_start,
-            "unix_time": time.time(),
-            "step_wall_s": now - last,
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std()),
-            **got.tally.fields(),
-            "staleness_mean": float(np.mean(lags)),
-            "staleness_max": int(max(lags)),
-            "staleness_hist": {str(k): n for k, n in Counter(lags).items()},
-            "tokens_per_s": tokens / max(now - last, 1e-9),
-            "learner_idle_frac": got.wait_s / max(now - last, 1e-9),
-            "wait_s": got.wait_s,
-            "round_trip_s": got.round_trip_s,
-            "publish_submit_s": publish_s,
-            "snapshot_write_s": self.publisher.last_write_s,
-            "snapshots_superseded": self.publisher.num_superseded,
-            "num_completion_tokens": tokens,
-            "groups_trained": totals.trained,
-            "groups_dropped_stale": totals.dropped_stale,
-            "groups_dropped_zero_variance": totals.dropped_zero_variance,
-            "groups_rejected_invalid": totals.rejected_invalid,
-            "groups_expired": totals.expired,
-            "leases_open": totals.open,
-            "rejected_messages": books.rejected_messages,
-            "producers_live": books.producers_live,
-            "producers_by_state": books.producers_by_state,
-            **books.backpressure.to_json(),
-            **metrics,
-        }
+    def _settle(self, kept: list[wire.Group], trained_step: int) -> None:
+        """The step's leases end as trained (on the network thread, which moves the policy
+        version new leases follow)."""
+        self.server.settle_trained(kept, trained_step=trained_step)
 
-    def _publish(self, wait: bool = False) -> None:
-        import torch
-
-        dtype = torch.bfloat16 if self.cfg.snapshot.dtype == "bfloat16" else torch.float32
-        fence = self.publisher.submit(
-            self.trainer.weights(), version=self.version, step=self.version, dtype=dtype
-        )
-        self.trainer.hold_weights(fence)
-        self.published = self.version
-        if wait:
-            self.publisher.wait()
-
-    def _on_published(self, info: wire.SnapshotInfo) -> None:
-        """The publisher's thread: a snapshot is ready; record its hash, then announce it."""
-        if self.recorder is not None:
-            self.recorder.snapshot(info)
-        self.server.announce_snapshot(info)
+    def _books(self) -> RF.StepSummary:
+        """The ledger, producers and backpressure for the step's metrics line (its size does not
+        grow with the producers)."""
+        return self.server.step_summary()
 
     def _checkpoint(self) -> None:
         """Save learner and lease book together with how far the append-only logs had got, so a
         resumed run truncates them to exactly the state it continues from."""
-        self.publisher.wait()
-        self.metrics.flush()
+        self.steps.publisher.wait()
+        self.steps.metrics.flush()
         state = self.server.checkpoint_state(logs=(RF.LEASES, RF.METRICS))
-        if self.recorder is not None:  # the stream as far as this checkpoint (all durable)
-            name, size = self.recorder.position()
+        if self.steps.recorder is not None:  # the stream as far as this checkpoint (durable)
+            name, size = self.steps.recorder.position()
             state = dataclasses.replace(state, log_sizes={**state.log_sizes, name: size})
         checkpoint.save(self.run_dir, trainer=self.trainer, version=self.version, book_state=state)
 
@@ -397,14 +306,14 @@ class Learner:
         version the run ended with), balanced ledger, producers told."""
         self.server.stop_granting()
         try:
-            if self.published != self.version:
-                self._publish()
-            self.publisher.close()
+            if self.steps.published != self.version:
+                self.steps.publish()
+            self.steps.publisher.close()
             self.server.expire_open("shutdown")
             self._checkpoint()
-            if self.recorder is not None:
-                self.recorder.close()
-            snap.write_final(self.run_dir, self.published)
+            if self.steps.recorder is not None:
+                self.steps.recorder.close()
+            snap.write_final(self.run_dir, self.steps.published)
             self.trainer.close()  # a sharded learner's other ranks stop here
         finally:
             self.server.expire_open("shutdown")
@@ -415,7 +324,7 @@ class Learner:
             if self.auth is not None:
                 self.auth.stop()
             self.ctx.term()
-            self.metrics.close()
+            self.steps.metrics.close()
             self.loggers.close()
         log.info("ledger: %s", balance.to_json())
         if not balance.ok:

@@ -2,8 +2,9 @@
 producers and no network (`asyncgrpo replay`, launch/cli/replay.py).
 
 What it owns: the step loop of a replay (read each step's groups back from the original run's
-stream, consumer/stream/reader.py; `Trainer.step`; publish; one metrics line; held-out accuracy
-at the run's cadence, in a process of its own: consumer/eval_process.py), the replay's ledger
+stream, consumer/stream/reader.py, and train them with the learner's own step, consumer/step.py:
+`Trainer.step`, publish, the stream's entry, the metrics line; held-out accuracy at the run's
+cadence, in a process of its own: consumer/evaluation/child.py), the replay's ledger
 (every recorded group trained or dropped as it was), and the comparison of snapshot hashes
 with the original's. What it does not do: decide which settings may change
 (consumer/stream/rules.py), plots (launch/report.py).
@@ -22,6 +23,7 @@ The replay records its own stream (run.record_stream), so it can itself be repla
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -30,25 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from common import wire
 from common.config import Config
 from common.config.run import reward_names
 from common.errors import ConfigError, StreamError
-from common.files import metrics as M
 from common.files import run_files as RF
 from common.host.model_dir import local_model_dir
 from common.weights import snapshot as snap
-from consumer.eval_process import EvalProcess, EvalSpec
-from consumer.evaluate import PeriodicEval
+from consumer.evaluation import evaluate_beside_replay
 from consumer.reward_tally import RewardTally
 from consumer.server.server import group_limits
-from consumer.snapshots.publisher import Publisher
-from consumer.staleness import lag
+from consumer.step import Batch, Steps
 from consumer.stream.reader import Recording, Step, load_group
-from consumer.stream.recorder import Recorder
-from consumer.stream.records import StepEntry
 from consumer.train import checkpoint
 from consumer.train.protocol import Trainer
 
@@ -78,33 +73,26 @@ class Replay:
         self.limits = group_limits(
             cfg, int(cfg.net.max_message_mib * (1 << 20)), vocab_size=self.trainer.vocab_size
         )
-        self.recorder = Recorder(run_dir) if cfg.run.record_stream else None
         self.out = Replayed()
         self._lock = threading.Lock()
-        self.publisher = Publisher(
-            run_dir / RF.SNAPSHOTS,
-            self.model_dir,
-            keep_last=cfg.snapshot.keep_last,
-            fsync=cfg.snapshot.fsync,
-            on_published=self._on_published,
-        )
-        self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
-        self.heldout = PeriodicEval(cfg, self.model_dir)
-        self.evals: EvalProcess | None = None
-        if self.heldout.enabled:  # started now: its imports overlap the first steps
-            self.evals = EvalProcess(
-                EvalSpec(str(self.model_dir), cfg.train.eval_size, cfg.run.seed,
-                         cfg.sampling.max_new_tokens)
-            )  # fmt: skip
-        self._held: list[dict[str, Any]] = []  # metrics lines waiting for their evaluation
+        self.steps = Steps(
+            cfg, run_dir, self.trainer, self.model_dir,
+            on_published=self._on_published, for_network=False, every_version=True,
+        )  # fmt: skip
+        self.evals = evaluate_beside_replay(cfg, self.model_dir)
+        # metrics lines waiting for their evaluation, by the version they end at
+        self._held: list[tuple[int, dict[str, Any]]] = []
         self.counts: Counter[str] = Counter()
-        self.version = self.published = 0
+        self.names = reward_names([r.fn for r in cfg.rewards.fns])
+
+    @property
+    def version(self) -> int:
+        """The policy version: optimizer steps replayed (from the start version)."""
+        return self.steps.version
 
     def _on_published(self, info: wire.SnapshotInfo) -> None:
         with self._lock:
             self.out.hashes[info.version] = info.hash
-        if self.recorder is not None:
-            self.recorder.snapshot(info)
 
     def start_from(self, version: int) -> None:
         """Begin at the original run's checkpoint of `version` (its current one)."""
@@ -118,7 +106,7 @@ class Replay:
             )
         assert path is not None
         self.trainer.load_checkpoint(path)
-        self.version = self.out.start_version = version
+        self.steps.version = self.out.start_version = version
 
     def run(self, steps: int | None) -> Replayed:
         """Replay up to `steps` optimizer steps (None: every recorded one)."""
@@ -130,14 +118,14 @@ class Replay:
             )
         todo = todo[:steps] if steps is not None else todo
         t_start = last = time.perf_counter()
-        self._publish()
+        self.steps.publish()
         try:
             for step in todo:
                 record = self._step(step, t_start, last)
                 last = time.perf_counter()
-                if self.evals is not None and self.heldout.due(self.version):
+                if self.evals is not None and self.evals.due(self.version):
                     self.evals.submit(self.version, self.trainer.eval_model().state_dict())
-                self._held.append(record)
+                self._held.append((self.version, record))
                 self._write_metrics(self.evals.results() if self.evals else {})
             if self.evals is not None:
                 self._write_metrics(self.evals.drain())
@@ -147,90 +135,59 @@ class Replay:
         return self.out
 
     def _step(self, step: Step, t_start: float, last: float) -> dict[str, Any]:
-        e, v = step.entry, self.version
-        groups = [load_group(at, self.limits, step=v) for at in step.groups]
-        if self.recorder is not None:
-            for g in groups:
-                self.recorder.group(g)
-        metrics = self.trainer.step(groups)
-        _check_like_recorded(step, metrics, self.cfg, passes=self.check_passes)
-        self.version = v + 1
-        self.out.steps += 1
-        self.counts["trained"] += len(groups)
-        self.counts.update(why for _, why in e.dropped)
-        tokens = sum(g.num_tokens for g in groups)
-        if self.recorder is not None:
-            self.recorder.step(
-                StepEntry(
-                    version=v, kept=e.kept, dropped=e.dropped, seed=self.cfg.run.seed,
-                    micro_batches=metrics.get("micro_batches"), lr=metrics.get("lr"),
-                    tokens=tokens,
-                )
-            )  # fmt: skip
-        t0 = time.perf_counter()
-        if self.version % self.cfg.staleness.publish_every == 0:
-            self._publish()
-        now = time.perf_counter()
-        rewards = np.concatenate([g.rewards for g in groups])
-        lags = [lag(v, g) for g in groups]
-        tally = RewardTally(reward_names([r.fn for r in self.cfg.rewards.fns]))
+        """One recorded step trained again: its groups in their recorded order, its drops as
+        they were."""
+        groups = [load_group(at, self.limits, step=self.version) for at in step.groups]
+        recorder = self.steps.recorder
+        tally = RewardTally(self.names)
         for g in groups:  # the trained ones: what the recorded step consumed
+            if recorder is not None:
+                recorder.group(g)
             tally.add(g)
-        return {
-            "step": self.version, "world_size": self.trainer.world_size,
-            "time_s": now - t_start, "unix_time": time.time(), "step_wall_s": now - last,
-            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-            **tally.fields(), "staleness_mean": float(np.mean(lags)),
-            "staleness_max": int(max(lags)),
-            "staleness_hist": {str(k): n for k, n in Counter(lags).items()},
-            "tokens_per_s": tokens / max(now - last, 1e-9), "learner_idle_frac": 0.0,
-            "wait_s": 0.0, "publish_submit_s": now - t0,
-            "snapshot_write_s": self.publisher.last_write_s,
-            "snapshots_superseded": self.publisher.num_superseded,
-            "num_completion_tokens": tokens, "groups_trained": self.counts["trained"],
-            "groups_dropped_stale": self.counts["dropped_stale"],
-            "groups_dropped_zero_variance": self.counts["dropped_zero_variance"],
-            "groups_rejected_invalid": 0, "groups_expired": 0, "leases_open": 0,
-            "rejected_messages": 0, **metrics,
-        }  # fmt: skip
+        batch = Batch(kept=groups, dropped_ids=list(step.entry.dropped), tally=tally)
+        self.counts.update(why for _, why in step.entry.dropped)
+
+        def check(metrics: dict[str, Any]) -> None:
+            _check_like_recorded(step, metrics, self.cfg, passes=self.check_passes)
+
+        record = self.steps.train(
+            batch, started=t_start, last=last, settle=self._settle, books=self._books, check=check
+        )
+        self.out.steps += 1
+        return record
+
+    def _settle(self, kept: list[wire.Group], trained_step: int) -> None:
+        """The replay's own ledger: every recorded group trained or dropped as it was."""
+        self.counts["trained"] += len(kept)
+
+    def _books(self) -> RF.Balance:
+        c = self.counts
+        return RF.Balance(
+            issued=sum(c.values()),
+            trained=c["trained"],
+            dropped_stale=c["dropped_stale"],
+            dropped_zero_variance=c["dropped_zero_variance"],
+        )
 
     def _write_metrics(self, evaluated: dict[int, dict[str, float]]) -> None:
         """Fill in finished evaluations; write the lines, in order, that wait for none."""
-        for record in self._held:
-            record.update(evaluated.get(record["step"], {}))
+        for version, record in self._held:
+            record.update(evaluated.get(version, {}))
         waiting = self.evals.waiting if self.evals is not None else frozenset()
-        while self._held and self._held[0]["step"] not in waiting:
-            self.metrics.write(M.StepRecord(**self._held.pop(0)))
-
-    def _publish(self) -> None:
-        """Publish the current version. Every version is written (a superseded one would have
-        no hash to compare): the submit waits until the writer has taken the version before,
-        then the writer works beside the next step."""
-        import torch
-
-        dtype = torch.bfloat16 if self.cfg.snapshot.dtype == "bfloat16" else torch.float32
-        self.publisher.wait_queued()
-        fence = self.publisher.submit(
-            self.trainer.weights(), version=self.version, step=self.version, dtype=dtype
-        )
-        self.trainer.hold_weights(fence)
-        self.published = self.version
+        while self._held and self._held[0][0] not in waiting:
+            self.steps.write(self._held.pop(0)[1])
 
     def _finish(self) -> None:
         if self.evals is not None:
             self.evals.close()
-        for record in self._held:  # stopped by an error: the steps trained, without evaluation
-            self.metrics.write(M.StepRecord(**record))
-        self.publisher.close()
-        if self.recorder is not None:
-            self.recorder.close()
-        self.metrics.close()
-        snap.write_final(self.run_dir, self.published)
-        c = self.counts
-        balance = RF.Balance(
-            issued=sum(c.values()), trained=c["trained"], dropped_stale=c["dropped_stale"],
-            dropped_zero_variance=c["dropped_zero_variance"], ok=True,
-        )  # fmt: skip
+        for _, record in self._held:  # stopped by an error: the steps trained, not evaluated
+            self.steps.write(record)
+        self.steps.publisher.close()
+        if self.steps.recorder is not None:
+            self.steps.recorder.close()
+        self.steps.metrics.close()
+        snap.write_final(self.run_dir, self.steps.published)
+        balance = dataclasses.replace(self._books(), ok=True)
         RF.write_ledger(self.run_dir, RF.Ledger(balance=balance, policy_version=self.version))
         self.trainer.close()
 

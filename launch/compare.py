@@ -7,7 +7,7 @@ panels against the optimizer step, one line per run (named by its directory):
 - the batch reward mean;
 - the importance ratios' extremes (`ratio_max` solid, `ratio_min` dashed) and the TIS weight
   mean (dotted);
-- held-out greedy accuracy, where the run evaluated (`train.eval_every`).
+- held-out greedy accuracy, where the run evaluated (`eval.learner_every_steps`).
 """
 
 from __future__ import annotations

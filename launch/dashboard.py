@@ -28,7 +28,7 @@ from rich.table import Table
 
 from common.files import run_files as RF
 from common.files.metrics import StepRecord
-from launch.eval_report import eval_text
+from consumer.evaluation.report import eval_text
 from launch.headline import fn_means_text, no_signal, reward_text
 
 
@@ -96,7 +96,7 @@ def summary_line(
     """One plain progress line; before the first step, the ledger's counts (`ledger.json`'s
     balance) say whether groups arrive and why none was trained; `views` (the producers'
     latest, common/files/run_files.py) add reward failures; `beyond` says why a run goes on past
-    `steps` (`step_text`); `evaluated`, the newest evaluation (launch/eval_report.py)."""
+    `steps` (`step_text`); `evaluated`, the newest evaluation (consumer/evaluation/report.py)."""
     warning = no_signal(rec, ledger)
     tail = f" — {warning}" if warning else ""
     if rec is None:

@@ -1,7 +1,8 @@
 """The embedded demo model: built here, deterministically, from nothing (no hub).
 
 Owns the recipe of the tiny model that `model.path = "demo"` means, its build, and its cache. Does
-not: evaluate (consumer/evaluate.py), define the task (common/task/synthetic.py) or train with RL.
+not: evaluate (consumer/evaluation/greedy.py), define the task (common/task/synthetic.py) or train
+with RL.
 
 Recipe (`Recipe`; its `name` is part of the cache directory, so a new recipe rebuilds):
 - tokenizer: one token per character of "0123456789+-*= " plus `<pad>`, `<eos>`, `<unk>` (18

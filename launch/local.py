@@ -254,42 +254,42 @@ def _catch_stop(sup: Supervisor, stop: threading.Event, hurry: threading.Event) 
     return {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
+@dataclass(frozen=True, slots=True)
+class Wording:
+    """What the plain progress lines say besides the run's own figures: `label` starts every
+    line (a sweep's setting), `beyond` says why a run goes on past its steps
+    (`launch.dashboard.step_text`), `again` what a second Ctrl-C skips besides waiting for the
+    producers (the stopping line)."""
+
+    label: str = ""
+    beyond: str = ""
+    again: str = ""
+
+
 def run(
-    config_path: Path,
-    run_dir: Path,
+    sup: Supervisor,
     *,
     steps: int,
-    num_producers: int,
     live: bool,
-    producer_args: Callable[[int], list[str]] | None = None,
-    consumer_env: dict[str, str] | None = None,
-    producer_env: Callable[[int], dict[str, str]] | None = None,
+    wording: Wording = Wording(),
     on_tick: Callable[[Supervisor], None] | None = None,
     stop_event: threading.Event | None = None,
     hurry_event: threading.Event | None = None,
-    label: str = "",
-    beyond: str = "",
-    again: str = "",
 ) -> int:
-    """Start everything, watch it (restarting producers), stop cleanly; the consumer's code.
+    """Start what `sup` supervises, watch it (restarting producers), stop cleanly; the
+    consumer's code.
 
     Ctrl-C (SIGINT) or SIGTERM to the launcher ends the run early, the same clean way, and so
     does setting `stop_event` (which a signal sets too, so the caller can tell afterwards); a
     second one sets `hurry_event` and is passed on to the consumer. Without `live`, a plain
-    progress line every 10 s, starting with `label` (a sweep's setting), never wrapped (one line
-    per record in a log file), `beyond` saying why a run goes on past `steps`
-    (`launch.dashboard.step_text`); `again` is what the stopping line says a second Ctrl-C does
-    besides that.
+    progress line every 10 s (`wording`), never wrapped (one line per record in a log file).
     """
     from rich.console import Console
     from rich.live import Live
 
     from launch.dashboard import MetricsTail, eval_text, render, summary_line
 
-    sup = Supervisor(
-        run_dir, config_path=config_path, num_producers=num_producers, producer_args=producer_args,
-        consumer_env=consumer_env, producer_env=producer_env,
-    )  # fmt: skip
+    run_dir, label = sup.run_dir, wording.label
     stop = stop_event if stop_event is not None else threading.Event()
     hurry = hurry_event if hurry_event is not None else threading.Event()
     previous = _catch_stop(sup, stop, hurry)
@@ -308,7 +308,8 @@ def run(
 
     def line() -> None:
         rec, done = (tail.records[-1] if tail.records else None), eval_text(tail.records)
-        say(summary_line(rec, steps, time.monotonic() - t0, beyond=beyond, evaluated=done))
+        elapsed_s = time.monotonic() - t0
+        say(summary_line(rec, steps, elapsed_s, beyond=wording.beyond, evaluated=done))
 
     code: int | None = None
     try:
@@ -322,9 +323,11 @@ def run(
             code = _watch(sup, stop, tail, on_tick, None if live else line)
     finally:
         if stop.is_set():
-            say("stopping: the consumer finishes its step and writes a final snapshot… (Ctrl-C "
-                "again: stop without waiting for the producers to hear the end"
-                + (f"; {again})" if again else ")"))  # fmt: skip
+            again = f"; {wording.again}" if wording.again else ""
+            say(
+                "stopping: the consumer finishes its step and writes a final snapshot… (Ctrl-C "
+                f"again: stop without waiting for the producers to hear the end{again})"
+            )
         stopped = sup.stop()
         code = code if code is not None else stopped
         for s, handler in previous.items():

@@ -7,7 +7,7 @@ Writes `plots/*.png` and `summary.md` (reward calls that failed or timed out inc
   groups with equal rewards, per-function means, held-out greedy accuracy when the learner
   evaluated, and the producers' evaluation (`[eval]`: pass@1, pass@k at the version
   evaluated), vs step (the axis follows the data); summary.md lists each evaluated version
-  (launch/eval_report.py);
+  (consumer/evaluation/report.py);
 - staleness.png: histogram of learner_version - behavior_version over trained groups;
 - tis.png: TIS weight mean and fraction truncated vs step;
 - throughput.png: completion tokens/s and learner idle fraction over wall time;
@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 from common.files import completions_file as CF
 from common.files import run_files as RF
 from common.files.metrics import StepRecord, read_steps
-from launch.eval_report import eval_lines, eval_series
+from consumer.evaluation.report import eval_lines, eval_series
 from launch.headline import no_signal
 
 

@@ -1,7 +1,7 @@
 """What one lease is sampled with and the group message it becomes (pure: no sockets, no engine).
 
 - `sampling_params`: a training lease samples the run's G completions at the run's temperature;
-  an evaluation lease (`Lease.eval_version` >= 0: consumer/server/eval_book.py) samples
+  an evaluation lease (`Lease.eval_version` >= 0: consumer/evaluation/rounds.py) samples
   `RunSpec.eval_samples` at `RunSpec.eval_temperature` with the run's truncation (0 = greedy:
   the top token, no truncation).
 - `group_of`: the `wire.Group` of the scored completions. `behavior_version` is the oldest

@@ -1,4 +1,4 @@
-"""Pinning the loaded weights for evaluation leases (consumer/server/eval_book.py): pure rules on
+"""Pinning the loaded weights for evaluation leases (consumer/evaluation/rounds.py): pure rules on
 the producer's `State`, run on its event loop with no await between a check and its pin.
 
 An evaluation group must be sampled with exactly the version its lease names, and producers

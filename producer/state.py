@@ -62,7 +62,7 @@ class State:
     finished: bool = False
     heartbeat_s: float = 1.0  # the period the consumer last asked for (`Status.heartbeat_s`)
     in_flight: set[int] = field(default_factory=set)
-    # evaluation leases (consumer/server/eval_book.py): the eval groups being sampled pin the
+    # evaluation leases (consumer/evaluation/rounds.py): the eval groups being sampled pin the
     # loaded weights (no reload starts while pins > 0: producer/weights.py), `loading` is True
     # while a reload runs, and the eval leases given back unsampled leave with the next request
     pins: int = 0

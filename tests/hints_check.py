@@ -36,6 +36,7 @@ SHOWN_BY = {
     "launch/stress/": ("stress",),
     "launch/cli/stress.py": ("stress",),
     "consumer/replay.py": ("replay",),  # the replaying learner: only `asyncgrpo replay`
+    "consumer/evaluation/__init__.py": ("eval",),  # eval_target: what `asyncgrpo eval` scores
     "consumer/stream/": ("consumer", "replay"),
     "consumer/": ("consumer",),
     "producer/": ("producer",),

@@ -22,7 +22,7 @@ def config(model: Path, run_dir: Path, **extra: object) -> C.Config:
         "model.path": str(model), "run.dir": str(run_dir), "sampling.group_size": G,
         "sampling.max_new_tokens": 6, "train.prompts_per_step": P, "train.lr": 1e-2,
         "snapshot.dtype": "float32", "snapshot.keep_last": 100, "snapshot.fsync": "off",
-        "model.torch_threads": 1, "train.eval_every": 0, "run.record_stream": True, **extra,
+        "model.torch_threads": 1, "eval.learner_every_steps": 0, "run.record_stream": True, **extra,
     })  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 import tomllib
 import types
@@ -24,6 +25,18 @@ import tomli_w
 from common.config.fields import choices
 from common.config.tree import Config, _section_types, validate
 from common.errors import ConfigError
+
+# Keys that moved (old -> new): read as the new key with one deprecation line; given with the
+# new one as well and a different value, refused. A run's config.toml written before the move
+# holds them all (at their defaults, mostly), so `--resume` and `asyncgrpo eval` keep working.
+MOVED = {
+    "train.eval_every": "eval.learner_every_steps",
+    "train.eval_size": "eval.learner_prompts",
+    "task.eval_path": "eval.path",
+    "task.eval_split": "eval.split",
+    "task.eval_mode": "eval.mode",
+}
+log = logging.getLogger("asyncgrpo.config")
 
 
 class Loaded(NamedTuple):
@@ -39,7 +52,7 @@ def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
     base = base or Config()
     sections = _section_types()
     updates = {}
-    for name, values in data.items():
+    for name, values in _moved(data).items():
         if name not in sections:
             raise ConfigError(f"unknown section [{name}]{_suggest(name, sections)}")
         if not isinstance(values, dict):
@@ -48,6 +61,33 @@ def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
         changes = {k: _coerce(sections[name], k, v, f"{name}.{k}") for k, v in values.items()}
         updates[name] = dataclasses.replace(current, **changes)
     return dataclasses.replace(base, **updates)
+
+
+def _moved(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (TOML layout) with the keys of `MOVED` under their new names, with a deprecation
+    line for each (a value equal to its default says nothing: it is dropped); a `ConfigError`
+    when the new key is given too, with another value that is not its default either."""
+    if not any(f"{s}.{k}" in MOVED for s, t in data.items() if isinstance(t, dict) for k in t):
+        return data
+    out = {s: dict(t) if isinstance(t, dict) else t for s, t in data.items()}
+    defaults = dataclasses.asdict(Config())
+    for old, new in MOVED.items():
+        section, key = old.split(".")
+        new_section, new_key = new.split(".")
+        table, target = out.get(section), out.setdefault(new_section, {})
+        if not isinstance(table, dict) or key not in table or not isinstance(target, dict):
+            continue  # absent, or a section given as something else: from_dict says so
+        value, default = table.pop(key), defaults[new_section][new_key]
+        if value == default:
+            continue  # e.g. a whole config.toml written before the move
+        if target.get(new_key, default) not in (default, value):
+            raise ConfigError(
+                f"{old} is now {new}: give only {new} (both are set, to {value!r} and "
+                f"{target[new_key]!r})"
+            )
+        log.warning("%s is now %s: read as %s = %r (rename it)", old, new, new, value)
+        target[new_key] = value
+    return out
 
 
 def load(
@@ -75,12 +115,16 @@ def load_given(
         data = _read_toml(file)
         cfg = _absolute(from_dict(data, cfg), Path(file).parent)
         if path:
-            given |= {f"{section}.{key}" for section, table in data.items() for key in table}
+            given |= {
+                MOVED.get(f"{section}.{key}", f"{section}.{key}")
+                for section, table in data.items()
+                for key in table
+            }
     overrides = list(overrides)
     cfg = apply_overrides(cfg, overrides)
-    given |= {item.partition("=")[0].strip() for item in overrides}
+    given |= {_key(item.partition("=")[0]) for item in overrides}
     cfg = _absolute(override(cfg, values or {}), Path.cwd())
-    given |= set(values or {})
+    given |= {_key(k) for k in values or {}}
     validate(cfg)
     return Loaded(cfg, frozenset(given))
 
@@ -89,8 +133,14 @@ def load_given(
 # given on the command line (--set, flags), against the current directory. Either way the
 # loaded config holds them absolute, so a config written into a run directory means the same.
 FILE_KEYS = (
-    "task.path", "task.eval_path", "eval.path", "net.keys_dir", "net.connect_file",
+    "task.path", "eval.path", "net.keys_dir", "net.connect_file",
 )  # fmt: skip
+
+
+def _key(key: str) -> str:
+    """`section.key` as it is named now (`MOVED`)."""
+    key = key.strip()
+    return MOVED.get(key, key)
 
 
 def _absolute(cfg: Config, base: Path) -> Config:
@@ -138,6 +188,9 @@ def apply_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
     for item in overrides:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
+        if sep and f"{section}.{name}" in MOVED:
+            log.warning("%s is now %s: read as that (rename it)", key.strip(), MOVED[key.strip()])
+            section, dot, name = MOVED[f"{section}.{name}"].partition(".")
         if not sep or not dot:
             raise ConfigError(f"--set expects section.key=value, got {item!r}")
         try:

@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass, field
 
 from common.config.fields import (
-    EvalMode,
     LearnerAttention,
     ModelDtype,
     PromptFormat,
@@ -97,7 +96,7 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class TaskConfig:
-    """`[task]`: where prompts come from (and the held-out split)."""
+    """`[task]`: where prompts come from (held-out rows: `[eval]`)."""
 
     source: TaskSource = _f(
         "synthetic",
@@ -136,17 +135,6 @@ class TaskConfig:
     )
     shuffle: bool = _f(True, "Shuffle prompt order each epoch (seeded).")
     epochs: int = _f(0, "Passes over the prompts (0 = unlimited).")
-    eval_path: str = _f(
-        "",
-        "Held-out rows, read like task.path (with source = synthetic: Parquet if it ends in "
-        ".parquet, else JSONL), that `asyncgrpo stress` scores each setting's model on with "
-        "rewards.fns; empty = none (the synthetic task has its own held-out split).",
-    )
-    eval_split: str = _f("test", "source = hf: the split of task.eval_path to evaluate on.")
-    eval_mode: EvalMode = _f(
-        "greedy",
-        "eval_path completions: greedy, or one sample per prompt at sampling.temperature.",
-    )
 
     def problems(self) -> list[str]:
         """This section's impossible settings (messages name the key)."""

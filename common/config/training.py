@@ -139,10 +139,6 @@ class TrainConfig:
         True, "Skip groups whose rewards are all equal (they carry no signal)."
     )
     checkpoint_every: int = _f(0, "Steps between checkpoints (0 = only at shutdown).")
-    eval_every: int = _f(
-        0, "Steps between held-out greedy evaluations in the learner (synthetic task; 0 = off)."
-    )
-    eval_size: int = _f(200, "Held-out problems per periodic evaluation.")
     simulate_step_s: float = _f(
         0.0, "Stress testing only: replace the model step by sleeping this long."
     )

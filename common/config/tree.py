@@ -90,9 +90,7 @@ def _across(cfg: Config) -> list[str]:
             "rows to half of it",
         ),
         (
-            not cfg.eval.on
-            or bool(cfg.eval.path or cfg.task.eval_path)
-            or cfg.task.source == "synthetic",
+            not cfg.eval.on or bool(cfg.eval.path) or cfg.task.source == "synthetic",
             f"eval.every_steps = {cfg.eval.every_steps}: task.source = {cfg.task.source!r} has "
             "no held-out split; give its rows with eval.path (read like task.path)",
         ),

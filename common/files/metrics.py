@@ -116,7 +116,7 @@ class StepRecord:
     # untruncated)
     kept_size_mean: float | None = None  # |K| per token (the vocabulary size untruncated)
     tokens_kept_unknown: int | None = None  # tokens not trained: the engine could not record K
-    # -- the periodic held-out evaluation (steps with train.eval_every) -------------------------
+    # -- the learner's held-out evaluation (steps with eval.learner_every_steps) ----------------
     heldout_accuracy: float | None = None
     eval_s: float | None = None
     # -- evaluation during training through the producers (`[eval]`; consumer/server/

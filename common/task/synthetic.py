@@ -1,9 +1,9 @@
 """The built-in synthetic verifiable task: fixed-width addition, checked by a program.
 
 Owns the problems, the train / held-out split and the correctness rule; pure and deterministic
-(no torch, no I/O). Rewards (producer/rewards/builtins.py) and evaluation (consumer/evaluate.py)
-both judge with `is_correct`; the demo model's warm-up (launch/demo_model.py) draws from the
-train split.
+(no torch, no I/O). Rewards (producer/rewards/builtins.py) and evaluation
+(consumer/evaluation/greedy.py) both judge with `is_correct`; the demo model's warm-up
+(launch/demo_model.py) draws from the train split.
 
 Problems: `a+b=` with 0 <= a, b < 10**digits. Operands are zero-padded to `digits` characters and
 the answer, the sum, to `digits + 1`, so every digit has a fixed position

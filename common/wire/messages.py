@@ -66,7 +66,7 @@ Conventions and invariants:
   `RunSpec.reward_fns`), so the consumer reports per-function means; `rewards` stays their
   weighted sum. Empty (and left out) when the producer scores with something else (the fake
   engine's coins).
-- Evaluation during training (consumer/server/eval_book.py): an eval lease has
+- Evaluation during training (consumer/evaluation/rounds.py): an eval lease has
   `eval_version` >= 0 (-1 on a training lease): its group must be sampled entirely with
   exactly that version (`RunSpec.eval_samples` completions at `RunSpec.eval_temperature`; 0 =
   greedy), sent with `Group.evaluation` set, and is never trained; it is acknowledged
@@ -121,7 +121,7 @@ OUTCOMES = (
 # consumer/server/admission.py.
 HOLD, SEND = "hold", "send"
 # The ack of an evaluation group that was counted (eval leases are not in the training ledger:
-# consumer/server/eval_book.py); a late one is acked `expired`.
+# consumer/evaluation/rounds.py); a late one is acked `expired`.
 EVALUATED = "evaluated"
 # Why a fetcher dropped a relay (`BadSource.reason`); the consumer counts any other reason as
 # `other` (consumer/snapshots/fanout.py)
@@ -166,7 +166,7 @@ class Status:
     acks: tuple[Ack, ...] = ()
     finished: bool = False  # the learner needs no more groups: producers may exit
     # the version an evaluation round still has prompts to lease for (-1: none): a producer that
-    # holds it keeps it until they are leased (consumer/server/eval_book.py)
+    # holds it keeps it until they are leased (consumer/evaluation/rounds.py)
     eval_version: int = -1
     # a round that has no version yet waits for its first producer holding this one or newer
     # (-1: none); that producer keeps its version and asks for the round
@@ -428,7 +428,7 @@ class Group:
     kept_unknown: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     # float32 [F*G], function-major: each reward function's own score (empty: not sent)
     reward_parts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    evaluation: bool = False  # an eval lease's group: never trained (consumer/server/eval_book.py)
+    evaluation: bool = False  # an eval lease's group: never trained (consumer/evaluation/rounds.py)
 
     @property
     def group_size(self) -> int:

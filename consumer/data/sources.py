@@ -1,22 +1,22 @@
 """The user's prompt rows, read from disk and checked: JSONL, Parquet, Hugging Face datasets.
 
-`load_rows(task, held_out=False)` reads `task.path` (or `task.eval_path`) whole and checks
-every row (consumer/data/rows.py), so bad data stops the consumer at start with one
-`ConfigError` that names the file, the row and the field, not a producer halfway through a run.
-Rows are numbered from 1 in file order (JSONL: the line number, blank lines counted).
-`eval_rows(cfg)`: the held-out prompts of evaluation during training (`[eval]`): the first
-`eval.max_prompts` rows of `eval.path` (else `task.eval_path`), read as `task.eval_path` is,
-else of the synthetic task's held-out split.
+`load_rows(task)` reads `task.path` whole and `heldout_rows(cfg)` `eval.path` (read as
+`task.path` is, with the task's fields), each checking every row (consumer/data/rows.py), so bad
+data stops the consumer at start with one `ConfigError` that names the file, the row and the
+field, not a producer halfway through a run. Rows are numbered from 1 in file order (JSONL: the
+line number, blank lines counted). `round_rows(cfg)`: the held-out prompts of evaluation during
+training through the producers: the first `eval.max_prompts` rows of `eval.path`, else of the
+synthetic task's held-out split.
 
-Formats (`task.source`; for `task.eval_path` the same, except that with `source = "synthetic"`
-a path ending in `.parquet` is Parquet and anything else JSONL):
+Formats (`task.source`; for `eval.path` the same, except that with `source = "synthetic"` a path
+ending in `.parquet` is Parquet and anything else JSONL):
 - `jsonl`: one JSON object per line (split at b"\\n" only: JSON allows U+2028 and friends
   unescaped inside strings);
 - `parquet`: one file, read with pyarrow (list, struct and timestamp columns become Python
   lists, dicts and datetimes);
 - `hf`: the `datasets` library, and never the network (offline for the load, whatever the
   environment says): a directory written by `save_to_disk` (a `Dataset`, or a `DatasetDict`
-  whose split is `task.split` / `task.eval_split`), a local data file (`.jsonl`, `.json`,
+  whose split is `task.split` / `eval.split`), a local data file (`.jsonl`, `.json`,
   `.csv`, `.parquet`, `.arrow`, `.txt`) or directory of them (`load_dataset(path)`), or a
   dataset name already in the local Hugging Face cache (`load_dataset(name, task.hf_config,
   split=...)`).
@@ -25,7 +25,6 @@ a path ending in `.parquet` is Parquet and anything else JSONL):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -43,22 +42,39 @@ HF_BUILDERS = {  # a local data file's suffix -> the `datasets` builder that rea
 _SAVED = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
 
 
-def data_format(task: TaskConfig, *, held_out: bool = False) -> str:
-    """How `task.path` (or `task.eval_path`) is read: jsonl, parquet or hf."""
+def data_format(task: TaskConfig, path: str = "") -> str:
+    """How `task.path` (or held-out rows at `path`) is read: jsonl, parquet or hf."""
     if task.source != "synthetic":
         return task.source
-    assert held_out, "the synthetic task has no data file"
-    return "parquet" if task.eval_path.endswith(".parquet") else "jsonl"
+    assert path, "the synthetic task has no data file"
+    return "parquet" if path.endswith(".parquet") else "jsonl"
 
 
-def load_rows(task: TaskConfig, *, held_out: bool = False, key: str = "") -> list[PromptRow]:
-    """Every row of `task.path` (`held_out`: `task.eval_path`), checked; `ConfigError` naming the
-    file, row and field of the first bad one."""
-    key = key or ("task.eval_path" if held_out else "task.path")  # the key errors name
-    path = task.eval_path if held_out else task.path
-    split = task.eval_split if held_out else task.split
+def load_rows(task: TaskConfig) -> list[PromptRow]:
+    """Every row of `task.path`, checked; `ConfigError` naming the file, row and field of the
+    first bad one."""
+    return _read(task, task.path, task.split, key="task.path", fmt=data_format(task))
+
+
+def heldout_rows(cfg: Config) -> list[PromptRow]:
+    """Every row of `eval.path`, read like `task.path` (its split `eval.split`), checked."""
+    path = cfg.eval.path
+    return _read(cfg.task, path, cfg.eval.split, key="eval.path", fmt=data_format(cfg.task, path))
+
+
+def round_rows(cfg: Config) -> list[PromptRow]:
+    """The held-out rows evaluation during training leases (module docstring)."""
+    n = cfg.eval.max_prompts
+    if cfg.eval.path:
+        return heldout_rows(cfg)[:n]
+    assert cfg.task.source == "synthetic", "config validation asks for eval.path"
+    from common.task.synthetic import make_examples
+
+    return [PromptRow(ex.prompt, ex.answer) for ex in make_examples("heldout", n, seed=0)]
+
+
+def _read(task: TaskConfig, path: str, split: str, *, key: str, fmt: str) -> list[PromptRow]:
     fields = RowFields(task.prompt_field, task.answer_field, int(task.max_row_kib * 1024))
-    fmt = data_format(task, held_out=held_out)
     if fmt == "jsonl":
         records = _jsonl(Path(path), key)
     elif fmt == "parquet":
@@ -69,19 +85,6 @@ def load_rows(task: TaskConfig, *, held_out: bool = False, key: str = "") -> lis
     if not rows:
         raise ConfigError(f"{key} = {path!r} holds no rows")
     return rows
-
-
-def eval_rows(cfg: Config) -> list[PromptRow]:
-    """The held-out rows evaluation during training leases (module docstring)."""
-    n = cfg.eval.max_prompts
-    if cfg.eval.path or cfg.task.eval_path:
-        task = dataclasses.replace(cfg.task, eval_path=cfg.eval.path or cfg.task.eval_path)
-        key = "eval.path" if cfg.eval.path else "task.eval_path"
-        return load_rows(task, held_out=True, key=key)[:n]
-    assert cfg.task.source == "synthetic", "config validation asks for eval.path"
-    from common.task.synthetic import make_examples
-
-    return [PromptRow(ex.prompt, ex.answer) for ex in make_examples("heldout", n, seed=0)]
 
 
 def _jsonl(path: Path, key: str) -> Iterator[tuple[str, Any]]:
@@ -135,7 +138,7 @@ def _hf(
         label = f"{path} [{split}]" if isinstance(data, dict) else path
         if isinstance(data, dict):  # a DatasetDict
             if split not in data:
-                which = "task.eval_split" if key == "task.eval_path" else "task.split"
+                which = "eval.split" if key == "eval.path" else "task.split"
                 raise ConfigError(
                     f"{key} = {path!r} has no split {split!r} ({which}); its splits: "
                     f"{', '.join(map(repr, data))}"

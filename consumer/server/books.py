@@ -41,6 +41,7 @@ class Books:
         self._state, self.run_dir = state, run_dir
         self._refused_keys = refused_keys
         self._due = 0.0  # monotonic time the files may be rewritten again
+        self._ledger_written = False  # ledger.json: written once at least
         self.writer = BookWriter(run_dir)
 
     @property
@@ -65,8 +66,9 @@ class Books:
         if self.writer.error is not None:
             raise RuntimeError("writing the run's books failed") from self.writer.error
         st = self._state
-        if now >= self._due and (st.ledger_dirty or st.roster_changes):
-            self._hand_over(ledger=st.ledger_dirty)
+        behind = st.book.changed or not self._ledger_written  # ledger.json
+        if now >= self._due and (behind or st.roster_changes):
+            self._hand_over(ledger=behind)
             self._due = now + _BOOKS_EVERY_S
 
     def close(self) -> None:
@@ -75,7 +77,7 @@ class Books:
 
     def _hand_over(self, *, ledger: bool) -> Future[None]:
         st = self._state
-        roster, st.roster_changes = st.roster_changes, {}
+        roster = st.take_roster_changes()
         stats = NetStats.of(
             st.timing, unix_time=time.time(), groups_trained=st.book.counts["trained"]
         )
@@ -87,7 +89,7 @@ class Books:
         st = self._state
         self.append_finished()
         changed = st.book.take_changed()
-        st.ledger_dirty = False
+        self._ledger_written = True
         return LedgerChanges(
             totals=st.book.totals(),
             by_producer=changed,

@@ -9,7 +9,7 @@ Invariants:
 - A bad request is counted under `control_rejected.<reason>` and answered with a `wire.Reject`;
   whatever handling it raises, even a bug of ours, is counted (`NetState.internal_error`) and
   answered `internal_error`. Replies are sent without blocking; a lost reply only delays acks.
-- Eval leases (consumer/server/eval_book.py) are granted before training leases, and only for
+- Eval leases (consumer/evaluation/rounds.py) are granted before training leases, and only for
   the version the request says its producer holds; the eval leases a request gives back
   (`declined`) and those a registration or goodbye does not name end there, not in the ledger.
 - A lease request that cannot be granted is parked (consumer/server/parked.py), not answered.
@@ -119,7 +119,7 @@ class Control:
             raise WireError("not_registered", "register first (the consumer may have restarted)")
         if not st.identities.allows(msg.producer_id, key):
             raise WireError("wrong_key", "this producer id is registered with another key")
-        st.routes[msg.producer_id] = identity
+        st.route(msg.producer_id, identity)
         st.liveness.heard(msg.producer_id, now)
         with st.lock:
             view.last_seen = now
@@ -159,13 +159,11 @@ class Control:
         )
         if not st.identities.bind(msg.producer_id, key, free=free):
             raise WireError("wrong_key", "this producer id is registered with another key")
-        with st.lock:
-            st.producers[msg.producer_id] = ProducerView(
-                msg.host, msg.pid, msg.engine, msg.loaded_version, last_seen=now
-            )
-        st.hosts[msg.producer_id] = msg.host
+        st.register(
+            msg.producer_id,
+            ProducerView(msg.host, msg.pid, msg.engine, msg.loaded_version, last_seen=now),
+        )
         st.liveness.registered(msg.producer_id, now)
-        st.note(msg.producer_id)
         st.book.touch(msg.producer_id)  # its host in ledger.json
         st.book.reconcile(msg.producer_id, set(msg.held_leases))
         if st.evals is not None:
@@ -245,8 +243,6 @@ class Control:
                     row.columns,
                 )
             )
-        if out:
-            st.ledger_dirty = True
         return tuple(out)
 
     def _eval_leases(self, msg: wire.LeaseRequest, room: int, now: float) -> list[wire.Lease]:

@@ -9,7 +9,7 @@ learner's bounded queue (consumer/server/admission.py, `net.max_queued_groups`,
 its producer told to hold it, then to send it when the learner has made room (acks `hold` /
 `send`). The rollouts socket is always read, so ZeroMQ's queues never grow with a slow learner.
 An evaluation group (`Group.evaluation`) never reaches the learner's queue: it goes to the eval
-rounds (consumer/server/eval_book.py), counted under `eval_groups_<verdict>`.
+rounds (consumer/evaluation/rounds.py), counted under `eval_groups_<verdict>`.
 
 A bad message is counted under `rejected.<reason>` and never raises out of the loop; a group
 that parsed but failed validation ends its lease as `rejected_invalid` and its producer is told
@@ -36,8 +36,7 @@ class Intake:
 
     def on_frames(self, frames: list[zmq.Frame]) -> None:
         st = self._state
-        with st.lock:
-            st.counters["messages"] += 1
+        st.count("messages")
         key = peer_key(frames[0])
         if len(frames) != 1:
             return self._reject(WireError("multipart", f"{len(frames)} frames"), key)
@@ -61,8 +60,7 @@ class Intake:
         ):
             st.book.hold(msg.lease_id)  # no room: its producer keeps it until told to send
             verdict = "not_admitted"  # counted as groups_not_admitted
-        with st.lock:
-            st.counters[f"groups_{verdict}"] += 1
+        st.count(f"groups_{verdict}")
 
     def _evaluation(self, msg: wire.Group, key: str) -> None:
         """An evaluation group: counted by its round, never trained."""
@@ -72,16 +70,14 @@ class Intake:
         verdict = st.evals.receive(msg)
         if verdict == "wrong_producer":
             return self._reject(WireError("wrong_producer", "another producer's lease"), key)
-        with st.lock:
-            st.counters[f"eval_groups_{verdict}"] += 1
+        st.count(f"eval_groups_{verdict}")
 
     def _reject(self, exc: WireError, key: str) -> None:
         """Count a refused group message; one that parsed but failed a check ends its lease
         as rejected_invalid, if it came from the lease's holder (id and key)."""
         st = self._state
-        with st.lock:
-            st.counters[f"rejected.{exc.reason}"] += 1
-            st.counters["rejected"] += 1
+        st.count(f"rejected.{exc.reason}")
+        st.count("rejected")
         st.log.log(f"group.{exc.reason}", logging.WARNING, "rejected a group message: %s", exc)
         rec = st.book.open.get(exc.lease_id) if exc.lease_id is not None else None
         if (
@@ -92,4 +88,3 @@ class Intake:
             and exc.reason not in ("not_registered", "wrong_key", "wrong_producer")
         ):
             st.book.finalize(rec.lease_id, "rejected_invalid", reason=exc.reason)
-            st.ledger_dirty = True

@@ -249,7 +249,7 @@ class LeaseBook:
         self._ack(rec.producer_id, Ack(lease_id, SEND))
 
     def queue_ack(self, producer_id: str, ack: Ack) -> None:
-        """Queue an ack that is not this ledger's (an eval lease's: consumer/server/eval_book.py)
+        """Queue an ack that is not this ledger's (an eval lease's: consumer/evaluation/rounds.py)
         for `producer_id`'s next reply."""
         self._ack(producer_id, ack)
 
@@ -362,6 +362,11 @@ class LeaseBook:
         for p, c in self.by_producer.items():
             ok = ok and producer_balanced(c, len(self._open_by.get(p, ())))
         return dataclasses.replace(totals, ok=ok)
+
+    @property
+    def changed(self) -> bool:
+        """Whether some producer's counts or open leases changed since `take_changed`."""
+        return bool(self._changed)
 
     def take_changed(self) -> dict[str, tuple[dict[str, int], int]]:
         """{producer: (its counts, its open leases)} for the producers whose counts or open

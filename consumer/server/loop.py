@@ -186,11 +186,10 @@ class Loop:
                 st.liveness.ended(p, now)
                 st.note(p)
                 self._control.parked.drop(p)  # gone: nobody to answer
-            st.counters["expired"] += len(expired)
+        st.count("expired", len(expired))
         self._forget(now, max(_FORGET_AFTER_S, 10 * timeout_s))
         if expired:
             self._books.append_finished()
-            st.ledger_dirty = True
         st.admission.prune(st.book.open)  # held groups whose lease ended otherwise
         if st.evals is not None and st.evals.rounds:
             st.evals.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=set(gone))
@@ -211,16 +210,9 @@ class Loop:
                 st.liveness.revive(p)
             elif not st.book.holds(p):
                 forget.append(p)
-        with st.lock:
-            for p in forget:
-                del st.producers[p]
+        st.forget(forget)
         for p in forget:
             st.liveness.forget(p)
-            st.note(p)
-            if p not in st.book.by_producer:
-                st.hosts.pop(p, None)
             st.book.forget_acks(p)
             st.identities.forget(p)
-            st.routes.pop(p, None)
-            st.told_finished.pop(p, None)
             self._control.forget(p)  # its parked request, fetch records and relay

@@ -84,10 +84,9 @@ class ParkedRequests:
 
     def _answer(self, producer_id: str, parked: _Parked, leases: tuple[wire.Lease, ...]) -> None:
         st = self._state
-        with st.lock:
-            st.counters["lease_replies_parked"] += 1
-            if not leases:
-                st.counters["lease_replies_empty"] += 1
+        st.count("lease_replies_parked")
+        if not leases:
+            st.count("lease_replies_empty")
         status = st.status(producer_id)
         self._reply(parked.identity, wire.LeaseGrant(parked.msg.req, leases, status))
         if leases:  # common/files/net_stats.py: from the turn that freed them to the reply sent

@@ -44,12 +44,11 @@ from common.net.heartbeat import GOODBYE_WAIT_S
 from common.net.keys import Keys
 from common.net.sockets import server_socket
 from consumer.data.prompts import PromptOrder, PromptSource
-from consumer.data.sources import eval_rows
+from consumer.evaluation import evaluate_through_producers
 from consumer.server.admission import Admission
 from consumer.server.books import Books
 from consumer.server.calls import Calls
 from consumer.server.control import Control
-from consumer.server.eval_book import EvalBook
 from consumer.server.identity import Identities
 from consumer.server.intake import Intake
 from consumer.server.leases import LeaseBook
@@ -113,13 +112,11 @@ class Server:
     ) -> None:
         self.run_dir = run_dir
         st = self._state = _restored_state(cfg, prompts, book_state, policy_version, hold_grants)
-        if cfg.eval.on:  # rows read before any socket is bound: bad data stops us here
-            st.eval_rows = eval_rows(cfg)
-            st.evals = EvalBook(
-                len(st.eval_rows), every_steps=cfg.eval.every_steps,
-                samples=cfg.eval.samples_per_prompt, pass_reward=cfg.eval.pass_reward,
-                ack=st.book.queue_ack, incarnation=st.book.incarnation,
-            )  # fmt: skip
+        rounds = evaluate_through_producers(
+            cfg, ack=st.book.queue_ack, incarnation=st.book.incarnation
+        )
+        if rounds is not None:  # rows read before any socket is bound: bad data stops us here
+            st.evals, st.eval_rows = rounds
         self.incarnation = st.book.incarnation
         self.run_id = st.run_id
         net = cfg.net
@@ -216,7 +213,6 @@ class Server:
                 )
             st.policy_version = trained_step + 1
             self._books.append_finished()
-            st.ledger_dirty = True
 
         self._call(settle).result()
 
@@ -249,7 +245,7 @@ class Server:
 
     def expire_open(self, reason: str) -> None:
         """End every open lease as expired (their prompts are leased again after a resume), and
-        every open eval lease (consumer/server/eval_book.py)."""
+        every open eval lease (consumer/evaluation/rounds.py)."""
         st = self._state
 
         def expire() -> None:
@@ -285,7 +281,7 @@ class Server:
 
     def take_eval(self) -> dict[str, Any]:
         """For a step's metrics line: the eval counters, and the oldest finished eval round's
-        result not taken yet (consumer/server/eval_book.py); {} with evaluation off."""
+        result not taken yet (consumer/evaluation/rounds.py); {} with evaluation off."""
         evals = self._state.evals
         if evals is None:
             return {}

@@ -1,6 +1,6 @@
 """What the network thread knows, shared by its parts (consumer/server/: control, intake,
 parked, books, loop): the lease book, producer identities and views, the admission queue and the
-versions every reply carries; the eval rounds (consumer/server/eval_book.py) when `[eval]` is on.
+versions every reply carries; the eval rounds (consumer/evaluation/rounds.py) when `[eval]` is on.
 
 Invariants:
 - Only the network thread reads or writes a `NetState`, except `counters` and `producers`, which
@@ -17,6 +17,15 @@ Invariants:
   costs latency, never correctness), the acks queued for that producer, and the heartbeat
   period for the producers now live (common/net/heartbeat.py; `periods` keeps the longest sent
   lately, which sets the silence after which a producer is gone: `producer_timeout_s`).
+
+Who writes what (`WRITTEN_BY`, pinned by tests/unit/test_net_state.py): each attribute is set,
+and a container's entries are changed, in one module. This one owns the producers' records
+(`register`, `route`, `forget`, `note`, `take_roster_changes`, `status`) and the counters
+(`count`); consumer/server/server.py owns the versions every reply carries, the two switches
+(`accepting`, `granting`) and the eval rounds it builds. The other parts (control, intake,
+parked, loop, books) call those methods and the books' own (`book`, `admission`, `identities`,
+`liveness`, `periods`, `timing`: objects bound once here, each changing only through its
+methods); ledger.json is behind when the lease book says so (`LeaseBook.changed`).
 """
 
 from __future__ import annotations
@@ -36,14 +45,42 @@ from common.files.net_stats import LoopTiming
 from common.net.log_limit import LogLimiter
 from consumer.data.prompts import PromptSource
 from consumer.data.rows import PromptRow
+from consumer.evaluation.rounds import EvalBook
 from consumer.server.admission import Admission
-from consumer.server.eval_book import EvalBook
 from consumer.server.identity import Identities
 from consumer.server.leases import LeaseBook
 from consumer.server.liveness import Liveness, SentPeriods
 from consumer.server.roster import status_of
 
 log = logging.getLogger("asyncgrpo.consumer")
+
+_HERE, _SERVER = "consumer/server/state.py", "consumer/server/server.py"
+WRITTEN_BY = {  # NetState attribute -> the one module that sets it or changes its entries
+    "cfg": _HERE,
+    "prompts": _HERE,
+    "book": _HERE,
+    "identities": _HERE,
+    "admission": _HERE,
+    "run_id": _HERE,
+    "counters": _HERE,
+    "lock": _HERE,
+    "producers": _HERE,
+    "liveness": _HERE,
+    "periods": _HERE,
+    "timing": _HERE,
+    "roster_changes": _HERE,
+    "expected": _HERE,
+    "hosts": _HERE,
+    "routes": _HERE,
+    "told_finished": _HERE,
+    "log": _HERE,
+    "policy_version": _SERVER,
+    "snapshot": _SERVER,
+    "accepting": _SERVER,
+    "granting": _SERVER,
+    "evals": _SERVER,
+    "eval_rows": _SERVER,
+}
 
 
 def peer_key(frame: zmq.Frame) -> str:
@@ -104,11 +141,39 @@ class NetState:
         self.snapshot: wire.SnapshotInfo | None = None
         self.accepting = True  # False once the learner needs no more groups
         self.granting = granting  # False until Server.open_grants() when held
-        self.ledger_dirty = True  # ledger.json is behind the lease book
         self.log = LogLimiter(log)
         # evaluation during training (`[eval]`): its rounds and held-out rows; None when off
         self.evals: EvalBook | None = None
         self.eval_rows: list[PromptRow] = []
+
+    def register(self, producer_id: str, view: ProducerView) -> None:
+        """A producer (re-)registered: its view, its host, noted for the roster."""
+        with self.lock:
+            self.producers[producer_id] = view
+        self.hosts[producer_id] = view.host
+        self.note(producer_id)
+
+    def route(self, producer_id: str, identity: bytes) -> None:
+        """The ROUTER identity `producer_id`'s last request came over (pushes go there)."""
+        self.routes[producer_id] = identity
+
+    def forget(self, producer_ids: list[str]) -> None:
+        """Producers that ended long ago and hold no lease: their records go (their host stays
+        while the ledger still counts their leases)."""
+        with self.lock:
+            for p in producer_ids:
+                del self.producers[p]
+        for p in producer_ids:
+            self.note(p)
+            if p not in self.book.by_producer:
+                self.hosts.pop(p, None)
+            self.routes.pop(p, None)
+            self.told_finished.pop(p, None)
+
+    def take_roster_changes(self) -> dict[str, RF.ProducerStatus | None]:
+        """The producers' statuses changed since the last call (the books write them)."""
+        changes, self.roster_changes = self.roster_changes, {}
+        return changes
 
     def note(self, producer_id: str) -> None:
         """`producer_id`'s view changed (or it was forgotten): the roster writes it next."""
@@ -116,6 +181,7 @@ class NetState:
         self.roster_changes[producer_id] = None if view is None else status_of(view)
 
     def count(self, key: str, n: int = 1) -> None:
+        """Add `n` to counter `key` (other threads copy the counters under `lock`)."""
         with self.lock:
             self.counters[key] += n
 

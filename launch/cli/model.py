@@ -82,26 +82,27 @@ def eval_(
     ] = None,
     eval_path: Annotated[
         Path | None,
-        typer.Option(help="task.eval_path: the held-out rows to score a run's snapshot on."),
+        typer.Option(help="eval.path: the held-out rows to score a run's snapshot on."),
     ] = None,
 ) -> None:
     """Score a snapshot on its run's own task and rewards (RUN/config.toml), or a model
     directory on the synthetic task's held-out split (greedy accuracy)."""
     from common.errors import ConfigError
-    from launch import heldout
+    from consumer import evaluation
+    from producer.rewards.judge import HeldOutJudge
 
     try:
-        target = heldout.eval_target(model, snapshot, eval_path=eval_path)
+        target = evaluation.eval_target(model, snapshot, eval_path=eval_path)
         if target.cfg is None:
-            from consumer.evaluate import greedy_accuracy
-
-            result = greedy_accuracy(target.model_dir, snapshot=target.snapshot, n=n)
+            result = evaluation.greedy_accuracy(target.model_dir, snapshot=target.snapshot, n=n)
             typer.echo(
                 f"accuracy {result.accuracy:.4f} ({result.correct}/{result.total}; "
                 "greedy, synthetic held-out split)"
             )
             return
-        score = heldout.evaluate(target.cfg, target.model_dir, target.snapshot)
+        score = evaluation.score_model(
+            target.cfg, target.model_dir, target.snapshot, judge=HeldOutJudge
+        )
     except ConfigError as exc:
         fail(str(exc))
-    typer.echo(f"{heldout.describe(target.cfg)}: {score.score:.4f} (n = {score.size})")
+    typer.echo(f"{evaluation.describe(target.cfg)}: {score.score:.4f} (n = {score.size})")

@@ -338,15 +338,20 @@ def launch(
     model_dir = None if cfg.train.simulate_step_s else Path(cfg.model.path)
     typer.echo(f"run directory: {out}", err=True)
     show = sys.stderr.isatty() if live is None else live
-    from launch import heldout
+    from consumer import evaluation
 
-    evaluates = evaluate and model_dir is not None and heldout.has_heldout(cfg)
+    evaluates = evaluate and model_dir is not None and evaluation.has_heldout(cfg)
     stopped, hurried = threading.Event(), threading.Event()
+    sup = local.Supervisor(out, config_path=out / RF.CONFIG, num_producers=producers)
+    again = "skip the final evaluation" if evaluates else ""
     code = local.run(
-        out / RF.CONFIG, out, steps=cfg.run.steps, num_producers=producers, live=show,
-        stop_event=stopped, hurry_event=hurried,
-        again="skip the final evaluation" if evaluates else "",
-    )  # fmt: skip
+        sup,
+        steps=cfg.run.steps,
+        live=show,
+        wording=local.Wording(again=again),
+        stop_event=stopped,
+        hurry_event=hurried,
+    )
     _finish(cfg, out, model_dir if evaluates and not hurried.is_set() else None)
     raise typer.Exit(EXIT_INTERRUPTED if stopped.is_set() and code == 0 else code)
 
@@ -402,17 +407,19 @@ def _split_cores(
 
 
 def _evaluate_run(cfg: C.Config, run_dir: Path, model_dir: Path) -> None:
-    """The held-out score of the start and the final snapshot (launch/heldout.py), if the task
-    has a held-out split."""
-    from launch import heldout
+    """The held-out score of the start and the final snapshot (consumer/evaluation/), if the
+    task has a held-out split."""
+    from consumer import evaluation
+    from producer.rewards.judge import HeldOutJudge
 
-    if not heldout.has_heldout(cfg):
+    if not evaluation.has_heldout(cfg):
         return
     typer.echo(
-        f"evaluating the start and the final snapshot: {heldout.describe(cfg)} (Ctrl-C: skip it)",
+        f"evaluating the start and the final snapshot: {evaluation.describe(cfg)} "
+        "(Ctrl-C: skip it)",
         err=True,
     )
-    r = heldout.evaluate_run(cfg, run_dir, model_dir)
+    r = evaluation.score_run_ends(cfg, run_dir, model_dir, judge=HeldOutJudge)
     if r is None:
         typer.echo("no snapshot to evaluate", err=True)
         return

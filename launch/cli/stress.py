@@ -117,22 +117,12 @@ _Heldout = Annotated[
     bool,
     typer.Option(
         "--heldout/--no-heldout",
-        help="Score each setting's snapshots on the held-out split (task.eval_path, or the "
+        help="Score each setting's snapshots on the held-out split (eval.path, or the "
         "synthetic task's) at equal steps and equal wall-clock.",
     ),
 ]
-_GenS = Annotated[float, typer.Option(help="fake: seconds to generate one group.")]
-_StepS = Annotated[float, typer.Option(help="fake: simulated learner step, seconds.")]
 _Slow = Annotated[float, typer.Option(help="Producer p1 generates this many times slower.")]
-_Jitter = Annotated[float, typer.Option(help="fake: relative latency jitter (0.3 = ±30%).")]
-_LongTail = Annotated[float, typer.Option(help="fake: probability of a max-length completion.")]
 _StallS = Annotated[float, typer.Option(help="Producer p2 stalls this long, 5 s after it starts.")]
-_PublishDelay = Annotated[
-    float, typer.Option(help="Delay every snapshot announcement by this long.")
-]
-_MaxInFlight = Annotated[
-    int, typer.Option(help="fake: leases each producer may hold (the bound caps them too).")
-]
 
 
 def stress(
@@ -152,14 +142,8 @@ def stress(
     producer_gpus: _ProducerGpus = "",
     colocated_memory: _Colocated = 0.4,
     heldout: _Heldout = True,
-    gen_s: _GenS = 0.5,
-    step_s: _StepS = 0.5,
     slow: _Slow = 1.0,
-    jitter: _Jitter = 0.0,
-    long_tail: _LongTail = 0.0,
     stall_s: _StallS = 0.0,
-    publish_delay_s: _PublishDelay = 0.0,
-    max_in_flight: _MaxInFlight = 8,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     keys: KeysOpt = None,
@@ -172,6 +156,9 @@ def stress(
     fractions, staleness histogram, drops, TIS statistics, speedup over max_staleness = 0,
     reward and held-out score at equal steps and at the synchronous setting's wall-clock, time
     to --target-reward, placement, hosts). Ctrl-C keeps finished settings; --resume goes on.
+
+    The fake engine's timings are config keys (--set train.simulate_step_s=0.5, fake.latency_s,
+    fake.jitter, fake.long_tail, producer.max_in_flight, snapshot.delay_s): docs/stress.md.
     """
     from launch.placement import placements
     from launch.stress import plan as P
@@ -180,10 +167,7 @@ def stress(
     modes, kind = _modes_and_engine(is_modes, engine)
     base, given = _base_config(kind, config, set_, keys, insecure)
     counts = _ints(producers, "--producers") or None
-    scenario = P.Scenario(
-        gen_s=gen_s, step_s=step_s, slow_factor=slow, jitter=jitter, long_tail=long_tail,
-        stall_s=stall_s, publish_delay_s=publish_delay_s, max_in_flight=max_in_flight,
-    )  # fmt: skip
+    scenario = P.Scenario(slow_factor=slow, stall_s=stall_s)
     try:
         where = {} if external_producers else placements(
             engine=kind, producer_counts=counts, colocated_memory=colocated_memory,
@@ -240,8 +224,11 @@ def _base_config(
     engine), its model directory made ready; and the keys the user gave."""
     flags: dict[str, object] = {"net.keys_dir": keys, "net.insecure": insecure or None}
     base, given = load_given(config, sets, flags, fallback=None if kind == "fake" else DEMO_CONFIG)
-    if kind != "fake":
-        base = C.override(base, {"model.path": resolve_model(base.model.path)})
+    if kind == "fake":
+        from launch.stress.plan import with_fake_defaults
+
+        return with_fake_defaults(base, given), given
+    base = C.override(base, {"model.path": resolve_model(base.model.path)})
     return base, given
 
 

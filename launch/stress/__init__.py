@@ -15,10 +15,11 @@ each (seed, producers, IS mode) first: it is the synchronous baseline whose wall
 it has taken `--steps` steps AND run that long (watch.py stops it), so its reward
 (and held-out score) can be read both at equal steps and at equal wall-clock.
 
-Engines: `fake` measures scheduling and transport only (simulated learner step of `step_s`, fake
-generation of `gen_s` per group, seeded coin rewards); `hf` and `vllm` train the config's model
-(`demo` = `hf` on launch/configs/demo.toml unless a config is given). Held-out scores come from
-launch/heldout.py when the config has a held-out split, reward curves otherwise.
+Engines: `fake` measures scheduling and transport only (a simulated learner step of
+`train.simulate_step_s`, fake generation of `fake.latency_s` per group, seeded coin rewards);
+`hf` and `vllm` train the config's model (`demo` = `hf` on launch/configs/demo.toml unless a
+config is given). Held-out scores come from consumer/evaluation/ when the config has a held-out
+split, reward curves otherwise.
 
 Where the processes run: local producers on the devices of launch/placement.py (recorded in
 results.csv), or `external` producers the user started elsewhere with `asyncgrpo producer

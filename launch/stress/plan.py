@@ -27,19 +27,29 @@ IS_MODES = (
 )
 
 
+# The fake engine's sweep, where the config does not say otherwise (keys the user gave, in their
+# config or with --set, are kept): a simulated learner step and one group's generation of 0.5 s
+# each, 8 leases per producer (the staleness bound still caps them). The rest of its scenario
+# (`fake.jitter`, `fake.long_tail`, `snapshot.delay_s`, ...) is the config's.
+FAKE_DEFAULTS: dict[str, object] = {
+    "train.simulate_step_s": 0.5,
+    "fake.latency_s": 0.5,
+    "producer.max_in_flight": 8,
+}
+
+
+def with_fake_defaults(base: C.Config, given: frozenset[str]) -> C.Config:
+    """`base` with `FAKE_DEFAULTS` for the keys the user did not give."""
+    return C.override(base, {k: v for k, v in FAKE_DEFAULTS.items() if k not in given})
+
+
 @dataclass(frozen=True)
 class Scenario:
-    """Heterogeneity injected into every setting of a sweep."""
+    """Faults injected into one producer of every setting of a sweep."""
 
-    gen_s: float = 0.5  # fake engine: seconds per group
-    step_s: float = 0.5  # fake engine: simulated learner step
     slow_factor: float = 1.0  # producer p1 generates this many times slower
-    jitter: float = 0.0
-    long_tail: float = 0.0
     stall_s: float = 0.0  # producer p2 stalls this long after stall_after_s
     stall_after_s: float = 5.0
-    publish_delay_s: float = 0.0
-    max_in_flight: int = 8  # leases a producer may hold (the staleness bound still caps them)
     seed: int = 0
 
 
@@ -128,16 +138,11 @@ def build_config(
     values: dict[str, object] = {
         "staleness.max_staleness": ms, "run.steps": 0 if open_ended else steps,
         "run.seed": sc.seed, "run.dir": run_dir, "run.resume": False, "net.control_port": 0,
-        "run.wait_for_producers": wait_for, "snapshot.delay_s": sc.publish_delay_s,
-        "producer.engine": engine, **is_overrides(is_mode), **(threads or {}),
+        "run.wait_for_producers": wait_for, "producer.engine": engine,
+        **is_overrides(is_mode), **(threads or {}),
     }  # fmt: skip
     if base.staleness.publish_every > ms + 1:
         values["staleness.publish_every"] = ms + 1  # the tightest bound the config allows
-    if engine == "fake":
-        values |= {
-            "train.simulate_step_s": sc.step_s, "producer.max_in_flight": sc.max_in_flight,
-            "fake.latency_s": sc.gen_s, "fake.jitter": sc.jitter, "fake.long_tail": sc.long_tail,
-        }  # fmt: skip
     if bind:
         host, _, port = bind.removeprefix("tcp://").rpartition(":")
         values |= {"net.bind_host": host, "net.control_port": int(port)}

@@ -2,10 +2,10 @@
 
 `make_runner(base, sweep)` gives launch/stress/run.py's `run_all` its `run_setting`: the setting's
 config (`build_config`), the consumer and local producers on their devices (launch/local.py,
-launch/placement.py) or the consumer alone waiting for external producers, the watcher that
-keeps the snapshots to evaluate and stops an asynchronous run at the synchronous setting's
-wall-clock (launch/stress/watch.py), then the row: launch/stress/results.py's numbers and the
-held-out scores of launch/heldout.py. A setting that cannot finish (bad config, a process that
+launch/placement.py) or the consumer alone waiting for external producers, the watcher that keeps
+the snapshots to evaluate and stops an asynchronous run at the synchronous setting's wall-clock
+(launch/stress/watch.py), then the row: launch/stress/results.py's numbers and the held-out scores
+of consumer/evaluation/ (`score_model`). A setting that cannot finish (bad config, a process that
 exits non-zero, every producer gone, an unreadable run) becomes a "failed" row with the reason;
 Ctrl-C (the `stop` event) ends it cleanly and returns None.
 """
@@ -75,16 +75,21 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
 
         watcher = Watcher(run_dir, steps=sweep.steps, t_sync_s=t_sync, until_s=t_sync)
         try:
-            code = local.run(
-                run_dir / RF.CONFIG, run_dir, steps=sweep.steps,
-                num_producers=0 if sweep.external else setting.producers, live=live,
+            sup = local.Supervisor(
+                run_dir,
+                config_path=run_dir / RF.CONFIG,
+                num_producers=0 if sweep.external else setting.producers,
                 producer_args=args,
                 consumer_env=where.consumer_env() if where else None,
                 producer_env=where.producer_env if where else None,
-                on_tick=watcher, stop_event=stop, label=f"[{setting.describe()}]",
-                beyond=f"to match the synchronous setting's {t_sync:.1f} s of training"
-                if t_sync else "",
-            )  # fmt: skip
+            )
+            beyond = f"to match the synchronous setting's {t_sync:.1f} s of training"
+            wording = local.Wording(
+                label=f"[{setting.describe()}]", beyond=beyond if t_sync else ""
+            )
+            code = local.run(
+                sup, steps=sweep.steps, live=live, wording=wording, on_tick=watcher, stop_event=stop
+            )
         except SettingFailed as exc:
             return failed(str(exc))
         if stop.is_set():
@@ -118,19 +123,22 @@ def heldout_columns(
 ) -> dict[str, Any]:
     """Held-out scores of the snapshots kept at equal steps and at equal wall-clock (the
     synchronous setting's own end is both)."""
-    from launch import heldout
+    from consumer import evaluation
     from launch.stress.watch import AT_STEPS, AT_SYNC_TIME
+    from producer.rewards.judge import HeldOutJudge
 
-    if not heldout.has_heldout(cfg):
+    if not evaluation.has_heldout(cfg):
         return {"heldout": ""}
     model_dir = Path(cfg.model.path)
-    out: dict[str, Any] = {"heldout": heldout.describe(cfg)}
+    out: dict[str, Any] = {"heldout": evaluation.describe(cfg)}
     if AT_STEPS in captured:
-        score = heldout.evaluate(cfg, model_dir, run_dir / AT_STEPS).score
+        score = evaluation.score_model(cfg, model_dir, run_dir / AT_STEPS, judge=HeldOutJudge).score
         out |= {"final_accuracy": score, "final_version": captured[AT_STEPS]}
         if synchronous:
             out |= {"accuracy_at_equal_time": score, "equal_time_version": captured[AT_STEPS]}
     if not synchronous and AT_SYNC_TIME in captured:
-        score = heldout.evaluate(cfg, model_dir, run_dir / AT_SYNC_TIME).score
+        score = evaluation.score_model(
+            cfg, model_dir, run_dir / AT_SYNC_TIME, judge=HeldOutJudge
+        ).score
         out |= {"accuracy_at_equal_time": score, "equal_time_version": captured[AT_SYNC_TIME]}
     return out

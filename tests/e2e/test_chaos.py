@@ -45,7 +45,7 @@ def _consumer(tmp: Path, run_dir: Path, model: Path, *, resume: bool, n: int):
         f"staleness.max_staleness={MAX_STALENESS}", "train.checkpoint_every=2",
         "net.heartbeat_s=0.2", "net.producer_timeout_s=4", "net.resend_after_s=3",
         "task.source=jsonl", f"task.path={tmp / 'prompts.jsonl'}", "model.device=cpu",
-        "sampling.max_new_tokens=8", "train.eval_every=0",
+        "sampling.max_new_tokens=8", "eval.learner_every_steps=0",
     ]  # fmt: skip
     args = ["consumer", "--run-dir", str(run_dir), "--steps", "1000000", "--model", str(model)]
     for s in sets:

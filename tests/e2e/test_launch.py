@@ -44,7 +44,7 @@ def fake_launch(
         "launch", "--run-dir", str(tmp_path / "run"), "--steps", str(steps), "--no-live",
         "--eval" if evaluate else "--no-eval", "--engine", "fake", "--model", str(model_dir),
         "--set", "sampling.group_size=4", "--set", "train.prompts_per_step=4",
-        "--set", "train.eval_every=0", "--set", f"fake.latency_s={latency_s}",
+        "--set", "eval.learner_every_steps=0", "--set", f"fake.latency_s={latency_s}",
         log=tmp_path / "launch.log",
     )  # fmt: skip
 
@@ -102,7 +102,7 @@ def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snap
     assert steps < 10000
     final = run_dir / "snapshots" / f"v{steps:06d}"
     from common.weights import snapshot as snap
-    from consumer.evaluate import load_model
+    from consumer.evaluation.greedy import load_model
 
     manifest = snap.read_manifest(final)
     snap.verify_file(

@@ -34,7 +34,7 @@ def test_a_launch_with_top_k_trains_every_token_on_its_kept_set(tmp_path, tiny_m
         "launch", "--run-dir", str(run_dir), "--steps", "4", "--no-live", "--no-eval",
         "--engine", "fake", "--set", f"model.path={tiny_model_dir}",
         "--set", "sampling.group_size=4", "--set", "train.prompts_per_step=4",
-        "--set", "train.eval_every=0", "--set", "sampling.top_k=20", log=log,
+        "--set", "eval.learner_every_steps=0", "--set", "sampling.top_k=20", log=log,
     )  # fmt: skip
     assert _finish(launcher, log, 240) == 0, log.read_text()[-3000:]
     ledger = _balanced(run_dir)
@@ -55,7 +55,8 @@ def test_a_stress_sweep_with_top_k_20_runs_and_carries_the_kept_sets(tmp_path):
     out, log = tmp_path / "sweep", tmp_path / "stress.log"
     sweep = cli(
         "stress", "--out", str(out), "--max-staleness", "0,1", "--steps", "5",
-        "--gen-s", "0.05", "--step-s", "0.05", "--set", "sampling.group_size=4",
+        "--set", "fake.latency_s=0.05", "--set", "train.simulate_step_s=0.05",
+        "--set", "sampling.group_size=4",
         "--set", "train.prompts_per_step=4", "--set", "sampling.top_k=20", log=log,
     )  # fmt: skip
     assert _finish(sweep, log, 420) == 0, log.read_text()[-3000:]

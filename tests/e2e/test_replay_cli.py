@@ -44,7 +44,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     launcher = cli(
         "launch", "--run-dir", str(run_dir), "--steps", str(STEPS), "--producers", "2",
         "--no-live", "--no-eval", "--set", "staleness.max_staleness=2",
-        "--set", "train.eval_every=4", "--set", "train.eval_size=20",
+        "--set", "eval.learner_every_steps=4", "--set", "eval.learner_prompts=20",
         "--set", "snapshot.keep_last=1000", log=tmp / "launch.log",
     )  # fmt: skip
     try:

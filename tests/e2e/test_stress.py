@@ -19,7 +19,8 @@ from launch.cli import app
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FAKE = (
-    "--gen-s", "0.05", "--step-s", "0.05", "--set", "sampling.group_size=4",
+    "--set", "fake.latency_s=0.05", "--set", "train.simulate_step_s=0.05",
+    "--set", "sampling.group_size=4",
     "--set", "train.prompts_per_step=4",
 )  # fmt: skip
 
@@ -174,7 +175,6 @@ torch_threads = 1
 source = "jsonl"
 path = "{train}"
 prompt_field = "question"
-eval_path = "{held}"
 [[rewards.fns]]
 fn = "reward_fixtures:sum_is_right"
 [sampling]
@@ -182,7 +182,8 @@ group_size = 4
 max_new_tokens = 5
 [train]
 prompts_per_step = 4
-eval_every = 0
+[eval]
+path = "{held}"
 [snapshot]
 dtype = "float32"
 keep_last = 1

@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from common.errors import SnapshotError
 from common.task.synthetic import make_examples
-from consumer.evaluate import accuracy_of, greedy_accuracy, load_model
+from consumer.evaluation import greedy_accuracy
+from consumer.evaluation.greedy import accuracy_of, load_model
 from launch import demo_model
 from launch.demo_model import DEFAULT_RECIPE, Recipe, build_demo_model, ensure_demo_model
 

@@ -1,6 +1,6 @@
 """`asyncgrpo eval` scores a run's snapshot on that run's own task and rewards (its
 config.toml), and refuses, with one line, a run whose task has no held-out rows instead of
-scoring the built-in addition split (launch/heldout.py `eval_target`)."""
+scoring the built-in addition split (consumer/evaluation/heldout.py `eval_target`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _run_dir(tmp_path: Path, model: Path, *, eval_rows: int | None) -> Path:
     if eval_rows is not None:
         held = tmp_path / "held.jsonl"
         held.write_text("".join(json.dumps(r) + "\n" for r in rows[:eval_rows]))
-        sets.append(f'task.eval_path="{held}"')
+        sets.append(f'eval.path="{held}"')
     run = tmp_path / "run"
     run.mkdir()
     C.write(C.apply_overrides(C.Config(), sets), run / RF.CONFIG)
@@ -43,7 +43,7 @@ def test_a_run_without_held_out_rows_is_refused_naming_the_key(tmp_path, tiny_mo
     result = CliRunner().invoke(app, ["eval", str(run)])
     assert result.exit_code == 2
     assert "has no held-out rows to score" in result.output
-    assert "task.eval_path" in result.output
+    assert "eval.path" in result.output
     assert "accuracy" not in result.output  # never the addition split instead
 
 

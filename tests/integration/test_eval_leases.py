@@ -15,7 +15,7 @@ from served import started_server
 
 from common import config as C
 from common import wire
-from consumer.server.eval_book import EVAL_BIT
+from consumer.evaluation.rounds import EVAL_BIT
 
 G, K, PROMPTS = 2, 3, 3
 

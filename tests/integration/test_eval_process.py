@@ -1,4 +1,4 @@
-"""Held-out evaluation in a child process (consumer/eval_process.py, a replay's evaluation):
+"""Held-out evaluation in a child process (consumer/evaluation/child.py, a replay's evaluation):
 the accuracy it reports is the one the same weights score in this process, results come back
 by version, and a failing evaluation or a dead child is an error naming the version."""
 
@@ -12,8 +12,8 @@ import torch
 
 from common.errors import EvalError
 from common.task.synthetic import make_examples
-from consumer.eval_process import EvalProcess, EvalSpec
-from consumer.evaluate import accuracy_of, load_model
+from consumer.evaluation.child import EvalProcess, EvalSpec
+from consumer.evaluation.greedy import accuracy_of, load_model
 from launch.demo_model import ensure_demo_model
 
 SIZE, SEED, NEW = 24, 3, 4
@@ -36,7 +36,7 @@ def test_the_child_scores_what_this_process_scores_and_its_failures_name_the_ver
         model.load_state_dict(state)
         expected[v] = accuracy_of(model, tokenizer, examples, max_new_tokens=NEW).accuracy
     assert 0 < expected[8] != expected[4]  # the comparison below can tell the versions apart
-    evals = EvalProcess(EvalSpec(str(model_dir), SIZE, SEED, NEW))
+    evals = EvalProcess(EvalSpec(str(model_dir), SIZE, SEED, NEW, every_steps=1))
     try:
         for v, state in states.items():
             evals.submit(v, state)

@@ -11,9 +11,11 @@ import pytest
 from common import config as C
 from common.errors import ConfigError
 from common.task.synthetic import make_examples
-from consumer.evaluate import _greedy, load_model
-from launch import heldout
+from consumer import evaluation
+from consumer.evaluation import score_model, score_run_ends
+from consumer.evaluation.greedy import _greedy, load_model
 from launch.demo_model import Recipe, build_demo_model
+from producer.rewards.judge import HeldOutJudge
 
 TINY = Recipe(learn_steps=4, sloppy_steps=2, batch_size=8)
 
@@ -29,7 +31,7 @@ def user_config(tmp_path: Path, rows: list[dict[str, str]], fn: str) -> C.Config
     return C.override(
         C.Config(),
         {
-            "task.source": "jsonl", "task.path": str(path), "task.eval_path": str(path),
+            "task.source": "jsonl", "task.path": str(path), "eval.path": str(path),
             "task.prompt_field": "question", "sampling.max_new_tokens": 8,
             "rewards.fns": [{"fn": fn, "weight": 1.0}],
         },
@@ -46,29 +48,30 @@ def test_greedy_score_on_a_jsonl_split_is_the_greedy_completion_scored_by_the_us
     answers = [t.strip() if i % 3 else "never" for i, t in enumerate(texts)]  # 4 of 12 wrong
     rows = [{"question": p, "answer": a} for p, a in zip(prompts, answers, strict=True)]
     cfg = user_config(tmp_path, rows, "reward_fixtures:sum_is_right")
-    assert heldout.has_heldout(cfg)
-    assert heldout.describe(cfg) == "mean reward, greedy, heldout.jsonl"
+    assert evaluation.has_heldout(cfg)
+    assert evaluation.describe(cfg) == "mean reward, greedy, heldout.jsonl"
 
-    score = heldout.evaluate(cfg, model_dir)
+    score = score_model(cfg, model_dir, judge=HeldOutJudge)
     assert score.size == 12
     assert score.score == pytest.approx(8 / 12)
 
 
 def test_a_malformed_split_names_its_line(tmp_path, model_dir):
     cfg = user_config(tmp_path, [{"question": "1+1=", "answer": "2"}], "exact_match")
-    Path(cfg.task.eval_path).write_text('{"question": "1+1=", "answer": "2"}\nnot json\n')
+    Path(cfg.eval.path).write_text('{"question": "1+1=", "answer": "2"}\nnot json\n')
     with pytest.raises(ConfigError, match=r"heldout.jsonl: line 2: not JSON"):
-        heldout.evaluate(cfg, model_dir)
+        score_model(cfg, model_dir, judge=HeldOutJudge)
 
 
 def test_a_jsonl_task_without_eval_path_has_no_heldout_score():
     cfg = C.override(C.Config(), {"task.source": "jsonl", "task.path": "x.jsonl"})
-    assert not heldout.has_heldout(cfg)
-    assert heldout.describe(cfg) == ""
+    assert not evaluation.has_heldout(cfg)
+    assert evaluation.describe(cfg) == ""
 
 
 def test_a_finished_runs_start_and_final_snapshot_are_scored_into_eval_json(tmp_path, model_dir):
-    """What `asyncgrpo launch` prints at the end of a JSONL task's run (launch/cli/run.py)."""
+    """What `asyncgrpo launch` prints at the end of a JSONL task's run (launch/cli/run.py):
+    eval.json, written once."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -82,14 +85,14 @@ def test_a_finished_runs_start_and_final_snapshot_are_scored_into_eval_json(tmp_
             for i, (p, t) in enumerate(zip(prompts, texts, strict=True))]  # fmt: skip
     cfg = user_config(tmp_path, rows, "reward_fixtures:sum_is_right")
     run_dir = tmp_path / "run"
-    assert heldout.evaluate_run(cfg, run_dir, model_dir) is None  # no snapshot yet
+    assert score_run_ends(cfg, run_dir, model_dir, judge=HeldOutJudge) is None  # no snapshot yet
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     publisher = Publisher(run_dir / "snapshots", model_dir, keep_last=2, on_published=print)
     for version in (1, 2):  # the same weights: the same score at the start and the end
         publisher.submit(state, version=version, step=version, dtype=torch.float32)
     publisher.close()
 
-    result = heldout.evaluate_run(cfg, run_dir, model_dir)
+    result = score_run_ends(cfg, run_dir, model_dir, judge=HeldOutJudge)
     assert result is not None
     assert result["final_version"] == 2  # no final.json: the newest complete snapshot
     assert result["initial_accuracy"] == result["final_accuracy"] == pytest.approx(3 / 6)

@@ -42,7 +42,7 @@ def test_the_config_reads_these_files_with_the_chat_template():
     cfg = C.load(EXAMPLE / "smollm2.toml")
     assert cfg.task.prompt_format == "chat"
     assert cfg.task.path == str((EXAMPLE / "train.jsonl").resolve())
-    assert cfg.task.eval_path == str((EXAMPLE / "heldout.jsonl").resolve())
+    assert cfg.eval.path == str((EXAMPLE / "heldout.jsonl").resolve())
     rows = [json.loads(line) for line in (EXAMPLE / "train.jsonl").read_text().splitlines()]
     assert set(rows[0]) == {cfg.task.prompt_field, cfg.task.answer_field}
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import logging
 import textwrap
 import tomllib
 import typing
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from common import config as C
 from common.errors import ConfigError
@@ -276,6 +278,12 @@ PROBLEMS = [
     (["fake.min_tokens=0"], "min_tokens must be in [1, fake.max_tokens]", "fake.min_tokens"),
     (["dist.timeout_s=0"], "timeout_s must be > 0", "dist.timeout_s"),
     (["eval.every_steps=-1"], "every_steps must be >= 0 (0 = off)", "eval.every_steps"),
+    (
+        ["eval.learner_every_steps=-1"],
+        "learner_every_steps must be >= 0",
+        "eval.learner_every_steps",
+    ),
+    (["eval.learner_prompts=0"], "learner_prompts must be >= 1", "eval.learner_prompts"),
     (["eval.samples_per_prompt=0"], "must be in [1, 256]", "eval.samples_per_prompt"),
     (["eval.samples_per_prompt=257"], "must be in [1, 256]", "eval.samples_per_prompt"),
     (["eval.temperature=-1"], "finite and >= 0 (0 = greedy)", "eval.temperature"),
@@ -521,3 +529,57 @@ def test_a_fallback_files_keys_are_defaults_not_given(tmp_path):
     mine.write_text("[train]\nlr = 0.1\n")
     loaded = C.load_given(mine, fallback=fallback)  # the user's file replaces the fallback
     assert (loaded.config.run.steps, loaded.given) == (C.RunConfig().steps, {"train.lr"})
+
+
+# -- keys that moved -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("old", "value", "new"),
+    [
+        ("train.eval_every", 10, "eval.learner_every_steps"),
+        ("train.eval_size", 50, "eval.learner_prompts"),
+        ("task.eval_path", "/data/held.jsonl", "eval.path"),
+        ("task.eval_split", "validation", "eval.split"),
+        ("task.eval_mode", "sampled", "eval.mode"),
+    ],
+)
+def test_a_moved_key_is_read_as_its_new_name_with_one_deprecation_line(
+    old, value, new, tmp_path, caplog
+):
+    section, key = old.split(".")
+    shown = f'"{value}"' if isinstance(value, str) else str(value)
+    path = tmp_path / "old.toml"
+    path.write_text(f"[{section}]\n{key} = {shown}\n")
+    with caplog.at_level(logging.WARNING, logger="asyncgrpo.config"):
+        from_file = C.load_given(path)
+        from_set = C.load(None, [f"{old}={shown}"])
+    for cfg in (from_file.config, from_set):
+        new_section, new_key = new.split(".")
+        assert getattr(getattr(cfg, new_section), new_key) == value
+    assert new in from_file.given
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert all(line.startswith(f"{old} is now {new}") for line in lines)
+
+
+def test_a_moved_key_given_with_its_new_name_and_another_value_is_refused(tmp_path):
+    path = tmp_path / "both.toml"
+    path.write_text('[task]\neval_path = "/a.jsonl"\n[eval]\npath = "/b.jsonl"\n')
+    with pytest.raises(ConfigError, match=r"task.eval_path is now eval.path: give only eval.path"):
+        C.load(path)
+
+
+def test_a_whole_config_written_before_the_keys_moved_still_loads(tmp_path, caplog):
+    """A run's config.toml from before the move (`--resume`, `asyncgrpo eval RUN`) holds every
+    old key, most at their defaults: those say nothing; the others move."""
+    old = C.to_dict(C.Config())
+    old["train"] |= {"eval_every": 10, "eval_size": 200}  # 200: the default, not said
+    old["task"] |= {"eval_path": "", "eval_split": "test", "eval_mode": "greedy"}
+    path = tmp_path / "config.toml"
+    path.write_text(tomli_w.dumps(old))
+    with caplog.at_level(logging.WARNING, logger="asyncgrpo.config"):
+        cfg = C.load(path)
+    assert (cfg.eval.learner_every_steps, cfg.eval.learner_prompts, cfg.eval.path) == (10, 200, "")
+    assert [r.getMessage() for r in caplog.records] == [
+        "train.eval_every is now eval.learner_every_steps: read as eval.learner_every_steps = 10 "
+        "(rename it)"
+    ]

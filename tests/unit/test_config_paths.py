@@ -19,12 +19,12 @@ def test_paths_in_a_config_file_are_read_from_its_directory_and_flags_from_here(
     monkeypatch.chdir(elsewhere)
     file = tmp_path / "configs" / "mine.toml"
     file.write_text(
-        '[task]\nsource = "jsonl"\npath = "data/train.jsonl"\neval_path = "/abs/eval.jsonl"\n'
+        '[task]\nsource = "jsonl"\npath = "data/train.jsonl"\n[eval]\npath = "/abs/eval.jsonl"\n'
         '[net]\nkeys_dir = "../keys"\n'
     )
     cfg = C.load(Path("../configs/mine.toml"))
     assert cfg.task.path == str(tmp_path / "configs" / "data" / "train.jsonl")
-    assert cfg.task.eval_path == "/abs/eval.jsonl"
+    assert cfg.eval.path == "/abs/eval.jsonl"
     assert Path(cfg.net.keys_dir).resolve() == tmp_path / "keys"
     cfg = C.load(file, ['task.path="mine.jsonl"'])
     assert cfg.task.path == str(elsewhere / "mine.jsonl")

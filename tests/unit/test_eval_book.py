@@ -1,4 +1,4 @@
-"""consumer/server/eval_book.py: eval rounds and their leases, driven by hand (no sockets)."""
+"""consumer/evaluation/rounds.py: eval rounds and their leases, driven by hand (no sockets)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from common import wire
 from common.task.pass_at_k import pass_at_k
-from consumer.server.eval_book import EVAL_BIT, EvalBook
+from consumer.evaluation.rounds import EVAL_BIT, EvalBook
 
 K = 2
 

@@ -1,4 +1,4 @@
-"""launch/eval_report.py and where it shows: summary.md's table, reward.png's points, the
+"""consumer/evaluation/report.py and where it shows: summary.md's table, reward.png's points, the
 progress line's text, the trackers' eval/ names."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from step_records import BASE
 
 from common.files.metrics import StepRecord
+from consumer.evaluation.report import eval_lines, eval_series, eval_text
 from consumer.loggers.names import namespaced
 from launch.dashboard import summary_line
-from launch.eval_report import eval_lines, eval_series, eval_text
 
 LEDGER = {
     "eval_leases_issued": 130, "eval_leases_answered": 128, "eval_leases_declined": 2,

@@ -1,4 +1,4 @@
-"""consumer/data/sources.py `eval_rows`: the held-out prompts of evaluation during training,
+"""consumer/data/sources.py `round_rows`: the held-out prompts of evaluation during training,
 for the built-in task and a custom one alike."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from common import config as C
 from common.errors import ConfigError
 from common.task.synthetic import make_examples
-from consumer.data.sources import eval_rows
+from consumer.data.sources import round_rows
 
 
 def write(path, rows):
@@ -20,7 +20,7 @@ def write(path, rows):
 
 def test_the_synthetic_task_evaluates_the_first_prompts_of_its_held_out_split():
     cfg = C.apply_overrides(C.Config(), ["eval.every_steps=5", "eval.max_prompts=3"])
-    rows = eval_rows(cfg)
+    rows = round_rows(cfg)
     assert [(r.prompt, r.answer) for r in rows] == [
         (e.prompt, e.answer) for e in make_examples("heldout", 3)
     ]
@@ -34,17 +34,17 @@ def test_a_custom_task_reads_eval_path_like_task_path_with_its_fields(tmp_path):
         "eval.every_steps=5", "eval.max_prompts=2", "task.source=jsonl", f"task.path={train}",
         "task.prompt_field=question", "task.answer_field=result", f"eval.path={held}",
     ])  # fmt: skip
-    rows = eval_rows(cfg)
+    rows = round_rows(cfg)
     assert [(r.prompt, r.answer) for r in rows] == [("0-1", "-1"), ("1-1", "0")]
     assert json.loads(rows[0].columns) == {"unit": "cm"}
 
 
-def test_task_eval_path_is_the_default_and_bad_data_is_refused_naming_where(tmp_path):
+def test_task_eval_path_is_read_as_eval_path_and_bad_data_is_refused_naming_where(tmp_path):
     held = write(tmp_path / "held.jsonl", [{"prompt": "a", "answer": "b"}])
     cfg = C.apply_overrides(C.Config(), ["eval.every_steps=5", f"task.eval_path={held}"])
-    assert [r.prompt for r in eval_rows(cfg)] == ["a"]
+    assert [r.prompt for r in round_rows(cfg)] == ["a"]
     bad = write(tmp_path / "bad.jsonl", [{"answer": "b"}])
     with pytest.raises(ConfigError, match=r"bad\.jsonl: line 1: no field 'prompt'"):
-        eval_rows(C.apply_overrides(cfg, [f"eval.path={bad}"]))
+        round_rows(C.apply_overrides(cfg, [f"eval.path={bad}"]))
     with pytest.raises(ConfigError, match=r"eval\.path"):  # the key that named the file
-        eval_rows(C.apply_overrides(cfg, [f"eval.path={tmp_path / 'none.jsonl'}"]))
+        round_rows(C.apply_overrides(cfg, [f"eval.path={tmp_path / 'none.jsonl'}"]))

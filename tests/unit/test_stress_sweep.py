@@ -192,3 +192,24 @@ def test_force_replaces_an_earlier_sweep_and_touches_nothing_else(tmp_path):
     assert not (tmp_path / "results.csv").exists()
     assert (tmp_path / "notes.txt").read_text() == "mine"
     check_resume(tmp_path, base, other, resume=True)  # the new sweep is the one recorded
+
+
+def test_the_fake_engines_timings_are_config_keys_the_user_may_give():
+    from launch.stress.plan import FAKE_DEFAULTS, with_fake_defaults
+
+    base = with_fake_defaults(C.Config(), frozenset())
+    assert (base.train.simulate_step_s, base.fake.latency_s, base.producer.max_in_flight) == (
+        0.5, 0.5, 8,
+    )  # fmt: skip
+    given = C.apply_overrides(C.Config(), ["fake.latency_s=0.05"])
+    mine = with_fake_defaults(given, frozenset({"fake.latency_s"}))
+    assert (mine.fake.latency_s, mine.train.simulate_step_s) == (0.05, 0.5)
+    from typer.testing import CliRunner
+
+    from launch.cli import app
+
+    shown = CliRunner().invoke(app, ["stress", "--help"], env={"COLUMNS": "200"}).output
+    for key in FAKE_DEFAULTS:  # carried by --set like any key, not options of their own
+        assert f"--{key.split('.')[1].replace('_', '-')}" not in shown
+    for gone in ("--gen-s", "--step-s", "--jitter", "--long-tail", "--publish-delay-s"):
+        assert gone not in shown

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.config import TaskConfig
+from common.config import Config, EvalConfig, TaskConfig
 from common.errors import ConfigError
 from common.wire import ChatTurn
 from consumer.data.rows import PromptRow
-from consumer.data.sources import data_format, load_rows
+from consumer.data.sources import data_format, heldout_rows, load_rows
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
 
@@ -32,9 +32,14 @@ def task(path: Path | str, source: str = "jsonl", **changes: object) -> TaskConf
     return TaskConfig(source=source, path=str(path), **changes)  # type: ignore[arg-type]
 
 
-def refusal(cfg: TaskConfig, **kw: bool) -> str:
+def held_out(task: TaskConfig, path: Path | str, split: str = "test") -> Config:
+    """A config whose held-out rows (`eval.path`) are read like `task`'s."""
+    return Config(task=task, eval=EvalConfig(path=str(path), split=split))
+
+
+def refusal(cfg: TaskConfig) -> str:
     with pytest.raises(ConfigError) as info:
-        load_rows(cfg, **kw)
+        load_rows(cfg)
     return str(info.value)
 
 
@@ -188,9 +193,9 @@ def test_a_save_to_disk_directory_is_read_whole_or_by_split(tmp_path):
             "prompt": ["t0"], "answer": ["9"], "unit": ["km"]})
     )  # fmt: skip
     splits.save_to_disk(tmp_path / "dict")
-    cfg = task(tmp_path / "dict", "hf", eval_path=str(tmp_path / "dict"))
+    cfg = task(tmp_path / "dict", "hf")
     assert [r.prompt for r in load_rows(cfg)] == ["p0", "p1"]
-    assert [r.prompt for r in load_rows(cfg, held_out=True)] == ["t0"]
+    assert [r.prompt for r in heldout_rows(held_out(cfg, tmp_path / "dict"))] == ["t0"]
     message = refusal(task(tmp_path / "dict", "hf", split="validation"))
     assert "has no split 'validation' (task.split); its splits: 'train', 'test'" in message
 
@@ -218,7 +223,7 @@ def test_a_dataset_name_is_read_from_the_local_cache_and_never_downloaded(tmp_pa
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}", "answer": str(i)} for i in range(3)])
     cache_as_the_hub_would(tmp_path / "d.jsonl", cache, "someone/toy")
-    rows = load_rows(task("someone/toy", "hf", eval_path="someone/toy", eval_split="test"))
+    rows = heldout_rows(held_out(task("someone/toy", "hf"), "someone/toy", split="test"))
     assert [r.prompt for r in rows] == ["p0", "p1", "p2"]
     message = refusal(task("someone/absent", "hf"))
     assert message.startswith("task.path = 'someone/absent': could not load it as in the local")
@@ -248,13 +253,13 @@ def cache_as_the_hub_would(data: Path, cache: Path, name: str) -> None:
 def test_eval_path_is_read_like_task_path_or_by_its_suffix_for_the_synthetic_task(tmp_path):
     write_parquet(tmp_path / "e.parquet", {"prompt": ["a"], "answer": ["1"]})
     write_jsonl(tmp_path / "e.jsonl", [{"prompt": "b", "answer": "2"}])
-    synthetic = TaskConfig(eval_path=str(tmp_path / "e.parquet"))
-    assert data_format(synthetic, held_out=True) == "parquet"
-    assert load_rows(synthetic, held_out=True)[0].prompt == "a"
-    jsonl = TaskConfig(eval_path=str(tmp_path / "e.jsonl"))
-    assert data_format(jsonl, held_out=True) == "jsonl"
-    assert load_rows(jsonl, held_out=True)[0].prompt == "b"
-    parquet = task(tmp_path / "e.parquet", "parquet", eval_path=str(tmp_path / "e.parquet"))
-    assert load_rows(parquet, held_out=True)[0].prompt == "a"
-    missing = TaskConfig(eval_path=str(tmp_path / "none.jsonl"))
-    assert refusal(missing, held_out=True).startswith("task.eval_path = ")
+    synthetic = TaskConfig()
+    assert data_format(synthetic, str(tmp_path / "e.parquet")) == "parquet"
+    assert heldout_rows(held_out(synthetic, tmp_path / "e.parquet"))[0].prompt == "a"
+    assert data_format(synthetic, str(tmp_path / "e.jsonl")) == "jsonl"
+    assert heldout_rows(held_out(synthetic, tmp_path / "e.jsonl"))[0].prompt == "b"
+    parquet = task(tmp_path / "e.parquet", "parquet")
+    assert heldout_rows(held_out(parquet, tmp_path / "e.parquet"))[0].prompt == "a"
+    with pytest.raises(ConfigError) as info:
+        heldout_rows(held_out(synthetic, tmp_path / "none.jsonl"))
+    assert str(info.value).startswith("eval.path = ")

@@ -1,4 +1,4 @@
-"""What evaluation during training (`[eval]`: consumer/server/eval_book.py) shows a user: each
+"""What evaluation during training (`[eval]`: consumer/evaluation/rounds.py) shows a user: each
 evaluated version's line in summary.md, its points in reward.png, and one short text for the
 progress line and the dashboard. Pure reads of `StepRecord`s (common/files/metrics.py): a version's
 result sits in the metrics line of the step at which its round completed (`eval_version` says

@@ -1,13 +1,14 @@
-"""Held-out evaluation in a process of its own, beside training (a replay's, consumer/replay.py).
+"""A replay's held-out evaluation in a process of its own, beside training (consumer/replay.py).
 
-`PeriodicEval` (consumer/evaluate.py) stops the training thread while it decodes the held-out
-problems. A replay has no producers, so the core they used is free: `EvalProcess` does the same
-evaluation there. `submit(version, state)` copies the weights into shared memory (the only cost
-to the training thread) and returns; a spawned child (`asyncgrpo-eval`, one torch thread) loads
-them into its own float32 copy of the model (the learner's dtype on a CPU) and decodes greedily
-with `accuracy_of`, the rule every evaluation shares, so the accuracy is the one the training
-thread would have measured. `results()` hands back what has finished; `drain()` waits for the
-rest.
+The learner's own evaluation (consumer/evaluation/periodic.py) stops the training thread while
+it decodes the held-out problems. A replay has no producers, so the core they used is free:
+`EvalProcess` does the same evaluation there, at the same cadence (`due`: every
+`eval.learner_every_steps` versions). `submit(version, state)` copies the weights into shared
+memory (the only cost to the training thread) and returns; a spawned child (`asyncgrpo-eval`, one
+torch thread) loads them into its own float32 copy of the model (the learner's dtype on a CPU)
+and decodes greedily with `accuracy_of` (consumer/evaluation/greedy.py), the rule every greedy
+evaluation shares, so the accuracy is the one the training thread would have measured.
+`results()` hands back what has finished; `drain()` waits for the rest.
 
 Failures are never silent: an exception in the child comes back as an `EvalError` naming the
 version and the error, and a child that dies (killed, out of memory) is reported by exit code at
@@ -34,12 +35,14 @@ _POLL_S = 1.0  # how often a waiting drain() checks that the child is alive
 
 @dataclass(frozen=True, slots=True)
 class EvalSpec:
-    """What the child evaluates: the model directory and the held-out split's rows."""
+    """What the child evaluates (the model directory and the held-out problems: `num_prompts`
+    of them, seeded by `seed`) and how often (`every_steps` versions)."""
 
     model_dir: str
-    eval_size: int
+    num_prompts: int
     seed: int
     max_new_tokens: int
+    every_steps: int
 
 
 class EvalProcess:
@@ -51,7 +54,12 @@ class EvalProcess:
             target=serve, args=(spec, self._jobs, self._done), name="asyncgrpo-eval", daemon=True
         )
         self._proc.start()
+        self.every_steps = spec.every_steps
         self._waiting: set[int] = set()
+
+    def due(self, version: int) -> bool:
+        """True when `version` is evaluated."""
+        return version % self.every_steps == 0
 
     def submit(self, version: int, state: dict[str, torch.Tensor]) -> None:
         """Evaluate `state` (HF names, on any device) as `version`; returns once it is copied."""
@@ -124,10 +132,10 @@ def serve(spec: EvalSpec, jobs: Any, done: Any) -> None:
     """The child: evaluate each `(version, state)` from `jobs` until None."""
     torch.set_num_threads(1)
     from common.task.synthetic import make_examples
-    from consumer.evaluate import accuracy_of, load_model
+    from consumer.evaluation.greedy import accuracy_fields, accuracy_of, load_model
 
     model, tokenizer = load_model(Path(spec.model_dir))
-    examples = make_examples("heldout", spec.eval_size, seed=spec.seed)
+    examples = make_examples("heldout", spec.num_prompts, seed=spec.seed)
     while (job := jobs.get()) is not None:
         version, state = job
         t0 = time.perf_counter()
@@ -138,5 +146,4 @@ def serve(spec: EvalSpec, jobs: Any, done: Any) -> None:
             log.debug("evaluation of version %d failed:\n%s", version, traceback.format_exc())
             done.put((version, f"{type(exc).__name__}: {exc}"))
             continue
-        spent = time.perf_counter() - t0
-        done.put((version, {"heldout_accuracy": result.accuracy, "eval_s": spent}))
+        done.put((version, accuracy_fields(result, time.perf_counter() - t0)))
