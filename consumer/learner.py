@@ -109,21 +109,32 @@ class Learner:
         auth = self.auth = start_key_gate(self.ctx, keys) if keys else None
         spec = run_spec(cfg, vocab_size=self.trainer.vocab_size, model=str(self.model_dir or ""))
         self.server = Server(
-            cfg, self.ctx, prompts=prompts, spec=spec,
-            run_dir=run_dir, keys=keys, policy_version=version, book_state=book_state,
+            cfg,
+            self.ctx,
+            prompts=prompts,
+            spec=spec,
+            run_dir=run_dir,
+            keys=keys,
+            policy_version=version,
+            book_state=book_state,
             hold_grants=cfg.run.wait_for_producers > 0,
             refused_keys=(lambda: auth.refused) if auth is not None else None,
-        )  # fmt: skip
+        )
         self.run_id = self.server.run_id
         if cfg.run.resume:
             checkpoint.record_incarnation(run_dir, self.server.incarnation)
             log.info("resumed at version %d (incarnation %d)", version, self.server.incarnation)
         resume_at = resume_position(book_state.log_sizes) if book_state else None
         self.steps = Steps(
-            cfg, run_dir, self.trainer, self.model_dir,
-            on_published=self.server.announce_snapshot, for_network=True, resume_from=resume_at,
+            cfg,
+            run_dir,
+            self.trainer,
+            self.model_dir,
+            on_published=self.server.announce_snapshot,
+            for_network=True,
+            resume_from=resume_at,
             version=version,
-        )  # fmt: skip
+        )
         self.reward_names = reward_names([r.fn for r in cfg.rewards.fns])
         self.heldout = evaluate_in_learner(cfg, self.model_dir)
 
@@ -137,8 +148,10 @@ class Learner:
         host = advertised_host(self.cfg.net.bind_host, self.cfg.net.advertise_host)
         endpoints = RF.Endpoints(**{k: tcp_endpoint(host, p) for k, p in self.server.ports.items()})
         RF.write_endpoints(self.run_dir, endpoints)  # whole or absent: producers may be waiting
-        RF.write_consumer(self.run_dir, RF.ConsumerProcess(
-            host=socket.gethostname(), pid=os.getpid(), started=time.time()))  # fmt: skip
+        RF.write_consumer(
+            self.run_dir,
+            RF.ConsumerProcess(host=socket.gethostname(), pid=os.getpid(), started=time.time()),
+        )
         self.server.start()
         log.info(
             "consumer %s listening on %s (run dir %s)",
@@ -296,8 +309,10 @@ class Learner:
                 return
             restored = self.server.awaiting_restored()
             if time.monotonic() >= (max(deadline, restored_deadline) if restored else deadline):
-                log.warning("some producers did not hear that the run is over: they stop by "
-                            "themselves after net.consumer_timeout_s")  # fmt: skip
+                log.warning(
+                    "some producers did not hear that the run is over: they stop by "
+                    "themselves after net.consumer_timeout_s"
+                )
                 return
             time.sleep(0.05)
 

@@ -76,9 +76,14 @@ class Replay:
         self.out = Replayed()
         self._lock = threading.Lock()
         self.steps = Steps(
-            cfg, run_dir, self.trainer, self.model_dir,
-            on_published=self._on_published, for_network=False, every_version=True,
-        )  # fmt: skip
+            cfg,
+            run_dir,
+            self.trainer,
+            self.model_dir,
+            on_published=self._on_published,
+            for_network=False,
+            every_version=True,
+        )
         self.evals = evaluate_beside_replay(cfg, self.model_dir)
         # metrics lines waiting for their evaluation, by the version they end at
         self._held: list[tuple[int, dict[str, Any]]] = []
@@ -218,8 +223,9 @@ class Comparison:
     max_abs_delta: float | None
 
 
-def compare(original: dict[int, str], replayed: dict[int, str], *, source: Path,
-            run_dir: Path) -> Comparison:  # fmt: skip
+def compare(
+    original: dict[int, str], replayed: dict[int, str], *, source: Path, run_dir: Path
+) -> Comparison:
     """Compare the hashes of the versions both runs published."""
     both = sorted(set(original) & set(replayed))
     diff = next((v for v in both if original[v] != replayed[v]), None)

@@ -144,10 +144,17 @@ class Progress:
             ledger = RF.latest_ledger(self.run_dir)
             balance = ledger.balance if ledger is not None else None
             views = RF.latest_producers(self.run_dir, rec)
-            log.info("%s", summary_line(
-                rec, self.steps, time.monotonic() - t0, balance, views,
-                evaluated=eval_text(tail.records),
-            ))  # fmt: skip
+            log.info(
+                "%s",
+                summary_line(
+                    rec,
+                    self.steps,
+                    time.monotonic() - t0,
+                    balance,
+                    views,
+                    evaluated=eval_text(tail.records),
+                ),
+            )
 
 
 def run_state(run_dir: Path) -> str:
@@ -232,8 +239,9 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
         "step", step_text(done, steps).removeprefix("step "), "elapsed", f"{elapsed_s:.0f} s"
     )
     if rec is not None:
-        top.add_row("reward", reward_text(rec).removeprefix("reward "), "held-out accuracy",
-                    _fmt(acc))  # fmt: skip
+        top.add_row(
+            "reward", reward_text(rec).removeprefix("reward "), "held-out accuracy", _fmt(acc)
+        )
         if rec.reward_fn_means:
             top.add_row("per function", fn_means_text(rec), "", "")
         evaluated = eval_text(tail.records)

@@ -134,9 +134,15 @@ class Supervisor:
         for i in range(self.num_producers):
             name = f"p{i + 1}"
             argv = self._cli(
-                "producer", "--config", str(self.config_path), "--connect-file", str(endpoints),
-                "--id", name, *self.producer_args(i),
-            )  # fmt: skip
+                "producer",
+                "--config",
+                str(self.config_path),
+                "--connect-file",
+                str(endpoints),
+                "--id",
+                name,
+                *self.producer_args(i),
+            )
             child = Child(name, argv, self.run_dir / f"producer-{name}.log", self.producer_env(i))
             child.start()
             self.producers.append(child)

@@ -143,8 +143,13 @@ def placements(
     out = {}
     for count in producer_counts or [None]:
         p = plan(
-            num_gpus=num_gpus, engine=engine, producers=count, learner_gpus=learner_gpus,
-            producer_gpus=producer_gpus, colocated_memory=colocated_memory, visible=visible,
-        )  # fmt: skip
+            num_gpus=num_gpus,
+            engine=engine,
+            producers=count,
+            learner_gpus=learner_gpus,
+            producer_gpus=producer_gpus,
+            colocated_memory=colocated_memory,
+            visible=visible,
+        )
         out[p.num_producers] = p
     return out

@@ -65,10 +65,13 @@ def plot_reward(records: list[StepRecord], out: Path) -> Path:
     series = [
         (_series(records, lambda r: r.reward_mean_seen), "reward (all arrived groups)", "-"),
         (_series(records, lambda r: r.reward_mean), "reward (trained groups)", "-"),
-        (_series(records, lambda r: r.frac_reward_zero_std), "share of groups with equal rewards",
-         ":"),
+        (
+            _series(records, lambda r: r.frac_reward_zero_std),
+            "share of groups with equal rewards",
+            ":",
+        ),
         (_series(records, lambda r: r.heldout_accuracy), "held-out greedy accuracy", "o-"),
-    ]  # fmt: skip
+    ]
     series += [((xs, ys), label, "s-") for xs, ys, label in eval_series(records)]
     for name in _fn_names(records):
         series.append(
@@ -269,9 +272,14 @@ def completions_lines(run_dir: Path, max_rows: int = 16) -> list[str]:
     if not rows:
         return []
     newest = [r for r in rows if r.step == rows[-1].step][:max_rows]
-    return ["", f"## Completions at step {newest[0].step}", "",
-            f"From `{CF.COMPLETIONS}` (every `log.completions_every` steps):", "",
-            CF.markdown_table(newest)]  # fmt: skip
+    return [
+        "",
+        f"## Completions at step {newest[0].step}",
+        "",
+        f"From `{CF.COMPLETIONS}` (every `log.completions_every` steps):",
+        "",
+        CF.markdown_table(newest),
+    ]
 
 
 def report(run_dir: Path) -> list[Path]:

@@ -19,8 +19,15 @@ from common.errors import ConfigError
 from common.files import run_files as RF
 
 # what a run writes into its run directory and leaves behind; any of these means "a run was here"
-PREVIOUS_RUN = (RF.METRICS, RF.LEASES, RF.LEDGER, RF.SNAPSHOTS, RF.CHECKPOINTS,
-                RF.LEGACY_CHECKPOINT, RF.STREAM)  # fmt: skip
+PREVIOUS_RUN = (
+    RF.METRICS,
+    RF.LEASES,
+    RF.LEDGER,
+    RF.SNAPSHOTS,
+    RF.CHECKPOINTS,
+    RF.LEGACY_CHECKPOINT,
+    RF.STREAM,
+)
 # what `--force` removes besides them: a run's other outputs (config.toml is rewritten anyway)
 _ALSO_REMOVED = (RF.FINAL, RF.ENDPOINTS, RF.CONSUMER, RF.EVAL, RF.SUMMARY, RF.PLOTS, RF.PROCESSES)
 
@@ -35,8 +42,9 @@ def claim(run_dir: Path, *, resume: bool, force: bool, resumable: bool = True) -
     another run and neither flag was given. `force` removes the earlier run's files first;
     `resumable` False: the command has no --resume (a replay), so the error does not offer it."""
     if resume and force:
-        raise ConfigError("--resume continues the run in the directory and --force deletes it: "
-                          "pass one of them")  # fmt: skip
+        raise ConfigError(
+            "--resume continues the run in the directory and --force deletes it: pass one of them"
+        )
     if resume:
         if not run_dir.is_dir():
             raise ConfigError(

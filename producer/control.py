@@ -112,10 +112,12 @@ class ControlClient:
             except WireError as exc:
                 self.num_bad_replies += 1
                 if exc.reason == "schema_version":
-                    self._fail(SchemaMismatch(
-                        f"the consumer at {self.endpoint} speaks another wire schema "
-                        f"({exc.detail})"
-                    ))  # fmt: skip
+                    self._fail(
+                        SchemaMismatch(
+                            f"the consumer at {self.endpoint} speaks another wire schema "
+                            f"({exc.detail})"
+                        )
+                    )
                 self._log.log(exc.reason, logging.WARNING, "bad reply from the consumer: %s", exc)
                 continue
             self.last_reply_s = time.monotonic()
@@ -156,12 +158,14 @@ class ControlClient:
     def _refuse(self, status: int) -> None:
         public = self.keys.public.decode() if self.keys else ""
         where = f"{self.keys.directory}/client.key" if self.keys else "no key"
-        self._fail(KeyRefused(
-            f"the consumer at {self.endpoint} refused this producer's CurveZMQ key "
-            f"({where}, public key {public[:8]}..., ZAP status {status}): it is not in the "
-            "consumer's allowlist (keys/clients/NAME.key, from `asyncgrpo keys DIR --producer "
-            "NAME`), or was revoked"
-        ))  # fmt: skip
+        self._fail(
+            KeyRefused(
+                f"the consumer at {self.endpoint} refused this producer's CurveZMQ key "
+                f"({where}, public key {public[:8]}..., ZAP status {status}): it is not in the "
+                "consumer's allowlist (keys/clients/NAME.key, from `asyncgrpo keys DIR --producer "
+                "NAME`), or was revoked"
+            )
+        )
 
     def _fail(self, error: ConfigError) -> None:
         """Fail every waiting request, and every later one, with `error`."""

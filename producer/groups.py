@@ -31,9 +31,11 @@ def sampling_params(
     return SamplingParams(
         n=spec.eval_samples if evaluation else spec.group_size,
         temperature=spec.eval_temperature if evaluation else spec.temperature,
-        max_new_tokens=spec.max_new_tokens, seed=seed, stop_token_ids=stop_ids,
+        max_new_tokens=spec.max_new_tokens,
+        seed=seed,
+        stop_token_ids=stop_ids,
         truncation=NO_TRUNCATION if greedy else truncation_of(spec),
-    )  # fmt: skip
+    )
 
 
 def group_of(

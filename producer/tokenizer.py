@@ -102,9 +102,13 @@ class PromptCodec:
         log.warning(
             "the tokenizer maps %d of this prompt's %d tokens to its unknown token %s, so the "
             "model cannot read them: characters %s, e.g. in %r (said once; "
-            "docs/observability.md)", ids.count(unk), len(ids), self.tokenizer.unk_token,
-            "".join(unread[:20]), text[:120],
-        )  # fmt: skip
+            "docs/observability.md)",
+            ids.count(unk),
+            len(ids),
+            self.tokenizer.unk_token,
+            "".join(unread[:20]),
+            text[:120],
+        )
 
     def _chat_ids(self, turns: Sequence[ChatTurn]) -> list[int]:
         """The chat template's ids of `turns` and the generation prompt."""

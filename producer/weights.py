@@ -71,9 +71,16 @@ class Weights:
         self.cfg, self.state = cfg, state
         self.cache = Path(tempfile.mkdtemp(prefix="asyncgrpo-snapshots-"))
         self.fetcher = Fetcher(
-            control, ctx, data_endpoint="", producer_id=state.producer_id, keys=keys,
-            max_message_bytes=max_message_bytes, relay=relay, timeout_s=timeout_s, report=report,
-        )  # fmt: skip
+            control,
+            ctx,
+            data_endpoint="",
+            producer_id=state.producer_id,
+            keys=keys,
+            max_message_bytes=max_message_bytes,
+            relay=relay,
+            timeout_s=timeout_s,
+            report=report,
+        )
         self.held: Held | None = None  # the newest snapshot file fetched and verified here
         self.source = ""  # where the last snapshot fetched came from: its `loaded weights` line
 
@@ -169,8 +176,10 @@ class Weights:
         self.state.count("fetch_bytes", outcome.num_bytes)
         self.state.count("fetch_s", time.perf_counter() - t0)
         took = time.perf_counter() - t0
-        self.source = (f"fetched over the network ({info.num_bytes} bytes in {took:.2f} s), "
-                       f"BLAKE3 hash verified{unusable}")  # fmt: skip
+        self.source = (
+            f"fetched over the network ({info.num_bytes} bytes in {took:.2f} s), "
+            f"BLAKE3 hash verified{unusable}"
+        )
         self._prune_cache()
         return directory
 
@@ -181,10 +190,14 @@ class Weights:
 
     def _whose_model(self) -> str:
         if self.cfg.producer.model:
-            return (f"this producer's --model {self.cfg.producer.model!r} must be a copy of "
-                    "the learner's model (same architecture and tokenizer)")  # fmt: skip
-        return ("the model the consumer announced differs on this host: pass --model with a "
-                "copy of the learner's model")  # fmt: skip
+            return (
+                f"this producer's --model {self.cfg.producer.model!r} must be a copy of "
+                "the learner's model (same architecture and tokenizer)"
+            )
+        return (
+            "the model the consumer announced differs on this host: pass --model with a "
+            "copy of the learner's model"
+        )
 
     def close(self) -> None:
         shutil.rmtree(self.cache, ignore_errors=True)

@@ -15,8 +15,9 @@ producer/session.py) while heartbeats already run; producer/main.py runs its tas
   the network (producer/weights.py);
 - `release`: sends the held groups the consumer has made room for, the moment it says so
   (a status it pushes unasked; producer/outbox.py);
-- `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task (a finished
-  group the consumer told it to hold keeps its lease's slot until sent: backpressure). A request
+- `leases`: keeps up to `max_in_flight` leases, each run by a `lease-<id>` task
+  (producer/lease_task.py; a finished group the consumer told it to hold keeps its lease's slot
+  until sent: backpressure). A request
   that cannot be granted waits at the consumer until leases free up (`net.lease_wait_s`; in a
   crowd, several heartbeat periods: common/net/heartbeat.py); after an empty reply the producer
   pauses (`producer/backoff.py`) before asking again, sooner when a newer snapshot is announced.
@@ -46,7 +47,6 @@ import socket
 import time
 from functools import partial
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -61,7 +61,7 @@ from producer.announcements import announcements
 from producer.backoff import Backoff
 from producer.control import ControlClient, Rejected
 from producer.fetch.relay import Relay
-from producer.groups import group_of, sampling_params
+from producer.lease_task import LeaseRunner
 from producer.outbox import Outbox
 from producer.pins import eval_room, pin_lease, round_pin
 from producer.session import EngineKey, KeptEngine, Session, open_session
@@ -72,13 +72,6 @@ from producer.weights import Weights
 log = logging.getLogger("asyncgrpo.producer")
 _REQUEST_TIMEOUT_S = 10.0
 _BACKOFF_FIRST_S, _BACKOFF_CAP_S = 0.05, 1.0  # pauses between lease requests that got nothing
-
-
-def lease_seed(run_seed: int, lease_id: int) -> int:
-    """The sampling seed of a lease: whichever producer takes it, the same lease of the same run
-    samples the same completions from the same weights (what makes a synchronous run, and the
-    prompts and seeds of an asynchronous one, repeatable)."""
-    return int(np.random.SeedSequence([run_seed, lease_id]).generate_state(1)[0]) & ((1 << 30) - 1)
 
 
 class NoConsumer(ConfigError):
@@ -104,43 +97,63 @@ class Producer:
         self.keys = load_keys(cfg.net.keys_dir, "client") if cfg.net.keys_dir else None
         self.max_bytes = int(cfg.net.max_message_mib * (1 << 20))
         self.control = ControlClient(
-            ctx, cfg.net.connect, keys=self.keys, max_message_bytes=self.max_bytes,
+            ctx,
+            cfg.net.connect,
+            keys=self.keys,
+            max_message_bytes=self.max_bytes,
             max_in_flight=2 * cfg.producer.max_in_flight,  # eval leases come on top
-        )  # fmt: skip
+        )
         self.control.on_pushed = self._on_pushed
         self.control.on_connected = self.state.changed.bump  # the heartbeat beats at once
         self.state.heartbeat_s = cfg.net.heartbeat_s  # until the consumer says otherwise
         self.session: Session | None = None
         self.relay = (
             Relay(
-                ctx, host=cfg.producer.relay_host, port=cfg.producer.relay_port, keys=self.keys,
-                insecure=cfg.net.insecure, max_message_bytes=self.max_bytes,
+                ctx,
+                host=cfg.producer.relay_host,
+                port=cfg.producer.relay_port,
+                keys=self.keys,
+                insecure=cfg.net.insecure,
+                max_message_bytes=self.max_bytes,
             )
             if cfg.producer.relay_host
             else None
-        )  # fmt: skip
+        )
         self.weights = Weights(
-            cfg, self.state, self.control, ctx, keys=self.keys, max_message_bytes=self.max_bytes,
-            relay=self.relay, timeout_s=_REQUEST_TIMEOUT_S, report=self.request_status,
-        )  # fmt: skip
+            cfg,
+            self.state,
+            self.control,
+            ctx,
+            keys=self.keys,
+            max_message_bytes=self.max_bytes,
+            relay=self.relay,
+            timeout_s=_REQUEST_TIMEOUT_S,
+            report=self.request_status,
+        )
         self.rng = random.Random(cfg.run.seed ^ pid)
         self.started = time.monotonic()
         p = cfg.producer
         self.stall = Stall(
             after_s=p.stall_after_s, stall_s=p.stall_s, started=self.started, count=self.state.count
         )
-        self.lease_tasks: dict[int, asyncio.Task[None]] = {}
+        self.leases = LeaseRunner(
+            self.state, run_seed=cfg.run.seed, stall=self.stall, started=self.started
+        )
         self._registering = asyncio.Lock()
-        self.num_active, self.busy_since = 0, self.started
 
     # -- setup ---------------------------------------------------------------------------------
     async def register(self) -> wire.Welcome:
         s = self.session
         held = tuple(self.state.in_flight | set(s.outbox.pending if s else ()))
         msg = wire.Register(
-            0, self.state.producer_id, socket.gethostname(), os.getpid(), self.cfg.producer.engine,
-            s.engine.version if s else -1, held,
-        )  # fmt: skip
+            req=0,
+            producer_id=self.state.producer_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            engine=self.cfg.producer.engine,
+            loaded_version=s.engine.version if s else -1,
+            held_leases=held,
+        )
         net, follow = self.cfg.net, self.cfg.producer.follow
         wait_s = (net.consumer_timeout_s or float("inf")) if follow else net.handshake_timeout_s
         deadline = time.monotonic() + wait_s
@@ -150,8 +163,11 @@ class Producer:
                 reply = await self.control.request(msg, timeout_s=min(_REQUEST_TIMEOUT_S, 2.0))
             except TimeoutError:
                 if time.monotonic() >= said:
-                    log.info("waiting for the consumer at %s (%s)", self.cfg.net.connect,
-                             self.control.link)  # fmt: skip
+                    log.info(
+                        "waiting for the consumer at %s (%s)",
+                        self.cfg.net.connect,
+                        self.control.link,
+                    )
                     said = time.monotonic() + 10.0
                 if time.monotonic() > deadline:
                     key = "net.consumer_timeout_s" if follow else "net.handshake_timeout_s"
@@ -194,9 +210,12 @@ class Producer:
         kept as `session`. A previous run's engine is taken (reused or closed) here."""
         kept, self.kept = self.kept, None
         self.session, self.engine_key = await open_session(
-            self.cfg, spec, kept=kept, rng=self.rng,
+            self.cfg,
+            spec,
+            kept=kept,
+            rng=self.rng,
             push=lambda: self._socket(zmq.PUSH, spec.rollouts_port),
-        )  # fmt: skip
+        )
         limit = self.cfg.producer.max_in_flight  # grants of eval leases beside them decode
         slots = eval_slots(limit, spec.group_size, spec.eval_samples)
         self.control.limits = wire.reply_limits(self.max_bytes, limit + slots)
@@ -295,9 +314,13 @@ class Producer:
             self.check_consumer()
             version = self.session.engine.version if self.session is not None else -1
             msg = wire.Heartbeat(
-                0, self.state.producer_id, version, self._state_name(),
-                len(self.state.in_flight), self._counters(),
-            )  # fmt: skip
+                req=0,
+                producer_id=self.state.producer_id,
+                loaded_version=version,
+                state=self._state_name(),
+                num_in_flight=len(self.state.in_flight),
+                counters=self._counters(),
+            )
             # a short timeout: after a consumer restart, the request the old one never answered
             # must not delay registering with the new one (which may be about to stop)
             await self.request_status(msg, timeout_s=min(max(5 * beat, 2.0), _REQUEST_TIMEOUT_S))
@@ -356,9 +379,14 @@ class Producer:
             floor_s = session.spec.heartbeat_s
             wait_s = lease_wait_s(state.heartbeat_s, floor_s=floor_s)  # 0: net.lease_wait_s
             msg = wire.LeaseRequest(
-                0, state.producer_id, max(free(), 0), session.engine.version, declined,
-                eval_room(state, slots), wait_s,
-            )  # fmt: skip
+                req=0,
+                producer_id=state.producer_id,
+                max_leases=max(free(), 0),
+                loaded_version=session.engine.version,
+                declined=declined,
+                max_eval_leases=eval_room(state, slots),
+                wait_s=wait_s,
+            )
             asked = time.monotonic()
             reply = await self.request_status(msg, timeout_s=wait_s + _REQUEST_TIMEOUT_S)
             leases = reply.leases if isinstance(reply, wire.LeaseGrant) else ()
@@ -366,8 +394,8 @@ class Producer:
                 if lease.eval_version >= 0 and not pin_lease(state, session.engine.version, lease):
                     continue
                 state.in_flight.add(lease.lease_id)
-                self.lease_tasks[lease.lease_id] = tg.create_task(
-                    self.run_lease(session, lease), name=f"lease-{lease.lease_id}"
+                self.leases.tasks[lease.lease_id] = tg.create_task(
+                    self.leases.run(session, lease), name=f"lease-{lease.lease_id}"
                 )
             if leases:
                 backoff.reset()
@@ -382,7 +410,7 @@ class Producer:
             until = partial(self._newer_than, float("inf") if crowded else shown)
             await state.changed.wait_for(until, backoff.next_s())
         log.info("the consumer needs no more groups: producer done")
-        for task in self.lease_tasks.values():  # their groups would never be trained
+        for task in self.leases.tasks.values():  # their groups would never be trained
             task.cancel()
 
     def _round_pin(self) -> None:
@@ -392,55 +420,6 @@ class Producer:
         """The run is finished, or a snapshot newer than `version` has been announced."""
         target = self.state.target
         return self.state.finished or (target is not None and target.version > version)
-
-    async def run_lease(self, session: Session, lease: wire.Lease) -> None:
-        """Sample, score and send `lease`'s group. An eval lease arrives pinned
-        (producer/pins.py): it starts at once with the weights it names, unpinned when done."""
-        engine, codec = session.engine, session.codec
-        evaluation = lease.eval_version >= 0
-        busy = False
-        try:
-            t0 = time.perf_counter()
-            # The staleness bound, by construction; and never weights of a consumer incarnation
-            # that has been replaced (a resume may have rolled the versions back).
-            while not evaluation and (
-                engine.version < lease.min_version or self.state.weights_run != self.state.run_id
-            ):
-                await self.state.changed.wait(self.state.changed.count, 1.0)
-            await self.stall.wait()
-            self._busy(+1)
-            busy = True
-            prompt_ids = codec.encode(lease.messages or lease.prompt)
-            params = sampling_params(
-                session.spec, lease, seed=lease_seed(self.cfg.run.seed, lease.lease_id),
-                stop_ids=codec.stop_ids,
-            )  # fmt: skip
-            completions = await engine.generate(prompt_ids, params)
-            scored = await session.rewards.score_group(lease, completions)
-            group = group_of(
-                self.state.producer_id, lease, prompt_ids, completions, scored,
-                temperature=params.temperature, gen_s=time.perf_counter() - t0,
-            )  # fmt: skip
-            await session.outbox.send(group)
-            self.state.count("eval_groups_sent" if evaluation else "groups_sent")
-            self.state.count("tokens_generated", group.num_tokens)
-            self.state.count("generate_s", group.gen_s)
-        finally:
-            if busy:
-                self._busy(-1)
-            if evaluation:
-                self.state.pins -= 1
-            self.lease_tasks.pop(lease.lease_id, None)
-            self.state.in_flight.discard(lease.lease_id)
-            self.state.changed.bump()
-
-    def _busy(self, delta: int) -> None:
-        """Track time with at least one lease generating or scoring (counter busy_s)."""
-        now = time.monotonic()
-        if self.num_active > 0:
-            self.state.count("busy_s", now - self.busy_since)
-        self.busy_since = now
-        self.num_active += delta
 
     # -- reporting -----------------------------------------------------------------------------
     def _state_name(self) -> str:
@@ -454,7 +433,7 @@ class Producer:
         return "generating" if self.state.in_flight else "idle"
 
     def _counters(self) -> dict[str, float]:
-        self._busy(0)  # account the interval in progress
+        self.leases.busy(0)  # account the interval in progress
         out = dict(self.state.counters)
         if self.session is not None:
             outbox = self.session.outbox

@@ -133,8 +133,11 @@ def load_given(
 # given on the command line (--set, flags), against the current directory. Either way the
 # loaded config holds them absolute, so a config written into a run directory means the same.
 FILE_KEYS = (
-    "task.path", "eval.path", "net.keys_dir", "net.connect_file",
-)  # fmt: skip
+    "task.path",
+    "eval.path",
+    "net.keys_dir",
+    "net.connect_file",
+)
 
 
 def _key(key: str) -> str:
@@ -226,8 +229,11 @@ def _suggest(name: str, options: Iterable[str]) -> str:
 def _elsewhere(key: str) -> str:
     """A suggestion for a key given in the wrong section, found by its name in the others
     (`run.max_staleness`: 'staleness.max_staleness'; `train.model_path`: 'model.path')."""
-    keys = {f"{n}.{f.name}": f"{n}_{f.name}" for n, t in _section_types().items()
-            for f in dataclasses.fields(t)}  # fmt: skip
+    keys = {
+        f"{n}.{f.name}": f"{n}_{f.name}"
+        for n, t in _section_types().items()
+        for f in dataclasses.fields(t)
+    }
     by_name = [k for k in keys if k.split(".")[1] == key]
     close = by_name or [
         k for k in keys if difflib.get_close_matches(key, [keys[k]], n=1, cutoff=0.8)

@@ -53,8 +53,24 @@ class Config:
 
 SECTIONS: dict[str, type[Any]] = {f.name: f.type for f in dataclasses.fields(Config)}  # type: ignore[misc]
 # The sections in the order their problems are reported (every section, once).
-CHECK_ORDER = ("sampling", "staleness", "train", "run", "loss", "task", "rewards", "snapshot",
-               "net", "producer", "dist", "fake", "model", "vllm", "log", "eval")  # fmt: skip
+CHECK_ORDER = (
+    "sampling",
+    "staleness",
+    "train",
+    "run",
+    "loss",
+    "task",
+    "rewards",
+    "snapshot",
+    "net",
+    "producer",
+    "dist",
+    "fake",
+    "model",
+    "vllm",
+    "log",
+    "eval",
+)
 
 
 def _section_types() -> dict[str, type[Any]]:

@@ -23,8 +23,17 @@ from typing import Any
 from common import wire
 
 COMPLETIONS = "completions.jsonl"
-COLUMNS = ("step", "prompt_index", "behavior_version", "prompt", "completion", "reward",
-           "rewards", "length", "finish_reason")  # fmt: skip
+COLUMNS = (
+    "step",
+    "prompt_index",
+    "behavior_version",
+    "prompt",
+    "completion",
+    "reward",
+    "rewards",
+    "length",
+    "finish_reason",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +67,19 @@ def rows_of(
         names = list(reward_names) if len(parts) == len(reward_names) else []
         for i in range(g.group_size):
             ids, _ = g.completion(i)
-            out.append(CompletionRow(
-                step=step, prompt_index=g.prompt_index, behavior_version=g.behavior_version,
-                prompt=prompt, completion=decode(ids.tolist()), reward=float(g.rewards[i]),
-                rewards={n: float(parts[k, i]) for k, n in enumerate(names)},
-                length=int(g.completion_lens[i]), finish_reason=g.finish_reasons[i],
-            ))  # fmt: skip
+            out.append(
+                CompletionRow(
+                    step=step,
+                    prompt_index=g.prompt_index,
+                    behavior_version=g.behavior_version,
+                    prompt=prompt,
+                    completion=decode(ids.tolist()),
+                    reward=float(g.rewards[i]),
+                    rewards={n: float(parts[k, i]) for k, n in enumerate(names)},
+                    length=int(g.completion_lens[i]),
+                    finish_reason=g.finish_reasons[i],
+                )
+            )
     return out
 
 

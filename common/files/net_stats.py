@@ -128,22 +128,30 @@ class NetStats:
         """A copy of `timing` now (O(number of buckets)); the CPU seconds of this process."""
         t = os.times()
         return cls(
-            unix_time=unix_time, process_cpu_s=t.user + t.system, groups_trained=groups_trained,
-            heartbeats=timing.heartbeats, lease_requests=timing.lease_requests,
-            lease_parked=timing.lease_parked, control_messages=timing.control_messages,
+            unix_time=unix_time,
+            process_cpu_s=t.user + t.system,
+            groups_trained=groups_trained,
+            heartbeats=timing.heartbeats,
+            lease_requests=timing.lease_requests,
+            lease_parked=timing.lease_parked,
+            control_messages=timing.control_messages,
             lease_service=timing.lease_service.copy(),
-            lease_parked_grant=timing.lease_parked_grant.copy(), loop_gap=timing.loop_gap.copy(),
+            lease_parked_grant=timing.lease_parked_grant.copy(),
+            loop_gap=timing.loop_gap.copy(),
             loop_gap_cpu=timing.loop_gap_cpu.copy(),
-        )  # fmt: skip
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "unix_time": self.unix_time, "process_cpu_s": self.process_cpu_s,
-            "groups_trained": self.groups_trained, "heartbeats": self.heartbeats,
-            "lease_requests": self.lease_requests, "lease_parked": self.lease_parked,
+            "unix_time": self.unix_time,
+            "process_cpu_s": self.process_cpu_s,
+            "groups_trained": self.groups_trained,
+            "heartbeats": self.heartbeats,
+            "lease_requests": self.lease_requests,
+            "lease_parked": self.lease_parked,
             "control_messages": self.control_messages,
             **{k: getattr(self, k).counts for k in _HISTOGRAMS},
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Self:
@@ -151,11 +159,15 @@ class NetStats:
         if any(len(h.counts) != len(BOUNDS_S) for h in hist.values()):
             raise ValueError("netstats.json: histograms of another bucket layout")
         return cls(
-            unix_time=float(data["unix_time"]), process_cpu_s=float(data["process_cpu_s"]),
-            groups_trained=int(data["groups_trained"]), heartbeats=int(data["heartbeats"]),
-            lease_requests=int(data["lease_requests"]), lease_parked=int(data["lease_parked"]),
-            control_messages=int(data["control_messages"]), **hist,
-        )  # fmt: skip
+            unix_time=float(data["unix_time"]),
+            process_cpu_s=float(data["process_cpu_s"]),
+            groups_trained=int(data["groups_trained"]),
+            heartbeats=int(data["heartbeats"]),
+            lease_requests=int(data["lease_requests"]),
+            lease_parked=int(data["lease_parked"]),
+            control_messages=int(data["control_messages"]),
+            **hist,
+        )
 
 
 def write_net_stats(run_dir: Path, stats: NetStats) -> None:

@@ -252,9 +252,11 @@ class Ledger:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "balance": self.balance.to_json(), "by_producer": self.by_producer,
-            "hosts": self.hosts, "counters": self.counters,
-        }  # fmt: skip
+            "balance": self.balance.to_json(),
+            "by_producer": self.by_producer,
+            "hosts": self.hosts,
+            "counters": self.counters,
+        }
         if self.admission is not None:
             out["admission"] = self.admission.to_json()
         if self.policy_version is not None:

@@ -158,7 +158,13 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 def encode_chunk(chunk: Chunk) -> list[bytes | memoryview]:
     """The two frames of a chunk reply: the `ChunkHead` message, then the bytes (not copied)."""
-    head = ChunkHead(chunk.req, chunk.version, chunk.offset, chunk.total_bytes, len(chunk.data))
+    head = ChunkHead(
+        req=chunk.req,
+        version=chunk.version,
+        offset=chunk.offset,
+        total_bytes=chunk.total_bytes,
+        num_bytes=len(chunk.data),
+    )
     return [encode(head), chunk.data]
 
 
@@ -184,7 +190,13 @@ def decode_reply(frames: list[memoryview], limits: Limits = Limits()) -> Message
         raise WireError(
             "length_mismatch", f"head says {head.num_bytes} bytes, frame has {len(frames[1])}"
         )
-    return Chunk(head.req, head.version, head.offset, head.total_bytes, frames[1])
+    return Chunk(
+        req=head.req,
+        version=head.version,
+        offset=head.offset,
+        total_bytes=head.total_bytes,
+        data=frames[1],
+    )
 
 
 def decode(data: bytes | memoryview, limits: Limits = Limits()) -> Message:

@@ -81,13 +81,27 @@ for _b in range(256):
         _SINGLE[_b] = (NIL, None) if _b == 0xC0 else (BOOL, _b == 0xC3)
 # Headers with a fixed-size field after the type byte: type byte -> (tag, field codec).
 _FIXED: dict[int, tuple[int, struct.Struct]] = {
-    0xC4: (BIN, _U8), 0xC5: (BIN, _U16), 0xC6: (BIN, _U32),
-    0xCA: (FLOAT, _F32), 0xCB: (FLOAT, _F64),
-    0xCC: (INT, _U8), 0xCD: (INT, _U16), 0xCE: (INT, _U32), 0xCF: (INT, _U64),
-    0xD0: (INT, _I8), 0xD1: (INT, _I16), 0xD2: (INT, _I32), 0xD3: (INT, _I64),
-    0xD9: (STR, _U8), 0xDA: (STR, _U16), 0xDB: (STR, _U32),
-    0xDC: (ARRAY, _U16), 0xDD: (ARRAY, _U32), 0xDE: (MAP, _U16), 0xDF: (MAP, _U32),
-}  # fmt: skip
+    0xC4: (BIN, _U8),
+    0xC5: (BIN, _U16),
+    0xC6: (BIN, _U32),
+    0xCA: (FLOAT, _F32),
+    0xCB: (FLOAT, _F64),
+    0xCC: (INT, _U8),
+    0xCD: (INT, _U16),
+    0xCE: (INT, _U32),
+    0xCF: (INT, _U64),
+    0xD0: (INT, _I8),
+    0xD1: (INT, _I16),
+    0xD2: (INT, _I32),
+    0xD3: (INT, _I64),
+    0xD9: (STR, _U8),
+    0xDA: (STR, _U16),
+    0xDB: (STR, _U32),
+    0xDC: (ARRAY, _U16),
+    0xDD: (ARRAY, _U32),
+    0xDE: (MAP, _U16),
+    0xDF: (MAP, _U32),
+}
 
 
 def not_msgpack(detail: str) -> WireError:

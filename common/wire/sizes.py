@@ -72,21 +72,49 @@ def largest_grant(num_leases: int) -> LeaseGrant:
     prompts' and answers' text: every int at its widest, `ACKS_PER_REPLY` acks of the longest
     outcome, a snapshot path of PATH_MAX characters."""
     leases = tuple(
-        Lease(_WIDEST, _WIDEST, _WIDEST, _WIDEST, "?", "", (), "", _WIDEST)
+        Lease(
+            lease_id=_WIDEST,
+            prompt_index=_WIDEST,
+            step=_WIDEST,
+            min_version=_WIDEST,
+            prompt="?",
+            answer="",
+            messages=(),
+            columns="",
+            eval_version=_WIDEST,
+        )
         for _ in range(min(num_leases, MAX_LEASES_PER_GRANT))
     )
     outcome = max(OUTCOMES, key=len)
     acks = tuple(Ack(_WIDEST, outcome) for _ in range(ACKS_PER_REPLY))
-    snapshot = SnapshotInfo(_WIDEST, _WIDEST, "0" * 64, _PATH)
+    snapshot = SnapshotInfo(version=_WIDEST, num_bytes=_WIDEST, hash="0" * 64, path=_PATH)
     return LeaseGrant(
-        _WIDEST, leases, Status(_NAME, _WIDEST, snapshot, acks, True, _WIDEST, _WIDEST)
+        _WIDEST,
+        leases,
+        Status(
+            run_id=_NAME,
+            policy_version=_WIDEST,
+            snapshot=snapshot,
+            acks=acks,
+            finished=True,
+            eval_version=_WIDEST,
+            eval_from=_WIDEST,
+        ),
     )
 
 
 def largest_register(num_ids: int) -> Register:
     """The largest registration naming `num_ids` held leases (a goodbye names the same ids in
     fewer fields): every int at its widest, names of 255 characters."""
-    return Register(_WIDEST, _NAME, _NAME, _WIDEST, _NAME, _WIDEST, tuple([_WIDEST] * num_ids))
+    return Register(
+        req=_WIDEST,
+        producer_id=_NAME,
+        host=_NAME,
+        pid=_WIDEST,
+        engine=_NAME,
+        loaded_version=_WIDEST,
+        held_leases=tuple([_WIDEST] * num_ids),
+    )
 
 
 def largest_message_bytes(num_leases: int) -> int:

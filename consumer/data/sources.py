@@ -36,9 +36,13 @@ from common.errors import ConfigError
 from consumer.data.rows import PromptRow, RowFields, row_of
 
 HF_BUILDERS = {  # a local data file's suffix -> the `datasets` builder that reads it
-    ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet",
-    ".arrow": "arrow", ".txt": "text",
-}  # fmt: skip
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".txt": "text",
+}
 _SAVED = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
 
 

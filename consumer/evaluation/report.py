@@ -36,11 +36,16 @@ def eval_lines(records: list[StepRecord]) -> list[str]:
         return []
     k = (done[-1].eval_k or 1) if done else 1
     at_k = f" pass@{k} |" if k > 1 else ""
-    out = ["", "## Evaluation during training", "",
-           "Held-out prompts sampled by the producers with exactly each version "
-           "(`[eval]`; docs/observability.md):", "",
-           f"| version | reward mean | pass@1 |{at_k} mean length | prompts |",
-           "|---:|---:|---:|" + ("---:|" if k > 1 else "") + "---:|---:|"]  # fmt: skip
+    out = [
+        "",
+        "## Evaluation during training",
+        "",
+        "Held-out prompts sampled by the producers with exactly each version "
+        "(`[eval]`; docs/observability.md):",
+        "",
+        f"| version | reward mean | pass@1 |{at_k} mean length | prompts |",
+        "|---:|---:|---:|" + ("---:|" if k > 1 else "") + "---:|---:|",
+    ]
     for r in done:
         cell = f" {r.eval_pass_at_k:.3f} |" if k > 1 else ""
         out.append(

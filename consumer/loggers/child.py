@@ -55,9 +55,11 @@ class ChildSink:
         self._errors: Any = ctx.Queue()
         self.niceness = max(os.getpriority(os.PRIO_PROCESS, 0), NICE)
         self._proc = ctx.Process(
-            target=serve, args=(factory, kwargs, self._calls, self._errors, self.niceness),
-            name=f"asyncgrpo-{name}", daemon=True,
-        )  # fmt: skip
+            target=serve,
+            args=(factory, kwargs, self._calls, self._errors, self.niceness),
+            name=f"asyncgrpo-{name}",
+            daemon=True,
+        )
         self._proc.start()
 
     @property

@@ -55,9 +55,10 @@ class TensorBoardSink:
         from tensorboard.plugins.text.metadata import create_summary_metadata
 
         tensor = TensorProto(
-            dtype="DT_STRING", string_val=[text.encode()],
+            dtype="DT_STRING",
+            string_val=[text.encode()],
             tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]),
-        )  # fmt: skip
+        )
         meta = create_summary_metadata(display_name=tag, description="")
         value = Summary.Value(tag=f"{tag}/text_summary", metadata=meta, tensor=tensor)
         self._write(step, Summary(value=[value]))

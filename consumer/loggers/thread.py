@@ -127,8 +127,11 @@ class Loggers:
         self.failed += 1
         log.warning(
             "logger %s failed (%s: %s): dropped for the rest of the run; training goes on "
-            "(metrics.jsonl has every metric)", name, type(exc).__name__, exc,
-        )  # fmt: skip
+            "(metrics.jsonl has every metric)",
+            name,
+            type(exc).__name__,
+            exc,
+        )
 
     def _decoder(self) -> Callable[[Sequence[int]], str]:
         """Token ids to text with the model's tokenizer (ids as numbers without a model)."""

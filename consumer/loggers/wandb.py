@@ -34,9 +34,14 @@ class WandbSink:
             id_path.write_text(run_id + "\n")
         self.wandb = wandb
         self.run = wandb.init(
-            project=project, name=run_name, id=run_id, resume="allow", dir=str(run_dir),
-            config=config, settings=wandb.Settings(console="off", quiet=True),
-        )  # fmt: skip
+            project=project,
+            name=run_name,
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            config=config,
+            settings=wandb.Settings(console="off", quiet=True),
+        )
         self.run.define_metric(STEP)
         self.run.define_metric("*", step_metric=STEP)
 

@@ -233,14 +233,14 @@ class Control:
             row = st.prompts.get(r.prompt_index)
             out.append(
                 wire.Lease(
-                    r.lease_id,
-                    r.prompt_index,
-                    r.step,
-                    r.min_version,
-                    row.prompt,
-                    row.answer,
-                    row.messages,
-                    row.columns,
+                    lease_id=r.lease_id,
+                    prompt_index=r.prompt_index,
+                    step=r.step,
+                    min_version=r.min_version,
+                    prompt=row.prompt,
+                    answer=row.answer,
+                    messages=row.messages,
+                    columns=row.columns,
                 )
             )
         return tuple(out)
@@ -253,10 +253,19 @@ class Control:
         out = []
         for e in evals.grant(msg.producer_id, msg.loaded_version, room, now=now):
             row = rows[e.prompt_index]
-            out.append(wire.Lease(
-                e.lease_id, e.prompt_index, e.version, e.version, row.prompt, row.answer,
-                row.messages, row.columns, eval_version=e.version,
-            ))  # fmt: skip
+            out.append(
+                wire.Lease(
+                    lease_id=e.lease_id,
+                    prompt_index=e.prompt_index,
+                    step=e.version,
+                    min_version=e.version,
+                    prompt=row.prompt,
+                    answer=row.answer,
+                    messages=row.messages,
+                    columns=row.columns,
+                    eval_version=e.version,
+                )
+            )
         return out
 
     def release(self, released: list[tuple[str, int]]) -> None:

@@ -388,10 +388,14 @@ class LeaseBook:
         cost does not grow with the number of producers)."""
         c = self.counts
         return Balance(
-            issued=c["issued"], trained=c["trained"], dropped_stale=c["dropped_stale"],
+            issued=c["issued"],
+            trained=c["trained"],
+            dropped_stale=c["dropped_stale"],
             dropped_zero_variance=c["dropped_zero_variance"],
-            rejected_invalid=c["rejected_invalid"], expired=c["expired"], open=len(self.open),
-        )  # fmt: skip
+            rejected_invalid=c["rejected_invalid"],
+            expired=c["expired"],
+            open=len(self.open),
+        )
 
     def take_finished(self) -> list[LeaseLine]:
         """The leases finished since the last call, as lines of leases.jsonl."""

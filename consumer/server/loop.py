@@ -194,8 +194,11 @@ class Loop:
         if st.evals is not None and st.evals.rounds:
             st.evals.expire(now=now, lease_timeout_s=net.lease_timeout_s, gone=set(gone))
             if st.snapshot is not None:
-                live = {v.loaded_version for v in st.producers.values()
-                        if v.state not in ("gone", "left")}  # fmt: skip
+                live = {
+                    v.loaded_version
+                    for v in st.producers.values()
+                    if v.state not in ("gone", "left")
+                }
                 st.evals.close_unreachable(live, st.snapshot.version)  # costs rounds x producers
         self._books.maybe_write(now)
 

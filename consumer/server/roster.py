@@ -63,9 +63,14 @@ def status_of(view: View) -> RF.ProducerStatus:
     """A producer's line of producers.json (its counters held, not copied: they are the last
     heartbeat's decoded mapping, which nobody changes)."""
     return RF.ProducerStatus(
-        host=view.host, pid=view.pid, engine=view.engine, version=view.loaded_version,
-        state=view.state, num_in_flight=view.num_in_flight, counters=view.counters,
-    )  # fmt: skip
+        host=view.host,
+        pid=view.pid,
+        engine=view.engine,
+        version=view.loaded_version,
+        state=view.state,
+        num_in_flight=view.num_in_flight,
+        counters=view.counters,
+    )
 
 
 class Roster:
@@ -101,9 +106,11 @@ class Roster:
             status = self._current.get(p)
             if status is not None and self._last.get(p) != (status.version, status.state):
                 self._last[p] = (status.version, status.state)
-                changes.append(RF.ProducerChange(
-                    unix_time=unix, producer=p, version=status.version, state=status.state
-                ))  # fmt: skip
+                changes.append(
+                    RF.ProducerChange(
+                        unix_time=unix, producer=p, version=status.version, state=status.state
+                    )
+                )
         self._touched = {}
         RF.append_producer_changes(self.run_dir, changes)
         if self._dirty:

@@ -124,22 +124,34 @@ class Server:
 
         def bind(kind: int, port: int) -> tuple[zmq.Socket[Any], int]:
             return server_socket(
-                ctx, kind, host=net.bind_host, port=port, keys=keys, insecure=net.insecure,
+                ctx,
+                kind,
+                host=net.bind_host,
+                port=port,
+                keys=keys,
+                insecure=net.insecure,
                 max_message_bytes=max_bytes,
-            )  # fmt: skip
+            )
 
         control, control_port = bind(zmq.ROUTER, net.control_port)
         rollouts, rollouts_port = bind(zmq.PULL, net.rollouts_port)
         self._announce, announce_port = bind(zmq.PUB, net.announce_port)
         snapshot_root = run_dir / RF.SNAPSHOTS
         self.data = DataPlane(
-            snapshot_root, host=net.bind_host, port=net.data_port, keys=keys,
-            insecure=net.insecure, chunk_limit=snapshot_chunk_bytes(cfg), count=st.count,
-        )  # fmt: skip
+            snapshot_root,
+            host=net.bind_host,
+            port=net.data_port,
+            keys=keys,
+            insecure=net.insecure,
+            chunk_limit=snapshot_chunk_bytes(cfg),
+            count=st.count,
+        )
         self.ports = {
-            "control": control_port, "rollouts": rollouts_port, "announce": announce_port,
+            "control": control_port,
+            "rollouts": rollouts_port,
+            "announce": announce_port,
             "data": self.data.port,
-        }  # fmt: skip
+        }
         self.spec = dataclasses.replace(
             spec, rollouts_port=rollouts_port, announce_port=announce_port, data_port=self.data.port
         )
@@ -156,9 +168,14 @@ class Server:
         self._books = Books(st, run_dir, refused_keys=refused)
         self._calls = Calls()
         self._loop = Loop(
-            st, control=self._control, intake=intake, books=self._books, calls=self._calls,
-            rollouts=rollouts, announce=self._announce,
-        )  # fmt: skip
+            st,
+            control=self._control,
+            intake=intake,
+            books=self._books,
+            calls=self._calls,
+            rollouts=rollouts,
+            announce=self._announce,
+        )
 
     @property
     def error(self) -> BaseException | None:
@@ -181,8 +198,10 @@ class Server:
         if evals is not None:  # the network thread has stopped: its books are ours to read
             log.info(
                 "evaluation: %d rounds reported, %s (balanced: %s)",
-                evals.counts["rounds_done"], evals.totals(), evals.balance(),
-            )  # fmt: skip
+                evals.counts["rounds_done"],
+                evals.totals(),
+                evals.balance(),
+            )
 
     def next_group(self, timeout_s: float) -> wire.Group | None:
         """The next admitted group, or None after `timeout_s` without one."""
@@ -402,10 +421,15 @@ def _restored_state(
         max_bytes=int(net.max_queued_mib * (1 << 20)), max_groups=net.max_queued_groups
     )
     return NetState(
-        cfg, prompts=prompts, book=book, identities=identities, admission=admission,
-        run_id=f"{uuid.uuid4().hex[:8]}-{book.incarnation}", policy_version=policy_version,
+        cfg,
+        prompts=prompts,
+        book=book,
+        identities=identities,
+        admission=admission,
+        run_id=f"{uuid.uuid4().hex[:8]}-{book.incarnation}",
+        policy_version=policy_version,
         granting=not hold_grants,
-    )  # fmt: skip
+    )
 
 
 def group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits:
@@ -421,8 +445,12 @@ def group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits
             "sampling.max_kept = %d ids takes %.0f MiB > net.max_message_mib = %.0f and would "
             "be refused (too_large); typical top-p sets are far smaller (kept_size_mean in "
             "metrics.jsonl), else raise net.max_message_mib or lower sampling.max_kept",
-            s.group_size, s.max_new_tokens, s.max_kept, worst / 2**20, max_bytes / 2**20,
-        )  # fmt: skip
+            s.group_size,
+            s.max_new_tokens,
+            s.max_kept,
+            worst / 2**20,
+            max_bytes / 2**20,
+        )
     return wire.Limits(
         max_message_bytes=max_bytes,
         vocab_size=vocab_size,

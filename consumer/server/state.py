@@ -192,9 +192,15 @@ class NetState:
             self.told_finished.setdefault(producer_id, time.monotonic())
         eval_version, eval_from = self.evals.leasing() if self.evals is not None else (-1, -1)
         return wire.Status(
-            self.run_id, self.policy_version, self.snapshot, acks, not self.accepting,
-            eval_version, eval_from, self.periods.current(len(self.liveness), time.monotonic()),
-        )  # fmt: skip
+            run_id=self.run_id,
+            policy_version=self.policy_version,
+            snapshot=self.snapshot,
+            acks=acks,
+            finished=not self.accepting,
+            eval_version=eval_version,
+            eval_from=eval_from,
+            heartbeat_s=self.periods.current(len(self.liveness), time.monotonic()),
+        )
 
     def producer_timeout_s(self) -> float:
         """The silence after which a producer is gone: net.producer_timeout_s, or three of the

@@ -77,9 +77,14 @@ class DataPlane:
         self._gate = start_key_gate(self.ctx, keys) if keys is not None else None
         try:
             self.sock, self.port = server_socket(
-                self.ctx, zmq.ROUTER, host=host, port=port, keys=keys, insecure=insecure,
+                self.ctx,
+                zmq.ROUTER,
+                host=host,
+                port=port,
+                keys=keys,
+                insecure=insecure,
                 max_message_bytes=MAX_REQUEST_BYTES,
-            )  # fmt: skip
+            )
         except BaseException:
             self._close_context()
             raise
@@ -142,9 +147,11 @@ class DataPlane:
         except Exception as exc:  # a bug of ours: counted, logged once per kind, never fatal
             self._count("data_rejected.internal_error", 1)
             self._log.log(
-                f"data.internal.{type(exc).__name__}", logging.ERROR,
-                "internal error serving a chunk", exc_info=True,
-            )  # fmt: skip
+                f"data.internal.{type(exc).__name__}",
+                logging.ERROR,
+                "internal error serving a chunk",
+                exc_info=True,
+            )
             reply = [wire.encode(wire.Reject(req, "internal_error", type(exc).__name__))]
         try:
             self.sock.send_multipart([identity, *reply], zmq.NOBLOCK, copy=False)
@@ -160,7 +167,13 @@ class DataPlane:
         if not 0 <= msg.offset <= total:
             raise WireError("bad_offset", f"offset {msg.offset} outside [0, {total}]")
         size = max(0, min(msg.max_bytes, self.chunk_limit))
-        return wire.Chunk(msg.req, msg.version, msg.offset, total, view[msg.offset :][:size])
+        return wire.Chunk(
+            req=msg.req,
+            version=msg.version,
+            offset=msg.offset,
+            total_bytes=total,
+            data=view[msg.offset :][:size],
+        )
 
 
 class FileMaps:

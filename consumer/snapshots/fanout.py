@@ -108,7 +108,17 @@ class FanOut:
         if entry is None:  # announced, its chunk hashes still being written: ask again soon
             self._count("fetch_waits", 1)
             return wire.FetchPlan(
-                msg.req, msg.version, "weights", -1, 0, "", "", 0, b"", (), WAIT_S
+                req=msg.req,
+                version=msg.version,
+                file="weights",
+                base_version=-1,
+                num_bytes=0,
+                hash="",
+                result_hash="",
+                chunk_bytes=0,
+                chunk_hashes=b"",
+                sources=(),
+                wait_s=WAIT_S,
             )
         m, c = entry.manifest, entry.chunks
         use_delta = c.delta_base >= 0 and msg.held_version == c.delta_base and "delta" in c.files
@@ -121,9 +131,18 @@ class FanOut:
         if source is None:
             self._count("fetch_waits", 1)
             return wire.FetchPlan(
-                msg.req, msg.version, file, base, chunks.num_bytes, digest, m.hash,
-                chunks.chunk_bytes, b"", (), WAIT_S,
-            )  # fmt: skip
+                req=msg.req,
+                version=msg.version,
+                file=file,
+                base_version=base,
+                num_bytes=chunks.num_bytes,
+                hash=digest,
+                result_hash=m.hash,
+                chunk_bytes=chunks.chunk_bytes,
+                chunk_hashes=b"",
+                sources=(),
+                wait_s=WAIT_S,
+            )
         slot = self._slots[msg.producer_id] = _Slot((msg.version, file), source.endpoint, now)
         relay = self._relays.get(msg.producer_id)
         if relay is not None and relay.endpoint not in entry.holders.get(file, {}):
@@ -134,9 +153,18 @@ class FanOut:
         self._count("fetch_from_relay" if source.endpoint else "fetch_from_consumer", 1)
         sources = (source, CONSUMER) if source.endpoint else (CONSUMER,)
         return wire.FetchPlan(
-            msg.req, msg.version, file, base, chunks.num_bytes, digest, m.hash,
-            chunks.chunk_bytes, chunks.hashes, sources, 0.0,
-        )  # fmt: skip
+            req=msg.req,
+            version=msg.version,
+            file=file,
+            base_version=base,
+            num_bytes=chunks.num_bytes,
+            hash=digest,
+            result_hash=m.hash,
+            chunk_bytes=chunks.chunk_bytes,
+            chunk_hashes=chunks.hashes,
+            sources=sources,
+            wait_s=0.0,
+        )
 
     def done(self, msg: wire.FetchDone) -> None:
         """A fetcher's report: free its slot, take note of bad sources, add a new relay."""

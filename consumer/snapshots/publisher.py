@@ -318,4 +318,4 @@ class Publisher:
         snap.finalize(tmp, final, manifest, fsync=durable_first)
         self.last_write_s = time.perf_counter() - t0
         weights = str((final / snap.WEIGHTS_FILE).resolve())
-        return SnapshotInfo(job.version, num_bytes, digest, weights)
+        return SnapshotInfo(version=job.version, num_bytes=num_bytes, hash=digest, path=weights)

@@ -32,11 +32,19 @@ import torch
 from common.weights.tensor_table import TensorSpec, TensorTable, plan
 
 DTYPE_CODES: dict[torch.dtype, str] = {
-    torch.float64: "F64", torch.int64: "I64", torch.float32: "F32", torch.int32: "I32",
-    torch.float16: "F16", torch.bfloat16: "BF16", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-}  # fmt: skip
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.float32: "F32",
+    torch.int32: "I32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+}
 TORCH_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 

@@ -104,9 +104,17 @@ def chunked_head(
     cd = compute_dtype or weight_VH.dtype
     kept_NK, valid_NK = kept if kept is not None else (None, None)
     logp, entropy, log_mass = _ChunkedLogprobs.apply(  # type: ignore[no-untyped-call]
-        hidden_NH, weight_VH, bias_V, tokens_N.long(), temperature, chunk_rows, cd, with_entropy,
-        None if kept_NK is None else kept_NK.long(), valid_NK,
-    )  # fmt: skip
+        hidden_NH,
+        weight_VH,
+        bias_V,
+        tokens_N.long(),
+        temperature,
+        chunk_rows,
+        cd,
+        with_entropy,
+        None if kept_NK is None else kept_NK.long(),
+        valid_NK,
+    )
     return HeadOut(logp, entropy if with_entropy else None, log_mass)
 
 
@@ -123,9 +131,15 @@ def chunked_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logp_N, entropy_N) over the full vocabulary: `chunked_head` without kept sets."""
     out = chunked_head(
-        hidden_NH, weight_VH, bias_V, tokens_N, temperature=temperature, chunk_rows=chunk_rows,
-        compute_dtype=compute_dtype, with_entropy=with_entropy,
-    )  # fmt: skip
+        hidden_NH,
+        weight_VH,
+        bias_V,
+        tokens_N,
+        temperature=temperature,
+        chunk_rows=chunk_rows,
+        compute_dtype=compute_dtype,
+        with_entropy=with_entropy,
+    )
     return out.logp_N, out.entropy_N
 
 

@@ -181,9 +181,14 @@ def share_rows(rows: list[Row] | None) -> list[Row]:
         sizes = torch.zeros(5, dtype=torch.int64)
         if rows is not None:
             sizes[:] = torch.tensor(
-                [len(rows), sum(len(r.ids) for r in rows), sum(len(r.behavior_logp) for r in rows),
-                 sum(len(r.kept.ids) for r in rows), int(bool(rows) and rows[0].kept.present)]
-            )  # fmt: skip
+                [
+                    len(rows),
+                    sum(len(r.ids) for r in rows),
+                    sum(len(r.behavior_logp) for r in rows),
+                    sum(len(r.kept.ids) for r in rows),
+                    int(bool(rows) and rows[0].kept.present),
+                ]
+            )
         dist.broadcast(sizes, src=0)
         n, n_ids, n_completion, n_kept, has_kept = (int(x) for x in sizes)
         meta = torch.zeros(n, 3, dtype=torch.int64)

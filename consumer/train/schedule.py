@@ -48,8 +48,9 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: Config) -> Any:
     """The `LambdaLR` of the run's schedule on `optimizer` (whose lr is the peak, `train.lr`)."""
     t = cfg.train
     total = cfg.run.steps * t.updates_per_batch
-    options = dict(schedule=t.lr_schedule, warmup=t.warmup_steps, total=total,
-                   min_ratio=t.lr_min_ratio)  # fmt: skip
+    options = dict(
+        schedule=t.lr_schedule, warmup=t.warmup_steps, total=total, min_ratio=t.lr_min_ratio
+    )
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda update: lr_factor(update, **options),  # type: ignore[arg-type]

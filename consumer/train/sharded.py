@@ -63,8 +63,13 @@ def follow(cfg: Config, run_dir: Path, world: D.World) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     trainer = ShardedTrainer(cfg, Path(cfg.model.path), world)
-    log.info("rank %d of %d (pid %d) following rank 0 (run dir %s)", world.rank, world.size,
-             os.getpid(), run_dir)  # fmt: skip
+    log.info(
+        "rank %d of %d (pid %d) following rank 0 (run dir %s)",
+        world.rank,
+        world.size,
+        os.getpid(),
+        run_dir,
+    )
     trainer.follow()
     log.info("rank %d: rank 0 ended the run", world.rank)
     return 0

@@ -37,7 +37,9 @@ def keys(
         homes = create_keys(directory, producer_names or ["producer"])
     except ConfigError as exc:
         fail(str(exc))
-    typer.echo(f"consumer host: --keys {directory}  (its secret: {directory}/server/; "
-               f"allowlist: {directory}/clients/)")  # fmt: skip
+    typer.echo(
+        f"consumer host: --keys {directory}  (its secret: {directory}/server/; "
+        f"allowlist: {directory}/clients/)"
+    )
     for home in homes:
         typer.echo(f"producer host {home.name}: copy {home}/ there, then --keys <that copy>")

@@ -115,8 +115,11 @@ def _run(
     if recording.torn:
         typer.echo(f"note: {recording.torn}", err=True)
     shown = ", ".join(k for k in changes if not k.startswith(("run.", "snapshot."))) or "none"
-    typer.echo(f"replaying {len(recording.steps)} recorded steps of {source} into {out} "
-               f"(settings changed: {shown})", err=True)  # fmt: skip
+    typer.echo(
+        f"replaying {len(recording.steps)} recorded steps of {source} into {out} "
+        f"(settings changed: {shown})",
+        err=True,
+    )
     try:
         r = Replay(cfg, out, recording, source, check_passes=passes)
         if from_checkpoint is not None:
@@ -135,8 +138,11 @@ def _run(
         )
         return
     if cmp.first_diff is None:
-        typer.secho(f"error: {source} recorded no snapshot hash of a version replayed",
-                    fg=typer.colors.RED, err=True)  # fmt: skip
+        typer.secho(
+            f"error: {source} recorded no snapshot hash of a version replayed",
+            fg=typer.colors.RED,
+            err=True,
+        )
         raise typer.Exit(1)
     delta = "unknown (a snapshot is no longer on disk)"
     if cmp.max_abs_delta is not None:

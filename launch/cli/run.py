@@ -104,8 +104,16 @@ def _exec_torchrun(nproc: int) -> None:
             skip = True
         elif not arg.startswith("--nproc-per-node="):
             args.append(arg)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "launch.cli", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "launch.cli",
+        *args,
+    ]
     typer.echo(f"starting {nproc} learner processes: {' '.join(cmd[1:])}", err=True)
     sys.stderr.flush()
     os.execv(sys.executable, cmd)
@@ -165,12 +173,18 @@ def consumer(
 ) -> None:
     """Run the learner: lease prompts, receive groups, train, publish snapshots."""
     flags = {
-        "run.dir": run_dir, "run.steps": steps, "model.path": model,
-        "staleness.max_staleness": max_staleness, "net.bind_host": bind, "net.control_port": port,
+        "run.dir": run_dir,
+        "run.steps": steps,
+        "model.path": model,
+        "staleness.max_staleness": max_staleness,
+        "net.bind_host": bind,
+        "net.control_port": port,
         "net.advertise_host": advertise,
-        "net.keys_dir": keys, "net.insecure": insecure or None, "run.resume": resume or None,
+        "net.keys_dir": keys,
+        "net.insecure": insecure or None,
+        "run.resume": resume or None,
         "log.report_to": report_to(report_to_),
-    }  # fmt: skip
+    }
     cfg = load_config(resumed_config(config, resume, run_dir), set_, flags)
     if nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:
         _exec_torchrun(nproc_per_node)
@@ -252,12 +266,17 @@ def producer(
 ) -> None:
     """Run a producer: sample groups for the consumer's leases; reload its snapshots."""
     flags = {
-        "net.connect": connect, "net.connect_file": connect_file, "producer.engine": engine,
+        "net.connect": connect,
+        "net.connect_file": connect_file,
+        "producer.engine": engine,
         "producer.model": model,
-        "producer.max_in_flight": max_in_flight, "producer.id": producer_id,
-        "producer.device": device, "net.keys_dir": keys, "net.insecure": insecure or None,
+        "producer.max_in_flight": max_in_flight,
+        "producer.id": producer_id,
+        "producer.device": device,
+        "net.keys_dir": keys,
+        "net.insecure": insecure or None,
         "producer.follow": follow or None,
-    }  # fmt: skip
+    }
     cfg = load_config(config, set_, flags)
     if cfg.producer.model == "demo":  # the embedded demo model, built on this host
         cfg = C.override(cfg, {"producer.model": resolve_model("demo")})
@@ -318,10 +337,14 @@ def launch(
     the summary; exit 130); a second Ctrl-C skips the final evaluation.
     """
     flags = {
-        "run.dir": run_dir, "run.steps": steps, "producer.engine": engine,
-        "staleness.max_staleness": max_staleness, "model.path": model,
-        "run.resume": resume or None, "log.report_to": report_to(report_to_),
-    }  # fmt: skip
+        "run.dir": run_dir,
+        "run.steps": steps,
+        "producer.engine": engine,
+        "staleness.max_staleness": max_staleness,
+        "model.path": model,
+        "run.resume": resume or None,
+        "log.report_to": report_to(report_to_),
+    }
     file = resumed_config(config, resume, run_dir)
     cfg, given = load_given(file, set_, flags, fallback=DEMO_CONFIG)
     from launch import local
@@ -397,9 +420,12 @@ def _split_cores(
     }
     cfg = C.override(cfg, {k: v for k, v in values.items() if k not in kept})
     shown = cores.CorePlan(
-        chosen.cores, chosen.producers, cfg.model.torch_threads, cfg.producer.torch_threads,
+        chosen.cores,
+        chosen.producers,
+        cfg.model.torch_threads,
+        cfg.producer.torch_threads,
         cfg.producer.max_in_flight,
-    )  # fmt: skip
+    )
     typer.echo(
         cores.describe(shown, given=kept | ({"producers"} if producers else set())), err=True
     )

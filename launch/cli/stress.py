@@ -169,20 +169,34 @@ def stress(
     counts = _ints(producers, "--producers") or None
     scenario = P.Scenario(slow_factor=slow, stall_s=stall_s)
     try:
-        where = {} if external_producers else placements(
-            engine=kind, producer_counts=counts, colocated_memory=colocated_memory,
-            learner_gpus=_ints(learner_gpus, "--learner-gpus") or None,
-            producer_gpus=_ints(producer_gpus, "--producer-gpus") or None,
-        )  # fmt: skip
+        where = (
+            {}
+            if external_producers
+            else placements(
+                engine=kind,
+                producer_counts=counts,
+                colocated_memory=colocated_memory,
+                learner_gpus=_ints(learner_gpus, "--learner-gpus") or None,
+                producer_gpus=_ints(producer_gpus, "--producer-gpus") or None,
+            )
+        )
         sweep = P.Sweep(
-            engine=kind, steps=steps, target_reward=target_reward, external=external_producers,
-            bind=bind if external_producers else "", placements=where, heldout=heldout,
-            given=given, scenario=scenario,
-        )  # fmt: skip
+            engine=kind,
+            steps=steps,
+            target_reward=target_reward,
+            external=external_producers,
+            bind=bind if external_producers else "",
+            placements=where,
+            heldout=heldout,
+            given=given,
+            scenario=scenario,
+        )
         todo = P.settings(
-            _ints(max_staleness, "--max-staleness"), [external_producers] if external_producers
-            else list(where), modes or [P.is_label(base)], _ints(seeds, "--seeds"),
-        )  # fmt: skip
+            _ints(max_staleness, "--max-staleness"),
+            [external_producers] if external_producers else list(where),
+            modes or [P.is_label(base)],
+            _ints(seeds, "--seeds"),
+        )
         P.check_settings(base, sweep, todo)
     except ConfigError as exc:
         fail(str(exc))

@@ -136,11 +136,17 @@ def build_config(
     consumer waits for before its first lease; `bind`: a fixed host:port (external producers);
     `threads`: torch thread counts (`threads_for`)."""
     values: dict[str, object] = {
-        "staleness.max_staleness": ms, "run.steps": 0 if open_ended else steps,
-        "run.seed": sc.seed, "run.dir": run_dir, "run.resume": False, "net.control_port": 0,
-        "run.wait_for_producers": wait_for, "producer.engine": engine,
-        **is_overrides(is_mode), **(threads or {}),
-    }  # fmt: skip
+        "staleness.max_staleness": ms,
+        "run.steps": 0 if open_ended else steps,
+        "run.seed": sc.seed,
+        "run.dir": run_dir,
+        "run.resume": False,
+        "net.control_port": 0,
+        "run.wait_for_producers": wait_for,
+        "producer.engine": engine,
+        **is_overrides(is_mode),
+        **(threads or {}),
+    }
     if base.staleness.publish_every > ms + 1:
         values["staleness.publish_every"] = ms + 1  # the tightest bound the config allows
     if bind:
@@ -157,9 +163,11 @@ def threads_for(base: C.Config, sweep: Sweep, setting: Setting) -> dict[str, int
     from launch import cores
 
     split = cores.plan(
-        cores.usable_cores(), max_staleness=setting.ms,
-        prompts_per_step=base.train.prompts_per_step, producers=setting.producers,
-    )  # fmt: skip
+        cores.usable_cores(),
+        max_staleness=setting.ms,
+        prompts_per_step=base.train.prompts_per_step,
+        producers=setting.producers,
+    )
     rule = {
         "model.torch_threads": split.learner_threads,
         "producer.torch_threads": split.producer_threads,
@@ -197,11 +205,17 @@ def check_settings(base: C.Config, sweep: Sweep, todo: list[Setting]) -> None:
         try:
             C.validate(
                 build_config(
-                    base, ms=s.ms, is_mode=s.is_mode, engine=sweep.engine, steps=sweep.steps,
-                    sc=sweep.scenario, run_dir=Path("."), bind=sweep.bind,
+                    base,
+                    ms=s.ms,
+                    is_mode=s.is_mode,
+                    engine=sweep.engine,
+                    steps=sweep.steps,
+                    sc=sweep.scenario,
+                    run_dir=Path("."),
+                    bind=sweep.bind,
                     threads=threads_for(base, sweep, s),
                 )
-            )  # fmt: skip
+            )
         except ConfigError as exc:
             raise ConfigError(f"setting {s.name}: {exc}") from None
 

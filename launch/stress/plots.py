@@ -33,9 +33,13 @@ def _lines(ax: Any, aggs: list[dict[str, Any]], key: str, label: str) -> None:
         low = [y - a[f"{key}_min"] for y, a in zip(ys, pts, strict=True)]
         high = [a[f"{key}_max"] - y for y, a in zip(ys, pts, strict=True)]
         ax.errorbar(
-            [a["max_staleness"] for a in pts], ys, yerr=[low, high], fmt="o-", capsize=3,
+            [a["max_staleness"] for a in pts],
+            ys,
+            yerr=[low, high],
+            fmt="o-",
+            capsize=3,
             label=f"{label} · {n} producers · IS {mode}",
-        )  # fmt: skip
+        )
     ax.set_xlabel("max_staleness")
 
 
@@ -70,19 +74,34 @@ def plot_all(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     aggs = aggregate(ok)
     said = caveat(aggs, ok)
     figures = [
-        ("throughput_vs_staleness", "throughput vs staleness", "steps per hour",
-         [("steps_per_hour", "steps/hour")]),
-        ("idle_fractions", "who waits: learner vs producers", "idle fraction",
-         [("learner_idle_frac", "learner idle"), ("producer_idle_frac", "producer idle")]),
-        ("reward_vs_staleness", "reward vs staleness", "mean reward (smoothed)",
-         [("final_reward", "equal steps"), ("reward_at_equal_time", "equal wall-clock")]),
-    ]  # fmt: skip
+        (
+            "throughput_vs_staleness",
+            "throughput vs staleness",
+            "steps per hour",
+            [("steps_per_hour", "steps/hour")],
+        ),
+        (
+            "idle_fractions",
+            "who waits: learner vs producers",
+            "idle fraction",
+            [("learner_idle_frac", "learner idle"), ("producer_idle_frac", "producer idle")],
+        ),
+        (
+            "reward_vs_staleness",
+            "reward vs staleness",
+            "mean reward (smoothed)",
+            [("final_reward", "equal steps"), ("reward_at_equal_time", "equal wall-clock")],
+        ),
+    ]
     if any(r.get("final_accuracy") is not None for r in ok):
         figures.append(
-            ("accuracy_vs_staleness", "held-out score vs staleness",
-             str(ok[0].get("heldout") or "held-out score"),
-             [("final_accuracy", "equal steps"), ("accuracy_at_equal_time", "equal wall-clock")])
-        )  # fmt: skip
+            (
+                "accuracy_vs_staleness",
+                "held-out score vs staleness",
+                str(ok[0].get("heldout") or "held-out score"),
+                [("final_accuracy", "equal steps"), ("accuracy_at_equal_time", "equal wall-clock")],
+            )
+        )
     written = [
         _figure(plots / f"{name}.png", title, ylabel, _by_staleness(aggs, *series), said)
         for name, title, ylabel, series in figures
@@ -109,8 +128,14 @@ def _curves(ax: Any, rows: list[dict[str, Any]]) -> None:
             continue
         ms = r["max_staleness"]
         label = None if ms in colors else f"max_staleness {ms}"
-        (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors.get(ms),
-                          alpha=0.8, linewidth=1, label=label)  # fmt: skip
+        (line,) = ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            color=colors.get(ms),
+            alpha=0.8,
+            linewidth=1,
+            label=label,
+        )
         colors.setdefault(ms, line.get_color())
         if ms == 0:
             ax.axvline(r["wall_s"], color=line.get_color(), linestyle="--", linewidth=0.8)

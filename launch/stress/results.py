@@ -37,23 +37,69 @@ from common.files.metrics import StepRecord, read_steps
 
 WINDOW = 10  # steps over which rewards are averaged
 COLUMNS = [
-    "setting", "status", "error", "max_staleness", "producers", "is_mode", "seed", "engine",
-    "placement", "hosts", "load_mean", "cores", "steps", "wall_s", "run_wall_s",
-    "steps_per_hour", "speedup_vs_sync",
-    "groups_per_s", "tokens_per_s", "learner_idle_frac", "producer_idle_frac", "trained",
-    "dropped_stale", "dropped_zero_variance", "expired", "staleness_mean_trained",
-    "staleness_max_trained", "staleness_hist", "tis_weight_mean", "tis_frac_truncated", "ess",
-    "trained_mean_tokens", "dropped_stale_mean_tokens", "expired_by_producer",
-    "dropped_stale_by_producer", "final_reward", "equal_time_s", "reward_at_equal_time",
-    "target_reward", "time_to_target_s", "steps_to_target", "heldout", "final_accuracy",
-    "final_version", "accuracy_at_equal_time", "equal_time_version",
-]  # fmt: skip
+    "setting",
+    "status",
+    "error",
+    "max_staleness",
+    "producers",
+    "is_mode",
+    "seed",
+    "engine",
+    "placement",
+    "hosts",
+    "load_mean",
+    "cores",
+    "steps",
+    "wall_s",
+    "run_wall_s",
+    "steps_per_hour",
+    "speedup_vs_sync",
+    "groups_per_s",
+    "tokens_per_s",
+    "learner_idle_frac",
+    "producer_idle_frac",
+    "trained",
+    "dropped_stale",
+    "dropped_zero_variance",
+    "expired",
+    "staleness_mean_trained",
+    "staleness_max_trained",
+    "staleness_hist",
+    "tis_weight_mean",
+    "tis_frac_truncated",
+    "ess",
+    "trained_mean_tokens",
+    "dropped_stale_mean_tokens",
+    "expired_by_producer",
+    "dropped_stale_by_producer",
+    "final_reward",
+    "equal_time_s",
+    "reward_at_equal_time",
+    "target_reward",
+    "time_to_target_s",
+    "steps_to_target",
+    "heldout",
+    "final_accuracy",
+    "final_version",
+    "accuracy_at_equal_time",
+    "equal_time_version",
+]
 # Compared across seeds in summary.md and the plots (mean and range).
 AGGREGATED = [
-    "steps_per_hour", "speedup_vs_sync", "learner_idle_frac", "producer_idle_frac",
-    "dropped_stale", "tis_weight_mean", "ess", "final_reward", "reward_at_equal_time",
-    "time_to_target_s", "final_accuracy", "accuracy_at_equal_time", "load_mean",
-]  # fmt: skip
+    "steps_per_hour",
+    "speedup_vs_sync",
+    "learner_idle_frac",
+    "producer_idle_frac",
+    "dropped_stale",
+    "tis_weight_mean",
+    "ess",
+    "final_reward",
+    "reward_at_equal_time",
+    "time_to_target_s",
+    "final_accuracy",
+    "accuracy_at_equal_time",
+    "load_mean",
+]
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -223,23 +269,40 @@ def summary(rows: list[dict[str, Any]], plots: list[Path], notes: list[str]) -> 
     from launch.stress.verdict import verdict
 
     head = [
-        "max_staleness", "producers", "IS", "seeds", "steps/hour", "speedup vs sync",
-        "learner idle", "dropped stale", "reward (equal steps)", "reward at sync wall-clock",
-        "time to target (s)", "held-out (equal steps)", "held-out at sync wall-clock",
-    ]  # fmt: skip
+        "max_staleness",
+        "producers",
+        "IS",
+        "seeds",
+        "steps/hour",
+        "speedup vs sync",
+        "learner idle",
+        "dropped stale",
+        "reward (equal steps)",
+        "reward at sync wall-clock",
+        "time to target (s)",
+        "held-out (equal steps)",
+        "held-out at sync wall-clock",
+    ]
     lines = ["# Staleness sweep", "", *notes, ""] if notes else ["# Staleness sweep", ""]
     lines += verdict(aggregate(rows), [r for r in rows if r.get("status") == "ok"])
     lines += ["## Settings", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in aggregate(rows):
         cells = [
-            str(a["max_staleness"]), str(a["producers"]), a["is_mode"], str(a["seeds"]),
-            _spread(a, "steps_per_hour", ".0f"), _spread(a, "speedup_vs_sync", ".2f"),
-            _spread(a, "learner_idle_frac", ".2f"), _spread(a, "dropped_stale", ".0f"),
-            _spread(a, "final_reward"), _spread(a, "reward_at_equal_time"),
-            _spread(a, "time_to_target_s", ".0f"), _spread(a, "final_accuracy", ".1f", 100),
+            str(a["max_staleness"]),
+            str(a["producers"]),
+            a["is_mode"],
+            str(a["seeds"]),
+            _spread(a, "steps_per_hour", ".0f"),
+            _spread(a, "speedup_vs_sync", ".2f"),
+            _spread(a, "learner_idle_frac", ".2f"),
+            _spread(a, "dropped_stale", ".0f"),
+            _spread(a, "final_reward"),
+            _spread(a, "reward_at_equal_time"),
+            _spread(a, "time_to_target_s", ".0f"),
+            _spread(a, "final_accuracy", ".1f", 100),
             _spread(a, "accuracy_at_equal_time", ".1f", 100),
-        ]  # fmt: skip
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:

@@ -122,9 +122,14 @@ def run_all(
             row = run_setting(setting, run_dir, t_sync, stop)
             if row is None:
                 return list(rows.values()), True
-            row = {"setting": setting.name, "max_staleness": setting.ms,
-                   "producers": setting.producers, "is_mode": setting.is_mode,
-                   "seed": setting.seed, **row}  # fmt: skip
+            row = {
+                "setting": setting.name,
+                "max_staleness": setting.ms,
+                "producers": setting.producers,
+                "is_mode": setting.is_mode,
+                "seed": setting.seed,
+                **row,
+            }
             tmp = run_dir / (RESULT_FILE + ".tmp")
             tmp.write_text(json.dumps(row, indent=1, default=str))
             tmp.rename(run_dir / RESULT_FILE)

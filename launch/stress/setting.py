@@ -59,11 +59,18 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
         sc = replace(sweep.scenario, seed=setting.seed)
         try:
             cfg = build_config(
-                base, ms=setting.ms, is_mode=setting.is_mode, engine=sweep.engine,
-                steps=sweep.steps, sc=sc, run_dir=run_dir, open_ended=t_sync is not None,
-                wait_for=sweep.external or setting.producers, bind=sweep.bind,
+                base,
+                ms=setting.ms,
+                is_mode=setting.is_mode,
+                engine=sweep.engine,
+                steps=sweep.steps,
+                sc=sc,
+                run_dir=run_dir,
+                open_ended=t_sync is not None,
+                wait_for=sweep.external or setting.producers,
+                bind=sweep.bind,
                 threads=threads_for(base, sweep, setting),
-            )  # fmt: skip
+            )
             C.validate(cfg)
         except ConfigError as exc:
             return failed(str(exc))
@@ -83,10 +90,10 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
                 consumer_env=where.consumer_env() if where else None,
                 producer_env=where.producer_env if where else None,
             )
-            beyond = f"to match the synchronous setting's {t_sync:.1f} s of training"
-            wording = local.Wording(
-                label=f"[{setting.describe()}]", beyond=beyond if t_sync else ""
+            beyond = (
+                f"to match the synchronous setting's {t_sync:.1f} s of training" if t_sync else ""
             )
+            wording = local.Wording(label=f"[{setting.describe()}]", beyond=beyond)
             code = local.run(
                 sup, steps=sweep.steps, live=live, wording=wording, on_tick=watcher, stop_event=stop
             )
@@ -112,8 +119,14 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
         from launch.cores import usable_cores
 
         load = {"load_mean": watcher.load_mean, "cores": usable_cores()}
-        return {**row, **load, "status": "ok", "error": "", "engine": sweep.engine,
-                "placement": placed}  # fmt: skip
+        return {
+            **row,
+            **load,
+            "status": "ok",
+            "error": "",
+            "engine": sweep.engine,
+            "placement": placed,
+        }
 
     return run_setting
 

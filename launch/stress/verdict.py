@@ -98,9 +98,11 @@ def verdict(aggs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]
     if load:
         lines.append(load)
     seeds = min(a["seeds"] for a in aggs)
-    lines.append(f"- Seeds per setting: {seeds}" + (
-        "" if seeds == 1 else f" (ranges are the lowest and highest of the {seeds})"
-    ) + ".")  # fmt: skip
+    lines.append(
+        f"- Seeds per setting: {seeds}"
+        + ("" if seeds == 1 else f" (ranges are the lowest and highest of the {seeds})")
+        + "."
+    )
     if seeds == 1 and loaded:
         lines.append(
             "- **One seed on a loaded machine: a single noisy measurement, not a result.** "

@@ -183,10 +183,15 @@ class HFEngine:
         stops = self._stop_table(params.stop_token_ids)
         future: asyncio.Future[list[Completion]] = asyncio.get_running_loop().create_future()
         request = Request(
-            prompt_ids=list(prompt_ids), n=params.n, temperature=params.temperature,
-            max_new_tokens=params.max_new_tokens, seed=seed, is_stop_V=stops,
-            truncation=params.truncation, waiter=future,
-        )  # fmt: skip
+            prompt_ids=list(prompt_ids),
+            n=params.n,
+            temperature=params.temperature,
+            max_new_tokens=params.max_new_tokens,
+            seed=seed,
+            is_stop_V=stops,
+            truncation=params.truncation,
+            waiter=future,
+        )
         self._submit(request)
         try:
             return await future

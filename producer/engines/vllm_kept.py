@@ -89,9 +89,14 @@ def position_entries(logprobs: Any, i: int) -> tuple[list[int], list[float]]:
 
 
 def kept_of_position(
-    token: int, ids: list[int], logps: list[float], *, num_top: int, truncation: Truncation,
+    token: int,
+    ids: list[int],
+    logps: list[float],
+    *,
+    num_top: int,
+    truncation: Truncation,
     vocab_size: int,
-) -> tuple[float, np.ndarray] | None:  # fmt: skip
+) -> tuple[float, np.ndarray] | None:
     """(log q, the other kept ids ascending) of one position, or None when K is not known
     exactly (see the module doc). `ids[0]` / `logps[0]` are the sampled entry."""
     if not ids or ids[0] != token or not math.isfinite(logps[0]):

@@ -87,7 +87,9 @@ class ChunkClient:
             if left <= 0:  # silent: is it alive?
                 if self._probed <= self._heard:  # not asked since it last spoke
                     self._probed = now
-                    probe = wire.FileChunkRequest(self._next, msg.version, msg.file, 0, 0)
+                    probe = wire.FileChunkRequest(
+                        req=self._next, version=msg.version, file=msg.file, offset=0, max_bytes=0
+                    )
                     self._next += 1  # its reply finds no request: only `_heard` notes it
                     await self.sock.send(wire.encode(probe))
                 left = self._probed + idle_s - now

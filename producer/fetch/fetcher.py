@@ -177,9 +177,13 @@ class Fetcher:
 
     async def _plan(self, info: wire.SnapshotInfo, held: Held | None) -> wire.FetchPlan:
         msg = wire.FetchRequest(
-            0, self.producer_id, info.version, held.version if held else -1,
-            held.hash if held else "", self.relay.source if self.relay else None,
-        )  # fmt: skip
+            req=0,
+            producer_id=self.producer_id,
+            version=info.version,
+            held_version=held.version if held else -1,
+            held_hash=held.hash if held else "",
+            relay=self.relay.source if self.relay else None,
+        )
         deadline = time.monotonic() + 30 * self.timeout_s
         while True:
             plan = await self.control.request(msg, timeout_s=self.timeout_s)
@@ -201,9 +205,15 @@ class Fetcher:
 
     async def _report(self, plan: wire.FetchPlan, ok: bool, outcome: Outcome) -> None:
         msg = wire.FetchDone(
-            0, self.producer_id, plan.version, plan.file, ok, outcome.num_bytes,
-            tuple(outcome.bad_sources), ok and self.relay is not None,
-        )  # fmt: skip
+            req=0,
+            producer_id=self.producer_id,
+            version=plan.version,
+            file=plan.file,
+            ok=ok,
+            num_bytes=outcome.num_bytes,
+            bad_sources=tuple(outcome.bad_sources),
+            serving=ok and self.relay is not None,
+        )
         with contextlib.suppress(TimeoutError, Rejected):  # a lost report only costs a slot
             await self.report(msg)
 
@@ -281,7 +291,9 @@ class Fetcher:
         the consumer only its place and length (a wrong byte from the consumer fails the
         whole-file hash at the end, which ends the fetch just as a failed digest would)."""
         offset, size = chunks.span(index)
-        msg = wire.FileChunkRequest(0, plan.version, plan.file, offset, size)
+        msg = wire.FileChunkRequest(
+            req=0, version=plan.version, file=plan.file, offset=offset, max_bytes=size
+        )
         client = clients.get(source.endpoint)
         if client is None:
             client = clients[source.endpoint] = self._client(source)

@@ -90,9 +90,14 @@ class Relay:
         # the relay is a CURVE server with the producers' own keypair (see the module doc)
         serving = Keys(keys.directory, keys.public, keys.secret, keys.public) if keys else None
         self.sock, bound = server_socket(
-            ctx, zmq.ROUTER, host=host, port=port, keys=serving, insecure=insecure,
+            ctx,
+            zmq.ROUTER,
+            host=host,
+            port=port,
+            keys=serving,
+            insecure=insecure,
             max_message_bytes=max_message_bytes,
-        )  # fmt: skip
+        )
         self.source = wire.Source(f"tcp://{host}:{bound}", keys.public.decode() if keys else "")
         self.limits = wire.Limits(max_message_bytes=max_message_bytes)
         self.max_chunk = max_message_bytes - 4096
@@ -212,7 +217,9 @@ class Relay:
         else:
             self._count("relay_chunks_served")
             self._count("relay_bytes_served", len(data))
-        return wire.Chunk(msg.req, msg.version, msg.offset, total, data)
+        return wire.Chunk(
+            req=msg.req, version=msg.version, offset=msg.offset, total_bytes=total, data=data
+        )
 
     async def _held(self, msg: wire.FileChunkRequest, size: int) -> _File:
         """The file `msg` asks for, once it holds the bytes asked for (see the module doc)."""

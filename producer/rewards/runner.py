@@ -146,19 +146,28 @@ class RewardRunner:
         once, then at most one line every 10 s each, saying how many were held back."""
         for spec, kind, why in failures:
             self._log.log(
-                f"{spec}.{kind}", logging.WARNING,
+                f"{spec}.{kind}",
+                logging.WARNING,
                 "reward %r %s (scored 0; %d errors, %d timeouts in this group of %d; "
                 "%d errors, %d timeouts so far)",
-                spec, why, errors, timeouts, size, self.num_errors, self.num_timeouts,
-            )  # fmt: skip
+                spec,
+                why,
+                errors,
+                timeouts,
+                size,
+                self.num_errors,
+                self.num_timeouts,
+            )
         if timeouts:
             self._log.log(
-                "timeouts.cost", logging.WARNING,
+                "timeouts.cost",
+                logging.WARNING,
                 "rewards: %d calls timed out in one group, each holding a reward worker "
                 "%.3g s (rewards.timeout_s): slow rewards cut this producer's throughput; "
                 "raise rewards.workers or fix the reward",
-                timeouts, self.timeout_s,
-            )  # fmt: skip
+                timeouts,
+                self.timeout_s,
+            )
 
     async def _round_trip(
         self, completions: list[str], row: RowData, calls: int

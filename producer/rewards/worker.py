@@ -135,9 +135,12 @@ def _call(
 
 
 def _call_group(
-    fn: RewardFn, plan: CallPlan, completions: list[str], row: dict[str, Any],
+    fn: RewardFn,
+    plan: CallPlan,
+    completions: list[str],
+    row: dict[str, Any],
     timeout_s: float | None,
-) -> list[Outcome]:  # fmt: skip
+) -> list[Outcome]:
     """One call on the whole group (G completions), under a timer of G calls."""
     G = len(completions)
     try:

@@ -79,7 +79,7 @@ async def test_no_reload_starts_while_an_eval_group_is_sampled_and_a_stale_one_i
     try:
         lease = eval_lease(1, 0)
         assert pin_lease(producer.state, engine.version, lease)
-        task = asyncio.create_task(producer.run_lease(session, lease))
+        task = asyncio.create_task(producer.leases.run(session, lease))
         await wait_until(producer, lambda: ("start", 0) in engine.events)
         producer.state.target = info(1)  # a newer snapshot, announced mid-group
         producer.state.changed.bump()

@@ -16,9 +16,11 @@ from consumer.server.parked import ParkedRequests
 def parked_requests(free: list[int]) -> tuple[ParkedRequests, list[tuple[str, int, tuple]]]:
     """Requests granted from the lease ids in `free` (one per call, while any remain), and the
     replies sent: (producer, request id, lease ids)."""
+    counters: Counter[str] = Counter()
     state = SimpleNamespace(
-        lock=threading.Lock(), counters=Counter(), timing=LoopTiming(), accepting=True,
+        lock=threading.Lock(), counters=counters, timing=LoopTiming(), accepting=True,
         status=lambda producer_id: wire.Status("r", 0, None),
+        count=lambda key, n=1: counters.update({key: n}),
     )  # fmt: skip
     sent: list[tuple[str, int, tuple]] = []
 
