@@ -150,7 +150,7 @@ def build_tokenizer(out: Path) -> Any:
         show_progress=False,
     )
     tok.train(sorted(str(p) for p in Path(os.__file__).parent.glob("*.py"))[:120], trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
     )
     fast.save_pretrained(out)
@@ -175,9 +175,9 @@ class Learner:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-        self.model = self.model.cuda().eval()
+        self.model = self.model.cuda().eval()  # type: ignore[call-arg]
 
-    def logprobs(self, prompt: list[int], completions: list[Any], temperature: float) -> list:
+    def logprobs(self, prompt: list[int], completions: list[Any], temperature: float) -> list[Any]:
         """Per completion, float64 log-probs of its tokens (right-padded batch, causal)."""
         import torch
 
@@ -192,11 +192,11 @@ class Learner:
         with torch.no_grad():
             logits = self.model(ids).logits[:, n_p - 1 : -1]
             lp = sampled_logprobs(logits, ids[:, n_p:], temperature=temperature)
-        lp = lp.double().cpu().numpy()
-        return [lp[i, : len(c.token_ids)] for i, c in enumerate(completions)]
+        out = lp.double().cpu().numpy()
+        return [out[i, : len(c.token_ids)] for i, c in enumerate(completions)]
 
 
-def compare(groups: list, learner: Learner, temperature: float) -> dict[str, float]:
+def compare(groups: list[Any], learner: Learner, temperature: float) -> dict[str, float]:
     """delta_stats over every token of [(prompt, completions)]."""
     import numpy as np
 
@@ -207,18 +207,22 @@ def compare(groups: list, learner: Learner, temperature: float) -> dict[str, flo
     return delta_stats(np.concatenate(d))
 
 
-def compare_learners(groups: list, a: Learner, b: Learner, temperature: float) -> dict:
+def compare_learners(
+    groups: list[Any], a: Learner, b: Learner, temperature: float
+) -> dict[str, Any]:
     """delta_stats of a - b (two learners' log-probs) on the same sampled tokens."""
     import numpy as np
 
-    d = []
+    d: list[Any] = []
     for prompt, comps in groups:
         lp_a, lp_b = a.logprobs(prompt, comps, temperature), b.logprobs(prompt, comps, temperature)
         d.extend(x - y for x, y in zip(lp_a, lp_b, strict=True))
     return delta_stats(np.concatenate(d))
 
 
-def compare_split(groups: list, old: Learner, new: Learner, new_version: int) -> dict:
+def compare_split(
+    groups: list[Any], old: Learner, new: Learner, new_version: int
+) -> dict[str, Any]:
     """Tokens with version < new_version against `old`, the others against `new` (T = 1)."""
     import numpy as np
 
@@ -235,7 +239,7 @@ def compare_split(groups: list, old: Learner, new: Learner, new_version: int) ->
     }
 
 
-async def sample(engine: Any, prompts: list, temperature: float, max_new: int) -> list:
+async def sample(engine: Any, prompts: list[Any], temperature: float, max_new: int) -> list[Any]:
     from producer.engines.base import SamplingParams
 
     params = SamplingParams(n=G, temperature=temperature, max_new_tokens=max_new)
@@ -266,7 +270,7 @@ def phase_build(work: Path) -> dict[str, Any]:
     cfg = Qwen2Config(**QWEN05_SHAPE, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()  # type: ignore[arg-type]
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(EMB_SCALE)
     model.save_pretrained(a_dir)
@@ -341,7 +345,13 @@ async def _qwen05(work: Path) -> dict[str, Any]:
 
 
 async def agreement(
-    engine: Any, prompts: list, learners: dict, res: dict, weights: str, *, max_new: int
+    engine: Any,
+    prompts: list[Any],
+    learners: dict[tuple[str, str], Learner],
+    res: dict[str, Any],
+    weights: str,
+    *,
+    max_new: int,
 ) -> None:
     """res[f"{weights}_T{T}"] = stats vs the learners at `weights` (and the other, as a check)."""
     other = "B" if weights == "A" else "A"
@@ -361,7 +371,7 @@ async def agreement(
 _PUBLISHERS: dict[Path, Any] = {}
 
 
-def publish(model: Any, root: Path, version: int, base_dir: Path) -> tuple[Path, dict]:
+def publish(model: Any, root: Path, version: int, base_dir: Path) -> tuple[Path, dict[str, Any]]:
     """What the learner does for one snapshot (consumer/snapshots/publisher.py), each part timed:
     `submit_s` the training thread's block (the copy is only enqueued on a side stream),
     `copy_s` until the copy into the pinned buffer is complete, `writer_s` the writer's write +
@@ -393,7 +403,9 @@ def publish(model: Any, root: Path, version: int, base_dir: Path) -> tuple[Path,
     }
 
 
-async def inflight_rounds(engine: Any, prompts: list, learners: dict, work: Path) -> list:
+async def inflight_rounds(
+    engine: Any, prompts: list[Any], learners: dict[tuple[str, str], Learner], work: Path
+) -> list[Any]:
     """Three switches B->A->B->A: the learner publishes, then the engine reloads while 32 groups
     are generating. total_s = publish + load_weights (learner step done -> new weights in use)."""
     from producer.engines.base import SamplingParams
@@ -452,6 +464,7 @@ async def throughput(engine: Any, *, vocab: int, reps: int = 2) -> dict[str, Any
         final = None
         async for out in llm.generate({"prompt_token_ids": p}, raw_sp, f"raw-{next(counter)}"):
             final = out
+        assert final is not None
         return sum(len(c.token_ids) for c in final.outputs)
 
     async def ours_one(p: list[int]) -> int:
@@ -460,7 +473,7 @@ async def throughput(engine: Any, *, vocab: int, reps: int = 2) -> dict[str, Any
     async def run(fn: Any) -> float:
         t0 = time.perf_counter()
         tokens = sum(await asyncio.gather(*(fn(p) for p in prompts)))
-        return tokens / (time.perf_counter() - t0)
+        return float(tokens / (time.perf_counter() - t0))
 
     await run(ours_one)  # warm-up (CUDA graphs for every batch size, allocator)
     raw, ours = [], []
@@ -614,7 +627,7 @@ PHASES = {
 
 
 # ------------------------------------------------------------------------------ driver + table
-def fmt(s: dict | None) -> str:
+def fmt(s: dict[str, Any] | None) -> str:
     if not s or "mean_abs" not in s:
         return "n/a"
     return (
@@ -623,7 +636,7 @@ def fmt(s: dict | None) -> str:
     )
 
 
-def table(summary: dict[str, dict]) -> list[tuple[str, str]]:
+def table(summary: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     b, q, d = summary.get("build", {}), summary.get("qwen05", {}), summary.get("demo", {})
     rows = [
         (

@@ -33,12 +33,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if TYPE_CHECKING:
+    from common.files.metrics import StepRecord
 
 
-def _launch(out: Path, seed: int, steps: int, every: int, prompts: int) -> tuple[float, list]:
+def _launch(
+    out: Path, seed: int, steps: int, every: int, prompts: int
+) -> tuple[float, list[StepRecord]]:
     """Run the demo; (its command's start as unix time, its metrics lines)."""
     from common.files.metrics import read_steps
 
@@ -52,21 +57,23 @@ def _launch(out: Path, seed: int, steps: int, every: int, prompts: int) -> tuple
     return start, read_steps(out / "metrics.jsonl")
 
 
-def _pace(recs: list) -> float:
+def _pace(recs: list[StepRecord]) -> float:
     return float((recs[-1].time_s - recs[0].time_s) / (len(recs) - 1))
 
 
-def figures(off: list, off_start: float, on: list, on_start: float, target: float) -> dict:
+def figures(
+    off: list[StepRecord], off_start: float, on: list[StepRecord], on_start: float, target: float
+) -> dict[str, Any]:
     """One seed's figures (module docstring) from its two runs' metrics lines and starts."""
     hit = next((r for r in on if (r.eval_pass_at_1 or 0.0) >= target), None)
-    row = {
+    row: dict[str, Any] = {
         "off_s_per_step": _pace(off), "on_s_per_step": _pace(on),
         "evaluated": [(r.eval_version, r.eval_pass_at_1) for r in on if r.eval_version is not None],
         "rounds_skipped": on[-1].eval_rounds_skipped, "version_at_target": None,
         "on_s_to_target": None, "off_s_to_version": None, "on_over_off_to_target": None,
     }  # fmt: skip
     if hit is not None:
-        version = hit.eval_version
+        version = hit.eval_version or 0
         same = next(r for r in off if r.step == max(version, 1))
         row["version_at_target"] = version
         row["on_s_to_target"] = hit.unix_time - on_start

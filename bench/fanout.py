@@ -72,8 +72,8 @@ MAX_MESSAGE = 64 << 20
 
 def start_consumer(
     run_dir: Path, *, fanout: int, mib: int, chunk_mib: float, bind: str = ""
-) -> tuple[Server, zmq.Context, wire.SnapshotInfo]:
-    settings = {
+) -> tuple[Server, zmq.Context[zmq.Socket[bytes]], wire.SnapshotInfo]:
+    settings: dict[str, object] = {
         "net.control_port": 0, "snapshot.fanout": fanout, "net.producer_timeout_s": 3600.0,
         "snapshot.chunk_mib": chunk_mib,
     }  # fmt: skip

@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 _RELOAD_KEYS = ("reloads", "reload_s", "fetch_s")
 sys.path.insert(0, str(ROOT))
-from common import run_files as RF  # noqa: E402 (the repository, not an installed copy)
+from common.files import run_files as RF  # noqa: E402 (the repository, not an installed copy)
 from common.files.metrics import read_steps  # noqa: E402
 
 

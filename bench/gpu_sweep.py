@@ -110,13 +110,10 @@ def main() -> int:
             stderr=subprocess.STDOUT, timeout=a.timeout, check=False,
         ).returncode  # fmt: skip
     results = a.out / "stress" / "results.csv"
-    res = {
-        "exit_code": code,
-        "sweep_wall_s": time.perf_counter() - t0,
-        "settings": summarize(results) if results.exists() else {},
-    }
+    settings = summarize(results) if results.exists() else {}
+    res = {"exit_code": code, "sweep_wall_s": time.perf_counter() - t0, "settings": settings}
     (a.out / "gpu_sweep.json").write_text(json.dumps(res, indent=1))
-    for name, row in res["settings"].items():
+    for name, row in settings.items():
         print(name, json.dumps(row))
     if code != 0:
         print((a.out / "stress.log").read_text(errors="replace")[-3000:])

@@ -98,14 +98,15 @@ class Sampler:
         return groups
 
     def reward(self, text: str, answer: str) -> float:
-        return sum(weight * fn(text, answer) for fn, weight in self.rewards)
+        return float(sum(weight * fn(text, answer) for fn, weight in self.rewards))
 
 
 def _lengths(ids_BL: np.ndarray, eos: int) -> np.ndarray:
     """Completion lengths: up to and including the first EOS, else the whole row."""
     is_eos = ids_BL == eos
     first = is_eos.argmax(axis=1)
-    return np.where(is_eos.any(axis=1), first + 1, ids_BL.shape[1])
+    lengths: np.ndarray = np.where(is_eos.any(axis=1), first + 1, ids_BL.shape[1])
+    return lengths
 
 
 def run(cfg: C.Config, out: Path, *, threads: int) -> None:

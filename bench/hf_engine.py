@@ -67,7 +67,8 @@ def one_round(model_dir: Path, groups: int, group_size: int, repeats: int) -> di
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]
     prompts = [e.prompt for e in make_examples("train", groups, seed=1)]
     rows = tokenizer(
         [p for p in prompts for _ in range(group_size)], return_tensors="pt", padding=True

@@ -146,7 +146,7 @@ def bare_step(
             h = model.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False)
             logits = model.get_output_embeddings()(h.last_hidden_state[keep])
         logp = torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None])
-        (-logp.sum() / n_total).backward()
+        (-logp.sum() / n_total).backward()  # type: ignore[no-untyped-call]
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
 
@@ -172,7 +172,7 @@ def head_memory(trainer: DeviceTrainer, n: int, device: torch.device) -> dict[st
     from common.sampling.logprobs import entropy_from_logits, sampled_logprobs
     from consumer.train.lm_head import chunked_logprobs
 
-    head = trainer.model.get_output_embeddings()
+    head = trainer.model.get_output_embeddings()  # type: ignore[no-untyped-call]
     hidden = head.weight.shape[1]
     tokens = torch.randint(head.out_features, (n,), device=device)
     out: dict[str, float] = {"positions": n, "chunk_rows": trainer.policy.chunk_rows}
@@ -183,7 +183,7 @@ def head_memory(trainer: DeviceTrainer, n: int, device: torch.device) -> dict[st
             h, head.weight, None, tokens, temperature=1.0,
             chunk_rows=trainer.policy.chunk_rows, compute_dtype=torch.bfloat16,
         )  # fmt: skip
-        logp.sum().backward()
+        logp.sum().backward()  # type: ignore[no-untyped-call]
 
     def full() -> None:
         h = torch.randn(n, hidden, device=device, requires_grad=True)
@@ -192,7 +192,7 @@ def head_memory(trainer: DeviceTrainer, n: int, device: torch.device) -> dict[st
         logp = sampled_logprobs(logits, tokens, temperature=1.0)
         with torch.no_grad():
             entropy_from_logits(logits, temperature=1.0)
-        logp.sum().backward()
+        logp.sum().backward()  # type: ignore[no-untyped-call]
 
     for name, fn in (("chunked", chunked), ("full_logits", full)):
         try:
@@ -206,7 +206,9 @@ def head_memory(trainer: DeviceTrainer, n: int, device: torch.device) -> dict[st
     return out
 
 
-def run_case(a: argparse.Namespace, model_dir: Path, lengths: str, device: torch.device) -> dict:
+def run_case(
+    a: argparse.Namespace, model_dir: Path, lengths: str, device: torch.device
+) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     shape = SHAPES[a.shape]
@@ -229,7 +231,8 @@ def run_case(a: argparse.Namespace, model_dir: Path, lengths: str, device: torch
         n, a.group_size, trainer.vocab_size, lengths=lengths, seed=a.seed, mix=shape["mix"],
         prompt_tokens=a.prompt_tokens or shape["prompt_tokens"], tokens=a.tokens or shape["tokens"],
     )  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = model.to(device)  # type: ignore[arg-type]
     if a.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.config.use_cache = False

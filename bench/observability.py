@@ -36,10 +36,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-RECORD = {  # one metrics line of the demo's size (the hand-off's cost grows with its fields)
+# one metrics line of the demo's size (the hand-off's cost grows with its fields)
+RECORD: dict[str, Any] = {
     "step": 3, "time_s": 1.5, "unix_time": 1.7e9, "step_wall_s": 0.5, "reward_mean": 0.25,
     "reward_std": 0.4, "reward_mean_seen": 0.3, "frac_reward_zero_std": 0.4,
     "reward_fn_means": {"exact_match": 0.3}, "staleness_mean": 0.5, "staleness_max": 1,

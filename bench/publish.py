@@ -32,6 +32,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +99,7 @@ def measure(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     flat_src = torch.randn(numel)
     flat_dst = torch.zeros(numel, dtype=torch.bfloat16)
     # random bytes, like weights (a virtual disk may treat runs of zeros specially)
-    raw = memoryview(torch.randint(0, 256, (table.num_bytes,), dtype=torch.uint8).numpy())
+    raw = memoryview(torch.randint(0, 256, (table.num_bytes,), dtype=torch.uint8).numpy().data)
     runs: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
@@ -134,10 +136,10 @@ def measure(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     for fsync, publisher in publishers.items():
         suffix = "" if fsync else "_nofsync"
         for rep in range(a.repeats + 1):  # the first round warms up (allocations, page cache)
-            parts = {
-                "block_s": lambda p=publisher: publish(p),
+            parts: dict[str, Callable[[], float]] = {
+                "block_s": partial(publish, publisher),
                 "copy_s": copy,
-                f"write_s{suffix}": lambda f=fsync: raw_write(work / "raw", raw, fsync=f),
+                f"write_s{suffix}": partial(raw_write, work / "raw", raw, fsync=fsync),
             }
             for key in order.sample(sorted(parts), k=3):
                 value = parts[key]()

@@ -48,7 +48,7 @@ from learner_step import bare_rows, bare_step
 
 from common import config as C
 from common import wire
-from consumer.data.prompts import JsonlSource
+from consumer.data.sources import load_rows
 from consumer.train.trainer import DeviceTrainer
 from producer.engines.base import Completion, SamplingParams
 from producer.engines.hf import HFEngine
@@ -70,11 +70,8 @@ def timed(fn: Any) -> tuple[float, float, Any]:
 
 
 def prompts(cfg: C.Config, codec: PromptCodec) -> list[list[int]]:
-    source = JsonlSource(
-        ROOT / cfg.task.path, prompt_field=cfg.task.prompt_field,
-        answer_field=cfg.task.answer_field,
-    )  # fmt: skip
-    return [codec.encode(source.get(i)[0]) for i in range(cfg.train.prompts_per_step)]
+    rows = load_rows(cfg.task)[: cfg.train.prompts_per_step]  # the config's task, as leased
+    return [codec.encode(row.messages or row.prompt) for row in rows]
 
 
 def engine_round(
@@ -136,7 +133,8 @@ def generation_rounds(
     engine = HFEngine(args.model, device="cpu", seed=0)
     codec = PromptCodec(args.model, cfg.task.prompt_format, vocab_size=engine.vocab_size)
     batch = prompts(cfg, codec)
-    plain = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    plain = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    plain.eval()  # type: ignore[no-untyped-call]
     res: dict[str, list[float]] = {
         k: []
         for k in (

@@ -78,10 +78,11 @@ def replay(source: Path, out: Path) -> dict[str, Any]:
                            log=out.with_suffix(".log"))  # fmt: skip
     equal = re.search(r"all (\d+) versions compared equal", text)
     compared = re.search(r"of (\d+) compared", text)
+    found = equal or compared
     return {
         "run": out.name, **step_times(out), "command_s": wall,
         "hashes_equal": equal is not None,
-        "versions_compared": int((equal or compared).group(1)) if (equal or compared) else 0,
+        "versions_compared": int(found.group(1)) if found else 0,
     }  # fmt: skip
 
 

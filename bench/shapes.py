@@ -33,6 +33,6 @@ def build_qwen05(out: Path, *, seed: int = 0, device: str = "cpu") -> Path:
     torch.manual_seed(seed)
     cfg = Qwen2Config(**QWEN05_SHAPE, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     with torch.device(device):
-        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)  # type: ignore[arg-type]
     model.save_pretrained(out)
     return out

@@ -192,7 +192,7 @@ def latency_s(n: int, a: argparse.Namespace) -> float:
     if not a.offered_groups_per_s:
         return float(a.latency_s)
     open_leases = (a.max_staleness + 1) * a.prompts_per_step
-    return min(n * a.in_flight, open_leases) / a.offered_groups_per_s
+    return float(min(n * a.in_flight, open_leases) / a.offered_groups_per_s)
 
 
 def producer_config(endpoint: str, i: int, a: argparse.Namespace, n: int) -> C.Config:

@@ -78,7 +78,7 @@ def run(cfg: C.Config, out: Path, *, threads: int) -> None:
     every = cfg.eval.learner_every_steps
     f = out.open("w")
 
-    class Record(TrainerCallback):  # type: ignore[misc]
+    class Record(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             record: dict[str, Any] = {"step": state.global_step, "unix_time": time.time()}
             if every and state.global_step % every == 0:

@@ -83,7 +83,9 @@ def records_path(kind: str, work: Path) -> Path:
     return work / ("steps.jsonl" if kind in ("loop", "trl") else "metrics.jsonl")
 
 
-def figures(records: list[dict[str, Any]], t0: float, t_end: float, threshold: float) -> dict:
+def figures(
+    records: list[dict[str, Any]], t0: float, t_end: float, threshold: float
+) -> dict[str, Any]:
     """The run's figures (module docstring) from its per-step records."""
     steps = [r for r in records if "step" in r and "unix_time" in r]
     if not steps:

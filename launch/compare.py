@@ -16,13 +16,15 @@ from pathlib import Path
 
 from common.files import run_files as RF
 from common.files.metrics import StepRecord, read_steps
-from launch.report import _series, plt, save_figure
+from launch.report import _series, save_figure
 
 PANELS = ("loss", "batch reward mean", "ratio max / min, TIS weight mean", "held-out accuracy")
 
 
 def overlay(run_dirs: list[Path], out: Path) -> Path:
     """Write the figure comparing `run_dirs` to `out` (a .png path); returns it."""
+    import matplotlib.pyplot as plt  # its backend is chosen where launch/report.py is imported
+
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     ax_loss, ax_reward, ax_ratio, ax_eval = axes.flat
     for run_dir in run_dirs:

@@ -179,7 +179,7 @@ def _alive(pid: int, started: float) -> bool:
     """Process `pid` exists, is no zombie, and began by `started` (not a reused pid)."""
     try:
         p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE and p.create_time() <= started + 1
+        return bool(p.status() != psutil.STATUS_ZOMBIE and p.create_time() <= started + 1)
     except psutil.Error:
         return False
 

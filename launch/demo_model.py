@@ -120,7 +120,7 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()  # characters join without spaces
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         pad_token="<pad>",
         eos_token="<eos>",
@@ -226,7 +226,7 @@ def warm_up(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
 
 
 def _train_rows(

@@ -101,7 +101,7 @@ def load_gguf(path: Path, *, threads: int = 0) -> tuple[Any, Any]:
     check_packages()
     if threads:
         torch.set_num_threads(threads)
-    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(
@@ -110,7 +110,7 @@ def load_gguf(path: Path, *, threads: int = 0) -> tuple[Any, Any]:
     except (ValueError, NotImplementedError, KeyError) as exc:  # transformers' words, one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConversionError(f"transformers cannot convert {path}: {first}") from None
-    return model.eval(), tokenizer
+    return model.eval(), tokenizer  # type: ignore[no-untyped-call]
 
 
 def convert(source: str, out: Path, *, dtype: str = "float32", threads: int = 0) -> Converted:

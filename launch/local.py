@@ -293,7 +293,8 @@ def run(
     from rich.console import Console
     from rich.live import Live
 
-    from launch.dashboard import MetricsTail, eval_text, render, summary_line
+    from consumer.evaluation.report import eval_text
+    from launch.dashboard import MetricsTail, render, summary_line
 
     run_dir, label = sup.run_dir, wording.label
     stop = stop_event if stop_event is not None else threading.Event()

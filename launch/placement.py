@@ -141,7 +141,8 @@ def placements(
     GPUs this process sees (none looked for with the fake engine)."""
     num_gpus, visible = visible_gpus() if engine != "fake" else (0, ())
     out = {}
-    for count in producer_counts or [None]:
+    counts: list[int | None] = [*producer_counts] if producer_counts else [None]
+    for count in counts:
         p = plan(
             num_gpus=num_gpus,
             engine=engine,

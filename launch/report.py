@@ -36,15 +36,21 @@ from consumer.evaluation.report import eval_lines, eval_series
 from launch.headline import no_signal
 
 
+def _fn_mean(name: str) -> Callable[[StepRecord], float | None]:
+    """One reward function's mean of a step (None where the step has none)."""
+    return lambda r: (r.reward_fn_means or {}).get(name)
+
+
 def _series(
     records: list[StepRecord], value: Callable[[StepRecord], float | None]
 ) -> tuple[list[float], list[float]]:
     """(steps, values) of the records where `value` was measured."""
-    xs, ys = [], []
+    xs: list[float] = []
+    ys: list[float] = []
     for r in records:
         v = value(r)
         if v is not None:
-            xs.append(r.step)
+            xs.append(float(r.step))
             ys.append(v)
     return xs, ys
 
@@ -74,9 +80,7 @@ def plot_reward(records: list[StepRecord], out: Path) -> Path:
     ]
     series += [((xs, ys), label, "s-") for xs, ys, label in eval_series(records)]
     for name in _fn_names(records):
-        series.append(
-            (_series(records, lambda r, n=name: (r.reward_fn_means or {}).get(n)), name, "--")
-        )
+        series.append((_series(records, _fn_mean(name)), name, "--"))
     values: list[float] = []
     for (xs, ys), label, style in series:
         if xs:

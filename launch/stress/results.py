@@ -28,7 +28,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,7 @@ AGGREGATED = [
 ]
 
 
-def _mean(xs: list[float]) -> float | None:
+def _mean(xs: Sequence[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
