@@ -29,5 +29,7 @@ them (`run.wait_for_producers`) before it grants a lease or starts its clock.
 Ending: every setting leaves `runs/<setting>/result.json` (its results.csv row, "ok" or "failed"
 with the error: the sweep goes on after a failure). Ctrl-C stops the setting in progress cleanly
 and ends the sweep; `--resume` re-runs the same command, skipping every setting that ended "ok"
-(a setting that failed or was interrupted starts again from scratch).
+(a setting that failed or was interrupted starts again from scratch). results.py reads a
+setting's numbers from its run files, verdict.py writes summary.md's verdict and plots.py the
+sweep's plots.
 """

@@ -7,5 +7,7 @@ it spawns (a reward that hangs or crashes costs a worker, never the producer).
   (bounded built-ins inline), timeouts, counters and rate-limited reasons;
 - worker.py: the reward worker process: each call under its timer, failures with the reason;
 - calls.py: a spec resolved to a function, and how its signature says it is called;
-- builtins.py: the built-in reward functions, by name.
+- builtins.py: the built-in reward functions, by name;
+- judge.py: the prompt format and rewards lent to an evaluation that scores as training does
+  (consumer/evaluation/heldout.py).
 """
