@@ -33,6 +33,7 @@ import zmq
 
 from common import wire
 from common.errors import WireError
+from consumer.data.rows import PromptRow
 from consumer.server.parked import ParkedRequests
 from consumer.server.state import NetState, ProducerView, peer_key
 from consumer.snapshots.fanout import FanOut
@@ -232,16 +233,7 @@ class Control:
         for r in records:
             row = st.prompts.get(r.prompt_index)
             out.append(
-                wire.Lease(
-                    lease_id=r.lease_id,
-                    prompt_index=r.prompt_index,
-                    step=r.step,
-                    min_version=r.min_version,
-                    prompt=row.prompt,
-                    answer=row.answer,
-                    messages=row.messages,
-                    columns=row.columns,
-                )
+                _lease(r.lease_id, r.prompt_index, row, step=r.step, min_version=r.min_version)
             )
         return tuple(out)
 
@@ -252,19 +244,9 @@ class Control:
             return []
         out = []
         for e in evals.grant(msg.producer_id, msg.loaded_version, room, now=now):
-            row = rows[e.prompt_index]
+            row, v = rows[e.prompt_index], e.version
             out.append(
-                wire.Lease(
-                    lease_id=e.lease_id,
-                    prompt_index=e.prompt_index,
-                    step=e.version,
-                    min_version=e.version,
-                    prompt=row.prompt,
-                    answer=row.answer,
-                    messages=row.messages,
-                    columns=row.columns,
-                    eval_version=e.version,
-                )
+                _lease(e.lease_id, e.prompt_index, row, step=v, min_version=v, eval_version=v)
             )
         return out
 
@@ -286,3 +268,26 @@ class Control:
             except zmq.ZMQError:  # it reconnected or its pipe is full: its next request
                 st.book.requeue_acks(producer_id, status.acks)
                 st.count("control_push_undeliverable")
+
+
+def _lease(
+    lease_id: int,
+    prompt_index: int,
+    row: PromptRow,
+    *,
+    step: int,
+    min_version: int,
+    eval_version: int = -1,
+) -> wire.Lease:
+    """A lease carrying `row` (its prompt, answer, chat messages and other columns)."""
+    return wire.Lease(
+        lease_id=lease_id,
+        prompt_index=prompt_index,
+        step=step,
+        min_version=min_version,
+        prompt=row.prompt,
+        answer=row.answer,
+        messages=row.messages,
+        columns=row.columns,
+        eval_version=eval_version,
+    )

@@ -130,19 +130,7 @@ class FanOut:
         source = self._choose(entry, (msg.version, file), msg.producer_id)
         if source is None:
             self._count("fetch_waits", 1)
-            return wire.FetchPlan(
-                req=msg.req,
-                version=msg.version,
-                file=file,
-                base_version=base,
-                num_bytes=chunks.num_bytes,
-                hash=digest,
-                result_hash=m.hash,
-                chunk_bytes=chunks.chunk_bytes,
-                chunk_hashes=b"",
-                sources=(),
-                wait_s=WAIT_S,
-            )
+            return _plan(msg, file, base, chunks, (digest, m.hash), sources=())
         slot = self._slots[msg.producer_id] = _Slot((msg.version, file), source.endpoint, now)
         relay = self._relays.get(msg.producer_id)
         if relay is not None and relay.endpoint not in entry.holders.get(file, {}):
@@ -152,19 +140,7 @@ class FanOut:
             slot.relay = relay.endpoint
         self._count("fetch_from_relay" if source.endpoint else "fetch_from_consumer", 1)
         sources = (source, CONSUMER) if source.endpoint else (CONSUMER,)
-        return wire.FetchPlan(
-            req=msg.req,
-            version=msg.version,
-            file=file,
-            base_version=base,
-            num_bytes=chunks.num_bytes,
-            hash=digest,
-            result_hash=m.hash,
-            chunk_bytes=chunks.chunk_bytes,
-            chunk_hashes=chunks.hashes,
-            sources=sources,
-            wait_s=0.0,
-        )
+        return _plan(msg, file, base, chunks, (digest, m.hash), sources=sources)
 
     def done(self, msg: wire.FetchDone) -> None:
         """A fetcher's report: free its slot, take note of bad sources, add a new relay."""
@@ -285,3 +261,29 @@ def _rank(
     still being fetched; the deepest of those (a branch there slows the fewest fetchers)."""
     hops = depth.get((file, endpoint), 0)
     return (load, 1 if hops else 0, -hops)
+
+
+def _plan(
+    msg: wire.FetchRequest,
+    file: str,
+    base: int,
+    chunks: cm.ChunkHashes,
+    hashes: tuple[str, str],
+    *,
+    sources: tuple[wire.Source, ...],
+) -> wire.FetchPlan:
+    """The plan to fetch `file` of `msg`'s version (`hashes`: the file's and, once applied, the
+    weights'), from `sources`; none: a plan to ask again after `WAIT_S` (no chunk hashes)."""
+    return wire.FetchPlan(
+        req=msg.req,
+        version=msg.version,
+        file=file,
+        base_version=base,
+        num_bytes=chunks.num_bytes,
+        hash=hashes[0],
+        result_hash=hashes[1],
+        chunk_bytes=chunks.chunk_bytes,
+        chunk_hashes=chunks.hashes if sources else b"",
+        sources=sources,
+        wait_s=0.0 if sources else WAIT_S,
+    )
