@@ -30,6 +30,7 @@ producer that never hears it gives up on its own after `net.consumer_timeout_s`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -49,6 +50,7 @@ from common.config.run import reward_names
 from common.errors import ConfigError
 from common.files import completions_file as CF
 from common.files import run_files as RF
+from common.files.disk import disk_fault, stop_line
 from common.host.model_dir import local_model_dir
 from common.net.endpoints import advertised_host, tcp_endpoint
 from common.net.keys import load_keys
@@ -161,6 +163,7 @@ class Learner:
         )
         self.steps.publish(wait=True)
         steps = self.cfg.run.steps or 1 << 62
+        fault: OSError | None = None
         try:
             self._wait_for_producers()
             t_start = last = time.perf_counter()
@@ -178,11 +181,39 @@ class Learner:
                 every = self.cfg.train.checkpoint_every
                 if every and self.version % every == 0:
                     self._checkpoint()
+        except BaseException as exc:
+            fault = self._disk_fault(exc)
+            if fault is not None and disk_fault(exc) is None:
+                raise fault from exc  # the network thread's: what stopped it, not that it did
+            raise
         finally:
             if self.stop_event.is_set():
                 self.stop_asked = time.monotonic()
-            self.shutdown()
+            if fault is None:
+                self.shutdown()
+            else:
+                self.abandon()
         return 0
+
+    def _disk_fault(self, exc: BaseException) -> OSError | None:
+        """The disk fault behind `exc`, or behind the network thread's failure that `exc`
+        reports (a call to a thread that has stopped says only that)."""
+        found = disk_fault(exc)
+        if found is None and self.server.error is not None:
+            found = disk_fault(self.server.error)
+        return found
+
+    def abandon(self) -> None:
+        """After a disk fault: stop as a crash would, writing nothing more (no final snapshot,
+        checkpoint or ledger; producers are not told the run is over). They keep every group
+        not acknowledged and reconnect to the consumer that `--resume` starts once the disk
+        has room; it continues from the last checkpoint (common/files/disk.py)."""
+        self.server.stop()
+        if self.auth is not None:
+            self.auth.stop()
+        self.steps.metrics.close()
+        with contextlib.suppress(OSError):
+            self.loggers.close()
 
     def _write(self, record: dict[str, Any], got: Batch) -> None:
         """The step's metrics.jsonl line, handed to the trackers too (consumer/loggers/, their
@@ -415,4 +446,10 @@ def main(cfg: Config, run_dir: Path) -> int:
         return learner.run()
     except RankFailure as exc:
         log.error("%s; `--resume` continues from the last checkpoint", exc)
+        return 1
+    except Exception as exc:
+        fault = disk_fault(exc)
+        if fault is None:
+            raise
+        log.error("%s", stop_line(fault))
         return 1

@@ -221,7 +221,10 @@ class Steps:
         return out | metrics
 
     def write(self, record: dict[str, Any]) -> M.StepRecord:
-        """The step's metrics.jsonl line."""
+        """The step's metrics.jsonl line (saying how many lines before it a failing disk lost,
+        if any: common/files/metrics.py `JsonlWriter`)."""
+        if self.metrics.lost:
+            record = {**record, "metrics_lines_lost": self.metrics.lost}
         step_record = M.StepRecord(**record)
         self.metrics.write(step_record)
         return step_record

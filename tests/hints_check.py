@@ -29,6 +29,7 @@ OTHERS = re.compile(r"`(?:torchrun|python|pip) [^`]+`")  # another program's opt
 READS_A_CONFIG = ("launch", "consumer", "producer", "stress")
 # Which commands show a module's messages (the first prefix that matches; others: any command).
 SHOWN_BY = {
+    "common/files/disk.py": ("launch", "consumer"),  # a run stopped by its disk: the consumer's top
     "common/": READS_A_CONFIG,  # config checks and sockets: wherever a config is read
     "launch/run_dir.py": ("launch", "consumer"),  # both claim a run directory
     "launch/cores.py": ("launch",),

@@ -14,13 +14,17 @@ stand-in trainer or a step without evaluation does not measure), keys sorted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+log = logging.getLogger("asyncgrpo")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +90,7 @@ class StepRecord:
     # -- the trackers (consumer/loggers/; absent from runs older than the fields) -------------
     loggers_dropped: int | None = None  # items a full logger queue dropped, so far
     loggers_failed: int | None = None  # trackers dropped after an exception, so far
+    metrics_lines_lost: int | None = None  # metrics.jsonl lines a failed write lost, so far
     # -- the trainer (None when the stand-in trainer does not measure it) ----------------------
     step_s: float | None = None  # the optimizer step itself
     loss: float | None = None  # the loss of the step's batch (mean over its updates)
@@ -169,20 +174,59 @@ _REQUIRED = frozenset(
 
 
 class JsonlWriter:
-    """Append-only JSON lines, flushed per line (a crash loses at most the line being written)."""
+    """Append-only JSON lines, flushed per line (a crash loses at most the line being written).
+
+    A line whose write fails (a full or failing disk) is lost, not raised: `lost` counts them,
+    the first failure is logged with the file and the error, and the next write starts on a
+    new line of a reopened file (a torn fragment stays a line of its own, which readers skip).
+    """
 
     def __init__(self, path: Path) -> None:
-        self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
+        self.path = path
+        self.lost = 0  # lines a failed write lost
+        self._file: TextIO | None = open(path, "a", buffering=1)  # noqa: SIM115 (see close())
+        self._torn = False
 
-    def write(self, record: dict[str, Any] | StepRecord) -> None:
+    def write(self, record: dict[str, Any] | StepRecord) -> bool:
+        """Append one line; False if it was lost (counted in `lost`)."""
         data = record.to_json() if isinstance(record, StepRecord) else record
-        self._file.write(json.dumps(_finite(data), sort_keys=True) + "\n")
+        text = json.dumps(_finite(data), sort_keys=True) + "\n"
+        try:
+            if self._file is None:
+                self._file = open(self.path, "a", buffering=1)  # noqa: SIM115
+            self._file.write("\n" + text if self._torn else text)
+        except OSError as exc:
+            self._lose(exc)
+            return False
+        self._torn = False
+        return True
+
+    def _lose(self, exc: OSError) -> None:
+        if not self.lost:
+            log.warning(
+                "cannot write %s (%s): its lines are lost, and counted, until it can",
+                self.path,
+                exc,
+            )
+        self.lost += 1
+        self._torn = True
+        if self._file is not None:
+            with contextlib.suppress(OSError):  # what it still buffers is part of the lost line
+                self._file.close()
+            self._file = None
 
     def flush(self) -> None:
-        self._file.flush()
+        if self._file is not None:
+            try:
+                self._file.flush()
+            except OSError as exc:
+                self._lose(exc)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

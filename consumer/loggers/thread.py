@@ -45,6 +45,7 @@ class Loggers:
         self.names = reward_names([r.fn for r in cfg.rewards.fns])
         self.dropped = 0  # items the full queue refused
         self.failed = 0  # trackers dropped after an exception
+        self.completions_lost = 0  # completions samples a failed write of their file lost
         self._queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(QUEUE_ITEMS)
         self._thread = threading.Thread(target=self._run, name="loggers", daemon=True)
         self._sinks: list[Any] = []
@@ -95,7 +96,11 @@ class Loggers:
                 rows = CF.rows_of(
                     groups, step=step, decode=self._decoder(), reward_names=self.names
                 )
-                CF.append(self.run_dir, rows)
+                try:
+                    CF.append(self.run_dir, rows)
+                except OSError as exc:  # a full or failing disk: this sample is lost, counted
+                    self.completions_lost += 1
+                    log.warning("completions sample of step %d lost: %s", step, exc)
                 self._each("completions", step, rows)
         self._each("close")
 

@@ -1,5 +1,7 @@
-"""The books' writer thread ("consumer-books"): ledger.json and the producers' files
-(consumer/server/roster.py), serialised and written off the network thread.
+"""The books' writer thread ("consumer-books"): leases.jsonl, ledger.json and the producers'
+files (consumer/server/roster.py), serialised and written off the network thread, which thus
+never waits on the disk: a disk that stalls for seconds stalls this thread, while heartbeats
+and lease requests are answered.
 
 The network thread hands over `BookChanges`, what changed since its last hand-over, taken in
 time proportional to the changes (consumer/server/books.py); this thread keeps the whole picture
@@ -11,8 +13,13 @@ encoding of every producer, the cost that grows with the number of producers, is
 Invariants:
 - Changes are applied in hand-over order, none skipped: the files written after a hand-over show
   the books as of that hand-over.
-- A write that raises is kept (`error`) and fails that hand-over's future; the network thread
-  re-raises it at its next hand-over (a run whose books cannot be written stops, as before).
+- Finished leases are appended to leases.jsonl before the ledger of the same hand-over is
+  written; a hand-over's future gives the size of leases.jsonl once its writes are done (what a
+  checkpoint records, consumer/server/server.py `checkpoint_state`).
+- A write that raises is kept (`error`) and fails that hand-over's future and every later one,
+  unwritten (nothing is written out of order after a failed write); the network thread
+  re-raises it at its next housekeeping: a run whose books cannot be written stops, with the
+  file named (common/run_files.py), and `--resume` continues from its last checkpoint.
 - The thread starts with the first hand-over and ends with `close`.
 """
 
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.files import run_files as RF
+from common.files.disk import size_of
 from common.files.net_stats import NetStats, write_net_stats
 from common.wire import OUTCOMES
 from consumer.server.leases import producer_balanced
@@ -49,11 +57,13 @@ class LedgerChanges:
 @dataclass(frozen=True, slots=True)
 class BookChanges:
     """One hand-over: the producers' statuses that changed (None: forgotten), when ledger.json
-    is due its changes (None: not rewritten this time), and the network thread's timing."""
+    is due its changes (None: not rewritten this time), the network thread's timing (None: not
+    rewritten), and the leases finished since the last hand-over, for leases.jsonl."""
 
     roster: dict[str, RF.ProducerStatus | None]
     ledger: LedgerChanges | None
-    stats: NetStats
+    stats: NetStats | None
+    finished: tuple[RF.LeaseLine, ...] = ()
 
 
 class BookWriter:
@@ -66,19 +76,20 @@ class BookWriter:
         self._counts: dict[str, dict[str, int]] = {}  # producer -> counts
         self._open: dict[str, int] = {}  # producer -> open leases
         self._hosts: dict[str, str] = {}
-        self._jobs: queue.SimpleQueue[tuple[BookChanges, Future[None]] | None]
+        self._jobs: queue.SimpleQueue[tuple[BookChanges, Future[int]] | None]
         self._jobs = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def submit(self, changes: BookChanges) -> Future[None]:
-        """Queue `changes` (O(1)); the future completes once the files show them."""
+    def submit(self, changes: BookChanges) -> Future[int]:
+        """Queue `changes` (O(1)); the future completes once the files show them, with the size
+        of leases.jsonl then."""
         with self._start_lock:
             if self._thread is None:
                 thread = threading.Thread(target=self._run, name="consumer-books", daemon=True)
                 thread.start()
                 self._thread = thread
-        done: Future[None] = Future()
+        done: Future[int] = Future()
         self._jobs.put((changes, done))
         return done
 
@@ -93,20 +104,25 @@ class BookWriter:
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             changes, done = job
+            if self.error is not None:  # nothing after a failed write
+                done.set_exception(self.error)
+                continue
             try:
-                self._write(changes)
+                done.set_result(self._write(changes))
             except BaseException as exc:  # kept for the network thread; the future says it too
                 self.error = exc
                 done.set_exception(exc)
-            else:
-                done.set_result(None)
 
-    def _write(self, changes: BookChanges) -> None:
+    def _write(self, changes: BookChanges) -> int:
+        RF.append_leases(self.run_dir, changes.finished)
         self.roster.apply(changes.roster)
         if changes.ledger is not None:
             RF.write_ledger(self.run_dir, self._ledger(changes.ledger))
-        self.roster.write()
-        write_net_stats(self.run_dir, changes.stats)
+        if changes.roster or changes.ledger is not None:
+            self.roster.write()
+        if changes.stats is not None:
+            write_net_stats(self.run_dir, changes.stats)
+        return size_of(self.run_dir / RF.LEASES)
 
     def _ledger(self, c: LedgerChanges) -> RF.Ledger:
         for p, (counts, open_leases) in c.by_producer.items():

@@ -2,8 +2,10 @@
 consumer/server/roster.py) the producers' files, written as common/files/run_files.py's records.
 
 Nothing the network thread does here grows with the number of producers:
-- a settled step appends its finished leases to leases.jsonl (`append_finished`: the cost of a
-  call is the leases it writes), on the network thread, so a checkpoint's log sizes match its book;
+- a settled step hands its finished leases to the writer thread for leases.jsonl
+  (`append_finished`: the cost of a call is the leases it hands over), so the network thread
+  never waits on the disk; a checkpoint's size of leases.jsonl is the writer's, after the
+  flush that went with its book's state, so the two match;
 - ledger.json (counts, per producer, the host of every producer that held a lease) and the
   producers' files are rewritten at most every `_BOOKS_EVERY_S` (`maybe_write`), and at once by
   `flush` (`Server.flush_ledger`, `Server.checkpoint_state`, the end of the thread), on the
@@ -21,7 +23,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from common.files import run_files as RF
 from common.files.net_stats import NetStats
 from consumer.server.book_writer import BookChanges, BookWriter, LedgerChanges
 from consumer.server.roster import Census
@@ -50,15 +51,20 @@ class Books:
         return self.writer.roster.census
 
     def append_finished(self) -> None:
-        """Append the leases finished since the last call to leases.jsonl (incremental: the
-        cost of a call is the leases it writes)."""
-        RF.append_leases(self.run_dir, self._state.book.take_finished())
+        """Hand the leases finished since the last call to the writer thread for leases.jsonl
+        (incremental: the cost of a call is the leases it hands over)."""
+        finished = tuple(self._state.book.take_finished())
+        if finished:
+            self.writer.submit(BookChanges({}, None, None, finished))
 
-    def flush(self) -> Future[None]:
-        """Every file: leases.jsonl now, ledger.json and the producers' files on the writer
-        thread (the future completes when they are written)."""
-        self.append_finished()
+    def flush(self) -> Future[int]:
+        """Every file, on the writer thread: leases.jsonl, ledger.json, the producers' files
+        (the future completes when they are written, with the size of leases.jsonl)."""
         return self._hand_over(ledger=True)
+
+    def written(self) -> Future[int]:
+        """Done once everything handed over so far is written (nothing new is handed over)."""
+        return self.writer.submit(BookChanges({}, None, None))
 
     def maybe_write(self, now: float) -> None:
         """Hand the writer what changed if `_BOOKS_EVERY_S` passed since the last hand-over
@@ -75,19 +81,18 @@ class Books:
         """Finish the writes handed over; end the writer thread."""
         self.writer.close()
 
-    def _hand_over(self, *, ledger: bool) -> Future[None]:
+    def _hand_over(self, *, ledger: bool) -> Future[int]:
         st = self._state
         roster = st.take_roster_changes()
         stats = NetStats.of(
             st.timing, unix_time=time.time(), groups_trained=st.book.counts["trained"]
         )
-        return self.writer.submit(
-            BookChanges(roster, self._ledger_changes() if ledger else None, stats)
-        )
+        finished = tuple(st.book.take_finished())
+        changes = self._ledger_changes() if ledger else None
+        return self.writer.submit(BookChanges(roster, changes, stats, finished))
 
     def _ledger_changes(self) -> LedgerChanges:
         st = self._state
-        self.append_finished()
         changed = st.book.take_changed()
         self._ledger_written = True
         return LedgerChanges(

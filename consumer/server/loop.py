@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import zmq
 
+from common.files.disk import disk_fault
 from consumer.server.books import Books
 from consumer.server.calls import Calls
 from consumer.server.control import Control
@@ -131,9 +132,11 @@ class Loop:
             self._calls.run(stopped=self._failed)
             self._books.flush()  # written before `_close` ends the writer
         except BaseException as exc:
-            log.exception("network thread failed")
             self.error = exc
             self._calls.fail_all()
+            if disk_fault(exc) is not None:  # the consumer's top says it, in one line
+                return
+            log.exception("network thread failed")
             raise
         finally:
             self._close()

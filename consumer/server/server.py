@@ -40,6 +40,7 @@ import zmq
 from common import wire
 from common.config import Config
 from common.files import run_files as RF
+from common.files.disk import size_of
 from common.net.heartbeat import GOODBYE_WAIT_S
 from common.net.keys import Keys
 from common.net.sockets import server_socket
@@ -279,6 +280,11 @@ class Server:
         files (consumer/server/roster.py)."""
         self._call(self._books.flush).result().result()  # handed over, then written
 
+    def wait_books(self) -> None:
+        """Wait until what the network thread handed its writer so far is on disk (finished
+        leases in leases.jsonl: a settled step's are written shortly after `settle_trained`)."""
+        self._call(self._books.written).result().result()
+
     def step_summary(self) -> RF.StepSummary:
         """What a step's metrics line needs, its size independent of the number of
         producers: the ledger's counts in total (LeaseBook.totals), messages refused so far,
@@ -324,16 +330,18 @@ class Server:
         sizes of the run-directory files `logs` at that moment, so that a resumed run truncates
         its append-only logs to exactly this state."""
 
-        def state() -> tuple[Future[None], RF.BookState]:
+        def state() -> tuple[Future[int], RF.BookState]:
             written = self._books.flush()
             return written, RF.BookState(
                 book=self._state.book.state_dict(),
                 identities=self._state.identities.state_dict(),
-                log_sizes={name: _size(self.run_dir / name) for name in logs},
+                log_sizes={name: size_of(self.run_dir / name) for name in logs},
             )
 
         written, book_state = self._call(state).result()
-        written.result()  # ledger.json as of that state, written off the network thread
+        leases_size = written.result()  # the books as of that state, written off this thread
+        if RF.LEASES in book_state.log_sizes:  # as the writer left it, not as it is later
+            book_state.log_sizes[RF.LEASES] = leases_size
         return book_state
 
     def all_told_finished(self) -> bool:
@@ -463,7 +471,3 @@ def group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits
         max_kept=s.max_kept if s.truncation.active else 0,
         num_reward_fns=len(cfg.rewards.fns),
     )
-
-
-def _size(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0

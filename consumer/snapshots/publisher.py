@@ -58,6 +58,7 @@ from pathlib import Path
 import torch
 
 from common.config import SnapshotFsync, choices
+from common.files.disk import writing
 from common.weights import snapshot as snap
 from common.wire import SnapshotInfo
 from consumer.snapshots.fetch_files import FetchFiles
@@ -304,18 +305,27 @@ class Publisher:
         durable_first = self._fsync == "before_announce"
         path = tmp / snap.WEIGHTS_FILE
         try:
-            digest = snap.write_file(path, host.file_bytes(), fsync=durable_first)
+            with writing(path):
+                digest = snap.write_file(path, host.file_bytes(), fsync=durable_first)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # a disk fault: give its space back
+            raise
         finally:
             with self._cond:  # the bytes are in the file: the next copy may use this buffer
                 self._buffers.release(index)
                 self._cond.notify_all()
-        for extra in self._extra:
-            shutil.copyfile(extra, tmp / extra.name)
-        num_bytes = host.table.num_bytes
-        manifest = snap.Manifest(
-            job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id()
-        )
-        snap.finalize(tmp, final, manifest, fsync=durable_first)
+        try:
+            with writing(tmp):
+                for extra in self._extra:
+                    shutil.copyfile(extra, tmp / extra.name)
+                num_bytes = host.table.num_bytes
+                manifest = snap.Manifest(
+                    job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id()
+                )
+                snap.finalize(tmp, final, manifest, fsync=durable_first)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         self.last_write_s = time.perf_counter() - t0
         weights = str((final / snap.WEIGHTS_FILE).resolve())
         return SnapshotInfo(version=job.version, num_bytes=num_bytes, hash=digest, path=weights)

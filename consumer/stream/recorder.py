@@ -24,6 +24,7 @@ from pathlib import Path
 
 from common import wire
 from common.files import run_files as RF
+from common.files.disk import disk_fault
 from consumer.stream import segments as S
 from consumer.stream.records import SnapshotEntry, StepEntry
 
@@ -98,13 +99,18 @@ class Recorder:
                     self._writer.flush()  # in the page cache: a kill -9 loses nothing
         except BaseException as exc:
             self._error = exc
-            log.exception("stream recorder failed")
+            if disk_fault(exc) is None:  # a disk fault: the consumer's top says it in one line
+                log.exception("stream recorder failed")
             while not self._queue.empty():  # nobody waits for ever on a position
                 left = self._queue.get()
                 if isinstance(left, Future):
                     left.set_exception(exc)
         finally:
-            self._writer.close()
+            try:
+                self._writer.close()
+            except OSError:
+                if self._error is None:
+                    raise
 
 
 def resume_position(log_sizes: dict[str, int]) -> tuple[str, int] | None:

@@ -39,6 +39,7 @@ from typing import BinaryIO
 import blake3
 
 from common.errors import StreamError
+from common.files.disk import writing
 
 MAGIC = b"AGSTREAM"
 FORMAT = 1
@@ -256,9 +257,9 @@ class SegmentWriter:
         return self._file
 
     def append(self, kind: int, payload: bytes) -> None:
-        f = self._open()
         data = frame(kind, payload)
-        f.write(data)
+        with writing(self.path):
+            self._open().write(data)
         self._hasher.update(data)
         self._size += len(data)
         self.bytes_written += len(data)
@@ -268,23 +269,26 @@ class SegmentWriter:
     def position(self) -> tuple[str, int]:
         """(segment path relative to the run directory's parent of `directory`, bytes): where
         the stream ends now, everything before it flushed."""
-        f = self._open()
-        f.flush()
+        with writing(self.path):
+            self._open().flush()
         return f"{self.directory.name}/{self.path.name}", self._size
 
     def sync(self) -> None:
         if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            with writing(self.path):
+                self._file.flush()
+                os.fsync(self._file.fileno())
 
     def flush(self) -> None:
         if self._file is not None:
-            self._file.flush()
+            with writing(self.path):
+                self._file.flush()
 
     def roll(self) -> None:
         """Finish (seal) the current segment; the next record starts a new one."""
         if self._file is not None:
-            self._file.write(frame(SEAL, self._hasher.digest()))
+            with writing(self.path):
+                self._file.write(frame(SEAL, self._hasher.digest()))
             self.sync()
             self._file.close()
             self._file = None

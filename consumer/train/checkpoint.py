@@ -29,11 +29,13 @@ themselves. A run directory of the earlier layout (`<run>/checkpoint/`) still re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +45,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from common.errors import ConfigError
 from common.files import run_files as RF
+from common.files.disk import from_library, writing
 from common.weights.snapshot import fsync_path, sync_dir
 from consumer.train.protocol import Trainer
 
@@ -58,13 +61,20 @@ def save(run_dir: Path, *, trainer: Trainer, version: int, book_state: RF.BookSt
     name = f"v{version:06d}-{uuid.uuid4().hex[:8]}"
     tmp = root / f".tmp-{name}"
     tmp.mkdir()
-    trainer.save_checkpoint(tmp)  # a sharded learner: every rank writes its shards
-    (tmp / "state.json").write_text(json.dumps({"version": version, "book": book_state.to_json()}))
-    sync_dir(tmp)
+    try:
+        with writing(tmp):
+            trainer.save_checkpoint(tmp)  # a sharded learner: every rank writes its shards
+            state = json.dumps({"version": version, "book": book_state.to_json()})
+            (tmp / "state.json").write_text(state)
+            sync_dir(tmp)
+    except OSError:  # a disk fault: the current checkpoint stays; give the space back
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     final = root / name
     os.rename(tmp, final)
     fsync_path(root)
-    _write_atomically(root / POINTER, name + "\n")
+    with writing(root / POINTER):
+        _write_atomically(root / POINTER, name + "\n")
     for child in root.iterdir():  # earlier checkpoints and leftovers of interrupted saves
         if child.name not in (name, POINTER):
             if child.is_dir():
@@ -84,7 +94,27 @@ def save_plain(
     """One process's part of a checkpoint: `model.safetensors` (fp32, tied tensors once) and
     `trainer.pt` (optimizer, scheduler, RNG states)."""
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(_dedup(state), directory / "model.safetensors")
+    with _library_errors(directory / "model.safetensors"):
+        save_file(_dedup(state), directory / "model.safetensors")
+    with _library_errors(directory / "trainer.pt"):
+        _save_trainer(directory, optimizer, scheduler)
+
+
+@contextlib.contextmanager
+def _library_errors(path: Path) -> Iterator[None]:
+    """A disk fault inside safetensors or torch.save raised as the OSError it was."""
+    try:
+        yield
+    except Exception as exc:
+        fault = None if isinstance(exc, OSError) else from_library(exc, path)
+        if fault is None:
+            raise
+        raise fault from exc
+
+
+def _save_trainer(
+    directory: Path, optimizer: torch.optim.Optimizer, scheduler: LRScheduler
+) -> None:
     torch.save(
         {
             "optimizer": optimizer.state_dict(),

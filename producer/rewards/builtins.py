@@ -7,6 +7,8 @@ what `rewards.fns` may name besides `module:function`, producer/rewards/calls.py
   `\\boxed{…}`, else its last number (`-3`, `2.5`, `1/2`); it and the reference are parsed as
   LaTeX and compared for mathematical equivalence (`\\boxed{1/2}` matches `0.5`).
 - `boxed_format`: 1.0 when the completion contains a non-empty `\\boxed{…}` (a format reward).
+- `code_tests`: `fn(completion, tests)`: the fraction of the row's `tests` that the completion's
+  Python code passes, run in the sandbox (producer/sandbox/code_reward.py, docs/sandbox.md).
 `INLINE` names the bounded ones (a string compare, a linear regex): the runner scores them in
 the producer itself, without a worker pool (producer/rewards/runner.py).
 """
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common.task.synthetic import is_correct
+from producer.sandbox.code_reward import code_tests
 
 RewardFn = Callable[..., Any]
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*)\}")
@@ -58,5 +61,6 @@ BUILTINS: dict[str, RewardFn] = {
     "exact_match": exact_match,
     "math_verify": math_verify,
     "boxed_format": boxed_format,
+    "code_tests": code_tests,
 }
 INLINE = frozenset({"exact_match", "boxed_format"})  # bounded: scored without a worker pool

@@ -25,7 +25,8 @@ Invariants (besides producer/rewards/worker.py's, per call):
   not time queued behind other groups or a worker's start-up.
 - Specs are resolved in the parent at construction, signatures included: a typo fails at
   startup, not in a worker.
-- `num_calls`, `num_errors`, `num_timeouts`, `num_pool_restarts` are cumulative counters.
+- `num_calls`, `num_errors`, `num_timeouts`, `num_pool_restarts` and `contained` (the calls of
+  the `code_tests` reward whose program the sandbox stopped, by reason) are cumulative counters.
 - Nothing fails silently: each failed call's reason (the exception and its message, the
   value returned, the missing column, or the timeout) comes back from the worker, and the
   producer logs the first of each kind per reward at once, then at most one line every 10 s per
@@ -54,7 +55,7 @@ from common.errors import ConfigError
 from common.net.log_limit import LogLimiter
 from producer.rewards.builtins import INLINE
 from producer.rewards.calls import resolve
-from producer.rewards.worker import Failure, RowData, init_worker, score_group
+from producer.rewards.worker import Failure, RowData, Table, init_worker, score_group
 
 log = logging.getLogger("asyncgrpo.producer")
 POOL_START_S = 60.0  # longest wait for a new pool's first worker (spawn + imports, e.g. sympy)
@@ -66,6 +67,7 @@ class Scored:
     parts: dict[str, np.ndarray]  # float32 [G] per reward spec (unweighted)
     num_errors: int
     num_timeouts: int
+    contained: dict[str, int]  # sandboxed calls a limit ended, by reason (scored 0; not errors)
 
 
 class RewardRunner:
@@ -92,6 +94,7 @@ class RewardRunner:
         self.names = reward_names([s.fn for s in self.specs])
         self.timeout_s, self.workers, self.hard_margin_s = timeout_s, workers, hard_margin_s
         self.num_calls = self.num_errors = self.num_timeouts = self.num_pool_restarts = 0
+        self.contained: dict[str, int] = {}  # sandboxed calls a limit ended, by reason
         self._slots = asyncio.Semaphore(workers)
         self._log = LogLimiter(log)
         self._closed = False
@@ -126,25 +129,40 @@ class RewardRunner:
         row = RowData(prompt, answer, columns)
         if calls and self.inline:
             specs = [s.fn for s in self.specs]
-            table, errors, timeouts, failures = score_group(specs, completions, row, None)
+            table, errors, timeouts, failures, contained = score_group(
+                specs, completions, row, None
+            )
         elif calls:
             async with self._slots:
-                table, errors, timeouts, failures = await self._round_trip(completions, row, calls)
+                table, errors, timeouts, failures, contained = await self._round_trip(
+                    completions, row, calls
+                )
         else:
-            table, errors, timeouts, failures = [[] for _ in self.specs], 0, 0, []
+            table, errors, timeouts, failures, contained = [[] for _ in self.specs], 0, 0, [], {}
         self.num_errors += errors
         self.num_timeouts += timeouts
+        for reason, n in contained.items():
+            self.contained[reason] = self.contained.get(reason, 0) + n
         self._report(failures, errors, timeouts, len(completions))
         parts = {n: np.asarray(row, np.float32) for n, row in zip(self.names, table, strict=True)}
         total = np.zeros(len(completions), np.float32)
         for spec, name in zip(self.specs, self.names, strict=True):
             total += np.float32(spec.weight) * parts[name]
-        return Scored(total, parts, errors, timeouts)
+        return Scored(total, parts, errors, timeouts, contained)
 
     def _report(self, failures: list[Failure], errors: int, timeouts: int, size: int) -> None:
         """Log failed reward calls with what went wrong: the first of each (reward, kind) at
         once, then at most one line every 10 s each, saying how many were held back."""
         for spec, kind, why in failures:
+            if kind == "contained":
+                self._log.log(
+                    f"{spec}.{kind}.{why}",
+                    logging.INFO,
+                    "reward %r: a completion's program was stopped by the sandbox (%s; scored 0)",
+                    spec,
+                    why,
+                )
+                continue
             self._log.log(
                 f"{spec}.{kind}",
                 logging.WARNING,
@@ -169,9 +187,7 @@ class RewardRunner:
                 self.timeout_s,
             )
 
-    async def _round_trip(
-        self, completions: list[str], row: RowData, calls: int
-    ) -> tuple[list[list[float]], int, int, list[Failure]]:
+    async def _round_trip(self, completions: list[str], row: RowData, calls: int) -> Table:
         zeros = [[0.0] * len(completions) for _ in self.specs]
         specs = [s.fn for s in self.specs]
         for _ in range(2):  # a second try only if another group's failure replaced the pool
@@ -189,13 +205,14 @@ class RewardRunner:
             except TimeoutError:
                 self._replace_pool(pool, "a reward outlived its hard deadline")
                 why = "outlived its hard deadline (stuck in C code, or blocking SIGALRM)"
-                return zeros, 0, calls, [(s, "timeout", why) for s in specs]
+                return zeros, 0, calls, [(s, "timeout", why) for s in specs], {}
             except BrokenProcessPool:
                 if pool is self._pool:  # this group's reward took its worker down
                     self._replace_pool(pool, "a reward worker died")
                     why = "took its worker process down (os._exit, a crash in an extension)"
-                    return zeros, calls, 0, [(s, "error", why) for s in specs]
-        return zeros, calls, 0, [(s, "error", "not scored: the producer is closing") for s in specs]
+                    return zeros, calls, 0, [(s, "error", why) for s in specs], {}
+        closing = [(s, "error", "not scored: the producer is closing") for s in specs]
+        return zeros, calls, 0, closing, {}
 
     def _replace_pool(self, pool: ProcessPoolExecutor, why: str) -> None:
         if pool is not self._pool or self._closed:

@@ -5,7 +5,9 @@
   and its other columns) with the run's reward functions
   (`RewardRunner`, producer/rewards/runner.py: a raising or hanging reward scores 0 and is counted).
   Its `counters` sum, over the groups scored, the reward calls that failed (`reward_errors`) and
-  timed out (`reward_timeouts`); a key appears with the first group.
+  timed out (`reward_timeouts`), and the completions whose program the sandbox stopped, by
+  reason (`sandbox_timeout`, `sandbox_memory`, ...: producer/sandbox/code_reward.py); a key
+  appears with the first group that has one.
 - `FakeRewards`: the fake engine's rewards, a seeded coin per completion (no text is read: fake
   tokens decode to nothing). It counts nothing.
 
@@ -70,6 +72,8 @@ class TaskRewards:
         scored = await self.runner.score(texts, lease.answer, prompt=prompt, columns=lease.columns)
         self._count("reward_errors", scored.num_errors)
         self._count("reward_timeouts", scored.num_timeouts)
+        for reason, n in scored.contained.items():
+            self._count(f"sandbox_{reason}", n)
         parts = np.stack(list(scored.parts.values())) if scored.parts else None
         failed = scored.num_errors + scored.num_timeouts
         if parts is None:

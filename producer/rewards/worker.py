@@ -13,6 +13,9 @@ awaited if async) and returns the table of values with what failed. Invariants:
   `except Exception` cannot swallow (math-verify has such handlers), scores 0 and counts as a
   timeout (G of them for a group call). An async reward runs in an event loop of its own
   (`asyncio.run`) under the same timer.
+- A call that raises `Contained(reason)` (the built-in `code_tests` reward, when a limit of the
+  sandbox ended the completion's program: producer/sandbox/code_reward.py) scores 0 and counts
+  under its reason, apart from errors and timeouts: the completion misbehaved, not the reward.
 - A reward that takes a column its row lacks fails that call (an error saying which); so does
   every call of a reward that reads columns when the lease's columns are not a JSON object (the
   decoder checks their shape; only the reward workers parse them, so a broken one costs calls,
@@ -38,12 +41,14 @@ import numpy as np
 
 from producer.rewards.builtins import RewardFn
 from producer.rewards.calls import CallPlan, MissingColumn, call_arguments, plan_call, resolve
+from producer.sandbox.code_reward import Contained
 
-OK, ERROR, TIMEOUT = 0, 1, 2
-KINDS = {ERROR: "error", TIMEOUT: "timeout"}
+OK, ERROR, TIMEOUT, CONTAINED = 0, 1, 2, 3
+KINDS = {ERROR: "error", TIMEOUT: "timeout", CONTAINED: "contained"}
 _armed = False  # the alarm raises only while a reward call runs
 Outcome = tuple[float, int, str]  # (value, OK | ERROR | TIMEOUT, what went wrong)
-Failure = tuple[str, str, str]  # (spec, "error" | "timeout", what went wrong)
+Failure = tuple[str, str, str]  # (spec, "error" | "timeout" | "contained", what went wrong)
+Table = tuple[list[list[float]], int, int, list[Failure], dict[str, int]]  # score_group's
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +85,14 @@ def _resolved(spec: str) -> tuple[RewardFn, CallPlan]:
 
 def score_group(
     specs: list[str], completions: list[str], row: RowData, timeout_s: float | None
-) -> tuple[list[list[float]], int, int, list[Failure]]:
+) -> Table:
     """Every spec on every completion: (table [spec][completion], errors, timeouts, the first
-    failure of each kind per spec). `timeout_s` None: no timer (the inline built-ins, called
-    in the producer's own thread)."""
+    failure of each kind per spec, contained calls by reason). `timeout_s` None: no timer (the
+    inline built-ins, called in the producer's own thread)."""
     table: list[list[float]] = []
     outcomes: list[int] = []
     failures: dict[tuple[str, int], str] = {}
+    contained: dict[str, int] = {}
     values: dict[bool, dict[str, Any] | str] = {}  # the row's arguments, parsed once
     for spec in specs:
         fn, plan = _resolved(spec)
@@ -104,8 +110,10 @@ def score_group(
         for _, outcome, why in results:
             if outcome != OK:
                 failures.setdefault((spec, outcome), why)
+            if outcome == CONTAINED:
+                contained[why] = contained.get(why, 0) + 1
     shown = [(spec, KINDS[outcome], why) for (spec, outcome), why in failures.items()]
-    return table, outcomes.count(ERROR), outcomes.count(TIMEOUT), shown
+    return table, outcomes.count(ERROR), outcomes.count(TIMEOUT), shown, contained
 
 
 def _row_values(row: RowData, *, with_columns: bool) -> dict[str, Any] | str:
@@ -172,6 +180,8 @@ def _timed(call: Callable[[], Any], timeout_s: float | None) -> tuple[Any, int, 
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _CallTimeout:
         return None, TIMEOUT, f"timed out after {timeout_s:g} s (rewards.timeout_s)"
+    except Contained as exc:
+        return None, CONTAINED, exc.reason
     except (Exception, SystemExit) as exc:  # a user's reward failing is data, not a crash
         return None, ERROR, f"raised {type(exc).__name__}: {_short(str(exc))}"
 

@@ -79,26 +79,29 @@ def _listening(log: Path) -> bool:
     return log.exists() and "listening on" in log.read_text()
 
 
-def chaos(tmp: Path, *, kills: int, seed: int) -> dict[str, int]:
-    """Run the chaos and check everything the module doc lists; returns the counts."""
+def start_run(tmp: Path, run_dir: Path) -> tuple[Path, str, list[subprocess.Popen[bytes]]]:
+    """The tiny model (~3M parameters) and 200 prompts in `tmp`; the consumer on `run_dir`,
+    then 3 fake producers p1-p3: (the model, the control endpoint, [consumer, producers])."""
     from tiny_models import build_tiny_model
 
-    rng = random.Random(seed)
-    model = build_tiny_model(tmp / "model", hidden=256, layers=4)  # ~3M parameters
-    (tmp / "prompts.jsonl").write_text(
-        "".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n"
-                for i in range(200))
-    )  # fmt: skip
-    run_dir = tmp / "run"
-    started: list[subprocess.Popen[bytes]] = []
-    counts: Counter[str] = Counter()
-    n = 0
-    cons = _consumer(tmp, run_dir, model, resume=False, n=n)
-    started.append(cons)
+    model = build_tiny_model(tmp / "model", hidden=256, layers=4)
+    rows = (json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) for i in range(200))
+    (tmp / "prompts.jsonl").write_text("".join(row + "\n" for row in rows))
+    cons = _consumer(tmp, run_dir, model, resume=False, n=0)
     wait_for(lambda: _listening(tmp / "consumer-0.log"), timeout_s=300, what="the consumer")
     ep = RF.read_endpoints(run_dir / RF.ENDPOINTS).control
-    producers = {name: _producer(tmp, ep, name, 0) for name in ("p1", "p2", "p3")}
-    started += producers.values()
+    return model, ep, [cons, *(_producer(tmp, ep, name, 0) for name in ("p1", "p2", "p3"))]
+
+
+def chaos(tmp: Path, *, kills: int, seed: int) -> dict[str, int]:
+    """Run the chaos and check everything the module doc lists; returns the counts."""
+    rng = random.Random(seed)
+    run_dir = tmp / "run"
+    counts: Counter[str] = Counter()
+    n = 0
+    model, ep, started = start_run(tmp, run_dir)
+    cons = started[0]
+    producers = dict(zip(("p1", "p2", "p3"), started[1:], strict=True))
     try:
         wait_for(lambda: (run_dir / "checkpoints" / "LATEST").exists(), timeout_s=300,
                  what="a first checkpoint", procs=[cons])  # fmt: skip

@@ -112,8 +112,9 @@ def test_a_settled_step_appends_its_leases_and_leaves_ledger_json_to_housekeepin
     before = ledger.stat().st_ino, ledger.read_text()
     lines_before = RF.read_leases(tmp_path)
     srv.settle_trained([g for g in got if g is not None], trained_step=0)
+    srv.wait_books()  # the writer thread appends them (the network thread never waits on disk)
     lines = RF.read_leases(tmp_path)
-    assert len(lines) == len(lines_before) + 4  # appended at once, whole lines
+    assert len(lines) == len(lines_before) + 4  # appended together, whole lines
     assert {x.state for x in lines[-4:]} == {"trained"}
     assert srv.step_summary().totals.trained == 4
     assert (ledger.stat().st_ino, ledger.read_text()) == before  # not rewritten by the step

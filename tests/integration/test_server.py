@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
-from served import started_server
+from served import request, started_server, two_completions
 
 from common import config as C
 from common import wire
@@ -38,20 +37,7 @@ def server(tmp_path, request):
         yield served
 
 
-def _request(sock: zmq.Socket, msg: wire.Message) -> wire.Message:
-    sock.send(wire.encode(msg))
-    assert sock.poll(10_000), "no reply from the server"
-    return wire.decode(sock.recv(), wire.Limits())
-
-
-def _group(lease: wire.Lease, rewards: list[float]) -> wire.Group:
-    return wire.Group(
-        lease_id=lease.lease_id, producer_id="p", prompt_index=lease.prompt_index,
-        behavior_version=0, prompt_ids=np.array([1, 2], np.int32),
-        completion_ids=np.array([3, 4], np.int32), completion_lens=np.ones(G, np.int32),
-        behavior_logp=np.full(2, -1.0, np.float32), token_versions=np.zeros(0, np.int32),
-        rewards=np.array(rewards, np.float32), finish_reasons=("stop",) * G, temperature=1.0,
-    )  # fmt: skip
+_request, _group = request, two_completions  # the scripted producer's messages
 
 
 def test_the_spec_gets_the_bound_ports_and_keeps_its_typed_rewards(server):

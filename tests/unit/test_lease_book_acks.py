@@ -72,3 +72,26 @@ def test_totals_count_every_state_and_the_open_leases():
     assert (t.issued, t.trained, t.dropped_zero_variance, t.expired, t.open) == (4, 1, 1, 1, 1)
     assert (t.dropped_stale, t.rejected_invalid) == (0, 0)
     assert t.ok is None
+
+
+def test_taking_from_an_empty_queue_drops_it():
+    """A producer whose queue is empty keeps no entry (one per producer ever seen would grow)."""
+    b = book()
+    b.requeue_acks("p", ())  # leaves an empty queue behind
+    assert "p" in b.acks
+    assert b.take_acks("p") == ()
+    assert "p" not in b.acks
+    assert b.take_acks("never-seen") == ()
+    assert "never-seen" not in b.acks
+
+
+def test_a_held_lease_expires_when_its_producer_is_gone_and_not_while_it_lives():
+    b = book()
+    (rec,) = b.grant("a", 1, policy_version=0, published_version=0, now=0.0)
+    assert b.receive(rec.lease_id, "a") == "accept"
+    b.hold(rec.lease_id)  # its group waits for room at the consumer
+    b.hold(rec.lease_id)  # told again (a re-sent group): still held, told once more
+    assert b.take_acks("a") == (Ack(rec.lease_id, "hold"), Ack(rec.lease_id, "hold"))
+    assert b.expire(now=1e9, lease_timeout_s=1.0, gone=set()) == []  # held: never late
+    (gone,) = b.expire(now=1e9, lease_timeout_s=1.0, gone={"a"})
+    assert (gone.lease_id, b.final_states[rec.lease_id]) == (rec.lease_id, "expired")

@@ -3,6 +3,8 @@ publication syncs and that it leaks no file descriptor."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 from pathlib import Path
@@ -432,3 +434,30 @@ def test_an_incoming_file_refuses_a_chunk_given_twice_whether_hashed_or_waiting(
     incoming.add(4, b"efgh")
     assert incoming.hashed == 12
     incoming.close()
+
+
+def test_a_manifest_is_read_within_64_kib_and_a_longer_one_vouches_for_nothing(tmp_path):
+    """The manifest that lets a producer take the writer's hash is read with a bound: one past
+    it (padded to look whole only when read whole) is not trusted."""
+    manifest = snap.Manifest(3, 3, "ab" * 32, 10, "bfloat16", 0.0, snap.host_id())
+    text = json.dumps(dataclasses.asdict(manifest))
+    for padding, trusted in ((0, True), (1 << 16, False)):
+        (tmp_path / snap.MANIFEST_FILE).write_text(" " * padding + text)
+        fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert snap._vouched(fd, "ab" * 32, 10) is trusted
+        finally:
+            os.close(fd)
+
+
+def test_a_copy_across_filesystems_holds_and_hashes_exactly_the_files_bytes(tmp_path):
+    """pin_local's copy when a hard link cannot be made: the bytes written are the ones hashed."""
+    data = os.urandom(3 << 20)  # several hash blocks
+    (tmp_path / "src").write_bytes(data)
+    fd = os.open(tmp_path / "src", os.O_RDONLY)
+    try:
+        digest = snap._copy_hashing(fd, tmp_path / "copy")
+    finally:
+        os.close(fd)
+    assert (tmp_path / "copy").read_bytes() == data
+    assert digest == snap.hash_bytes(data)

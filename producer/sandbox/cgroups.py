@@ -1,0 +1,68 @@
+"""A cgroup of its own per execution, where the host lets this process make one: a CPU quota
+(`Limits.cpu_share` CPUs at most, whatever the number of its processes) and a process cap
+(`pids.max`), on the cgroup v1 `cpu` and `pids` hierarchies.
+
+Without it (cgroup v2 without a delegated subtree, no write access, not Linux) the rlimits still
+hold: CPU time per process, RLIMIT_NPROC. With it, a fork bomb's processes share one quota, so
+on a small host they cannot take the cores that honest executions beside them need.
+
+`ExecutionGroups.make()` creates `<root>/asyncgrpo-sandbox/x<pid>-<n>` in each hierarchy it can
+write and sets its limits; the sandbox's prelude moves itself in before it runs the program
+(bubblewrap binds each group's `cgroup.procs` to `/sandbox/cgroup/<name>`, see jail.py), and
+`remove()` deletes the groups once every process of the execution has been reaped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+V1_ROOTS = {"cpu": Path("/sys/fs/cgroup/cpu"), "pids": Path("/sys/fs/cgroup/pids")}
+PARENT = "asyncgrpo-sandbox"
+PERIOD_US = 100_000
+_serial = itertools.count()
+
+
+@dataclass
+class ExecutionGroups:
+    """The cgroups of one execution: {hierarchy name: its directory}."""
+
+    dirs: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, *, cpu_share: float, max_processes: int) -> ExecutionGroups:
+        """Groups in every hierarchy this process can write (none is not an error)."""
+        out = cls()
+        name = f"x{os.getpid()}-{next(_serial)}"
+        settings = {
+            "cpu": {"cpu.cfs_period_us": PERIOD_US, "cpu.cfs_quota_us": int(cpu_share * PERIOD_US)},
+            "pids": {"pids.max": max_processes},
+        }
+        for kind, root in V1_ROOTS.items():
+            if not os.access(root, os.W_OK):
+                continue
+            directory = root / PARENT / name
+            try:
+                directory.mkdir(parents=True)
+                for key, value in settings[kind].items():
+                    (directory / key).write_text(str(value))
+            except OSError:
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+                continue
+            out.dirs[kind] = directory
+        return out
+
+    def procs_files(self) -> dict[str, Path]:
+        """{hierarchy: its group's cgroup.procs}, what the prelude writes its pid to."""
+        return {kind: d / "cgroup.procs" for kind, d in self.dirs.items()}
+
+    def remove(self) -> None:
+        """Delete the groups (their processes are gone: reaped before this is called)."""
+        for directory in self.dirs.values():
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        self.dirs.clear()
