@@ -17,12 +17,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 V1_ROOTS = {"cpu": Path("/sys/fs/cgroup/cpu"), "pids": Path("/sys/fs/cgroup/pids")}
 PARENT = "asyncgrpo-sandbox"
 PERIOD_US = 100_000
+REMOVE_TRIES = 100
 _serial = itertools.count()
 
 
@@ -61,8 +63,15 @@ class ExecutionGroups:
         return {kind: d / "cgroup.procs" for kind, d in self.dirs.items()}
 
     def remove(self) -> None:
-        """Delete the groups (their processes are gone: reaped before this is called)."""
+        """Delete the groups (their processes are reaped before this is called; the kernel may
+        take a moment to let go of a group whose last process just exited: retried ~1 s)."""
         for directory in self.dirs.values():
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+            for _ in range(REMOVE_TRIES):
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:  # EBUSY while its last tasks finish exiting
+                    time.sleep(0.01)
         self.dirs.clear()

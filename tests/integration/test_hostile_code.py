@@ -11,6 +11,7 @@ reason counted, the reward worker survives, and the next honest group scores rig
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 from collections.abc import Iterator
@@ -97,7 +98,7 @@ def test_the_process_limit_counts_the_executions_processes():
         "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError:\n"
         "    pass\nprint(n)"
     )
-    run = run_python(program, limits=QUICK)
+    run = run_python(program, limits=dataclasses.replace(QUICK, wall_s=10))
     assert run.reason == "ok"
     assert int(run.stdout) == QUICK.max_processes - 1  # the program itself is one
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from test_wire import LEASE, RUN, group
 
-from common import msgpack_reader as mp
 from common import wire
 from common.wire import codec
+from common.wire import reader as mp
 
 
 @pytest.mark.parametrize(
