@@ -15,5 +15,6 @@ time.
   endpoints.json; stall.py: a stress-test fault;
 - engines/: generation engines (fake, hf, vllm) behind one contract, made by a lazy factory;
 - fetch/: snapshots over the network: fetcher, chunk client, relay;
-- rewards/: scoring completions: the runner, its worker processes, the built-ins.
+- rewards/: scoring completions: the runner, its worker processes, the built-ins;
+- sandbox/: model-written code run contained (the code_tests reward, environments' Python tool).
 """

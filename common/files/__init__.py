@@ -6,5 +6,7 @@ by string).
 - metrics.py: `StepRecord`, one typed line of metrics.jsonl, and its JSONL sink;
 - completions_file.py: completions.jsonl's rows, reader, writer and Markdown table;
 - net_stats.py: netstats.json, the network thread timed from inside;
-- json_text.py: large JSON files written an entry at a time.
+- json_text.py: large JSON files written an entry at a time;
+- disk.py: disk faults: the file a failed write was for, the disk's errors told apart, the
+  one line a stopped run prints; atomic replaces and appends that name their file.
 """

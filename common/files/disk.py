@@ -40,6 +40,23 @@ def writing(path: Path | str) -> Iterator[None]:
         raise
 
 
+def replace_text(path: Path, text: str) -> None:
+    """`text` as `path`, atomically: a temporary name, then a rename (readers see the old file
+    or the new one, never a part). An OSError names `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    with writing(path):
+        tmp.write_text(text)
+        tmp.replace(path)
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append `text` to `path` (nothing when empty). An OSError names `path`; a failed append
+    may leave a torn last line (readers skip it; `--resume` cuts the file back)."""
+    if text:
+        with writing(path), open(path, "a") as f:
+            f.write(text)
+
+
 def disk_fault(exc: BaseException) -> OSError | None:
     """The disk fault (an OSError of `FAULTS`) that `exc` is or was raised from, if any."""
     seen: set[int] = set()

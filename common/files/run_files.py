@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from common.files.disk import writing
+from common.files.disk import append_text, replace_text
 from common.files.json_text import dumps_sorted
 from common.files.metrics import StepRecord, read_jsonl
 
@@ -104,20 +104,12 @@ class _Record:
 
 
 def _replace_atomically(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never a part. An OSError names `path`."""
-    tmp = path.with_name(path.name + ".tmp")
-    with writing(path):
-        tmp.write_text(text)
-        tmp.replace(path)
+    """Readers see the old file or the new one, never a part."""
+    replace_text(path, text)
 
 
 def _append_lines(path: Path, records: Iterable[_Record]) -> None:
-    """Append one JSON line per record. An OSError names `path` (a failed append may leave a
-    torn last line: readers skip it, and `--resume` cuts the file back to its checkpoint)."""
-    text = "".join(json.dumps(r.to_json()) + "\n" for r in records)
-    if text:
-        with writing(path), open(path, "a") as f:
-            f.write(text)
+    append_text(path, "".join(json.dumps(r.to_json()) + "\n" for r in records))
 
 
 # -- leases.jsonl -----------------------------------------------------------------------------

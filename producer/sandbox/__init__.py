@@ -5,6 +5,13 @@ open-file and output limits, no network, a private writable /tmp, and nothing of
 run directory, keys or home to read (producer/sandbox/jail.py: how, by mechanism). The built-in
 `code_tests` reward (producer/sandbox/code_reward.py) and any multi-turn environment's Python
 tool call `run_python`; docs/sandbox.md is the user's page.
+
+- limits.py: what one execution may use (`Limits`) and how it ended (`Execution`, reasons);
+- jail.py: the mechanism this host allows and bubblewrap's command line;
+- runner.py: `run_python`: one process tree per execution, fed, read, bounded, killed whole;
+- prelude.py: the first code inside the sandbox: cgroups, rlimits, its own user id, audit hook;
+- cgroups.py: a CPU quota and a process cap of its own, where the host allows;
+- code_reward.py: the built-in `code_tests` reward.
 """
 
 from producer.sandbox.jail import mechanism

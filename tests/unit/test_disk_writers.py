@@ -15,6 +15,7 @@ import pytest
 import torch
 from small_disk import fill, free_up, small_disk
 
+from common.files import disk
 from common.files import metrics as M
 from common.files import run_files as RF
 from common.files.disk import disk_fault, from_library, stop_line, writing
@@ -126,7 +127,7 @@ def test_leases_and_ledger_writes_that_fail_name_their_file_and_keep_the_old_led
 
 
 def test_after_a_failed_append_the_books_writer_writes_nothing_more(tmp_path, monkeypatch):
-    monkeypatch.setattr(RF, "open", failing_open(errno.EIO, fail_from_call=1), raising=False)
+    monkeypatch.setattr(disk, "open", failing_open(errno.EIO, fail_from_call=1), raising=False)
     writer = BookWriter(tmp_path)
     first = writer.submit(BookChanges({}, None, None, (LINE,)))
     later = writer.submit(BookChanges({}, None, None, (LINE,)))
