@@ -61,6 +61,28 @@ CASES: list[tuple[str, dict[str, object]]] = [
     ),
     # truncated sampling: kept sets shared with every rank, some tokens' sets unknown
     ("top-k-kept-sets", {"sampling.top_k": 6, "train.updates_per_batch": 2}),
+    # the loss variants (docs/loss.md): two updates, so that their ratios move off 1
+    (
+        "gspo-rloo-overlong",
+        {
+            "loss.ratio_level": "sequence",
+            "loss.agg": "seq-mean-token-mean",
+            "loss.adv_baseline": "leave-one-out",
+            "loss.overlong_window": 4,
+            "train.updates_per_batch": 2,
+        },
+    ),
+    (
+        "gmpo-whiten-kept-sets",
+        {
+            "loss.objective": "gmpo",
+            "loss.adv_baseline": "group-whiten",
+            "loss.adv_scale": "none",
+            "sampling.top_k": 6,
+            "train.updates_per_batch": 2,
+        },
+    ),
+    ("cispo", {"loss.objective": "cispo", "loss.clip_high": 1.0, "train.updates_per_batch": 2}),
 ]
 
 

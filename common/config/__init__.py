@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from common.config.evaluation import EvalConfig
 from common.config.fields import (
+    AdvBaseline,
     AdvScale,
     AggMode,
     EngineName,
@@ -30,7 +31,9 @@ from common.config.fields import (
     KLKind,
     LearnerAttention,
     ModelDtype,
+    Objective,
     PromptFormat,
+    RatioLevel,
     ReduceDtype,
     SnapshotDtype,
     SnapshotFsync,
@@ -71,6 +74,7 @@ __all__ = [
     "CHECK_ORDER",
     "LOGGERS",
     "SECTIONS",
+    "AdvBaseline",
     "AdvScale",
     "AggMode",
     "Config",
@@ -88,8 +92,10 @@ __all__ = [
     "ModelConfig",
     "ModelDtype",
     "NetConfig",
+    "Objective",
     "ProducerConfig",
     "PromptFormat",
+    "RatioLevel",
     "ReduceDtype",
     "RewardSpec",
     "RewardsConfig",

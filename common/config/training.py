@@ -16,10 +16,13 @@ import math
 from dataclasses import dataclass, field
 
 from common.config.fields import (
+    AdvBaseline,
     AdvScale,
     AggMode,
     KLKind,
     LRSchedule,
+    Objective,
+    RatioLevel,
     ReduceDtype,
     TISLevel,
     TISMode,
@@ -165,12 +168,35 @@ class TrainConfig:
 
 @dataclass(frozen=True, slots=True)
 class LossConfig:
-    """`[loss]`: advantages, PPO clipping, the TIS correction, aggregation, KL."""
+    """`[loss]`: advantages, the objective and its clipping, the TIS correction, aggregation, KL.
 
+    The variants and how they combine: docs/loss.md. A combination that has no meaning is
+    refused by `problems()` with the reason (the loss's own `LossOptions` checks the same)."""
+
+    adv_baseline: AdvBaseline = _f(
+        "group",
+        "Advantage baseline: group (r - group mean, GRPO), leave-one-out (r - mean of the other "
+        "G - 1, RLOO), group-whiten (r - group mean, then whitened over the batch's tokens: "
+        "REINFORCE++-baseline; needs adv_scale = 'none'), batch-whiten (r whitened over the "
+        "batch's tokens: REINFORCE++; needs adv_scale = 'none').",
+    )
     adv_scale: AdvScale = _f("group", "Advantage std scaling.")
     adv_eps: float = _f(1e-6, "eps in (r - mean) / (std + eps).")
-    clip_low: float = _f(0.2, "PPO clip: ratio >= 1 - clip_low.")
-    clip_high: float = _f(0.2, "PPO clip: ratio <= 1 + clip_high.")
+    objective: Objective = _f(
+        "ppo",
+        "Policy objective: ppo (clipped surrogate), gmpo (geometric mean of the row's token "
+        "ratios, each clipped in log space to [-clip_low, clip_high]), cispo (the clipped "
+        "ratio as a detached weight on every token's log-prob: no token loses its gradient).",
+    )
+    ratio_level: RatioLevel = _f(
+        "token",
+        "The ratio the objective clips: token, or sequence = GSPO's geometric mean of the row's "
+        "token ratios (TRL importance_sampling_level = 'sequence', verl loss_mode 'gspo').",
+    )
+    clip_low: float = _f(
+        0.2, "PPO clip: ratio >= 1 - clip_low (gmpo: log-ratio >= -clip_low; cispo: 1 = no floor)."
+    )
+    clip_high: float = _f(0.2, "PPO clip: ratio <= 1 + clip_high (gmpo: log-ratio <= clip_high).")
     dual_clip: float = _f(0.0, "Dual-clip constant c > 1 for negative advantages (0 = off).")
     tis: bool = _f(True, "Truncated importance sampling correction of behaviour != learner.")
     tis_level: TISLevel = _f("token", "TIS ratio per token or per sequence.")
@@ -181,20 +207,52 @@ class LossConfig:
     norm_const: float = _f(0.0, "Constant for seq-mean-token-sum-norm (0 = max_new_tokens).")
     beta: float = _f(0.0, "KL penalty weight to the reference (initial) policy.")
     kl: KLKind = _f("k3", "KL estimator.")
+    overlong_window: int = _f(
+        0,
+        "DAPO's soft overlong punishment: a completion longer than sampling.max_new_tokens - "
+        "overlong_window tokens loses up to overlong_penalty of reward, linearly (0 = off).",
+    )
+    overlong_penalty: float = _f(1.0, "The reward lost at sampling.max_new_tokens tokens.")
 
     def problems(self) -> list[str]:
         """This section's impossible settings (messages name the key)."""
+        low_ok, low_range = {
+            "ppo": (0 <= self.clip_low < 1, "[0, 1)"),
+            "cispo": (0 <= self.clip_low <= 1, "[0, 1] (1 = no floor) for objective 'cispo'"),
+            "gmpo": (0 <= self.clip_low < math.inf, "[0, inf) (a log-ratio) for objective 'gmpo'"),
+        }[self.objective]
         return failed(
             (
-                0 <= self.clip_low < 1 and self.clip_high >= 0,
-                "loss.clip_low must be in [0, 1) and loss.clip_high >= 0",
+                low_ok and self.clip_high >= 0,
+                f"loss.clip_low must be in {low_range} and loss.clip_high >= 0",
             ),
             (self.dual_clip == 0 or self.dual_clip > 1, "loss.dual_clip must be 0 (off) or > 1"),
+            (
+                self.dual_clip == 0 or self.objective == "ppo",
+                f"loss.dual_clip bounds PPO's clipped surrogate; objective {self.objective!r} "
+                "has none (set dual_clip = 0)",
+            ),
+            (
+                not (self.objective == "gmpo" and self.ratio_level == "sequence"),
+                "loss.objective = 'gmpo' clips each token's ratio inside the geometric mean; "
+                "clipping the sequence's geometric mean is GSPO (objective = 'ppo', "
+                "ratio_level = 'sequence')",
+            ),
+            (
+                self.adv_baseline in ("group", "leave-one-out") or self.adv_scale == "none",
+                f"loss.adv_baseline = {self.adv_baseline!r} divides by the batch's std itself: "
+                "set loss.adv_scale = 'none'",
+            ),
             (
                 self.tis_cap > 0 and 0 <= self.tis_cap_min < self.tis_cap,
                 "loss.tis_cap must be > 0 and > loss.tis_cap_min >= 0",
             ),
             (self.beta >= 0, "loss.beta must be >= 0"),
+            (self.overlong_window >= 0, "loss.overlong_window must be >= 0 (0 = off)"),
+            (
+                math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0,
+                "loss.overlong_penalty must be finite and >= 0",
+            ),
         )
 
 

@@ -110,6 +110,11 @@ def _across(cfg: Config) -> list[str]:
             f"eval.every_steps = {cfg.eval.every_steps}: task.source = {cfg.task.source!r} has "
             "no held-out split; give its rows with eval.path (read like task.path)",
         ),
+        (
+            cfg.loss.overlong_window <= cfg.sampling.max_new_tokens,
+            f"loss.overlong_window = {cfg.loss.overlong_window} > sampling.max_new_tokens = "
+            f"{cfg.sampling.max_new_tokens}: the window is the last tokens before the limit",
+        ),
     )
 
 

@@ -1,35 +1,35 @@
-"""The GRPO loss family as pure tensor functions: rewards and log-probs in, a scalar loss out.
+"""The GRPO loss family as pure tensor functions: log-probs and advantages in, a scalar loss out.
 
-Owns: advantages, the truncated-importance-sampling (TIS) weight, the clipped surrogate, the KL
-penalty, aggregation and the loss metrics. Does not: run models, read config objects, move tensors
-between devices, or do I/O (consumer/train/trainer.py does). The sampling-distribution log-prob rule
-the log-prob inputs follow lives in common/sampling/logprobs.py (the engines share it). docs/loss.md
-lists the same formulas with their defaults.
+Owns: the truncated-importance-sampling (TIS) weight, the three objectives (PPO-clip at token or
+sequence level = GSPO, GMPO, CISPO), the KL penalty, aggregation and the loss metrics. Does not:
+compute advantages (consumer/train/advantages.py), run models, read config objects, move
+tensors between devices, or do I/O (consumer/train/trainer.py does). The sampling-distribution
+log-prob rule lives in common/sampling/logprobs.py. docs/loss.md lists the formulas.
 
-Shapes: N groups, G completions per group, B = N·G rows, T token positions, V vocabulary.
-Names carry their shape (`rewards_NG`, `logp_BT`, `mask_BT`, `advantages_B`). Log-prob roles:
-`logp` (learner, with gradient), `old_logp` (learner before this update), `behavior_logp` (the
-weights that sampled), `ref_logp` (reference policy of the KL penalty). `mask_BT` is 1 at the
-completion tokens that count and 0 at padding.
+Shapes: N groups, G per group, B = N·G rows, T token positions. Names carry their shape
+(`logp_BT`, `mask_BT`, `advantages_B`). Log-prob roles: `logp` (learner, with gradient),
+`old_logp` (learner before this update), `behavior_logp` (the weights that sampled),
+`ref_logp` (reference policy of the KL penalty). `mask_BT` is 1 at trained tokens.
 
-Formulas (references: GRPO, Shao et al. 2024; Dr. GRPO, Liu et al. 2025; DAPO clip-higher, Yu et
-al. 2025; dual clip, Ye et al. 2020; TIS, Yao et al. 2025; IcePop / MIS; k3, Schulman 2020):
-- Sampling distribution, learner and engines alike (common/sampling/logprobs.py):
-  logp = log_softmax(logits / temperature)[tok].
-- Advantages of one group of G rewards r:
-    "group": A = (r - mean_g) / (std_g + eps), std with Bessel's correction (ddof=1), eps outside
-             the square root (TRL and verl); "batch": mean per group, std of all N·G rewards;
-    "none":  A = r - mean_g (Dr. GRPO). A group whose rewards are all equal gets exactly 0.
+Formulas (GRPO, Shao et al. 2024; DAPO clip-higher, Yu et al. 2025; dual clip, Ye et al. 2020;
+GSPO, Zheng et al. 2025; GMPO, Zhao et al. 2025; CISPO, MiniMax-M1 2025; TIS, Yao et al. 2025;
+IcePop / MIS; k3, Schulman 2020):
 - TIS weight (detached): token level log_rho_t = old_t - behavior_t; sequence level
   log_rho_b = Σ_t mask·(old_t - behavior_t), broadcast over the row; rho = exp(clamp(log_rho, ±20)).
     "truncate": w = clamp(rho, cap_min, cap);  "mask": w = rho·1[cap_min <= rho <= cap].
   w = 0 at padding; cap_min None means no lower bound.
-- Clipped surrogate per token: r = exp(clamp(logp - old_logp, ±20));
-  L = max(-A·r, -A·clip(r, 1 - clip_low, 1 + clip_high)); dual clip c > 1 where A < 0:
+- The ratio, d_t = logp_t - old_t: token level r_t = exp(clamp(d_t, ±20)); sequence level
+  (GSPO-token) r_t = exp(clamp(logp_t - sg(logp_t) + sg(mean_t d_t), ±20)): in value the row's
+  geometric-mean ratio s_b, with the gradient of the token's own log-prob.
+- "ppo": L_t = max(-A·r, -A·clip(r, 1 - clip_low, 1 + clip_high)); dual clip c > 1 where A < 0:
   L = min(L, -c·A); then L = w·L. A is one value per row, broadcast over its tokens.
+- "cispo": L_t = -w·sg(clip(r, 1 - clip_low, 1 + clip_high))·A·logp_t (clip_low = 1: no floor).
+- "gmpo" (token ratios only): per row, with σ = sign(A) and d̂_t = σ·min(σ·d_t, σ·clip(d_t,
+  -clip_low, clip_high)): L_b = -w̄_b·A·exp(clamp(mean_t d̂_t, ±20)), w̄_b = exp(mean_t log w_t)
+  the geometric mean of the row's TIS weights; L_b is placed at each of the row's tokens.
 - KL to the reference (never IS-weighted): k1 = logp - ref; k2 = ½(logp - ref)²;
   k3 = clamp(exp(x) - x - 1, ±10) with x = clamp(ref - logp, ±20) (verl's low_var_kl).
-- loss = aggregate(w·L) + beta·aggregate(kl), the same mode and normalisers for both terms.
+- loss = aggregate(L) + beta·aggregate(kl), the same mode and normalisers for both terms.
 - Aggregation: see `aggregate` (token-mean, token-sum, seq-mean-token-mean, seq-mean-token-sum,
   seq-mean-token-sum-norm).
 
@@ -47,14 +47,15 @@ from typing import get_args
 
 import torch
 
-from common.config import AdvScale, AggMode, KLKind, TISLevel, TISMode
+from common.config import AggMode, KLKind, Objective, RatioLevel, TISLevel, TISMode
 
 # The modes are declared once, in common/config/ (the config keys that select them).
-ADV_SCALES: tuple[str, ...] = get_args(AdvScale)
 TIS_LEVELS: tuple[str, ...] = get_args(TISLevel)
 TIS_MODES: tuple[str, ...] = get_args(TISMode)
 KL_KINDS: tuple[str, ...] = get_args(KLKind)
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
+RATIO_LEVELS: tuple[str, ...] = get_args(RatioLevel)
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
 
 LOG_RATIO_CLAMP = 20.0  # |log-ratio| bound before exp (token ratios, TIS, k3)
 RATIO_BAND = (0.9, 1.1)  # `ratio_out_of_band`: the old/behaviour ratios outside it (a metric)
@@ -120,32 +121,6 @@ def needs_old_logp_pass(updates_per_batch: int) -> bool:
     if updates_per_batch < 1:
         raise ValueError(f"updates_per_batch must be >= 1, got {updates_per_batch}")
     return updates_per_batch > 1
-
-
-def group_advantages(
-    rewards_NG: torch.Tensor, *, scale: AdvScale = "group", eps: float = 1e-6
-) -> torch.Tensor:
-    """Group-relative advantages `[N, G]` from rewards `[N, G]` (formulas: module docstring).
-
-    Computed in float32 at least (float64 is kept). Constant groups get exactly 0, also with
-    eps = 0; a batch whose rewards are all equal therefore gets all zeros under "batch" too.
-    """
-    _check_choice("scale", scale, ADV_SCALES)
-    if rewards_NG.ndim != 2:
-        raise ValueError(f"rewards must be [n_groups, G], got shape {tuple(rewards_NG.shape)}")
-    if rewards_NG.shape[1] < 2:
-        raise ValueError(
-            f"G = {rewards_NG.shape[1]}: GRPO needs at least 2 completions per group "
-            "(an advantage is relative to the other samples of the same prompt)"
-        )
-    r_NG = rewards_NG.to(torch.promote_types(rewards_NG.dtype, torch.float32))
-    constant_N1 = (r_NG == r_NG[:, :1]).all(dim=1, keepdim=True)
-    adv_NG = r_NG - r_NG.mean(dim=1, keepdim=True)
-    if scale == "group":
-        adv_NG = adv_NG / (r_NG.std(dim=1, keepdim=True, correction=1) + eps)
-    elif scale == "batch" and r_NG.numel() > 0:
-        adv_NG = adv_NG / (r_NG.std(correction=1) + eps)
-    return torch.where(constant_N1, torch.zeros_like(adv_NG), adv_NG)
 
 
 def _tis_rho(diff_BT: torch.Tensor, level: str) -> torch.Tensor:
@@ -251,12 +226,68 @@ def _clipped_surrogate(
     return loss_BT
 
 
+def _sequence_log_ratio(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO-token's log s_{b,t} = log p_t - sg(log p_t) + sg(mean_t(log p - log old)): the value
+    of the row's geometric-mean ratio at every token, the gradient of that token's log-prob."""
+    with torch.no_grad():
+        mean_B1 = (logp - old).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
+    return logp - logp.detach() + mean_B1
+
+
+def _gmpo(
+    logp: torch.Tensor,
+    old: torch.Tensor,
+    adv_B: torch.Tensor,
+    adv_BT: torch.Tensor,
+    w_BT: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> torch.Tensor:
+    """GMPO's row loss -A·exp(mean_t sgn(A)·min(sgn(A)·d_t, sgn(A)·clip(d_t, -lo, hi))), d =
+    log p - log old, times the geometric mean of the row's TIS weights; broadcast over the row."""
+    d_BT = logp - old
+    sgn_BT = torch.sign(adv_BT)
+    d_BT = sgn_BT * torch.minimum(sgn_BT * d_BT, sgn_BT * d_BT.clamp(-clip_low, clip_high))
+    n_B = mask.sum(1).clamp(min=1)
+    ratio_B = torch.exp((d_BT.sum(1) / n_B).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    with torch.no_grad():  # exp(mean log w); a weight of 0 (masked out) zeroes its row
+        w_B = torch.exp(torch.where(mask, torch.log(w_BT), 0.0).sum(1) / n_B)
+    row_B = -w_B * adv_B * ratio_B
+    return row_B[:, None].expand_as(logp)
+
+
+@torch.no_grad()
+def _clipped_masks(
+    ratio_BT: torch.Tensor, adv_BT: torch.Tensor, o: LossOptions
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(low, high, dual): the tokens each objective clips (`clip_frac_*`)."""
+    lo, hi = o.clip_low, o.clip_high
+    if o.objective == "gmpo":  # log-space bounds on the token ratio
+        lo_r, hi_r = math.exp(-lo), math.exp(hi)
+        none = torch.zeros_like(adv_BT, dtype=torch.bool)
+        return (adv_BT < 0) & (ratio_BT < lo_r), (adv_BT > 0) & (ratio_BT > hi_r), none
+    if o.objective == "cispo":  # the weight is clipped, whatever the advantage's sign
+        none = torch.zeros_like(adv_BT, dtype=torch.bool)
+        return ratio_BT < 1 - lo, ratio_BT > 1 + hi, none
+    dual_c = math.inf if o.dual_clip is None else o.dual_clip
+    return (
+        (adv_BT < 0) & (ratio_BT < 1 - lo),
+        (adv_BT > 0) & (ratio_BT > 1 + hi),
+        (adv_BT < 0) & (ratio_BT > dual_c),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class LossOptions:
     """Every option of `policy_loss`, checked once at construction. "Off" is None, never 0.
 
-    clip_low, clip_high: PPO clip, 0 <= clip_low < 1, clip_high >= 0.
-    dual_clip: c > 1 for negative advantages, or None.
+    objective: "ppo" (clipped surrogate), "gmpo" (geometric mean), "cispo" (clipped weight).
+    ratio_level: the ratio clipped, "token" or "sequence" (GSPO's geometric mean; not gmpo).
+    clip_low, clip_high: the clip range: ppo and cispo [1 - clip_low, 1 + clip_high] on the
+    ratio (0 <= clip_low < 1; cispo also 1 = no floor), gmpo [-clip_low, clip_high] on the
+    log-ratio; clip_high >= 0.
+    dual_clip: c > 1 for negative advantages (ppo only), or None.
     tis: the TIS weight (`TISConfig`), or None for w = 1.
     agg: aggregation mode; norm_const: its constant (> 0) for "seq-mean-token-sum-norm".
     beta: KL penalty weight (>= 0; > 0 needs `ref_logp`); kl: the KL estimator.
@@ -270,15 +301,24 @@ class LossOptions:
     norm_const: float | None = None
     beta: float = 0.0
     kl: KLKind = "k3"
+    objective: Objective = "ppo"
+    ratio_level: RatioLevel = "token"
 
     def __post_init__(self) -> None:
         _check_choice("agg", self.agg, AGG_MODES)
         _check_choice("kl", self.kl, KL_KINDS)
+        _check_choice("objective", self.objective, OBJECTIVES)
+        _check_choice("ratio_level", self.ratio_level, RATIO_LEVELS)
         lo, hi = self.clip_low, self.clip_high
-        if not (0 <= lo < 1 and hi >= 0):
+        lo_ok = {"ppo": 0 <= lo < 1, "cispo": 0 <= lo <= 1, "gmpo": 0 <= lo < math.inf}
+        if not (lo_ok[self.objective] and hi >= 0):
             raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {lo}, {hi}")
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+        if self.dual_clip is not None and self.objective != "ppo":
+            raise ValueError(f"dual_clip bounds PPO's surrogate; {self.objective!r} has none")
+        if self.objective == "gmpo" and self.ratio_level == "sequence":
+            raise ValueError("gmpo clips token ratios; a clipped sequence ratio is GSPO (ppo)")
         if not self.beta >= 0:
             raise ValueError(f"beta must be >= 0, got {self.beta}")
         if self.tis is not None and not isinstance(self.tis, TISConfig):
@@ -336,9 +376,19 @@ def policy_loss(
         rho_BT = _tis_rho(gap_BT, cfg.level) if cfg is not None else torch.ones_like(gap_BT)
         w_BT = _tis_weight(rho_BT, mask, cfg) if cfg is not None else mask.to(gap_BT.dtype)
 
-    ratio_BT = torch.exp((logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    surr_BT = _clipped_surrogate(ratio_BT, adv_BT, o.clip_low, o.clip_high, o.dual_clip)
-    per_token_BT = w_BT * surr_BT
+    log_ratio_BT = logp - old
+    if o.ratio_level == "sequence":
+        log_ratio_BT = _sequence_log_ratio(logp, old, mask)
+    ratio_BT = torch.exp(log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    if o.objective == "gmpo":
+        adv_B = torch.where(mask.any(1), advantages_B.detach().to(logp.dtype), 0.0)
+        per_token_BT = _gmpo(logp, old, adv_B, adv_BT, w_BT, mask, o.clip_low, o.clip_high)
+    elif o.objective == "cispo":
+        weight_BT = ratio_BT.detach().clamp(1 - o.clip_low, 1 + o.clip_high)
+        per_token_BT = w_BT * (-weight_BT * adv_BT * logp)
+    else:
+        surr_BT = _clipped_surrogate(ratio_BT, adv_BT, o.clip_low, o.clip_high, o.dual_clip)
+        per_token_BT = w_BT * surr_BT
     norms = {"norm_const": o.norm_const, "global_tokens": global_tokens, "global_seqs": global_seqs}
     loss = aggregate(per_token_BT, mask, o.agg, **norms)
     kl_BT = None
@@ -349,25 +399,23 @@ def policy_loss(
             loss = loss + o.beta * aggregate(kl_BT, mask, o.agg, **norms)
         else:  # measured only
             kl_BT = kl_penalty(logp.detach(), ref, o.kl)
-    limits = (o.clip_low, o.clip_high, o.dual_clip)
-    return loss, _metrics(ratio_BT, adv_BT, w_BT, rho_BT, gap_BT, mask, kl_BT, limits)
+    clipped = _clipped_masks(ratio_BT, adv_BT, o)
+    return loss, _metrics(ratio_BT, clipped, w_BT, rho_BT, gap_BT, mask, kl_BT)
 
 
 @torch.no_grad()
 def _metrics(
     ratio_BT: torch.Tensor,
-    adv_BT: torch.Tensor,
+    clipped: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     w_BT: torch.Tensor,
     rho_BT: torch.Tensor,
     gap_BT: torch.Tensor,
     mask: torch.Tensor,
     kl_BT: torch.Tensor | None,
-    limits: tuple[float, float, float | None],
 ) -> dict[str, float]:
     """`METRIC_KEYS` over valid tokens, read back with one device sync; zeros when none."""
     if mask.numel() == 0:
         return dict.fromkeys(METRIC_KEYS, 0.0)
-    clip_low, clip_high, dual_clip = limits
     dtype = ratio_BT.dtype
     n = mask.sum().to(dtype)
     any_valid = n > 0
@@ -383,11 +431,10 @@ def _metrics(
     gap_abs_BT = gap_BT.abs()
     x_BT = gap_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     token_rho = torch.exp(x_BT)  # per token, whatever the TIS level
-    dual_c = math.inf if dual_clip is None else dual_clip
     values = {
-        "clip_frac_low": mean((adv_BT < 0) & (ratio_BT < 1 - clip_low)),
-        "clip_frac_high": mean((adv_BT > 0) & (ratio_BT > 1 + clip_high)),
-        "clip_frac_dual": mean((adv_BT < 0) & (ratio_BT > dual_c)),
+        "clip_frac_low": mean(clipped[0]),
+        "clip_frac_high": mean(clipped[1]),
+        "clip_frac_dual": mean(clipped[2]),
         "ratio_min": extreme(ratio_BT, largest=False),
         "ratio_max": extreme(ratio_BT, largest=True),
         "tis_weight_mean": mean(w_BT),

@@ -51,6 +51,7 @@ from common.config import Config
 from common.host.device import resolve_device
 from common.wire import Group
 from consumer.snapshots.weights_buffer import Fence
+from consumer.train import advantages as ADV
 from consumer.train import attention as A
 from consumer.train import checkpoint, sharded_checkpoint
 from consumer.train import loss as L
@@ -82,7 +83,43 @@ def loss_options(cfg: Config) -> L.LossOptions:
         norm_const=c.norm_const or float(cfg.sampling.max_new_tokens),
         beta=c.beta,
         kl=c.kl,
+        objective=c.objective,
+        ratio_level=c.ratio_level,
     )
+
+
+def advantage_options(cfg: Config) -> ADV.AdvantageOptions:
+    """The advantage options of a run, built once."""
+    c = cfg.loss
+    return ADV.AdvantageOptions(
+        baseline=c.adv_baseline,
+        scale=c.adv_scale,
+        eps=c.adv_eps,
+        overlong_window=c.overlong_window,
+        overlong_penalty=c.overlong_penalty,
+        max_len=cfg.sampling.max_new_tokens,
+    )
+
+
+def batch_advantages(groups: list[Group], options: ADV.AdvantageOptions) -> np.ndarray:
+    """float64 [N, G] advantages of the groups' completions (`advantages.advantages_of`): the
+    completions' lengths for the overlong punishment, their trained tokens (less those with an
+    unknown kept set) for the whitened baselines."""
+    rewards_NG = torch.from_numpy(np.stack([np.asarray(g.rewards, np.float64) for g in groups]))
+    lengths_NG = tokens_NG = None
+    if options.overlong_window or options.needs_tokens:
+        lengths = np.stack([g.completion_lens for g in groups]).astype(np.int64)
+        lengths_NG = torch.from_numpy(lengths)
+        if options.needs_tokens:
+            unknown = np.stack([_unknown_per_completion(g) for g in groups])
+            tokens_NG = torch.from_numpy(lengths - unknown)
+    adv_NG = ADV.advantages_of(rewards_NG, options, lengths_NG=lengths_NG, tokens_NG=tokens_NG)
+    return adv_NG.numpy()
+
+
+def _unknown_per_completion(g: Group) -> np.ndarray:
+    ends = np.cumsum(g.completion_lens)
+    return np.bincount(np.searchsorted(ends, g.kept_unknown, side="right"), minlength=len(ends))
 
 
 class DeviceTrainer:
@@ -93,6 +130,7 @@ class DeviceTrainer:
 
         self.cfg = cfg
         self.loss_options = loss_options(cfg)
+        self.advantage_options = advantage_options(cfg)
         self.device = resolve_device(cfg.model.device)
         if cfg.model.torch_threads:
             torch.set_num_threads(cfg.model.torch_threads)
@@ -158,10 +196,8 @@ class DeviceTrainer:
     def step(self, groups: list[Group]) -> dict[str, Any]:
         """One optimizer step (or `updates_per_batch` steps) on these groups; returns metrics."""
         t0 = time.perf_counter()
-        c = self.cfg
-        rewards_NG = torch.from_numpy(np.stack([np.asarray(g.rewards, np.float64) for g in groups]))
-        adv_NG = L.group_advantages(rewards_NG, scale=c.loss.adv_scale, eps=c.loss.adv_eps)
-        return self._train_rows(rows_of(groups, adv_NG.numpy()), t0)
+        adv_NG = batch_advantages(groups, self.advantage_options)
+        return self._train_rows(rows_of(groups, adv_NG), t0)
 
     def _train_rows(self, rows: list[Row], t0: float) -> dict[str, Any]:
         """The step on rows whose advantages are set (a sharded learner's ranks enter here)."""

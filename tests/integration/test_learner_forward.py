@@ -16,6 +16,7 @@ import torch
 from common import config as C
 from common import wire
 from common.sampling.logprobs import entropy_from_logits, sampled_logprobs
+from consumer.train import advantages as ADV
 from consumer.train import attention as A
 from consumer.train import loss as L
 from consumer.train.batching import Row, collate, rows_of
@@ -171,7 +172,7 @@ def _full_logits_gradients(model_dir: Path, cfg: C.Config, groups: list[wire.Gro
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rewards = torch.from_numpy(np.stack([g.rewards for g in groups]).astype(np.float64))
-    adv = L.group_advantages(rewards, scale=cfg.loss.adv_scale, eps=cfg.loss.adv_eps)
+    adv = ADV.group_advantages(rewards, scale=cfg.loss.adv_scale, eps=cfg.loss.adv_eps)
     rows = rows_of(groups, adv.numpy())
     mb = collate(rows, list(range(len(rows))), pad_id=0, device=CPU)
     lengths = torch.tensor([len(r.ids) for r in rows])

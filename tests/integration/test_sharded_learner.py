@@ -56,6 +56,14 @@ def test_two_ranks_equal_one_process(tiny_model_dir: Path, tmp_path: Path) -> No
     )
 
 
+def test_two_ranks_equal_one_process_with_a_loss_variant(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """GMPO with REINFORCE++-baseline's whitening over kept-set tokens, two updates per batch (so
+    that its ratios leave 1); every variant's case runs in the slow five-step test."""
+    _compare(tiny_model_dir, tmp_path, ["gmpo-whiten-kept-sets"], steps=2)
+
+
 @pytest.mark.slow
 def test_two_ranks_equal_one_process_every_mode_five_steps(
     tiny_model_dir: Path, tmp_path: Path

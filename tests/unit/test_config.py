@@ -249,6 +249,13 @@ PROBLEMS = [
     (["loss.dual_clip=0.5"], "dual_clip must be 0 (off) or > 1", "loss.dual_clip"),
     (["loss.tis_cap_min=2.0"], "tis_cap must be > 0 and > loss.tis_cap_min", "loss.tis_cap"),
     (["loss.beta=-0.1"], "beta must be >= 0", "loss.beta"),
+    (["loss.objective=cispo", "loss.dual_clip=3"], "has none (set dual_clip = 0)",
+     "loss.dual_clip"),
+    (["loss.objective=gmpo", "loss.ratio_level=sequence"], "clipping the sequence's geometric",
+     "loss.objective"),
+    (["loss.adv_baseline=group-whiten"], "divides by the batch's std itself", "loss.adv_scale"),
+    (["loss.overlong_window=-1"], "overlong_window must be >= 0", "loss.overlong_window"),
+    (["loss.overlong_penalty=-1"], "overlong_penalty must be finite", "loss.overlong_penalty"),
     (["task.source=jsonl"], "required when task.source = 'jsonl'", "task.path"),
     (['task.prompt_field=""'], "prompt_field must name a column", "task.prompt_field"),
     (["task.answer_field=prompt"], "must name different columns", "task.answer_field"),
@@ -314,6 +321,15 @@ def test_every_check_in_problems_has_a_case():
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
         num_checks += sum(len(n.args) for n in calls if getattr(n.func, "id", "") == "failed")
     assert len({fragment for _, fragment, _ in PROBLEMS}) == num_checks
+
+
+def test_an_overlong_window_past_the_completion_limit_is_refused():
+    found = [m for m in C.problems(with_sets("loss.overlong_window=17")) if "overlong" in m]
+    assert found == [
+        "loss.overlong_window = 17 > sampling.max_new_tokens = 16: the window is the last "
+        "tokens before the limit"
+    ]
+    assert not C.problems(with_sets("loss.overlong_window=16"))
 
 
 def test_problems_are_gathered_from_every_section_once():

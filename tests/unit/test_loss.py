@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common import config as C
+from consumer.train import advantages as ADV
 from consumer.train import loss as L
 from consumer.train.trainer import loss_options
 
@@ -148,7 +149,7 @@ def run_loss(batch, **kw):
 
 
 def test_classic_four_rewards_give_plus_minus_0866_with_bessels_std():
-    adv = L.group_advantages(torch.tensor([[1.0, 0.0, 1.0, 0.0]], dtype=torch.float64))
+    adv = ADV.group_advantages(torch.tensor([[1.0, 0.0, 1.0, 0.0]], dtype=torch.float64))
     expected = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # 0.866
     assert adv[0].tolist() == pytest.approx([expected, -expected, expected, -expected], rel=1e-12)
     assert adv[0, 0].item() == pytest.approx(0.866, abs=5e-4)
@@ -156,7 +157,7 @@ def test_classic_four_rewards_give_plus_minus_0866_with_bessels_std():
 
 def test_six_of_ten_rewards_show_the_sample_std_convention():
     rewards = torch.tensor([[1.0] * 6 + [0.0] * 4], dtype=torch.float64)
-    adv = L.group_advantages(rewards, eps=0.0)
+    adv = ADV.group_advantages(rewards, eps=0.0)
     std_ddof1 = math.sqrt((6 * 0.4**2 + 4 * 0.6**2) / 9)  # 0.5164, not sqrt(0.24) = 0.4899
     assert adv[0, 0].item() == pytest.approx(0.4 / std_ddof1, rel=1e-12)  # 0.7746
     assert adv[0, -1].item() == pytest.approx(-0.6 / std_ddof1, rel=1e-12)  # -1.1619
@@ -165,18 +166,18 @@ def test_six_of_ten_rewards_show_the_sample_std_convention():
 
 
 def test_eps_is_added_outside_the_square_root():
-    adv = L.group_advantages(torch.tensor([[1.0, 0.0]], dtype=torch.float64), eps=0.5)
+    adv = ADV.group_advantages(torch.tensor([[1.0, 0.0]], dtype=torch.float64), eps=0.5)
     assert adv[0, 0].item() == pytest.approx(0.5 / (math.sqrt(0.5) + 0.5), rel=1e-12)
 
 
 def test_batch_scale_uses_group_means_and_the_std_of_all_rewards():
     rewards = torch.tensor([[1.0, 0.0], [3.0, 3.0]], dtype=torch.float64)
-    adv = L.group_advantages(rewards, scale="batch", eps=0.0)
+    adv = ADV.group_advantages(rewards, scale="batch", eps=0.0)
     assert adv.flatten().tolist() == pytest.approx([1 / 3, -1 / 3, 0.0, 0.0], rel=1e-12)  # std 1.5
 
 
 def test_scale_none_only_centres_each_group():
-    adv = L.group_advantages(
+    adv = ADV.group_advantages(
         torch.tensor([[1.0, 0.0, 1.0, 0.0], [2.0, 4.0, 6.0, 8.0]]), scale="none"
     )
     assert adv.tolist() == [[0.5, -0.5, 0.5, -0.5], [-3.0, -1.0, 1.0, 3.0]]
@@ -186,30 +187,30 @@ def test_scale_none_only_centres_each_group():
 @pytest.mark.parametrize("eps", [1e-6, 0.0])
 def test_zero_variance_group_gets_exactly_zero_advantage(scale, eps):
     rewards = torch.tensor([[0.1, 0.1, 0.1], [0.7, 0.7, 0.7], [1.0, 0.0, 0.5]], dtype=torch.float64)
-    adv = L.group_advantages(rewards, scale=scale, eps=eps)
+    adv = ADV.group_advantages(rewards, scale=scale, eps=eps)
     assert (adv[:2] == 0).all()
     assert (adv[2] != 0).any()
-    assert L.group_advantages(rewards[:2], scale=scale, eps=eps).eq(0).all()  # all-constant batch
+    assert ADV.group_advantages(rewards[:2], scale=scale, eps=eps).eq(0).all()  # all-constant batch
 
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_advantages_match_the_reference_loops_in_float64(scale):
     rewards = np.random.default_rng(0).normal(size=(4, 6)).round(1)
-    adv = L.group_advantages(torch.from_numpy(rewards), scale=scale)
+    adv = ADV.group_advantages(torch.from_numpy(rewards), scale=scale)
     assert adv.dtype == torch.float64
     expected = ref_group_advantages(rewards.tolist(), scale, 1e-6)
     np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-6, atol=1e-12)
 
 
 def test_advantages_are_at_least_float32():
-    assert L.group_advantages(torch.tensor([[1, 0]])).dtype == torch.float32
-    assert L.group_advantages(torch.tensor([[1, 0]], dtype=torch.bfloat16)).dtype == torch.float32
+    assert ADV.group_advantages(torch.tensor([[1, 0]])).dtype == torch.float32
+    assert ADV.group_advantages(torch.tensor([[1, 0]], dtype=torch.bfloat16)).dtype == torch.float32
 
 
 @pytest.mark.parametrize("G", [0, 1])
 def test_groups_of_fewer_than_two_completions_are_refused(G):
     with pytest.raises(ValueError, match="at least 2") as info:
-        L.group_advantages(torch.zeros(3, G))
+        ADV.group_advantages(torch.zeros(3, G))
     assert str(info.value) == (
         f"G = {G}: GRPO needs at least 2 completions per group "
         "(an advantage is relative to the other samples of the same prompt)"
@@ -219,13 +220,13 @@ def test_groups_of_fewer_than_two_completions_are_refused(G):
 def test_an_empty_batch_gets_empty_advantages_without_a_warning_under_batch_scale():
     # pytest turns warnings into errors: std() of no rewards would warn (and be NaN)
     for scale in ("batch", "none"):
-        adv = L.group_advantages(torch.zeros(0, 4), scale=scale)  # type: ignore[arg-type]
+        adv = ADV.group_advantages(torch.zeros(0, 4), scale=scale)  # type: ignore[arg-type]
         assert adv.shape == (0, 4)
 
 
 def test_rewards_must_be_two_dimensional():
     with pytest.raises(ValueError, match=r"\[n_groups, G\]"):
-        L.group_advantages(torch.zeros(4))
+        ADV.group_advantages(torch.zeros(4))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -638,7 +639,7 @@ def test_updates_per_batch_must_be_positive():
 
 ONE = torch.zeros(1, 2)
 CALLS = {
-    "scale": lambda: L.group_advantages(torch.zeros(1, 2), scale="std"),
+    "scale": lambda: ADV.group_advantages(torch.zeros(1, 2), scale="std"),
     "tis level": lambda: L.importance_weights(ONE, ONE, ONE > -1, level="row"),
     "tis mode": lambda: L.importance_weights(ONE, ONE, ONE > -1, mode="clip"),
     "kl": lambda: L.kl_penalty(ONE, ONE, "k4"),
@@ -660,7 +661,7 @@ def test_bad_mode_strings_are_refused_with_the_allowed_values(name):
 
 def test_a_refused_mode_lists_every_allowed_value_and_what_it_got():
     with pytest.raises(ValueError, match="scale") as info:
-        L.group_advantages(torch.zeros(1, 2), scale="std")  # type: ignore[arg-type]
+        ADV.group_advantages(torch.zeros(1, 2), scale="std")  # type: ignore[arg-type]
     assert str(info.value) == "scale must be one of 'group', 'batch', 'none'; got 'std'"
 
 

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from consumer.train import advantages as ADV
 from consumer.train import loss as L
 
 SETTINGS = settings(max_examples=30, deadline=None)
@@ -160,13 +161,13 @@ def reward_groups(draw: st.DrawFn) -> list[list[float]]:
 
 @given(
     groups=reward_groups(),
-    scale=st.sampled_from(L.ADV_SCALES),
+    scale=st.sampled_from(ADV.ADV_SCALES),
     eps=st.sampled_from([1e-6, 0.0]),
 )
 @SETTINGS
 def test_constant_groups_get_exactly_zero_and_advantages_keep_the_reward_order(groups, scale, eps):
     rewards = torch.tensor(groups, dtype=torch.float64)
-    adv = L.group_advantages(rewards, scale=scale, eps=eps)
+    adv = ADV.group_advantages(rewards, scale=scale, eps=eps)
     for r, a in zip(rewards, adv, strict=True):
         if (r == r[0]).all():
             assert (a == 0).all()
