@@ -58,6 +58,14 @@ _IsModes = Annotated[
         "sequence-truncate, sequence-mask (default: the config's loss.tis*).",
     ),
 ]
+_Variants = Annotated[
+    str,
+    typer.Option(
+        "--variant",
+        help="Comma-separated loss variants to sweep (docs/loss.md): config (the config's own "
+        "loss), grpo, gspo, gmpo, cispo, rloo, reinforce++, dapo.",
+    ),
+]
 _Engine = Annotated[
     str,
     typer.Option(
@@ -130,6 +138,7 @@ def stress(
     max_staleness: _MaxStaleness = "0,1,2,4",
     producers: _Producers = "",
     is_modes: _IsModes = "",
+    variants: _Variants = "config",
     engine: _Engine = "fake",
     steps: _Steps = 30,
     seeds: _Seeds = "0",
@@ -196,6 +205,7 @@ def stress(
             [external_producers] if external_producers else list(where),
             modes or [P.is_label(base)],
             _ints(seeds, "--seeds"),
+            _variants(variants),
         )
         P.check_settings(base, sweep, todo)
     except ConfigError as exc:
@@ -207,6 +217,17 @@ def stress(
     except ConfigError as exc:  # a directory holding another sweep
         fail(str(exc))
     _finish(out, rows, interrupted)
+
+
+def _variants(variants: str) -> tuple[str, ...]:
+    """The --variant names given, checked."""
+    from launch.stress.plan import VARIANTS
+
+    names = tuple(dict.fromkeys(v.strip() for v in variants.split(",") if v.strip()))
+    bad = [v for v in names if v not in VARIANTS]
+    if bad:
+        fail(f"--variant: unknown {bad}; choose from {', '.join(VARIANTS)}")
+    return names or ("config",)
 
 
 def _modes_and_engine(is_modes: str, engine: str) -> tuple[list[str], str]:

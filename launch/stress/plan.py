@@ -27,6 +27,43 @@ IS_MODES = (
 )
 
 
+# The GRPO family's variants a sweep can compare (`--variant`; docs/loss.md): each a set of
+# `[loss]` overrides of the config's own loss ("config": none). "grpo" spells out the defaults.
+VARIANTS: dict[str, dict[str, object]] = {
+    "config": {},
+    "grpo": {
+        "loss.objective": "ppo",
+        "loss.ratio_level": "token",
+        "loss.adv_baseline": "group",
+        "loss.adv_scale": "group",
+        "loss.overlong_window": 0,
+    },
+    "gspo": {
+        "loss.ratio_level": "sequence",
+        "loss.agg": "seq-mean-token-mean",
+        "loss.clip_low": 3e-4,
+        "loss.clip_high": 4e-4,
+    },
+    "gmpo": {"loss.objective": "gmpo", "loss.clip_low": 0.4, "loss.clip_high": 0.4},
+    "cispo": {"loss.objective": "cispo", "loss.clip_low": 1.0, "loss.clip_high": 4.0},
+    "rloo": {"loss.adv_baseline": "leave-one-out", "loss.adv_scale": "none"},
+    "reinforce++": {"loss.adv_baseline": "group-whiten", "loss.adv_scale": "none"},
+    # clip-higher, token-mean and the soft overlong punishment over the last fifth (at least
+    # one token) of sampling.max_new_tokens (the paper: 4,096 of 20,480)
+    "dapo": {"loss.clip_high": 0.28, "loss.agg": "token-mean", "loss.overlong_window": -5},
+}
+
+
+def variant_overrides(variant: str, base: C.Config) -> dict[str, object]:
+    """The `[loss]` overrides of a `VARIANTS` entry for `base` (an overlong window of -k: the
+    last 1/k of `sampling.max_new_tokens`, at least one token)."""
+    values = dict(VARIANTS[variant])
+    window = values.get("loss.overlong_window")
+    if isinstance(window, int) and window < 0:
+        values["loss.overlong_window"] = max(1, base.sampling.max_new_tokens // -window)
+    return values
+
+
 # The fake engine's sweep, where the config does not say otherwise (keys the user gave, in their
 # config or with --set, are kept): a simulated learner step and one group's generation of 0.5 s
 # each, 8 leases per producer (the staleness bound still caps them). The rest of its scenario
@@ -61,10 +98,12 @@ class Setting:
     producers: int
     is_mode: str  # an IS_MODES entry
     seed: int
+    variant: str = "config"  # a VARIANTS entry
 
     @property
     def name(self) -> str:
-        return f"ms{self.ms}-p{self.producers}-{self.is_mode}-s{self.seed}"
+        loss = "" if self.variant == "config" else f"-{self.variant}"
+        return f"ms{self.ms}-p{self.producers}-{self.is_mode}-s{self.seed}{loss}"
 
     def describe(self) -> str:
         """What the setting varies, for progress lines: `max_staleness 2, seed 0, 2 producers,
@@ -72,11 +111,12 @@ class Setting:
         return (
             f"max_staleness {self.ms}, seed {self.seed}, {self.producers} producer"
             f"{'s' if self.producers != 1 else ''}, IS {self.is_mode}"
+            + ("" if self.variant == "config" else f", loss {self.variant}")
         )
 
     def sync(self) -> Setting:
         """The synchronous setting this one is compared with at equal wall-clock."""
-        return Setting(0, self.producers, self.is_mode, self.seed)
+        return Setting(0, self.producers, self.is_mode, self.seed, self.variant)
 
 
 @dataclass(frozen=True)
@@ -95,14 +135,16 @@ class Sweep:
 
 
 def settings(
-    staleness: list[int], producers: list[int], is_modes: list[str], seeds: list[int]
+    staleness: list[int],
+    producers: list[int],
+    is_modes: list[str],
+    seeds: list[int],
+    variants: tuple[str, ...] = ("config",),
 ) -> list[Setting]:
     """Every combination, each synchronous baseline before the settings compared with it."""
     ordered = sorted(dict.fromkeys(staleness), key=lambda ms: ms != 0)
-    return [
-        Setting(ms, n, mode, seed)
-        for seed, n, mode, ms in itertools.product(seeds, producers, is_modes, ordered)
-    ]
+    combos = itertools.product(seeds, variants, producers, is_modes, ordered)
+    return [Setting(ms, n, mode, seed, variant) for seed, variant, n, mode, ms in combos]
 
 
 def is_label(cfg: C.Config) -> str:
@@ -130,11 +172,12 @@ def build_config(
     wait_for: int = 0,
     bind: str = "",
     threads: dict[str, int] | None = None,
+    variant: str = "config",
 ) -> C.Config:
     """One setting's config. `open_ended`: no step limit (the sweep stops the run once it has
     taken `steps` steps and run as long as the synchronous setting); `wait_for`: producers the
     consumer waits for before its first lease; `bind`: a fixed host:port (external producers);
-    `threads`: torch thread counts (`threads_for`)."""
+    `threads`: torch thread counts (`threads_for`); `variant`: a `VARIANTS` entry."""
     values: dict[str, object] = {
         "staleness.max_staleness": ms,
         "run.steps": 0 if open_ended else steps,
@@ -146,6 +189,7 @@ def build_config(
         "producer.engine": engine,
         **is_overrides(is_mode),
         **(threads or {}),
+        **variant_overrides(variant, base),
     }
     if base.staleness.publish_every > ms + 1:
         values["staleness.publish_every"] = ms + 1  # the tightest bound the config allows
@@ -214,6 +258,7 @@ def check_settings(base: C.Config, sweep: Sweep, todo: list[Setting]) -> None:
                     run_dir=Path("."),
                     bind=sweep.bind,
                     threads=threads_for(base, sweep, s),
+                    variant=s.variant,
                 )
             )
         except ConfigError as exc:

@@ -17,17 +17,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from launch.report import save_figure
-from launch.stress.results import aggregate
+from launch.stress.results import aggregate, variant_of
 from launch.stress.verdict import caveat
 
 
 def _lines(ax: Any, aggs: list[dict[str, Any]], key: str, label: str) -> None:
-    """One line per (producers, is_mode) series, max_staleness on x, seed range as error bars."""
-    series: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    """One line per (variant, producers, is_mode) series, max_staleness on x, seed range as
+    error bars."""
+    series: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for a in aggs:
         if a.get(key) is not None:
-            series.setdefault((a["producers"], a["is_mode"]), []).append(a)
-    for (n, mode), pts in sorted(series.items()):
+            series.setdefault((a["variant"], a["producers"], a["is_mode"]), []).append(a)
+    for (variant, n, mode), pts in sorted(series.items()):
         pts.sort(key=lambda a: a["max_staleness"])
         ys = [a[key] for a in pts]
         low = [y - a[f"{key}_min"] for y, a in zip(ys, pts, strict=True)]
@@ -38,7 +39,8 @@ def _lines(ax: Any, aggs: list[dict[str, Any]], key: str, label: str) -> None:
             yerr=[low, high],
             fmt="o-",
             capsize=3,
-            label=f"{label} · {n} producers · IS {mode}",
+            label=f"{label} · {n} producers · IS {mode}"
+            + ("" if variant == "config" else f" · {variant}"),
         )
     ax.set_xlabel("max_staleness")
 
@@ -148,10 +150,12 @@ def _histograms(path: Path, aggs: list[dict[str, Any]], rows: list[dict[str, Any
     for ax, a in zip(axes[0], aggs, strict=True):
         hist: Counter[int] = Counter()
         for r in rows:
-            if all(r[k] == a[k] for k in ("max_staleness", "producers", "is_mode")):
+            same = all(r[k] == a[k] for k in ("max_staleness", "producers", "is_mode"))
+            if same and variant_of(r) == a["variant"]:
                 hist.update({int(k): v for k, v in json.loads(r["staleness_hist"] or "{}").items()})
         ax.bar(list(hist), list(hist.values()))
-        ax.set_title(f"ms{a['max_staleness']}-p{a['producers']}-{a['is_mode']}", fontsize=8)
+        loss = "" if a["variant"] == "config" else f"-{a['variant']}"
+        ax.set_title(f"ms{a['max_staleness']}-p{a['producers']}-{a['is_mode']}{loss}", fontsize=8)
         ax.set_xlabel("staleness")
     axes[0][0].set_ylabel("trained groups")
     return save_figure(fig, path)

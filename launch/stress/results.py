@@ -43,6 +43,7 @@ COLUMNS = [
     "max_staleness",
     "producers",
     "is_mode",
+    "variant",
     "seed",
     "engine",
     "placement",
@@ -208,7 +209,16 @@ def measure(
 def is_sync_of(sync: dict[str, Any], row: dict[str, Any]) -> bool:
     """`sync` is the synchronous setting `row` is compared with."""
     same = ("producers", "is_mode", "seed")
-    return sync.get("max_staleness") == 0 and all(sync.get(k) == row.get(k) for k in same)
+    return (
+        sync.get("max_staleness") == 0
+        and all(sync.get(k) == row.get(k) for k in same)
+        and variant_of(sync) == variant_of(row)
+    )
+
+
+def variant_of(row: dict[str, Any]) -> str:
+    """The row's loss variant (launch/stress/plan.py VARIANTS; "config" in older sweeps)."""
+    return str(row.get("variant") or "config")
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:
@@ -222,15 +232,17 @@ def add_speedups(rows: list[dict[str, Any]]) -> None:
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Finished rows grouped over seeds: per (max_staleness, producers, is_mode), each
+    """Finished rows grouped over seeds: per (variant, max_staleness, producers, is_mode), each
     AGGREGATED key as `key` (mean), `key_min`, `key_max`, and `seeds` (how many)."""
-    groups: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int, int, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("status") == "ok":
-            groups.setdefault((r["max_staleness"], r["producers"], r["is_mode"]), []).append(r)
+            key = (variant_of(r), r["max_staleness"], r["producers"], r["is_mode"])
+            groups.setdefault(key, []).append(r)
     out = []
-    for (ms, n, mode), members in sorted(groups.items()):
+    for (variant, ms, n, mode), members in sorted(groups.items()):
         agg: dict[str, Any] = {"max_staleness": ms, "producers": n, "is_mode": mode}
+        agg["variant"] = variant
         agg["seeds"] = len(members)
         for key in AGGREGATED:
             values = [r[key] for r in members if r.get(key) is not None]
@@ -269,6 +281,7 @@ def summary(rows: list[dict[str, Any]], plots: list[Path], notes: list[str]) -> 
     from launch.stress.verdict import verdict
 
     head = [
+        "loss",
         "max_staleness",
         "producers",
         "IS",
@@ -289,6 +302,7 @@ def summary(rows: list[dict[str, Any]], plots: list[Path], notes: list[str]) -> 
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in aggregate(rows):
         cells = [
+            a["variant"],
             str(a["max_staleness"]),
             str(a["producers"]),
             a["is_mode"],

@@ -128,6 +128,7 @@ def run_all(
                 "producers": setting.producers,
                 "is_mode": setting.is_mode,
                 "seed": setting.seed,
+                "variant": setting.variant,
                 **row,
             }
             tmp = run_dir / (RESULT_FILE + ".tmp")
@@ -149,8 +150,12 @@ def read_rows(out: Path) -> list[dict[str, Any]]:
     """The row of every setting of the sweep in `out` that ended (ok or failed), in the order a
     sweep runs them (per seed, producers and IS mode, each synchronous baseline first)."""
     rows = [json.loads(p.read_text()) for p in (out / "runs").glob(f"*/{RESULT_FILE}")]
-    order = ("seed", "producers", "is_mode")
-    return sorted(rows, key=lambda r: (*(r.get(k) for k in order), r.get("max_staleness", 0)))
+    order = ("seed", "variant", "producers", "is_mode")
+    default = {"variant": "config"}  # rows of sweeps from before variants
+    return sorted(
+        rows,
+        key=lambda r: (*(r.get(k, default.get(k)) for k in order), r.get("max_staleness", 0)),
+    )
 
 
 def report_sweep(out: Path) -> list[Path]:

@@ -70,6 +70,7 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
                 wait_for=sweep.external or setting.producers,
                 bind=sweep.bind,
                 threads=threads_for(base, sweep, setting),
+                variant=setting.variant,
             )
             C.validate(cfg)
         except ConfigError as exc:

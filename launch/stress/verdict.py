@@ -42,8 +42,10 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
 
 def comparison(agg: dict[str, Any], sync: dict[str, Any] | None) -> str:
     """One line: an asynchronous setting against its synchronous one."""
+    loss = "" if agg.get("variant", "config") == "config" else f", loss {agg['variant']}"
     where = (
-        f"max_staleness {agg['max_staleness']} ({agg['producers']} producers, IS {agg['is_mode']})"
+        f"max_staleness {agg['max_staleness']} ({agg['producers']} producers, "
+        f"IS {agg['is_mode']}{loss})"
     )
     if sync is None or agg.get("speedup_vs_sync") is None:
         return f"- {where}: no finished synchronous setting to compare with."
@@ -86,7 +88,7 @@ def verdict(aggs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]
     for agg in aggs:
         if agg["max_staleness"] == 0:
             continue
-        same = ("producers", "is_mode")
+        same = ("producers", "is_mode", "variant")
         sync = next(
             (a for a in aggs if a["max_staleness"] == 0 and all(a[k] == agg[k] for k in same)),
             None,
