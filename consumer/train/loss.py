@@ -356,9 +356,10 @@ def policy_loss(
     global_tokens: float | None = None,
     global_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The TIS-corrected clipped GRPO loss of one (micro-)batch, and its metrics (`METRIC_KEYS`).
+    """The TIS-corrected GRPO-family loss of one (micro-)batch, and its metrics (`METRIC_KEYS`).
 
-    `options` (built once per run) holds every mode and constant. `ref_logp` is `[B, T]`;
+    `options` (built once per run) holds every mode and constant: the objective (ppo, gmpo,
+    cispo) and the level of its ratio (token, or sequence = GSPO). `ref_logp` is `[B, T]`;
     required when beta > 0, otherwise only measured (`kl_ref`). `global_tokens` / `global_seqs`
     are the whole batch's normalisers (see `aggregate`). Gradients flow only into `logp`.
     """
