@@ -56,6 +56,7 @@ def test_two_ranks_equal_one_process(tiny_model_dir: Path, tmp_path: Path) -> No
     )
 
 
+@pytest.mark.slow  # ~15-30 s; tests/unit/test_loss_variants.py splits rows as ranks do, fast
 def test_two_ranks_equal_one_process_with_a_loss_variant(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
