@@ -312,7 +312,11 @@ class LossOptions:
         lo, hi = self.clip_low, self.clip_high
         lo_ok = {"ppo": 0 <= lo < 1, "cispo": 0 <= lo <= 1, "gmpo": 0 <= lo < math.inf}
         if not (lo_ok[self.objective] and hi >= 0):
-            raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {lo}, {hi}")
+            lo_range = {"ppo": "< 1", "cispo": "<= 1", "gmpo": "finite"}[self.objective]
+            raise ValueError(
+                f"need 0 <= clip_low {lo_range} ({self.objective}) and clip_high >= 0, "
+                f"got {lo}, {hi}"
+            )
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         if self.dual_clip is not None and self.objective != "ppo":
