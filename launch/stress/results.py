@@ -237,8 +237,8 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, int, int, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("status") == "ok":
-            key = (variant_of(r), r["max_staleness"], r["producers"], r["is_mode"])
-            groups.setdefault(key, []).append(r)
+            group = (variant_of(r), r["max_staleness"], r["producers"], r["is_mode"])
+            groups.setdefault(group, []).append(r)
     out = []
     for (variant, ms, n, mode), members in sorted(groups.items()):
         agg: dict[str, Any] = {"max_staleness": ms, "producers": n, "is_mode": mode}
