@@ -78,4 +78,5 @@ def group_of(
         kept_unknown=kept.unknown,
         reward_parts=scored.parts.reshape(-1),
         evaluation=evaluation,
+        reward_error=scored.first_error,
     )

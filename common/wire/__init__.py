@@ -1,4 +1,4 @@
-"""Wire schema v7: the only package that knows the bytes.
+"""Wire schema v8: the only package that knows the bytes.
 
 - messages.py: every message kind as a frozen dataclass (the table of kinds, sockets and fields),
   `SCHEMA_VERSION`, the finish reasons, the lease outcomes and the backpressure acks;
@@ -39,6 +39,7 @@ from common.wire.messages import (
     FINISH_REASONS,
     HOLD,
     MAX_LEASE_WAIT_S,
+    MAX_REWARD_ERROR_CHARS,
     OUTCOMES,
     SCHEMA_VERSION,
     SEND,
@@ -96,6 +97,7 @@ __all__ = [
     "MAX_LEASES_PER_GRANT",
     "MAX_LEASE_IDS",
     "MAX_LEASE_WAIT_S",
+    "MAX_REWARD_ERROR_CHARS",
     "OUTCOMES",
     "SCHEMA_VERSION",
     "SEND",

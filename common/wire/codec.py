@@ -1,4 +1,4 @@
-"""Wire schema v7, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
+"""Wire schema v8, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
 
 Conventions and invariants:
 - Arrays (`Group.ARRAYS`) are encoded as the raw little-endian bytes of their fixed dtype;
@@ -67,6 +67,7 @@ from common.wire import reader as mp
 from common.wire.messages import (
     FINISH_REASONS,
     MAX_LEASE_WAIT_S,
+    MAX_REWARD_ERROR_CHARS,
     SCHEMA_VERSION,
     Ack,
     Chunk,
@@ -148,9 +149,9 @@ def _fields(obj: Any) -> dict[str, Any]:
     out = {}
     for name in names:
         value = getattr(obj, name)
+        if name in Group.OMIT_EMPTY and len(value) == 0:
+            continue
         if name in Group.ARRAYS:
-            if name in Group.OMIT_EMPTY and len(value) == 0:
-                continue
             value = np.ascontiguousarray(value, dtype=Group.ARRAYS[name]).tobytes()
         out[name] = value
     return out
@@ -365,6 +366,8 @@ def check_group(g: Group, limits: Limits) -> None:
         raise WireError("bad_value", f"finish_reasons must be in {FINISH_REASONS}")
     if g.behavior_version < 0 or g.lease_id < 0 or g.num_reward_errors < 0:
         raise WireError("bad_value", "negative version, lease id or counter")
+    if len(g.reward_error) > MAX_REWARD_ERROR_CHARS:
+        raise WireError("bad_length", f"reward_error longer than {MAX_REWARD_ERROR_CHARS}")
     if len(g.token_versions) and int(g.token_versions.min()) != g.behavior_version:
         raise WireError("bad_value", "behavior_version must equal min(token_versions)")
     _check_temperature(g, limits)

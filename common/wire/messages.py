@@ -1,4 +1,4 @@
-"""Wire schema v7, the messages: every kind, its fields in wire order, the constants they use.
+"""Wire schema v8, the messages: every kind, its fields in wire order, the constants they use.
 
 Every message is one msgpack map whose first key is `schema` (= SCHEMA_VERSION) and second `kind`;
 common/wire/codec.py alone writes and reads the bytes. Everyone else sees the frozen dataclasses
@@ -65,7 +65,10 @@ Conventions and invariants:
   [F * G] function-major (function k's G scores at k*G..k*G+G-1, k in the order of
   `RunSpec.reward_fns`), so the consumer reports per-function means; `rewards` stays their
   weighted sum. Empty (and left out) when the producer scores with something else (the fake
-  engine's coins).
+  engine's coins). `reward_error`: the first failed reward call of the group in one line (the
+  reward, the exception, its message and the line that raised it; at most
+  `MAX_REWARD_ERROR_CHARS`), "" and left out when none failed, so a consumer whose groups carry
+  no signal can say why without the producers' logs.
 - Evaluation during training (consumer/evaluation/rounds.py): an eval lease has
   `eval_version` >= 0 (-1 on a training lease): its group must be sampled entirely with
   exactly that version (`RunSpec.eval_samples` completions at `RunSpec.eval_temperature`; 0 =
@@ -97,7 +100,8 @@ import numpy as np
 
 from common.sampling.kept_set import KeptSets, from_counts
 
-SCHEMA_VERSION = 7  # 7: the consumer sets the heartbeat period (Status.heartbeat_s); a lease
+SCHEMA_VERSION = 8  # 8: a group names its first failed reward call (Group.reward_error)
+# 7: the consumer sets the heartbeat period (Status.heartbeat_s); a lease
 # request may wait longer than net.lease_wait_s (LeaseRequest.wait_s)
 # 6: evaluation leases and groups (Lease.eval_version, Group.evaluation,
 # LeaseRequest.declined / max_eval_leases, RunSpec.eval_samples / eval_temperature,
@@ -108,6 +112,7 @@ SCHEMA_VERSION = 7  # 7: the consumer sets the heartbeat period (Status.heartbea
 # chat prompt (`messages`) and the row's `columns`
 # 2: snapshot chunks moved to the data socket (`chunk_head` + bytes)
 MAX_LEASE_WAIT_S = 600.0  # the longest `LeaseRequest.wait_s`
+MAX_REWARD_ERROR_CHARS = 400  # the longest `Group.reward_error`
 FINISH_REASONS = ("stop", "length", "abort")
 OUTCOMES = (
     "trained",
@@ -408,6 +413,7 @@ class Group:
         "kept_ids",
         "kept_unknown",
         "reward_parts",
+        "reward_error",
     )
     lease_id: int
     producer_id: str
@@ -429,6 +435,9 @@ class Group:
     # float32 [F*G], function-major: each reward function's own score (empty: not sent)
     reward_parts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     evaluation: bool = False  # an eval lease's group: never trained (consumer/evaluation/rounds.py)
+    # the first of its failed reward calls, in one line (at most MAX_REWARD_ERROR_CHARS; "" when
+    # none failed): what the consumer shows when no group carries a learning signal
+    reward_error: str = ""
 
     @property
     def group_size(self) -> int:

@@ -49,6 +49,7 @@ from types import TracebackType
 
 import numpy as np
 
+from common import wire
 from common.config import RewardSpec
 from common.config.run import reward_names
 from common.errors import ConfigError
@@ -68,6 +69,7 @@ class Scored:
     num_errors: int
     num_timeouts: int
     contained: dict[str, int]  # sandboxed calls a limit ended, by reason (scored 0; not errors)
+    first_error: str = ""  # the first failed call, in one line ("" when none failed)
 
 
 class RewardRunner:
@@ -148,7 +150,7 @@ class RewardRunner:
         total = np.zeros(len(completions), np.float32)
         for spec, name in zip(self.specs, self.names, strict=True):
             total += np.float32(spec.weight) * parts[name]
-        return Scored(total, parts, errors, timeouts, contained)
+        return Scored(total, parts, errors, timeouts, contained, first_error(failures))
 
     def _report(self, failures: list[Failure], errors: int, timeouts: int, size: int) -> None:
         """Log failed reward calls with what went wrong: the first of each (reward, kind) at
@@ -241,6 +243,17 @@ class RewardRunner:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def first_error(failures: Sequence[Failure]) -> str:
+    """The first failed call of a group in one line (`wire.Group.reward_error`): the reward and
+    what went wrong, within the wire's bound; "" when none failed."""
+    if not failures:
+        return ""
+    spec, _, why = failures[0]
+    text = f"reward {spec!r} {why}"
+    limit = wire.MAX_REWARD_ERROR_CHARS
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _kill(pool: ProcessPoolExecutor) -> None:

@@ -40,6 +40,7 @@ class GroupScore:
     # float32 [F, G]: each reward function's own score, in the order of `RunSpec.reward_fns`
     # ([0, G] when there are no functions: the fake engine's coins)
     parts: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    first_error: str = ""  # the first failed call, in one line (`wire.Group.reward_error`)
 
 
 class Rewards(Protocol):
@@ -77,8 +78,9 @@ class TaskRewards:
         parts = np.stack(list(scored.parts.values())) if scored.parts else None
         failed = scored.num_errors + scored.num_timeouts
         if parts is None:
-            return GroupScore(scored.rewards, failed)
-        return GroupScore(scored.rewards, failed, parts.astype(np.float32, copy=False))
+            return GroupScore(scored.rewards, failed, first_error=scored.first_error)
+        parts = parts.astype(np.float32, copy=False)
+        return GroupScore(scored.rewards, failed, parts, first_error=scored.first_error)
 
     def _count(self, key: str, n: float) -> None:
         self.counters[key] = self.counters.get(key, 0) + n

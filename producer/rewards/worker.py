@@ -32,8 +32,10 @@ import logging
 import math
 import numbers
 import signal
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -183,7 +185,18 @@ def _timed(call: Callable[[], Any], timeout_s: float | None) -> tuple[Any, int, 
     except Contained as exc:
         return None, CONTAINED, exc.reason
     except (Exception, SystemExit) as exc:  # a user's reward failing is data, not a crash
-        return None, ERROR, f"raised {type(exc).__name__}: {_short(str(exc))}"
+        return None, ERROR, f"raised {type(exc).__name__}: {_short(str(exc))}{_raised_at(exc)}"
+
+
+def _raised_at(exc: BaseException) -> str:
+    """` (closeness.py, line 12: return int(answer))`: where the innermost frame of `exc`'s
+    traceback raised it, so a one-line report names the reward's own line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    line = f": {_short(frame.line, 80)}" if frame.line else ""
+    return f" ({Path(frame.filename).name}, line {frame.lineno}{line})"
 
 
 def _awaited(value: Any) -> Any:

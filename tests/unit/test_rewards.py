@@ -184,7 +184,9 @@ async def test_every_kind_of_reward_failure_is_logged_with_what_went_wrong(caplo
             await runner.score(["hang", "ok"], "x")
             await runner.score(["ok"], "x")  # the same failures again: held back, not logged
     lines = [r.getMessage() for r in caplog.records]
-    assert [line.split(" (scored 0")[0] for line in lines if "(scored 0" in line] == [
+    said = [line.split(" (scored 0")[0] for line in lines if "(scored 0" in line]
+    assert "(reward_fixtures.py, line " in said[0]  # where the reward raised
+    assert [line.split(" (reward_fixtures.py")[0] for line in said] == [
         "reward 'reward_fixtures:raises' raised RuntimeError: this reward is broken",
         "reward 'reward_fixtures:nan' returned nan (float), not a finite number",
         "reward 'reward_fixtures:not_a_number' returned 'yes' (str), not a finite number",
@@ -229,3 +231,34 @@ async def test_a_scored_group_carries_each_reward_functions_own_scores_function_
         scored = await TaskRewards(runner, Letters()).score_group(lease, done)
     assert scored.parts.tolist() == [[1.0, 0.0], [0.0, 0.0]]  # [F, G], unweighted
     assert scored.rewards.tolist() == [2.0, 0.0]
+
+
+async def test_a_groups_first_failed_call_names_the_reward_the_exception_and_its_line():
+    specs = [RewardSpec("exact_match"), RewardSpec("reward_fixtures:raises")]
+    async with asyncio.timeout(60), RewardRunner(specs, timeout_s=5, workers=1) as runner:
+        scored = await runner.score(["1", "2"], "1")
+    assert scored.first_error.startswith(
+        "reward 'reward_fixtures:raises' raised RuntimeError: this reward is broken "
+        "(reward_fixtures.py, line "
+    )
+    assert scored.first_error.endswith(': raise RuntimeError("this reward is broken"))')
+
+
+async def test_a_group_whose_rewards_all_succeed_names_no_error():
+    async with (
+        asyncio.timeout(60),
+        RewardRunner([RewardSpec("exact_match")], timeout_s=5, workers=1) as runner,
+    ):
+        scored = await runner.score(["1", "2"], "1")
+    assert scored.first_error == ""
+
+
+def test_a_first_error_is_cut_to_the_wires_bound():
+    from common import wire
+    from producer.rewards.runner import first_error
+
+    text = first_error([("m:f", "error", "raised ValueError: " + "x" * 1000)])
+    assert len(text) == wire.MAX_REWARD_ERROR_CHARS
+    assert text.startswith("reward 'm:f' raised ValueError: x")
+    assert text.endswith("...")
+    assert first_error([]) == ""
