@@ -4,9 +4,26 @@
 their message says what is wrong and which key or file to change. `WireError` carries a short
 `reason` code that is used as a metrics key (`rejected.<reason>`).
 Programmer invariants use `assert`, not these.
+
+The exit codes of the processes (`asyncgrpo launch`, `consumer`, `producer`), which a supervisor
+(launch/local.py, a sweep, a shell) reads to decide whether a restart can help:
+- `EXIT_CONFIG` (2): the run cannot succeed as configured (a `ConfigError`: a reward module that
+  does not import, a missing data file, a model that does not load); one `error:` line says
+  why. Restarting changes nothing, so nothing restarts it.
+- `EXIT_NO_SIGNAL` (3, the consumer): stopped because the arriving groups carried no learning
+  signal for `run.no_signal_groups` groups or `run.no_signal_s` seconds (consumer/no_signal.py);
+  the reason is in final.json and summary.md.
+- `EXIT_CONSUMER_LOST` (3, a producer): its consumer went silent, or never answered; a restart
+  may find it.
+- `EXIT_INTERRUPTED` (130): stopped by Ctrl-C or SIGTERM (128 + SIGINT, as shells say).
 """
 
 from __future__ import annotations
+
+EXIT_CONFIG = 2
+EXIT_NO_SIGNAL = 3
+EXIT_CONSUMER_LOST = 3
+EXIT_INTERRUPTED = 130
 
 
 class AsyncGRPOError(Exception):

@@ -3,8 +3,8 @@ groups, trains on them and publishes weights.
 
 Rooms follow the threads that run them:
 - learner.py: the process and its main (training) thread: wires the rooms, collects each step's
-  groups (staleness.py decides which a step keeps; reward_tally.py sums their rewards) and owns
-  shutdown;
+  groups (staleness.py decides which a step keeps; reward_tally.py sums their rewards;
+  no_signal.py watches whether they carry a learning signal at all) and owns shutdown;
 - step.py: one optimizer step, the learner's and a replay's alike: train a batch, publish, the
   stream's entry, the metrics line;
 - replay.py: the replaying learner: a recorded run's batches in order, no network;

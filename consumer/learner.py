@@ -41,17 +41,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import zmq
 
 from common import config as config_mod
 from common import wire
 from common.config import Config
 from common.config.run import reward_names
-from common.errors import ConfigError
+from common.errors import EXIT_NO_SIGNAL, ConfigError
 from common.files import completions_file as CF
 from common.files import run_files as RF
+from common.files import run_state as RS
 from common.files.disk import disk_fault, stop_line
-from common.host.model_dir import local_model_dir
+from common.host.model_dir import DEMO_CHARS_HINT, is_demo_model, local_model_dir
 from common.net.endpoints import advertised_host, tcp_endpoint
 from common.net.keys import load_keys
 from common.weights import snapshot as snap
@@ -59,6 +61,7 @@ from consumer.data.prompts import PromptSource, make_source
 from consumer.evaluation import evaluate_in_learner
 from consumer.key_gate import start_key_gate
 from consumer.loggers import make_loggers
+from consumer.no_signal import SignalWatch, budget_text, unknown_token
 from consumer.reward_tally import RewardTally
 from consumer.server.server import Server, run_spec
 from consumer.staleness import verdict
@@ -139,6 +142,20 @@ class Learner:
         )
         self.reward_names = reward_names([r.fn for r in cfg.rewards.fns])
         self.heldout = evaluate_in_learner(cfg, self.model_dir)
+        unknown_id, unknown_text = unknown_token(self.model_dir)
+        self.signal = SignalWatch(
+            cfg.run.no_signal_groups,
+            cfg.run.no_signal_s,
+            unknown_id=unknown_id,
+            unknown_token=unknown_text,
+            unknown_hint=DEMO_CHARS_HINT if is_demo_model(self.model_dir) else "",
+        )
+        self.signal_said = 0.0  # when signal.json was last written (monotonic)
+        # the first groups of a run, for completions.jsonl before the first step (a resumed run
+        # has its own)
+        self.first_groups: list[wire.Group] | None = None if version else []
+        self.ended = ""  # how the run ended (RS.ENDINGS), once it has
+        self.reason = ""  # why it stopped early
 
     @property
     def version(self) -> int:
@@ -150,9 +167,14 @@ class Learner:
         host = advertised_host(self.cfg.net.bind_host, self.cfg.net.advertise_host)
         endpoints = RF.Endpoints(**{k: tcp_endpoint(host, p) for k, p in self.server.ports.items()})
         RF.write_endpoints(self.run_dir, endpoints)  # whole or absent: producers may be waiting
-        RF.write_consumer(
+        RS.write_consumer(
             self.run_dir,
-            RF.ConsumerProcess(host=socket.gethostname(), pid=os.getpid(), started=time.time()),
+            RS.ConsumerProcess(
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                started=time.time(),
+                began=psutil.Process().create_time(),
+            ),
         )
         self.server.start()
         log.info(
@@ -189,11 +211,13 @@ class Learner:
         finally:
             if self.stop_event.is_set():
                 self.stop_asked = time.monotonic()
+            if not self.ended:
+                self.ended = "steps" if self.version >= steps else "stopped"
             if fault is None:
                 self.shutdown()
             else:
                 self.abandon()
-        return 0
+        return EXIT_NO_SIGNAL if self.ended == "no_signal" else 0
 
     def _disk_fault(self, exc: BaseException) -> OSError | None:
         """The disk fault behind `exc`, or behind the network thread's failure that `exc`
@@ -270,6 +294,7 @@ class Learner:
                 self.server.check()
                 self.trainer.idle()
                 if self.server.starving():
+                    self.ended = "data"
                     return None
                 continue
             if self.steps.recorder is not None:
@@ -283,6 +308,8 @@ class Learner:
                 max_staleness=c.staleness.max_staleness,
                 drop_zero_variance=c.train.drop_zero_variance,
             )
+            if why != "dropped_stale" and self._watch(g):
+                return None
             if why is None:
                 if not out.kept and self.steps.step_end is not None:
                     out.round_trip_s = time.perf_counter() - self.steps.step_end
@@ -290,18 +317,53 @@ class Learner:
                 continue
             out.dropped[why] += 1
             out.dropped_ids.append((g.lease_id, why))
-            if (
-                why == "dropped_zero_variance"
-                and out.dropped[why] % (20 * c.train.prompts_per_step) == 0
-            ):
-                log.warning(
-                    "%d groups in a row had equal rewards for every completion (no signal): "
-                    "is the task too hard or too easy for this model, or the reward constant?",
-                    out.dropped[why],
-                )
             self.server.drop(g, why)
         out.kept.sort(key=lambda g: g.lease_id)  # arrival order must not change the step
         return out
+
+    def _watch(self, g: wire.Group) -> bool:
+        """Count `g` in the signal watch (consumer/no_signal.py): `signal.json` every 2 s, a
+        log line every 20 steps' worth of groups without a signal, the first groups as a
+        completions sample before the first step; True when the budget without a signal is
+        spent (the run then ends as `no_signal`)."""
+        now = time.monotonic()
+        watch = self.signal
+        watch.add(g, now)
+        self._sample_first(g)
+        streak = watch.streak.groups
+        if streak and streak % (20 * self.cfg.train.prompts_per_step) == 0:
+            log.warning("%d groups in a row without a learning signal: %s", streak, watch.why())
+        spent = watch.exhausted(now)
+        if spent:
+            self.ended = "no_signal"
+            self.reason = (
+                f"no learning signal in {streak} groups in a row over "
+                f"{now - watch.streak.since:.0f} s ({budget_text(watch.max_groups, watch.max_s)}"
+                f"): {watch.why()}"
+            )
+            log.error("stopping: %s", self.reason)
+        if spent or now - self.signal_said >= 2.0:
+            self.signal_said = now
+            RS.write_signal(self.run_dir, watch.state(now, stopped=spent))
+        return spent
+
+    def _sample_first(self, g: wire.Group) -> None:
+        """The first log.completions_groups groups of a run, written to completions.jsonl as
+        step 0 as soon as they are there (the rest at shutdown), so that a run that never
+        steps shows what it sampled and how it scored."""
+        if self.first_groups is None:
+            return
+        if self.version > 0 or not self.cfg.log.completions_every:
+            self.first_groups = None
+            return
+        self.first_groups.append(g)
+        if len(self.first_groups) >= self.cfg.log.completions_groups:
+            self._flush_first()
+
+    def _flush_first(self) -> None:
+        if self.first_groups:
+            self.loggers.submit_completions(0, self.first_groups)
+        self.first_groups = None
 
     def _settle(self, kept: list[wire.Group], trained_step: int) -> None:
         """The step's leases end as trained (on the network thread, which moves the policy
@@ -351,6 +413,7 @@ class Learner:
         """Stop granting, final snapshot, expire open leases, checkpoint, `final.json` (the
         version the run ended with), balanced ledger, producers told."""
         self.server.stop_granting()
+        self._flush_first()
         try:
             if self.steps.published != self.version:
                 self.steps.publish()
@@ -359,7 +422,9 @@ class Learner:
             self._checkpoint()
             if self.steps.recorder is not None:
                 self.steps.recorder.close()
-            snap.write_final(self.run_dir, self.steps.published)
+            snap.write_final(
+                self.run_dir, self.steps.published, ended=self.ended, reason=self.reason
+            )
             self.trainer.close()  # a sharded learner's other ranks stop here
         finally:
             self.server.expire_open("shutdown")

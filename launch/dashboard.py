@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from common.files import run_files as RF
+from common.files import run_state as RS
 from common.files.metrics import StepRecord
 from consumer.evaluation.report import eval_text
-from launch.headline import fn_means_text, no_signal, reward_text
+from launch.headline import fn_means_text, no_signal, reward_text, signal_text
 
 
 class MetricsTail:
@@ -90,21 +92,28 @@ def summary_line(
     ledger: RF.Balance | None = None,
     views: Mapping[str, RF.ProducerStatus] | None = None,
     *,
+    signal: RS.Signal | None = None,
     beyond: str = "",
     evaluated: str = "",
 ) -> str:
     """One plain progress line; before the first step, the ledger's counts (`ledger.json`'s
-    balance) say whether groups arrive and why none was trained; `views` (the producers'
-    latest, common/files/run_files.py) add reward failures; `beyond` says why a run goes on past
-    `steps` (`step_text`); `evaluated`, the newest evaluation (consumer/evaluation/report.py)."""
-    warning = no_signal(rec, ledger)
-    tail = f" — {warning}" if warning else ""
+    balance) and the signal watch (`signal.json`: groups arrived, with a signal, and why none
+    carries one) say whether groups arrive and why none was trained, and the producers' states
+    (`views`, common/files/run_files.py) whether they are still starting; `views` add reward
+    failures; `beyond` says why a run goes on past `steps` (`step_text`); `evaluated`, the
+    newest evaluation (consumer/evaluation/report.py)."""
+    watched = signal_text(signal, stepped=rec is not None)
+    warning = None if watched and rec is None else no_signal(rec, ledger)
+    tail = "".join(f" — {text}" for text in (watched, warning) if text)
     if rec is None:
         counts = ledger.to_json() if ledger is not None else {}
         seen = {k: v for k, v in counts.items() if k not in ("ok", "open") and v}
+        arrived = signal is not None or any(k in seen for k in RF.FINAL_STATES)
+        waiting = "" if arrived else _producers_text(views or {})
         return (
             f"[{elapsed_s:6.0f}s] waiting for the first step…"
             + (" ledger " + " ".join(f"{k} {v}" for k, v in sorted(seen.items())) if seen else "")
+            + (f" {waiting}" if waiting else "")
             + tail
         )
     acc = rec.heldout_accuracy
@@ -120,9 +129,65 @@ def summary_line(
     )
 
 
+def _producers_text(views: Mapping[str, RF.ProducerStatus]) -> str:
+    """`no group yet; producers: p1 loading, p2 generating` (before any group arrived)."""
+    states = ", ".join(f"{name} {view.state}" for name, view in sorted(views.items()))
+    return "no group yet; " + (f"producers: {states}" if states else "no producer registered yet")
+
+
+def run_line(
+    run_dir: Path,
+    tail: MetricsTail,
+    steps: int,
+    elapsed_s: float,
+    *,
+    beyond: str = "",
+) -> str:
+    """`summary_line` of a run from its files (metrics as `tail` has read them, the ledger, the
+    producers, the signal watch): the launcher's plain lines, a consumer's own and `status`."""
+    rec = tail.records[-1] if tail.records else None
+    ledger = RF.latest_ledger(run_dir)
+    return summary_line(
+        rec,
+        steps,
+        elapsed_s,
+        ledger.balance if ledger is not None else None,
+        RF.latest_producers(run_dir, rec),
+        signal=RS.read_signal(run_dir),
+        beyond=beyond,
+        evaluated=eval_text(tail.records),
+    )
+
+
+@dataclass
+class LineClock:
+    """When a plain progress line is due (no terminal: a log file, a pipe): every `every_s`
+    seconds, at the first step, and each time the steps pass another tenth of `steps`, so that
+    a fast run of 300 steps says more than two lines and a slow one never goes quiet."""
+
+    steps: int
+    started: float  # monotonic
+    every_s: float = 10.0
+    said_at: float = field(init=False)
+    said_step: int = 0
+
+    def __post_init__(self) -> None:
+        self.said_at = self.started
+
+    def due(self, step: int, now: float) -> bool:
+        """True when a line should go out now (and it is then counted as said)."""
+        tenth = max(self.steps // 10, 1) if self.steps > 0 else 0
+        crossed = bool(tenth) and step // tenth > self.said_step // tenth
+        first = step > 0 and self.said_step == 0
+        if now - self.said_at >= self.every_s or crossed or first:
+            self.said_at, self.said_step = now, step
+            return True
+        return False
+
+
 class Progress:
-    """A daemon thread logging `summary_line` every `every_s` seconds for a consumer run by
-    hand (the launcher has its own display). Reads only the run's files."""
+    """A daemon thread logging `summary_line` for a consumer run by hand when `LineClock` says
+    (the launcher has its own display). Reads only the run's files."""
 
     def __init__(self, run_dir: Path, steps: int, every_s: float = 10.0) -> None:
         self.run_dir, self.steps, self.every_s = run_dir, steps, every_s
@@ -138,31 +203,22 @@ class Progress:
     def _run(self) -> None:
         log = logging.getLogger("asyncgrpo.progress")
         tail, t0 = MetricsTail(self.run_dir / RF.METRICS), time.monotonic()
-        while not self._stop.wait(self.every_s):
+        clock = LineClock(self.steps, t0, self.every_s)
+        while not self._stop.wait(min(self.every_s, 0.5)):
             tail.poll()
-            rec = tail.records[-1] if tail.records else None
-            ledger = RF.latest_ledger(self.run_dir)
-            balance = ledger.balance if ledger is not None else None
-            views = RF.latest_producers(self.run_dir, rec)
-            log.info(
-                "%s",
-                summary_line(
-                    rec,
-                    self.steps,
-                    time.monotonic() - t0,
-                    balance,
-                    views,
-                    evaluated=eval_text(tail.records),
-                ),
-            )
+            step = tail.records[-1].step if tail.records else 0
+            if clock.due(step, time.monotonic()):
+                log.info("%s", run_line(self.run_dir, tail, self.steps, time.monotonic() - t0))
 
 
 def run_state(run_dir: Path) -> str:
-    """Finished, running (its consumer's process is alive: consumer.json), or stopped without
-    finishing (crashed or interrupted), with what to do about it."""
-    if (run_dir / RF.FINAL).exists():
-        return "finished"
-    proc = RF.read_consumer(run_dir)
+    """Finished (its steps done or its prompts used up), stopped (by a signal, or for want of a
+    learning signal: final.json says how it ended), running (its consumer's process is alive:
+    consumer.json), or stopped without finishing (crashed or killed), with what to do about it."""
+    final = RS.read_final(run_dir)
+    if final is not None:
+        return _ended(run_dir, final)
+    proc = RS.read_consumer(run_dir)
     if proc is not None and proc.host != socket.gethostname():
         return f"not finished; its consumer runs (or ran) on {proc.host}, pid {proc.pid}"
     if proc is not None and _alive(proc.pid, proc.started):
@@ -173,6 +229,28 @@ def run_state(run_dir: Path) -> str:
         f"stopped without finishing (its consumer, pid {proc.pid}, is gone: crashed or "
         f"interrupted); `asyncgrpo launch --run-dir {run_dir} --resume` continues it"
     )
+
+
+def _ended(run_dir: Path, final: RS.Final) -> str:
+    """How a run that wrote final.json ended, in `status`'s words."""
+    if final.ended == "data":
+        return f"finished at step {final.version}: its prompts ran out (task.epochs)"
+    if final.finished:
+        return "finished"
+    resume = f"`asyncgrpo launch --run-dir {run_dir} --resume` continues it"
+    at = f"at step {final.version}" if final.version else "before its first step"
+    if final.ended == "no_signal":
+        return f"stopped {at}: {final.reason}"
+    return f"stopped {at} by Ctrl-C or SIGTERM; {resume}"
+
+
+def ledger_text(balance: RF.Balance) -> str:
+    """`issued 8 trained 0 ... open 0 (balanced)`: the counts, and whether they balance."""
+    counts = {k: v for k, v in balance.to_json().items() if k != "ok"}
+    shown = " ".join(f"{k} {v}" for k, v in counts.items())
+    if balance.ok is None:
+        return shown
+    return shown + (" (balanced)" if balance.ok else " (DOES NOT BALANCE: a bug; please report)")
 
 
 def _alive(pid: int, started: float) -> bool:
@@ -190,18 +268,15 @@ def status(run_dir: Path) -> str:
     tail.poll()
     rec = tail.records[-1] if tail.records else None
     ledger = RF.latest_ledger(run_dir)
-    balance = ledger.balance if ledger is not None else None
     steps = _configured_steps(run_dir)
     lines = [f"run {run_dir}: {run_state(run_dir)}"]
-    views = RF.latest_producers(run_dir, rec)
-    lines.append(summary_line(rec, steps, rec.time_s if rec else 0.0, balance, views))
+    lines.append(run_line(run_dir, tail, steps, run_clock(run_dir, rec)))
     if ledger is not None:
-        counts = ledger.balance.to_json()
-        lines.append("ledger: " + " ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        lines.append(f"ledger: {ledger_text(ledger.balance)}")
         rejected = ledger.refused()
         if rejected:
             lines.append("refused messages: " + " ".join(f"{k} {v}" for k, v in rejected.items()))
-    for name, view in sorted(views.items()):
+    for name, view in sorted(RF.latest_producers(run_dir, rec).items()):
         lines.append(
             f"producer {name}: weights v{view.version} {view.state}, groups sent "
             f"{view.groups_sent}, reward errors {view.reward_errors} timeouts "
@@ -209,6 +284,18 @@ def status(run_dir: Path) -> str:
         )
     lines.append(f"plots and summary: asyncgrpo report {run_dir}")
     return "\n".join(lines)
+
+
+def run_clock(run_dir: Path, rec: StepRecord | None) -> float:
+    """Seconds from the consumer's start (consumer.json `began`, the clock the console's
+    elapsed counts on) to `rec`'s step; the learner's own clock (`time_s`, from its first
+    group) in runs older than `began`; 0 without a step."""
+    if rec is None:
+        return 0.0
+    proc = RS.read_consumer(run_dir)
+    if proc is None or proc.began is None:
+        return rec.time_s
+    return rec.unix_time - proc.began
 
 
 def _configured_steps(run_dir: Path) -> int:
@@ -279,6 +366,9 @@ def render(tail: MetricsTail, *, steps: int, elapsed_s: float, restarts: dict[st
             top.add_row(
                 "reward failures", f"errors {errors} · timeouts {timeouts}", "", "", style="yellow"
             )
+    watched = signal_text(RS.read_signal(tail.path.parent), stepped=rec is not None)
+    if watched:
+        top.add_row("groups" if rec is None else "signal", watched, "", "", style="yellow")
     prods = Table("producer", "weights", "state", "restarts", box=None, pad_edge=False)
     for name, view in sorted(views.items()):
         prods.add_row(name, f"v{view.version}", view.state, str(restarts.get(name, 0)))

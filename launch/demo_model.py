@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.host.model_dir import DEMO_RECIPE_FILE
 from common.task.synthetic import ArithmeticTask
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 
 CHARS = "0123456789+-*= "
 SPECIALS = ("<pad>", "<eos>", "<unk>")
-RECIPE_FILE = "demo_recipe.json"
+RECIPE_FILE = DEMO_RECIPE_FILE
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,17 +228,17 @@ def _watch(
     tail: Any,
     on_tick: Callable[[Supervisor], None] | None,
     line: Callable[[], None] | None,
+    clock: Any,
 ) -> int | None:
     """Tick the supervisor every 0.25 s until `stop` is set or the run ends (its exit code);
-    `line`, if given, prints a progress line every 10 s."""
-    last_line = time.monotonic()
+    `line`, if given, prints a progress line when `clock` (launch.dashboard.LineClock) says."""
     while not stop.is_set():
         code = sup.tick()
         tail.poll()
         if on_tick is not None:
             on_tick(sup)
-        if line is not None and time.monotonic() - last_line > 10:
-            last_line = time.monotonic()
+        step = tail.records[-1].step if tail.records else 0
+        if line is not None and clock.due(step, time.monotonic()):
             line()
         if code is not None:
             return code
@@ -288,13 +288,13 @@ def run(
     Ctrl-C (SIGINT) or SIGTERM to the launcher ends the run early, the same clean way, and so
     does setting `stop_event` (which a signal sets too, so the caller can tell afterwards); a
     second one sets `hurry_event` and is passed on to the consumer. Without `live`, a plain
-    progress line every 10 s (`wording`), never wrapped (one line per record in a log file).
+    progress line (`wording`) every 10 s, at the first step and at each tenth of the steps
+    (`LineClock`), never wrapped (one line per record in a log file).
     """
     from rich.console import Console
     from rich.live import Live
 
-    from consumer.evaluation.report import eval_text
-    from launch.dashboard import MetricsTail, render, summary_line
+    from launch.dashboard import LineClock, MetricsTail, render, run_line
 
     run_dir, label = sup.run_dir, wording.label
     stop = stop_event if stop_event is not None else threading.Event()
@@ -314,9 +314,7 @@ def run(
         )
 
     def line() -> None:
-        rec, done = (tail.records[-1] if tail.records else None), eval_text(tail.records)
-        elapsed_s = time.monotonic() - t0
-        say(summary_line(rec, steps, elapsed_s, beyond=wording.beyond, evaluated=done))
+        say(run_line(run_dir, tail, steps, time.monotonic() - t0, beyond=wording.beyond))
 
     code: int | None = None
     try:
@@ -327,7 +325,8 @@ def run(
             else nullcontext()
         )
         with display:
-            code = _watch(sup, stop, tail, on_tick, None if live else line)
+            clock = LineClock(steps, t0)
+            code = _watch(sup, stop, tail, on_tick, None if live else line, clock)
     finally:
         if stop.is_set():
             again = f"; {wording.again}" if wording.again else ""

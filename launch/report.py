@@ -31,9 +31,11 @@ import matplotlib.pyplot as plt
 
 from common.files import completions_file as CF
 from common.files import run_files as RF
+from common.files import run_state as RS
 from common.files.metrics import StepRecord, read_steps
 from consumer.evaluation.report import eval_lines, eval_series
-from launch.headline import no_signal
+from launch.dashboard import ledger_text, reward_failures, run_clock, run_state
+from launch.headline import no_signal, signal_text
 
 
 def _fn_mean(name: str) -> Callable[[StepRecord], float | None]:
@@ -104,29 +106,46 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def windows(n: int) -> int:
+    """The length of summary.md's first and last windows over `n` steps: 10, or half the run
+    when it is shorter (so the two never share a step; 1 step: one window)."""
+    return min(10, max(n // 2, 1))
+
+
 def reward_lines(records: list[StepRecord]) -> list[str]:
     """summary.md's reward lines: the headline reward over every arrived group, the trained
     groups' mean and the share of equal-reward groups, per-function means (first and last k
-    steps), and the "no signal" warning when the last step had none."""
-    k = min(10, len(records))
+    steps, `windows`; one figure for a one-step run), and the "no signal" warning when the
+    last step had none."""
+    k = windows(len(records))
     first, last = records[:k], records[-k:]
+
+    def both(label: str, values: Callable[[list[StepRecord]], float], spec: str) -> str:
+        if len(records) == 1:
+            return f"- {label}: {values(first):{spec}} (1 step)"
+        n = f"{k} steps" if k > 1 else "step"
+        return f"- {label}: first {n} {values(first):{spec}}, last {n} {values(last):{spec}}"
+
     out = [
-        f"- reward mean (all arrived groups): first {k} steps "
-        f"{_mean([r.reward_headline for r in first]):.3f}, last {k} steps "
-        f"{_mean([r.reward_headline for r in last]):.3f}",
-        f"- reward mean (trained groups): first {k} steps "
-        f"{_mean([r.reward_mean for r in first]):.3f}, last {k} steps "
-        f"{_mean([r.reward_mean for r in last]):.3f}",
-        f"- groups with equal rewards (no signal): first {k} steps "
-        f"{_mean([r.frac_reward_zero_std for r in first]):.0%}, last {k} steps "
-        f"{_mean([r.frac_reward_zero_std for r in last]):.0%}",
+        both(
+            "reward mean (all arrived groups)",
+            lambda rs: _mean([r.reward_headline for r in rs]),
+            ".3f",
+        ),
+        both("reward mean (trained groups)", lambda rs: _mean([r.reward_mean for r in rs]), ".3f"),
+        both(
+            "groups with equal rewards (no signal)",
+            lambda rs: _mean([r.frac_reward_zero_std for r in rs]),
+            ".0%",
+        ),
     ]
     for name in _fn_names(records):
         per = [(r.reward_fn_means or {}).get(name) for r in records]
         got = [v for v in per if v is not None]
+        j = windows(len(got))
         out.append(
-            f"- reward `{name}` (unweighted, all arrived groups): first {_mean(got[:k]):.3f}, "
-            f"last {_mean(got[-k:]):.3f}"
+            f"- reward `{name}` (unweighted, all arrived groups): first {_mean(got[:j]):.3f}, "
+            f"last {_mean(got[-j:]):.3f}"
         )
     warning = no_signal(records[-1])
     if warning:
@@ -216,8 +235,6 @@ def plot_lag(records: list[StepRecord], history: list[RF.ProducerChange], out: P
 def reward_failures_line(views: dict[str, RF.ProducerStatus]) -> str:
     """Reward calls that failed or timed out (scored 0), in total and per producer (`views`:
     common/files/run_files.py `latest_producers`)."""
-    from launch.dashboard import reward_failures
-
     errors, timeouts = reward_failures(views)
     per = {name: (v.reward_errors, v.reward_timeouts) for name, v in sorted(views.items())}
     shown = ", ".join(f"{n} {e}/{t}" for n, (e, t) in per.items() if e or t)
@@ -233,7 +250,7 @@ def summarize(run_dir: Path) -> str:
     leases = RF.read_leases(run_dir)
     ledger = RF.read_ledger(run_dir) if (run_dir / RF.LEDGER).exists() else None
     ev = json.loads((run_dir / RF.EVAL).read_text()) if (run_dir / RF.EVAL).exists() else {}
-    lines = [f"# Run {run_dir.name}", ""]
+    lines = [f"# Run {run_dir.name}", "", *ending_lines(run_dir)]
     if records:
         last, first = records[-1], records[0]
         lines += [
@@ -244,7 +261,7 @@ def summarize(run_dir: Path) -> str:
             f"{sum(r.learner_idle_frac for r in records) / len(records):.3f}",
             "- completion tokens/s (mean): "
             f"{sum(r.tokens_per_s for r in records) / len(records):.0f}",
-            f"- first step at {first.time_s:.1f} s",
+            first_step_line(run_dir, first),
             reward_failures_line(RF.latest_producers(run_dir, last)),
         ]
     if ev:
@@ -253,11 +270,13 @@ def summarize(run_dir: Path) -> str:
             f"{ev.get('initial_accuracy', float('nan')):.3f} → "
             f"{ev.get('final_accuracy', float('nan')):.3f} (n = {ev.get('heldout_size')})"
         ]
-    if not records and ledger is not None and no_signal(None, ledger.balance):
+    watched = signal_text(RS.read_signal(run_dir), stepped=bool(records))
+    if watched:
+        lines += [f"- groups and their signal: {watched}"]
+    elif not records and ledger is not None and no_signal(None, ledger.balance):
         lines += [f"- **warning**: {no_signal(None, ledger.balance)}"]
     if ledger is not None:
-        lines += ["", "## Ledger", "", "```", json.dumps(ledger.balance.to_json(), sort_keys=True)]
-        lines += ["```"]
+        lines += ["", "## Ledger", "", ledger_text(ledger.balance)]
         refused = ledger.refused()
         if refused:
             shown = ", ".join(f"{k} {v}" for k, v in sorted(refused.items()))
@@ -270,17 +289,42 @@ def summarize(run_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ending_lines(run_dir: Path) -> list[str]:
+    """How the run ended, first thing in summary.md when it stopped early (final.json; a run
+    still going, or one whose consumer died, says so too)."""
+    final = RS.read_final(run_dir)
+    if final is not None and final.finished:
+        return []
+    return [f"**{run_state(run_dir)}**", ""]
+
+
+def first_step_line(run_dir: Path, first: StepRecord) -> str:
+    """When the first step came, on the clock the console counts (from the consumer's
+    start: loading the model, the first snapshot and the producers' start included), with the
+    learner's own (`time_s`, from its first group) beside it."""
+    since_start = run_clock(run_dir, first)
+    if since_start == first.time_s:  # a run older than consumer.json's `began`
+        return f"- first step at {first.time_s:.1f} s"
+    return (
+        f"- first step {since_start:.1f} s after the consumer started "
+        f"({first.time_s:.1f} s after its first group arrived)"
+    )
+
+
 def completions_lines(run_dir: Path, max_rows: int = 16) -> list[str]:
-    """summary.md's section of the newest completions sample (completions.jsonl), if any."""
+    """summary.md's section of the newest completions sample (completions.jsonl), if any; step
+    0 is the first groups of the run, written before its first step."""
     rows = CF.read(run_dir)
     if not rows:
         return []
     newest = [r for r in rows if r.step == rows[-1].step][:max_rows]
+    when = f"at step {newest[0].step}" if newest[0].step else "before the first step"
     return [
         "",
-        f"## Completions at step {newest[0].step}",
+        f"## Completions {when}",
         "",
-        f"From `{CF.COMPLETIONS}` (every `log.completions_every` steps):",
+        f"From `{CF.COMPLETIONS}` (every `log.completions_every` steps, and the first groups "
+        "before the first step):",
         "",
         CF.markdown_table(newest),
     ]

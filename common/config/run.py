@@ -46,6 +46,17 @@ class RunConfig:
         "Give up after this long waiting for wait_for_producers (the consumer exits with the "
         "count it got; 0 = wait for ever).",
     )
+    no_signal_groups: int = _f(
+        2000,
+        "Stop the run (exit 3, the reason in summary.md) after this many groups in a row "
+        "arrived without a learning signal (all G rewards equal: a reward that always fails, "
+        "or a task too hard or too easy for the model); 0 = never.",
+    )
+    no_signal_s: float = _f(
+        300.0,
+        "Stop it likewise when groups have kept arriving without a signal for this long "
+        "(seconds; 0 = never).",
+    )
 
     def problems(self) -> list[str]:
         """This section's impossible settings (messages name the key)."""
@@ -54,6 +65,10 @@ class RunConfig:
             (
                 self.wait_for_producers >= 0 and self.wait_for_producers_s >= 0,
                 "run.wait_for_producers and run.wait_for_producers_s must be >= 0",
+            ),
+            (
+                self.no_signal_groups >= 0 and self.no_signal_s >= 0,
+                "run.no_signal_groups and run.no_signal_s must be >= 0",
             ),
         )
 

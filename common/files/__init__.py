@@ -3,6 +3,8 @@ by string).
 
 - run_files.py: the file names and typed records (ledger, lease lines, producers' files,
   endpoints, step summary);
+- run_state.py: how a run stands: the consumer serving it (consumer.json), whether its groups
+  carry a learning signal (signal.json), how it ended (final.json);
 - metrics.py: `StepRecord`, one typed line of metrics.jsonl, and its JSONL sink;
 - completions_file.py: completions.jsonl's rows, reader, writer and Markdown table;
 - net_stats.py: netstats.json, the network thread timed from inside;

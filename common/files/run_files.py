@@ -19,12 +19,12 @@ know (a newer writer). Who writes what:
   these files kept each producer's view in every metrics line: `latest_producers` reads either.
 - `endpoints.json` (`ENDPOINTS`): `Endpoints`, the consumer's bound sockets, written once all are
   bound (so its presence means they are live).
-- `consumer.json` (`CONSUMER`): `ConsumerProcess`, the consumer serving the run (host, pid, start),
-  written when it listens: with no `final.json`, a live process there is a running run and a dead
-  one a run that crashed or was killed (launch/dashboard.py `run_state`).
+- `consumer.json` (`CONSUMER`): the consumer serving the run (host, pid, start), written when it
+  listens (its record: common/files/run_state.py).
 - `netstats.json`: the network thread timed from inside (common/files/net_stats.py), rewritten with
   the books.
-- `final.json` (`FINAL`): the snapshot version the run ended with (common/weights/snapshot.py).
+- `final.json` (`FINAL`) and `signal.json` (`SIGNAL`): how the run ended, and whether its groups
+  carry a learning signal (their records: common/files/run_state.py).
 - `eval.json`, `summary.md`, `plots/`, `processes.json`, `*.log`: the evaluator's, the report's
   and the launcher's outputs.
 - `snapshots/`, `checkpoints/` (`checkpoint/` in older runs): weights out and resume state; a
@@ -59,6 +59,7 @@ PRODUCERS = "producers.json"
 PRODUCER_HISTORY = "producers.jsonl"
 ENDPOINTS = "endpoints.json"
 FINAL = "final.json"
+SIGNAL = "signal.json"
 CONSUMER = "consumer.json"
 EVAL = "eval.json"
 SUMMARY = "summary.md"
@@ -472,25 +473,3 @@ class BookState:
         book = {k: v for k, v in data.items() if k not in ("identities", "logs")}
         identities, logs = dict(data.get("identities", {})), dict(data.get("logs", {}))
         return cls(book=book, identities=identities, log_sizes=logs)
-
-
-# -- consumer.json ----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConsumerProcess(_Record):
-    """The consumer process serving a run: its host's name, pid and start (Unix time, s)."""
-
-    host: str
-    pid: int
-    started: float
-
-
-def write_consumer(run_dir: Path, process: ConsumerProcess) -> None:
-    _replace_atomically(run_dir / CONSUMER, json.dumps(process.to_json()))
-
-
-def read_consumer(run_dir: Path) -> ConsumerProcess | None:
-    """The run's `consumer.json`; None when it is absent or unreadable (an older run)."""
-    try:
-        return ConsumerProcess.from_json(json.loads((run_dir / CONSUMER).read_text()))
-    except (OSError, ValueError, TypeError):
-        return None

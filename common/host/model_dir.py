@@ -8,6 +8,14 @@ from pathlib import Path
 
 from common.errors import ConfigError
 
+DEMO_RECIPE_FILE = "demo_recipe.json"  # what marks the embedded demo model (launch/demo_model.py)
+DEMO_CHARS_HINT = "the demo model's tokenizer knows only digits, + - * = and space"
+
+
+def is_demo_model(model_dir: Path | None) -> bool:
+    """Whether `model_dir` is the embedded demo model (it holds its recipe)."""
+    return model_dir is not None and (model_dir / DEMO_RECIPE_FILE).is_file()
+
 
 def local_model_dir(path: str) -> Path:
     """`model.path` as an absolute local Hugging Face model directory (the command line has

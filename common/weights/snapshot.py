@@ -62,6 +62,7 @@ from safetensors import SafetensorError, safe_open
 
 from common.errors import SnapshotError, SnapshotMismatch
 from common.files import run_files as RF
+from common.files import run_state as RS
 
 WEIGHTS_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
@@ -385,13 +386,20 @@ def remove_newer(root: Path, version: int) -> list[int]:
     return removed
 
 
-def write_final(run_dir: Path, version: int) -> None:
-    """Record, durably, that the run ended with snapshot `version`."""
+def write_final(run_dir: Path, version: int, *, ended: str = "steps", reason: str = "") -> None:
+    """Record, durably, that the run ended with snapshot `version`, and how (`RS.ENDINGS`;
+    `reason` when it stopped early)."""
+    assert ended in RS.ENDINGS, ended
     path = run_dir / RF.FINAL
     tmp = path.with_name(RF.FINAL + ".tmp")
-    record = {"version": version, "snapshot": str(snapshot_dir(Path(RF.SNAPSHOTS), version))}
+    record = RS.Final(
+        version=version,
+        snapshot=str(snapshot_dir(Path(RF.SNAPSHOTS), version)),
+        ended=ended,
+        reason=reason,
+    )
     with open(tmp, "w") as f:
-        f.write(json.dumps(record))
+        f.write(json.dumps(record.to_json()))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -400,10 +408,8 @@ def write_final(run_dir: Path, version: int) -> None:
 
 def final_version(run_dir: Path) -> int | None:
     """The version a run ended with (`write_final`), or None if it has not ended cleanly."""
-    try:
-        return int(json.loads((run_dir / RF.FINAL).read_text())["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    final = RS.read_final(run_dir)
+    return None if final is None else final.version
 
 
 def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:

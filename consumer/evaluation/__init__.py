@@ -13,7 +13,9 @@ and metrics once, through the parts below; the threads and commands that evaluat
   whole held-out split, RUN/eval.json;
 - `score_model` (`asyncgrpo eval RUN`, the stress sweep's snapshots): one model or snapshot on a
   run's held-out split, scored with its rewards;
-- `greedy_accuracy` (`asyncgrpo eval MODEL_DIR`): a bare model on the synthetic held-out split.
+- `greedy_accuracy` (`asyncgrpo eval MODEL_DIR`): a bare model on the synthetic held-out split;
+- `dry_run` (`asyncgrpo launch --dry-run`): the run's first prompts sampled G times with the
+  starting model and scored by its rewards, before any training.
 
 The parts:
 - greedy.py: the greedy rule (load a model and a snapshot over it, decode, judge) and the
@@ -23,6 +25,7 @@ The parts:
 - rounds.py: evaluation rounds and eval leases, a pure state machine on the network thread;
 - heldout.py: a run's held-out rows scored with its rewards (the producers' prompt format and
   reward runner lent as a `Judge`);
+- preflight.py: a few training prompts sampled and scored, each completion and function shown;
 - report.py: what evaluation during training shows a user (summary.md, reward.png, the
   progress line).
 
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
     from consumer.evaluation.greedy import EvalResult
     from consumer.evaluation.heldout import HeldOutScore, JudgeFactory
     from consumer.evaluation.periodic import LearnerEval
+    from consumer.evaluation.preflight import DryGroup
     from consumer.evaluation.rounds import EvalBook
 
 log = logging.getLogger("asyncgrpo.consumer")
@@ -179,6 +183,16 @@ def greedy_accuracy(
     model, tokenizer = load_model(Path(model_dir), snapshot)
     examples = make_examples("heldout", n, seed=seed)
     return accuracy_of(model, tokenizer, examples, batch_size=batch_size)
+
+
+def dry_run(
+    cfg: Config, model_dir: Path, *, judge: JudgeFactory, num_prompts: int
+) -> list[DryGroup]:
+    """The first `num_prompts` training prompts, each sampled G times with `model_dir` and
+    scored by the run's rewards (`judge` lends them): consumer/evaluation/preflight.py."""
+    from consumer.evaluation.preflight import sample_and_score
+
+    return sample_and_score(cfg, model_dir, judge=judge, num_prompts=num_prompts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,12 @@ class Judge(Protocol):
         """Each completion's reward (the weighted sum of `rewards.fns`) against its row."""
         ...
 
+    async def group_scores(self, groups: Sequence[tuple[Sequence[str], PromptRow]]) -> list[Any]:
+        """Each group (completions of one row) scored as a producer scores it: a `GroupScores`
+        (producer/rewards/judge.py) per group, its rewards, each function's own scores, its
+        failed calls and the first of them."""
+        ...
+
 
 JudgeFactory = Callable[[Config, Path, int], Judge]  # (config, model directory, vocabulary size)
 
@@ -81,13 +87,22 @@ def mean_reward(
     texts = []
     for start in range(0, len(rows), 32):
         prompts = [lent.encode(r) for r in rows[start : start + 32]]
-        texts += [lent.decode(ids) for ids in _complete(model, prompts, lent.stop_ids, cfg)]
+        texts += [lent.decode(ids) for ids in complete(model, prompts, lent.stop_ids, cfg)]
     rewards = asyncio.run(lent.rewards(texts, rows))
     return HeldOutScore(sum(rewards) / len(rewards), len(rewards))
 
 
-def _complete(model: Any, prompts: list[list[int]], stop_ids: tuple[int, ...], cfg: Config) -> Any:
-    """Completion token ids (numpy, cut before the first stop token) of left-padded prompts."""
+def complete(
+    model: Any,
+    prompts: list[list[int]],
+    stop_ids: tuple[int, ...],
+    cfg: Config,
+    *,
+    sampled: bool | None = None,
+) -> Any:
+    """Completion token ids (numpy, cut before the first stop token) of left-padded prompts:
+    sampled at `sampling.temperature` over the full vocabulary, or greedy (`sampled`; default:
+    `eval.mode`)."""
     import torch
 
     pad = stop_ids[0] if stop_ids else 0
@@ -95,7 +110,7 @@ def _complete(model: Any, prompts: list[list[int]], stop_ids: tuple[int, ...], c
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     device = next(model.parameters()).device
-    sampled = cfg.eval.mode == "sampled"
+    sampled = cfg.eval.mode == "sampled" if sampled is None else sampled
     with torch.inference_mode():
         out = model.generate(
             input_ids=ids.to(device),

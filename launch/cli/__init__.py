@@ -8,6 +8,7 @@ and fake-engine producers never import torch.
 One module per command family, all registered below on the one app (launch/cli/app.py: the
 app, the shared options and helpers):
 - run.py: `launch`, `consumer`, `producer` (the processes of a run; the run prepared once);
+  dry_run.py: what `launch --dry-run` prints (a run's first prompts sampled and scored);
 - stress.py: `stress` (launch/stress/ runs the sweep);
 - replay.py: `replay` (consumer/replay.py trains on a recorded stream);
 - status.py: `status`, `report`;

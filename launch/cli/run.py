@@ -310,6 +310,15 @@ EvalOpt = Annotated[
         "--eval/--no-eval", help="Evaluate the start and final models on the held-out split."
     ),
 ]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Train nothing: sample the task's first 4 prompts G times with the starting model, "
+        "score them with the run's rewards and print each completion, its reward and each "
+        "function's score (exit 3 when no prompt has a learning signal).",
+    ),
+]
 
 
 def launch(
@@ -328,6 +337,7 @@ def launch(
     report_to_: ReportToOpt = None,
     resume: ResumeOpt = False,
     force: ForceOpt = False,
+    dry_run: DryRunOpt = False,
 ) -> None:
     """Run the whole pipeline here: one consumer and N producers, supervised.
 
@@ -347,6 +357,8 @@ def launch(
     }
     file = resumed_config(config, resume, run_dir)
     cfg, given = load_given(file, set_, flags, fallback=DEMO_CONFIG)
+    if dry_run:
+        _dry_run(cfg)
     from launch import local
 
     with new_run_dir(cfg, force) as out:
@@ -377,6 +389,20 @@ def launch(
     )
     _finish(cfg, out, model_dir if evaluates and not hurried.is_set() else None)
     raise typer.Exit(EXIT_INTERRUPTED if stopped.is_set() and code == 0 else code)
+
+
+def _dry_run(cfg: C.Config) -> None:
+    """`launch --dry-run`: the run's first prompts sampled and scored (launch/cli/dry_run.py);
+    exits with its code."""
+    from launch.cli.dry_run import dry_run
+
+    if cfg.producer.engine == "fake":
+        fail("--dry-run samples with the model: the fake engine has none (its rewards are coins)")
+    try:
+        code = dry_run(cfg, resolve_model(cfg.model.path))
+    except ConfigError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
 
 
 def _finish(cfg: C.Config, run_dir: Path, evaluate_with: Path | None) -> None:

@@ -6,14 +6,18 @@ scores, a sweep's snapshots, `asyncgrpo eval`).
 (`task.prompt_format`; chat messages through the chat template), completions decoded as reward
 functions see them, and `rewards(texts, rows)`: each completion scored against its row by a
 `RewardRunner` of `rewards.fns` (their weights, time limits and worker processes), one call per
-completion, all in flight at once; the runner's workers stop when it returns. A row is anything
-with a lease's fields (`prompt`, `answer`, `messages`, `columns`).
+completion, all in flight at once; the runner's workers stop when it returns. `group_scores`
+scores whole groups (completions of one row, as a producer scores a lease) and keeps what a
+dry run shows: each function's own scores, the failed calls and the first of them
+(`GroupScores`). A row is anything with a lease's fields (`prompt`, `answer`, `messages`,
+`columns`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +37,17 @@ class Row(Protocol):
     def messages(self) -> tuple[wire.ChatTurn, ...]: ...
     @property
     def columns(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GroupScores:
+    """One group scored: the weighted rewards, each function's own scores (by reward name,
+    common/config/run.py `reward_names`), the failed calls (scored 0) and the first of them."""
+
+    rewards: list[float]
+    parts: dict[str, list[float]]
+    num_failed: int
+    first_error: str
 
 
 class HeldOutJudge:
@@ -63,6 +78,28 @@ class HeldOutJudge:
                 )
             )
         return [float(s.rewards[0]) for s in scored]
+
+    async def group_scores(self, groups: Sequence[tuple[Sequence[str], Row]]) -> list[GroupScores]:
+        from producer.rewards.runner import RewardRunner
+
+        rewards = self.cfg.rewards
+        runner = RewardRunner(rewards.fns, timeout_s=rewards.timeout_s, workers=rewards.workers)
+        async with runner:
+            scored = await asyncio.gather(
+                *(
+                    runner.score(list(texts), r.answer, prompt=_prompt_of(r), columns=r.columns)
+                    for texts, r in groups
+                )
+            )
+        return [
+            GroupScores(
+                rewards=[float(v) for v in s.rewards],
+                parts={name: [float(v) for v in part] for name, part in s.parts.items()},
+                num_failed=s.num_errors + s.num_timeouts,
+                first_error=s.first_error,
+            )
+            for s in scored
+        ]
 
 
 def _prompt_of(row: Row) -> str | list[dict[str, str]]:

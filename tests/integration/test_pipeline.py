@@ -162,7 +162,7 @@ def _assert_observed(run_dir: Path, metrics: list[dict]) -> None:
         (fn_mean,) = m["reward_fn_means"].values()
         assert fn_mean == pytest.approx(m["reward_mean_seen"], abs=1e-5)
     rows = CF.read(run_dir)
-    assert sorted({r.step for r in rows}) == [1, 2, 4]
+    assert sorted({r.step for r in rows}) == [0, 1, 2, 4]  # 0: the first groups, before a step
     assert all(set(r.rewards) == {"reward_fixtures:length"} for r in rows)
     assert all(r.reward == pytest.approx(r.rewards["reward_fixtures:length"]) for r in rows)
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})

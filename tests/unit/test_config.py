@@ -282,6 +282,7 @@ PROBLEMS = [
     (["net.connect=127.0.0.1:5555"], "not an endpoint tcp://HOST:PORT", "net.connect"),
     (["producer.max_in_flight=0"], "max_in_flight must be >= 1", "producer.max_in_flight"),
     (["run.wait_for_producers=-1"], "wait_for_producers_s must be >= 0", "run.wait_for_producers"),
+    (["run.no_signal_s=-1"], "no_signal_s must be >= 0", "run.no_signal_s"),
     (["fake.min_tokens=0"], "min_tokens must be in [1, fake.max_tokens]", "fake.min_tokens"),
     (["dist.timeout_s=0"], "timeout_s must be > 0", "dist.timeout_s"),
     (["eval.every_steps=-1"], "every_steps must be >= 0 (0 = off)", "eval.every_steps"),

@@ -13,7 +13,7 @@ from common.files import metrics as M
 from common.files import run_files as RF
 from consumer.reward_tally import RewardTally
 from launch.dashboard import summary_line
-from launch.report import plot_reward, report, summarize
+from launch.report import plot_reward, report, reward_lines, summarize
 
 
 def _group(rewards: list[float], parts: list[list[float]] | None) -> wire.Group:
@@ -67,10 +67,13 @@ def test_summary_md_has_both_rewards_the_functions_and_the_warning(tmp_path):
     writer.close()
     report(tmp_path)
     summary = (tmp_path / RF.SUMMARY).read_text()
-    assert "- reward mean (all arrived groups): first 3 steps 0.400, last 3 steps 0.400" in summary
-    assert "- reward mean (trained groups): first 3 steps 0.500" in summary
-    assert "- groups with equal rewards (no signal): first 3 steps 65%" in summary
-    assert "- reward `exact_match` (unweighted, all arrived groups): first 0.200" in summary
+    # three steps: windows of one step each, never the same steps twice
+    assert "- reward mean (all arrived groups): first step 0.200, last step 0.600" in summary
+    assert "- reward mean (trained groups): first step 0.500" in summary
+    assert "- groups with equal rewards (no signal): first step 35%, last step 95%" in summary
+    assert "- reward `exact_match` (unweighted, all arrived groups): first 0.100, last 0.300" in (
+        summary
+    )
     assert "- reward `boxed_format`" in summary
     assert "**warning**: no signal: 95% of the groups had equal rewards" in summary
 
@@ -127,3 +130,11 @@ def test_the_dashboard_shows_both_rewards_each_function_and_no_signal(tmp_path):
     assert "0.700 (trained 0.500, equal 92%)" in text
     assert "boxed_format 0.900 · exact_match 0.300" in text  # metrics.jsonl sorts its keys
     assert "92% of the groups had equal rewards" in text
+
+
+def test_the_first_and_last_windows_never_share_a_step():
+    from launch.report import windows
+
+    assert [windows(n) for n in (1, 2, 3, 5, 19, 20, 300)] == [1, 1, 1, 2, 9, 10, 10]
+    one = M.StepRecord(**{**BASE, "reward_mean_seen": 0.25})
+    assert reward_lines([one])[0] == "- reward mean (all arrived groups): 0.250 (1 step)"
