@@ -14,5 +14,6 @@ process calls it. Grouped by kind:
   (learner and engines alike);
 - task/: the built-in synthetic task and the pass@k estimator;
 - host/: this host's torch device and local model directories;
-- errors.py: the exceptions that cross module boundaries.
+- errors.py: the exceptions that cross module boundaries, and the processes' exit codes;
+- progress.py: progress lines of long work (every 10 s, at the first unit and each tenth).
 """

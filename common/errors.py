@@ -63,3 +63,10 @@ class WireError(AsyncGRPOError, ValueError):
         # Best effort, for a group that parsed but failed a check: whom to tell, about what.
         self.lease_id: int | None = None
         self.producer_id: str | None = None
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message, at most `limit` characters (libraries write
+    pages); its type's name when it has no message."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__

@@ -48,7 +48,7 @@ from common import config as config_mod
 from common import wire
 from common.config import Config
 from common.config.run import reward_names
-from common.errors import EXIT_NO_SIGNAL, ConfigError
+from common.errors import EXIT_NO_SIGNAL, ConfigError, first_line
 from common.files import completions_file as CF
 from common.files import run_files as RF
 from common.files import run_state as RS
@@ -95,9 +95,7 @@ class Learner:
 
             self.trainer: Trainer = SimulatedTrainer(cfg)
         else:  # one device, or this rank's part of a sharded learner (torchrun)
-            from consumer.train import make_trainer
-
-            self.trainer = make_trainer(cfg, self.model_dir)
+            self.trainer = _load_trainer(cfg, self.model_dir)
         version, book_state = 0, None
         if cfg.run.resume:
             version, book_state = checkpoint.load(run_dir, trainer=self.trainer)
@@ -440,6 +438,22 @@ class Learner:
         log.info("ledger: %s", balance.to_json())
         if not balance.ok:
             raise AssertionError(f"ledger does not balance: {balance.to_json()}")
+
+
+def _load_trainer(cfg: Config, model_dir: Path) -> Trainer:
+    """The trainer of `model_dir`; a model that does not load (no weights, a broken config, an
+    unknown architecture) is a `ConfigError` in one line: no restart can help."""
+    from consumer.train import make_trainer
+
+    try:
+        return make_trainer(cfg, model_dir)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, RuntimeError, ImportError, KeyError) as exc:
+        raise ConfigError(
+            f"cannot load the model {str(model_dir)!r} (model.path): "
+            f"{type(exc).__name__}: {first_line(exc)}"
+        ) from exc
 
 
 def _reuse_ports(cfg: Config, run_dir: Path) -> Config:

@@ -145,11 +145,14 @@ def budget_text(max_groups: int, max_s: float) -> str:
 
 def unknown_token(model_dir: Path | None) -> tuple[int | None, str]:
     """The unknown token's id and text of `model_dir`'s tokenizer ((None, "") without one: a
-    byte-level tokenizer encodes any text)."""
+    byte-level tokenizer encodes any text; or without a tokenizer that loads)."""
     if model_dir is None:
         return None, ""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError):  # no tokenizer: the producers say so, in one line
+        return None, ""
     unk = tokenizer.unk_token_id
     return (None, "") if unk is None else (int(unk), str(tokenizer.unk_token))

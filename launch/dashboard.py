@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from rich.table import Table
 from common.files import run_files as RF
 from common.files import run_state as RS
 from common.files.metrics import StepRecord
+from common.progress import Ticker
 from consumer.evaluation.report import eval_text
 from launch.headline import fn_means_text, no_signal, reward_text, signal_text
 
@@ -159,35 +159,10 @@ def run_line(
     )
 
 
-@dataclass
-class LineClock:
-    """When a plain progress line is due (no terminal: a log file, a pipe): every `every_s`
-    seconds, at the first step, and each time the steps pass another tenth of `steps`, so that
-    a fast run of 300 steps says more than two lines and a slow one never goes quiet."""
-
-    steps: int
-    started: float  # monotonic
-    every_s: float = 10.0
-    said_at: float = field(init=False)
-    said_step: int = 0
-
-    def __post_init__(self) -> None:
-        self.said_at = self.started
-
-    def due(self, step: int, now: float) -> bool:
-        """True when a line should go out now (and it is then counted as said)."""
-        tenth = max(self.steps // 10, 1) if self.steps > 0 else 0
-        crossed = bool(tenth) and step // tenth > self.said_step // tenth
-        first = step > 0 and self.said_step == 0
-        if now - self.said_at >= self.every_s or crossed or first:
-            self.said_at, self.said_step = now, step
-            return True
-        return False
-
-
 class Progress:
-    """A daemon thread logging `summary_line` for a consumer run by hand when `LineClock` says
-    (the launcher has its own display). Reads only the run's files."""
+    """A daemon thread logging `summary_line` for a consumer run by hand (and a replay) when
+    `common.progress.Ticker` says: every 10 s, at the first step and at each tenth of the
+    steps (the launcher has its own display). Reads only the run's files."""
 
     def __init__(self, run_dir: Path, steps: int, every_s: float = 10.0) -> None:
         self.run_dir, self.steps, self.every_s = run_dir, steps, every_s
@@ -203,7 +178,7 @@ class Progress:
     def _run(self) -> None:
         log = logging.getLogger("asyncgrpo.progress")
         tail, t0 = MetricsTail(self.run_dir / RF.METRICS), time.monotonic()
-        clock = LineClock(self.steps, t0, self.every_s)
+        clock = Ticker(self.steps, t0, self.every_s)
         while not self._stop.wait(min(self.every_s, 0.5)):
             tail.poll()
             step = tail.records[-1].step if tail.records else 0

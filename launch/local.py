@@ -9,7 +9,10 @@ consumer …`, `… producer …`), each in its own process group and with a par
 - Processes are tracked by PID/process group, never found or killed by name.
 - A producer that fails (non-zero exit) while the consumer still runs is restarted under the same
   producer id (the consumer then expires the leases it lost at once), at most `max_restarts`
-  times each.
+  times each, unless it exited with `EXIT_CONFIG` (2: a configuration error, such as a reward
+  module that does not import or a model that does not load): no restart can fix that, so it
+  is the run's `failure` (its `error:` line) and `run` stops the run with that code. A
+  consumer that exits while starting is one too (`StartFailed`), never a traceback.
 - Each child may get extra environment variables (`consumer_env`, `producer_env(index)`: the
   stress sweep's GPU placement through `CUDA_VISIBLE_DEVICES`); the rest is inherited.
 - `stop()` asks the consumer to finish (SIGINT: final step, final snapshot, ledger), waits, then
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.errors import EXIT_CONFIG
 from common.files import run_files as RF
 
 if TYPE_CHECKING:
@@ -51,6 +55,41 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A child that failed in a way no restart can fix: its name, exit code and the line that
+    says why (its last `error:` line, else the last line it wrote)."""
+
+    name: str
+    code: int
+    line: str
+
+    def __str__(self) -> str:
+        return f"{self.name} exited with {self.code}: {self.line}"
+
+
+class StartFailed(Exception):
+    """The consumer exited (or never listened) while the run was starting."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+def last_error(log_path: Path, max_bytes: int = 64 << 10) -> str:
+    """The last `error: ...` line a child wrote to its log (the CLI's one-line errors), else
+    its last non-empty line ("" when there is none)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - max_bytes))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    said = [line.strip() for line in lines if line.strip()]
+    errors = [line for line in said if line.startswith("error: ")]
+    return errors[-1].removeprefix("error: ") if errors else (said[-1] if said else "")
 
 
 @dataclass
@@ -115,6 +154,7 @@ class Supervisor:
         self.consumer: Child | None = None
         self.producers: list[Child] = []
         self.endpoint = ""
+        self.failure: Failure | None = None  # what no restart can fix; the run stops for it
 
     def _cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "launch.cli", *args]
@@ -151,11 +191,14 @@ class Supervisor:
         while not endpoints.exists():
             code = self.consumer.poll()
             if code is not None:
-                raise RuntimeError(
-                    f"the consumer exited with {code} at startup: see {self.consumer.log_path}"
-                )
+                line = last_error(self.consumer.log_path) or f"see {self.consumer.log_path}"
+                self.failure = Failure("consumer", code, line)
+                raise StartFailed(self.failure)
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the consumer did not start within {startup_timeout_s} s")
+                self.failure = Failure(
+                    "consumer", 1, f"did not listen within {startup_timeout_s:g} s (still loading?)"
+                )
+                raise StartFailed(self.failure)
             time.sleep(0.1)
         self.endpoint = RF.read_endpoints(endpoints).control
 
@@ -166,16 +209,25 @@ class Supervisor:
         (self.run_dir / RF.PROCESSES).write_text(json.dumps(started))
 
     def tick(self) -> int | None:
-        """Restart dead producers; the consumer's exit code once it has exited, else None."""
+        """Restart dead producers (not one that exited with a configuration error: that is the
+        run's `failure`); the consumer's exit code once it has exited, else None."""
         assert self.consumer is not None
         code = self.consumer.poll()
         if code is not None:
+            if code == EXIT_CONFIG and self.failure is None:
+                self.failure = Failure("consumer", code, last_error(self.consumer.log_path))
             return code
         for child in self.producers:
             exit_code = child.poll()
             if exit_code is None or child.finished:
                 continue
             child.exit_codes.append(exit_code)
+            if exit_code == EXIT_CONFIG and self.failure is None:
+                child.finished = True
+                self.failure = Failure(
+                    f"producer {child.name}", exit_code, last_error(child.log_path)
+                )
+                continue
             if exit_code == 0 or child.restarts >= self.max_restarts:  # 0: the consumer is done
                 child.finished = True
                 continue
@@ -231,7 +283,7 @@ def _watch(
     clock: Any,
 ) -> int | None:
     """Tick the supervisor every 0.25 s until `stop` is set or the run ends (its exit code);
-    `line`, if given, prints a progress line when `clock` (launch.dashboard.LineClock) says."""
+    `line`, if given, prints a progress line when `clock` (common.progress.Ticker) says."""
     while not stop.is_set():
         code = sup.tick()
         tail.poll()
@@ -242,6 +294,8 @@ def _watch(
             line()
         if code is not None:
             return code
+        if sup.failure is not None:  # a producer that no restart can fix: the run cannot go on
+            return sup.failure.code
         time.sleep(0.25)
     return None
 
@@ -287,14 +341,17 @@ def run(
 
     Ctrl-C (SIGINT) or SIGTERM to the launcher ends the run early, the same clean way, and so
     does setting `stop_event` (which a signal sets too, so the caller can tell afterwards); a
-    second one sets `hurry_event` and is passed on to the consumer. Without `live`, a plain
+    second one sets `hurry_event` and is passed on to the consumer. A child that fails in a way
+    no restart can fix (`sup.failure`: a configuration error, or a consumer that exited while
+    starting) ends the run with its code, said in one `error:` line. Without `live`, a plain
     progress line (`wording`) every 10 s, at the first step and at each tenth of the steps
-    (`LineClock`), never wrapped (one line per record in a log file).
+    (`common.progress.Ticker`), never wrapped (one line per record in a log file).
     """
     from rich.console import Console
     from rich.live import Live
 
-    from launch.dashboard import LineClock, MetricsTail, render, run_line
+    from common.progress import Ticker
+    from launch.dashboard import MetricsTail, render, run_line
 
     run_dir, label = sup.run_dir, wording.label
     stop = stop_event if stop_event is not None else threading.Event()
@@ -318,14 +375,18 @@ def run(
 
     code: int | None = None
     try:
-        sup.start()
+        try:
+            sup.start()
+        except StartFailed as exc:
+            code = exc.failure.code
+            return code
         display = (
             Live(get_renderable=view, console=console, refresh_per_second=2)
             if live
             else nullcontext()
         )
         with display:
-            clock = LineClock(steps, t0)
+            clock = Ticker(steps, t0)
             code = _watch(sup, stop, tail, on_tick, None if live else line, clock)
     finally:
         if stop.is_set():
@@ -339,6 +400,10 @@ def run(
         for s, handler in previous.items():
             signal.signal(s, handler)
         tail.poll()
-    if tail.records:
+        if sup.failure is not None:
+            console.print(
+                f"error: {sup.failure}", style="red", highlight=False, markup=False, soft_wrap=True
+            )
+    if tail.records and sup.failure is None:
         line()
     return int(code) if code is not None else 1

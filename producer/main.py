@@ -29,13 +29,12 @@ from pathlib import Path
 import zmq.asyncio
 
 from common.config import Config
-from common.errors import ConfigError
-from producer.endpoint_file import resolve_connect
+from common.errors import EXIT_CONSUMER_LOST, ConfigError
+from producer.endpoint_file import NoConsumer, resolve_connect
 from producer.session import KeptEngine
-from producer.worker import ConsumerLost, NoConsumer, Producer
+from producer.worker import ConsumerLost, Producer
 
 log = logging.getLogger("asyncgrpo.producer")
-EXIT_CONSUMER_LOST = 3
 
 
 def _log_tasks() -> None:

@@ -25,7 +25,7 @@ import zmq.asyncio
 
 from common import wire
 from common.config import Config
-from common.errors import ConfigError
+from common.errors import ConfigError, first_line
 from common.sampling.kept_set import Truncation
 from producer.engines import make_engine
 from producer.engines.base import Engine
@@ -84,7 +84,7 @@ async def open_session(
     except (OSError, ValueError, RuntimeError, ImportError) as exc:  # a model that won't load
         raise ConfigError(
             f"cannot load the model {str(model_dir)!r} ({whose}) on this producer's host: "
-            f"{type(exc).__name__}: {_first_line(exc)}"
+            f"{type(exc).__name__}: {first_line(exc)}"
         ) from exc
     rewards = make_rewards(cfg, spec, codec)
     outbox = Outbox(push(), resend_after_s=cfg.net.resend_after_s)
@@ -112,9 +112,3 @@ def _model_dir(cfg: Config, spec: wire.RunSpec) -> tuple[Path | None, str]:
             "learner's model (--model demo when the consumer trains the embedded demo)"
         )
     return model_dir, whose
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (libraries write pages)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -60,6 +60,7 @@ from common.net.sockets import client_socket, endpoint_with_port
 from producer.announcements import announcements
 from producer.backoff import Backoff
 from producer.control import ControlClient, Rejected
+from producer.endpoint_file import NoConsumer
 from producer.fetch.relay import Relay
 from producer.lease_task import LeaseRunner
 from producer.outbox import Outbox
@@ -72,10 +73,6 @@ from producer.weights import Weights
 log = logging.getLogger("asyncgrpo.producer")
 _REQUEST_TIMEOUT_S = 10.0
 _BACKOFF_FIRST_S, _BACKOFF_CAP_S = 0.05, 1.0  # pauses between lease requests that got nothing
-
-
-class NoConsumer(ConfigError):
-    """No consumer answered the handshake in time."""
 
 
 class ConsumerLost(Exception):

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import Config, TaskConfig
-from common.errors import ConfigError
+from common.errors import ConfigError, first_line
 from consumer.data.rows import PromptRow, RowFields, row_of
 
 HF_BUILDERS = {  # a local data file's suffix -> the `datasets` builder that reads it
@@ -175,7 +175,7 @@ def _hf_load(datasets: Any, path: str, key: str, *, config: str, split: str) -> 
         where = "a local file or directory" if local.exists() else "in the local Hugging Face cache"
         raise ConfigError(
             f"{key} = {path!r}: could not load it as {where} (nothing is downloaded): "
-            f"{type(exc).__name__}: {_first_line(exc)}"
+            f"{type(exc).__name__}: {first_line(exc)}"
         ) from None
 
 
@@ -213,8 +213,3 @@ def _need_module(name: str, what: str) -> None:
 
     if importlib.util.find_spec(name) is None:
         raise ConfigError(f"reading {what} needs the {name} package: pip install 'asyncgrpo[data]'")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""

@@ -119,28 +119,44 @@ def evaluate_through_producers(
     return book, rows
 
 
+Progress = Callable[[int], None]  # told the problems done so far (common/progress.py Counter)
+
+
 def score_model(
-    cfg: Config, model_dir: Path, snapshot: Path | None = None, *, judge: JudgeFactory
+    cfg: Config,
+    model_dir: Path,
+    snapshot: Path | None = None,
+    *,
+    judge: JudgeFactory,
+    progress: Callable[[int], Progress] | None = None,
 ) -> HeldOutScore:
     """`model_dir` (with `snapshot`'s weights over it, if given) on the run's held-out split:
     `eval.path` scored with the run's rewards (`judge` lends them), else greedy accuracy on the
-    synthetic split. `has_heldout(cfg)` is checked first."""
+    synthetic split. `has_heldout(cfg)` is checked first. `progress(total)`, if given, makes
+    what is told the problems done as they are."""
     from consumer.evaluation import heldout
 
     if cfg.eval.path:
-        return heldout.mean_reward(cfg, model_dir, snapshot, judge=judge)
+        return heldout.mean_reward(cfg, model_dir, snapshot, judge=judge, progress=progress)
     assert cfg.task.source == "synthetic", "has_heldout(cfg) is checked first"
-    result = greedy_accuracy(model_dir, snapshot=snapshot)
+    result = greedy_accuracy(model_dir, snapshot=snapshot, progress=progress)
     return heldout.HeldOutScore(result.accuracy, result.total)
 
 
 def score_run_ends(
-    cfg: Config, run_dir: Path, model_dir: Path, *, judge: JudgeFactory
+    cfg: Config,
+    run_dir: Path,
+    model_dir: Path,
+    *,
+    judge: JudgeFactory,
+    progress: Callable[[str, int], Progress] | None = None,
 ) -> dict[str, Any] | None:
     """The starting model and the snapshot `run_dir` ended with (its `final.json`; the newest on
     disk if it never ended cleanly), scored by `score_model` and written to RUN_DIR/eval.json
     (`initial_accuracy`, `final_accuracy`, `heldout_size`, `final_version`, `model`, `heldout`:
-    `describe(cfg)`); None without a held-out split or without a snapshot."""
+    `describe(cfg)`); None without a held-out split or without a snapshot. `progress(which,
+    total)`, if given, makes what is told each model's problems done ("final snapshot",
+    "starting model")."""
     from common.weights import snapshot as snap
 
     if not has_heldout(cfg):
@@ -152,9 +168,20 @@ def score_run_ends(
         log.warning("%s has no final.json: evaluating its newest snapshot", run_dir)
     version = final_version(run_dir)
     final = score_model(
-        cfg, model_dir, snap.snapshot_dir(run_dir / RF.SNAPSHOTS, version), judge=judge
+        cfg,
+        model_dir,
+        snap.snapshot_dir(run_dir / RF.SNAPSHOTS, version),
+        judge=judge,
+        progress=(lambda total: progress(f"final snapshot v{version}", total))
+        if progress
+        else None,
     )
-    start = score_model(cfg, model_dir, judge=judge)
+    start = score_model(
+        cfg,
+        model_dir,
+        judge=judge,
+        progress=(lambda total: progress("starting model", total)) if progress else None,
+    )
     result = {
         "initial_accuracy": start.score,
         "final_accuracy": final.score,
@@ -174,15 +201,18 @@ def greedy_accuracy(
     n: int | None = None,
     seed: int = 0,
     batch_size: int = 64,
+    progress: Callable[[int], Progress] | None = None,
 ) -> EvalResult:
     """Greedy accuracy of a model directory (with `snapshot`'s weights over it) on the first `n`
-    problems of the synthetic held-out split (default: all of them), `batch_size` at a time."""
+    problems of the synthetic held-out split (default: all of them), `batch_size` at a time
+    (`progress(total)`: told the problems done after each batch)."""
     from common.task.synthetic import make_examples
     from consumer.evaluation.greedy import accuracy_of, load_model
 
     model, tokenizer = load_model(Path(model_dir), snapshot)
     examples = make_examples("heldout", n, seed=seed)
-    return accuracy_of(model, tokenizer, examples, batch_size=batch_size)
+    told = progress(len(examples)) if progress is not None else None
+    return accuracy_of(model, tokenizer, examples, batch_size=batch_size, progress=told)
 
 
 def dry_run(

@@ -17,6 +17,7 @@ or sample; never touches the train split.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,10 @@ def accuracy_of(
     *,
     batch_size: int = 64,
     max_new_tokens: int = 8,
+    progress: Callable[[int], None] | None = None,
 ) -> EvalResult:
-    """Greedy accuracy of `model` on `examples` (see the module docstring)."""
+    """Greedy accuracy of `model` on `examples` (see the module docstring); `progress` is told
+    the examples done after each batch."""
     import torch
 
     was_training, side = model.training, tokenizer.padding_side
@@ -54,6 +57,8 @@ def accuracy_of(
                 batch = examples[start : start + batch_size]
                 texts = _greedy(model, tokenizer, [e.prompt for e in batch], device, max_new_tokens)
                 correct += sum(is_correct(t, e.answer) for t, e in zip(texts, batch, strict=True))
+                if progress is not None:
+                    progress(start + len(batch))
     finally:
         tokenizer.padding_side = side
         model.train(was_training)

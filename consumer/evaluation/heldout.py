@@ -69,10 +69,16 @@ JudgeFactory = Callable[[Config, Path, int], Judge]  # (config, model directory,
 
 
 def mean_reward(
-    cfg: Config, model_dir: Path, snapshot: Path | None, *, judge: JudgeFactory
+    cfg: Config,
+    model_dir: Path,
+    snapshot: Path | None,
+    *,
+    judge: JudgeFactory,
+    progress: Callable[[int], Callable[[int], None]] | None = None,
 ) -> HeldOutScore:
     """The mean reward of `model_dir` (with `snapshot`'s weights over it, if given) on the rows
-    of `eval.path` (a `ConfigError` naming the file, row and field if one is malformed)."""
+    of `eval.path` (a `ConfigError` naming the file, row and field if one is malformed);
+    `progress(total)`: told the rows completed after each batch."""
     import torch
 
     from consumer.data.sources import heldout_rows
@@ -84,10 +90,13 @@ def mean_reward(
         model = model.to("cuda")
     lent = judge(cfg, model_dir, model.config.vocab_size)
     torch.manual_seed(cfg.run.seed)
+    told = progress(len(rows)) if progress is not None else None
     texts = []
     for start in range(0, len(rows), 32):
         prompts = [lent.encode(r) for r in rows[start : start + 32]]
         texts += [lent.decode(ids) for ids in complete(model, prompts, lent.stop_ids, cfg)]
+        if told is not None:
+            told(len(texts))
     rewards = asyncio.run(lent.rewards(texts, rows))
     return HeldOutScore(sum(rewards) / len(rewards), len(rewards))
 

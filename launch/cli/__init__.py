@@ -9,6 +9,7 @@ One module per command family, all registered below on the one app (launch/cli/a
 app, the shared options and helpers):
 - run.py: `launch`, `consumer`, `producer` (the processes of a run; the run prepared once);
   dry_run.py: what `launch --dry-run` prints (a run's first prompts sampled and scored);
+  finish.py: after a launch's run (how it ended, the final evaluation, the report);
 - stress.py: `stress` (launch/stress/ runs the sweep);
 - replay.py: `replay` (consumer/replay.py trains on a recorded stream);
 - status.py: `status`, `report`;

@@ -7,16 +7,19 @@ The commands themselves live one family per module (launch/cli/__init__.py regis
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
 
 from common import config as C
+from common import errors
 from common.errors import ConfigError
 from common.files import run_files as RF
 
@@ -94,7 +97,7 @@ ModelOpt = Annotated[
         "Face cache, or 'demo'."
     ),
 ]
-EXIT_INTERRUPTED = 130  # a run stopped by Ctrl-C or SIGTERM (128 + SIGINT, as shells say)
+EXIT_INTERRUPTED = errors.EXIT_INTERRUPTED  # a run stopped by Ctrl-C or SIGTERM
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")]
 StepsOpt = Annotated[int | None, typer.Option(help="run.steps: optimizer steps to take.")]
 MaxStalenessOpt = Annotated[
@@ -181,8 +184,19 @@ def resolve_model(path: str) -> Path:
         fail(str(exc))
 
 
+@dataclass(frozen=True, slots=True)
+class NewRunDir:
+    """A run directory claimed for a new run (or a resumed one), and whether this command
+    created it (then a start that fails may remove it whole: `discard_failed_start`)."""
+
+    path: Path
+    created: bool
+
+
 @contextmanager
-def new_run_dir(cfg: C.Config, force: bool = False, *, resumable: bool = True) -> Iterator[Path]:
+def new_run_dir(
+    cfg: C.Config, force: bool = False, *, resumable: bool = True
+) -> Iterator[NewRunDir]:
     """The run directory, created (one holding another run needs --resume or --force), for the
     preparation of a run: created here and still empty when that fails, it is removed again (a
     failed start leaves no empty run directory behind)."""
@@ -195,8 +209,20 @@ def new_run_dir(cfg: C.Config, force: bool = False, *, resumable: bool = True) -
     except ConfigError as exc:
         fail(str(exc))
     try:
-        yield out
+        yield NewRunDir(out, created=not existed)
     except BaseException:
         if not existed and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
         raise
+
+
+def discard_failed_start(run_dir: NewRunDir) -> bool:
+    """Remove the directory of a run that failed to start (a configuration error: exit 2), when
+    this command created it and no step was trained in it, so a failed start leaves nothing
+    behind (its one-line reason is on the console); True when removed."""
+    metrics = run_dir.path / RF.METRICS
+    trained = metrics.exists() and metrics.stat().st_size > 0
+    if not run_dir.created or trained or not run_dir.path.is_dir():
+        return False
+    shutil.rmtree(run_dir.path)
+    return True

@@ -12,7 +12,7 @@ started and no run directory is made. Exit code 0 when some prompt has a signal,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -25,6 +25,21 @@ if TYPE_CHECKING:
 
 DRY_RUN_PROMPTS = 4
 _SHOWN_CHARS = 60
+
+
+def run_dry(cfg: C.Config) -> NoReturn:
+    """`launch --dry-run`: resolve the model (the demo is built the first time), print the dry
+    run, exit with its code."""
+    from common.errors import ConfigError
+    from launch.cli.app import fail, resolve_model
+
+    if cfg.producer.engine == "fake":
+        fail("--dry-run samples with the model: the fake engine has none (its rewards are coins)")
+    try:
+        code = dry_run(cfg, resolve_model(cfg.model.path))
+    except ConfigError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
 
 
 def dry_run(cfg: C.Config, model_dir: Path) -> int:

@@ -92,7 +92,8 @@ def replay(
         changes = rules.check(original, cfg)
     except ConfigError as exc:
         fail(str(exc))
-    with new_run_dir(cfg, force, resumable=False) as out:  # a replay is never resumed
+    with new_run_dir(cfg, force, resumable=False) as claimed:  # a replay is never resumed
+        out = claimed.path
         cfg = C.override(cfg, {"run.dir": out})
         C.write(cfg, out / RF.CONFIG)
     setup_logging(out, "replay", verbose)

@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 
 from common import config as C
-from common.errors import ConfigError
+from common.errors import EXIT_CONFIG, EXIT_CONSUMER_LOST, ConfigError
 from common.files import run_files as RF
 from launch.cli.app import (
     DEMO_CONFIG,
@@ -34,11 +34,13 @@ from launch.cli.app import (
     KeysOpt,
     MaxStalenessOpt,
     ModelOpt,
+    NewRunDir,
     ReportToOpt,
     ResumeOpt,
     SetOpt,
     StepsOpt,
     VerboseOpt,
+    discard_failed_start,
     fail,
     load_config,
     load_given,
@@ -62,15 +64,15 @@ def prepare_run(cfg: C.Config, out: Path, values: dict[str, object] | None = Non
     return cfg
 
 
-def _consumer_run(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.Config]:
+def _consumer_run(cfg: C.Config, force: bool, prepared: bool) -> tuple[NewRunDir, C.Config]:
     """The run directory and the config of this consumer's run: as written when the launcher
-    prepared it (`--prepared`), else prepared here."""
+    prepared it (`--prepared`: the launcher owns the directory), else prepared here."""
     if prepared:
         if not cfg.run.dir:
             fail("--prepared needs the run's own config.toml (run.dir is empty)")
-        return Path(cfg.run.dir), cfg
-    with new_run_dir(cfg, force) as out:
-        return out, prepare_run(cfg, out)
+        return NewRunDir(Path(cfg.run.dir), created=False), cfg
+    with new_run_dir(cfg, force) as claimed:
+        return claimed, prepare_run(cfg, claimed.path)
 
 
 def _join_ranks(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.Config, str]:
@@ -86,7 +88,8 @@ def _join_ranks(cfg: C.Config, force: bool, prepared: bool) -> tuple[Path, C.Con
     cuda = resolve_device(cfg.model.device).type == "cuda"
     D.init(world, cuda=cuda, timeout_s=cfg.dist.timeout_s)
     if world.main:
-        out, cfg = _consumer_run(cfg, force, prepared)
+        claimed, cfg = _consumer_run(cfg, force, prepared)
+        out = claimed.path
         D.share_text(json.dumps({"run.dir": str(out), "model.path": cfg.model.path}))
         return out, cfg, "consumer"
     values = json.loads(D.share_text(None))
@@ -190,8 +193,10 @@ def consumer(
         _exec_torchrun(nproc_per_node)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         out, cfg, name = _join_ranks(cfg, force, prepared)
+        claimed = NewRunDir(out, created=False)
     else:
-        (out, cfg), name = _consumer_run(cfg, force, prepared), "consumer"
+        (claimed, cfg), name = _consumer_run(cfg, force, prepared), "consumer"
+        out = claimed.path
     setup_logging(out, name, verbose)
     from consumer.learner import main as learner_main
     from launch.dashboard import Progress
@@ -201,7 +206,9 @@ def consumer(
         progress.start()
     try:
         code = learner_main(cfg, out)
-    except ConfigError as exc:
+    except ConfigError as exc:  # it cannot start: one line, and no directory left behind
+        progress.stop()
+        discard_failed_start(claimed)
         fail(str(exc))
     finally:
         progress.stop()
@@ -283,10 +290,14 @@ def producer(
     setup_logging(None, "producer", verbose)
     if log_file is not None:
         logging.getLogger().addHandler(logging.FileHandler(log_file))
+    from producer.endpoint_file import NoConsumer
     from producer.main import main as worker_main
 
     try:
         code = asyncio.run(worker_main(cfg))
+    except NoConsumer as exc:  # a restart may find it: not a configuration error
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(EXIT_CONSUMER_LOST) from None
     except ConfigError as exc:
         fail(str(exc))
     raise typer.Exit(code)
@@ -358,17 +369,19 @@ def launch(
     file = resumed_config(config, resume, run_dir)
     cfg, given = load_given(file, set_, flags, fallback=DEMO_CONFIG)
     if dry_run:
-        _dry_run(cfg)
-    from launch import local
+        from launch.cli.dry_run import run_dry
 
-    with new_run_dir(cfg, force) as out:
+        run_dry(cfg)
+    check_rewards(cfg)
+    from launch import local
+    from launch.cli.finish import end_failed, finish
+
+    with new_run_dir(cfg, force) as claimed:
+        out = claimed.path
         cfg, producers = _split_cores(cfg, given, producers)
         cfg = local.local_config(cfg, given)
         if not cfg.train.simulate_step_s:
-            typer.echo(
-                f"model: {cfg.model.path} (building it the first time can take a minute)",
-                err=True,
-            )
+            typer.echo(f"model: {cfg.model.path}", err=True)
         cfg = prepare_run(cfg, out.resolve(), {"net.control_port": 0})
     model_dir = None if cfg.train.simulate_step_s else Path(cfg.model.path)
     typer.echo(f"run directory: {out}", err=True)
@@ -387,40 +400,24 @@ def launch(
         stop_event=stopped,
         hurry_event=hurried,
     )
-    _finish(cfg, out, model_dir if evaluates and not hurried.is_set() else None)
+    if sup.failure is not None and code == EXIT_CONFIG:  # nothing to evaluate or report
+        end_failed(claimed, code)
+    finish(cfg, out, model_dir if evaluates and not hurried.is_set() else None)
     raise typer.Exit(EXIT_INTERRUPTED if stopped.is_set() and code == 0 else code)
 
 
-def _dry_run(cfg: C.Config) -> None:
-    """`launch --dry-run`: the run's first prompts sampled and scored (launch/cli/dry_run.py);
-    exits with its code."""
-    from launch.cli.dry_run import dry_run
+def check_rewards(cfg: C.Config) -> None:
+    """Before anything starts: every reward function imports here, where `launch`'s producers
+    will run (a module that does not is one line and exit 2, not a producer restarted)."""
+    if cfg.producer.engine == "fake":  # its rewards are coins
+        return
+    from producer.rewards.calls import resolve
 
-    if cfg.producer.engine == "fake":
-        fail("--dry-run samples with the model: the fake engine has none (its rewards are coins)")
-    try:
-        code = dry_run(cfg, resolve_model(cfg.model.path))
-    except ConfigError as exc:
-        fail(str(exc))
-    raise typer.Exit(code)
-
-
-def _finish(cfg: C.Config, run_dir: Path, evaluate_with: Path | None) -> None:
-    """After a launch's run: the held-out evaluation (with `evaluate_with`, the starting model's
-    directory; a Ctrl-C skips it), then the summary and plots (a Ctrl-C there leaves them to
-    `asyncgrpo report RUN_DIR`)."""
-    from launch.report import report as write_report
-
-    if evaluate_with is not None:
+    for spec in cfg.rewards.fns:
         try:
-            _evaluate_run(cfg, run_dir, evaluate_with)
-        except KeyboardInterrupt:
-            typer.echo("evaluation skipped", err=True)
-    try:
-        for path in write_report(run_dir):
-            typer.echo(f"wrote {path}", err=True)
-    except KeyboardInterrupt:
-        typer.echo(f"no summary written: `asyncgrpo report {run_dir}` writes it", err=True)
+            resolve(spec.fn)
+        except ConfigError as exc:
+            fail(str(exc))
 
 
 def _split_cores(
@@ -456,29 +453,3 @@ def _split_cores(
         cores.describe(shown, given=kept | ({"producers"} if producers else set())), err=True
     )
     return cfg, chosen.producers
-
-
-def _evaluate_run(cfg: C.Config, run_dir: Path, model_dir: Path) -> None:
-    """The held-out score of the start and the final snapshot (consumer/evaluation/), if the
-    task has a held-out split."""
-    from consumer import evaluation
-    from producer.rewards.judge import HeldOutJudge
-
-    if not evaluation.has_heldout(cfg):
-        return
-    typer.echo(
-        f"evaluating the start and the final snapshot: {evaluation.describe(cfg)} "
-        "(Ctrl-C: skip it)",
-        err=True,
-    )
-    r = evaluation.score_run_ends(cfg, run_dir, model_dir, judge=HeldOutJudge)
-    if r is None:
-        typer.echo("no snapshot to evaluate", err=True)
-        return
-    start, final = r["initial_accuracy"], r["final_accuracy"]
-    typer.secho(
-        f"held-out {r['heldout']}: start {start:.1%} → final (v{r['final_version']}) "
-        f"{final:.1%} on {r['heldout_size']} problems",
-        fg=typer.colors.GREEN if final > start else typer.colors.YELLOW,
-        err=True,
-    )

@@ -59,3 +59,23 @@ def test_a_wildcard_bind_advertises_this_hosts_name_or_the_chosen_host() -> None
     assert advertised_host("10.0.0.1") == "10.0.0.1"  # a bound address is reachable as it is
     assert tcp_endpoint("::1", 5555) == "tcp://[::1]:5555"
     assert tcp_endpoint("vm", 5555) == "tcp://vm:5555"
+
+
+async def test_a_producer_says_that_it_waits_where_and_for_how_long(tmp_path, caplog):
+    import logging
+
+    from producer.endpoint_file import NoConsumer
+
+    path = tmp_path / "endpoints.json"
+    with caplog.at_level(logging.INFO, logger="asyncgrpo.producer"):
+        async with asyncio.timeout(10):
+            with pytest.raises(NoConsumer):  # exit 3: a supervisor may restart it
+                await wait_for_endpoint(path, timeout_s=0.2)
+            with pytest.raises(TimeoutError):  # producer.follow: past its timeout, by design
+                await asyncio.wait_for(wait_for_endpoint(path, timeout_s=0.0, follow=True), 0.3)
+    said = [r.getMessage() for r in caplog.records if "waiting for the consumer" in r.getMessage()]
+    assert said[0] == (
+        f"waiting for the consumer's endpoints file {path} (it does not exist; 0 s so far, up to "
+        "net.handshake_timeout_s = 0.2 s)"
+    )
+    assert said[1].endswith("for ever (producer.follow))")

@@ -205,16 +205,16 @@ def test_the_dashboard_and_status_show_the_signal_watch(tmp_path):
 
 
 def test_a_plain_line_is_due_every_10_s_at_the_first_step_and_at_each_tenth():
-    from launch.dashboard import LineClock
+    from common.progress import Ticker
 
-    clock = LineClock(300, started=0.0)
+    clock = Ticker(300, started=0.0)
     ticks = [(1, 0), (2, 1), (3, 2), (4, 29), (5, 30), (6, 31), (15.9, 40), (16, 59), (16.5, 60)]
     ticks += [(26.4, 61), (26.5, 61)]
     said = [t for t, step in ticks if clock.due(step, t)]
     # the first step, step 30 (a tenth), 10 s later, step 60, 10 s later
     assert said == [2, 5, 15.9, 16.5, 26.5]
-    assert LineClock(0, started=0.0).due(500, 9.0) is True  # the first step, with no step limit
-    unlimited = LineClock(0, started=0.0)
+    assert Ticker(0, started=0.0).due(500, 9.0) is True  # the first step, with no step limit
+    unlimited = Ticker(0, started=0.0)
     unlimited.due(1, 1.0)
     assert not unlimited.due(900, 10.9)
     assert unlimited.due(900, 11.0)
