@@ -5,6 +5,7 @@ Rooms follow the threads that run them:
 - learner.py: the process and its main (training) thread: wires the rooms, collects each step's
   groups (staleness.py decides which a step keeps; reward_tally.py sums their rewards;
   no_signal.py watches whether they carry a learning signal at all) and owns shutdown;
+  model_checks.py checks the model when it starts (it loads; a chat template if needed);
 - step.py: one optimizer step, the learner's and a replay's alike: train a batch, publish, the
   stream's entry, the metrics line;
 - replay.py: the replaying learner: a recorded run's batches in order, no network;

@@ -48,20 +48,21 @@ from common import config as config_mod
 from common import wire
 from common.config import Config
 from common.config.run import reward_names
-from common.errors import EXIT_NO_SIGNAL, ConfigError, first_line
+from common.errors import EXIT_NO_SIGNAL, ConfigError
 from common.files import completions_file as CF
 from common.files import run_files as RF
 from common.files import run_state as RS
 from common.files.disk import disk_fault, stop_line
-from common.host.model_dir import DEMO_CHARS_HINT, is_demo_model, local_model_dir
+from common.host.model_dir import local_model_dir
 from common.net.endpoints import advertised_host, tcp_endpoint
 from common.net.keys import load_keys
 from common.weights import snapshot as snap
-from consumer.data.prompts import PromptSource, make_source
+from consumer.data.prompts import make_source
 from consumer.evaluation import evaluate_in_learner
 from consumer.key_gate import start_key_gate
 from consumer.loggers import make_loggers
-from consumer.no_signal import SignalWatch, budget_text, unknown_token
+from consumer.model_checks import check_chat_template, load_trainer
+from consumer.no_signal import watch_signal
 from consumer.reward_tally import RewardTally
 from consumer.server.server import Server, run_spec
 from consumer.staleness import verdict
@@ -95,7 +96,7 @@ class Learner:
 
             self.trainer: Trainer = SimulatedTrainer(cfg)
         else:  # one device, or this rank's part of a sharded learner (torchrun)
-            self.trainer = _load_trainer(cfg, self.model_dir)
+            self.trainer = load_trainer(cfg, self.model_dir)
         version, book_state = 0, None
         if cfg.run.resume:
             version, book_state = checkpoint.load(run_dir, trainer=self.trainer)
@@ -140,14 +141,7 @@ class Learner:
         )
         self.reward_names = reward_names([r.fn for r in cfg.rewards.fns])
         self.heldout = evaluate_in_learner(cfg, self.model_dir)
-        unknown_id, unknown_text = unknown_token(self.model_dir)
-        self.signal = SignalWatch(
-            cfg.run.no_signal_groups,
-            cfg.run.no_signal_s,
-            unknown_id=unknown_id,
-            unknown_token=unknown_text,
-            unknown_hint=DEMO_CHARS_HINT if is_demo_model(self.model_dir) else "",
-        )
+        self.signal = watch_signal(cfg, self.model_dir)
         self.signal_said = 0.0  # when signal.json was last written (monotonic)
         # the first groups of a run, for completions.jsonl before the first step (a resumed run
         # has its own)
@@ -333,12 +327,7 @@ class Learner:
             log.warning("%d groups in a row without a learning signal: %s", streak, watch.why())
         spent = watch.exhausted(now)
         if spent:
-            self.ended = "no_signal"
-            self.reason = (
-                f"no learning signal in {streak} groups in a row over "
-                f"{now - watch.streak.since:.0f} s ({budget_text(watch.max_groups, watch.max_s)}"
-                f"): {watch.why()}"
-            )
+            self.ended, self.reason = "no_signal", watch.stop_reason(now)
             log.error("stopping: %s", self.reason)
         if spent or now - self.signal_said >= 2.0:
             self.signal_said = now
@@ -440,22 +429,6 @@ class Learner:
             raise AssertionError(f"ledger does not balance: {balance.to_json()}")
 
 
-def _load_trainer(cfg: Config, model_dir: Path) -> Trainer:
-    """The trainer of `model_dir`; a model that does not load (no weights, a broken config, an
-    unknown architecture) is a `ConfigError` in one line: no restart can help."""
-    from consumer.train import make_trainer
-
-    try:
-        return make_trainer(cfg, model_dir)
-    except ConfigError:
-        raise
-    except (OSError, ValueError, RuntimeError, ImportError, KeyError) as exc:
-        raise ConfigError(
-            f"cannot load the model {str(model_dir)!r} (model.path): "
-            f"{type(exc).__name__}: {first_line(exc)}"
-        ) from exc
-
-
 def _reuse_ports(cfg: Config, run_dir: Path) -> Config:
     """A resumed consumer listens where the old one did (ports 0 = the previous ports), so its
     producers reconnect by themselves."""
@@ -470,22 +443,6 @@ def _reuse_ports(cfg: Config, run_dir: Path) -> Config:
         if getattr(net, f"{k}_port") == 0 and k in old
     }
     return config_mod.override(cfg, ports)
-
-
-def check_chat_template(prompts: PromptSource, cfg: Config, model_dir: Path | None) -> None:
-    """Prompts in chat form (`task.prompt_format = "chat"`, or rows whose prompt is a message
-    list) need the model's chat template: refuse at start a model without one."""
-    if model_dir is None or not (prompts.has_chat or cfg.task.prompt_format == "chat"):
-        return
-    from transformers import AutoTokenizer
-
-    if not getattr(AutoTokenizer.from_pretrained(model_dir), "chat_template", None):
-        why = "its prompts are chat messages" if prompts.has_chat else "task.prompt_format = 'chat'"
-        raise ConfigError(
-            f"task: {why}, which the producers render with the model's chat template, and "
-            f"model.path = {str(model_dir)!r} has none (tokenizer_config.json or "
-            "chat_template.jinja); use a chat model, or text prompts with prompt_format = 'raw'"
-        )
 
 
 def install_signal_handlers(stop: threading.Event, hurry: threading.Event) -> None:

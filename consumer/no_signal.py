@@ -20,7 +20,8 @@ streak). The watch keeps:
 The learner writes `state()` to `signal.json` (common/files/run_files.py `Signal`) so that the
 launcher's console, the dashboard and `asyncgrpo status` say what is happening before the
 first step; when the budget is spent it stops the run (exit 3, `EXIT_NO_SIGNAL`) with `why()`
-in final.json and summary.md. Pure: no I/O, the clock is an argument.
+in final.json and summary.md. `SignalWatch` is pure (no I/O, the clock is an argument);
+`watch_signal` builds the learner's from the config and the model's tokenizer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from common import wire
+from common.config import Config
 from common.files import run_state as RS
+from common.host.model_dir import DEMO_CHARS_HINT, is_demo_model
 
 
 @dataclass
@@ -118,6 +121,14 @@ class SignalWatch:
         )
         return f"{said}{failed}: {hint}"
 
+    def stop_reason(self, now: float) -> str:
+        """Why the run stops once the budget is spent (final.json, summary.md, the console)."""
+        s = self.streak
+        return (
+            f"no learning signal in {s.groups} groups in a row over {now - s.since:.0f} s "
+            f"({budget_text(self.max_groups, self.max_s)}): {self.why()}"
+        )
+
     def state(self, now: float, *, stopped: bool = False) -> RS.Signal:
         """What `signal.json` holds now."""
         s = self.streak
@@ -141,6 +152,19 @@ def budget_text(max_groups: int, max_s: float) -> str:
     if max_s:
         parts.append(f"run.no_signal_s = {max_s:g} s")
     return " or ".join(parts)
+
+
+def watch_signal(cfg: Config, model_dir: Path | None) -> SignalWatch:
+    """The learner's watch: the budget of `[run]`, the unknown token of the model's tokenizer
+    (and, for the demo model, what its tokenizer knows)."""
+    unknown_id, unknown_text = unknown_token(model_dir)
+    return SignalWatch(
+        cfg.run.no_signal_groups,
+        cfg.run.no_signal_s,
+        unknown_id=unknown_id,
+        unknown_token=unknown_text,
+        unknown_hint=DEMO_CHARS_HINT if is_demo_model(model_dir) else "",
+    )
 
 
 def unknown_token(model_dir: Path | None) -> tuple[int | None, str]:

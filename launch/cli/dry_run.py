@@ -36,13 +36,13 @@ def run_dry(cfg: C.Config) -> NoReturn:
     if cfg.producer.engine == "fake":
         fail("--dry-run samples with the model: the fake engine has none (its rewards are coins)")
     try:
-        code = dry_run(cfg, resolve_model(cfg.model.path))
+        code = show_dry_run(cfg, resolve_model(cfg.model.path))
     except ConfigError as exc:
         fail(str(exc))
     raise typer.Exit(code)
 
 
-def dry_run(cfg: C.Config, model_dir: Path) -> int:
+def show_dry_run(cfg: C.Config, model_dir: Path) -> int:
     """Print the dry run of `cfg` with the model in `model_dir`; its exit code."""
     from consumer import evaluation
     from producer.rewards.judge import HeldOutJudge

@@ -44,7 +44,7 @@ def finish(cfg: C.Config, run_dir: Path, evaluate_with: Path | None) -> None:
         typer.echo("no step was trained: nothing to evaluate", err=True)
     elif evaluate_with is not None:
         try:
-            evaluate_run(cfg, run_dir, evaluate_with)
+            _score_ends(cfg, run_dir, evaluate_with)
         except KeyboardInterrupt:
             typer.echo("evaluation skipped", err=True)
     try:
@@ -54,7 +54,7 @@ def finish(cfg: C.Config, run_dir: Path, evaluate_with: Path | None) -> None:
         typer.echo(f"no summary written: `asyncgrpo report {run_dir}` writes it", err=True)
 
 
-def evaluate_run(cfg: C.Config, run_dir: Path, model_dir: Path) -> None:
+def _score_ends(cfg: C.Config, run_dir: Path, model_dir: Path) -> None:
     """The held-out score of the start and the final snapshot (consumer/evaluation/), if the
     task has a held-out split, with a progress line every 10 s or tenth of the problems."""
     from consumer import evaluation

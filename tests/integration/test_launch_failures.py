@@ -109,11 +109,11 @@ def test_a_consumer_by_hand_with_a_model_that_does_not_load_leaves_no_run(tmp_pa
 def test_a_model_that_does_not_load_is_a_one_line_configuration_error(tmp_path):
     from common import config as C
     from common.errors import ConfigError
-    from consumer.learner import _load_trainer
+    from consumer.model_checks import load_trainer
 
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # no weights
     with pytest.raises(ConfigError) as info:
-        _load_trainer(C.Config(), tmp_path)
+        load_trainer(C.Config(), tmp_path)
     assert str(info.value).startswith(f"cannot load the model '{tmp_path}' (model.path): OSError: ")
     assert "\n" not in str(info.value)
 

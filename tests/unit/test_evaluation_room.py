@@ -19,7 +19,7 @@ PRODUCT = ("common", "consumer", "producer", "launch")
 ENTRY = "consumer/evaluation/__init__.py"
 ENTRY_POINTS = {
     "evaluate_in_learner", "evaluate_beside_replay", "evaluate_through_producers",
-    "score_run_ends", "score_model", "greedy_accuracy", "eval_target",
+    "score_run_ends", "score_model", "greedy_accuracy", "eval_target", "dry_run",
 }  # fmt: skip
 
 

@@ -120,3 +120,14 @@ def test_the_state_written_to_signal_json_carries_totals_streak_and_reason():
 )
 def test_the_budget_is_named_by_its_keys(groups, seconds, text):
     assert budget_text(groups, seconds) == text
+
+
+def test_the_reason_a_run_stops_names_the_streak_the_budget_and_why():
+    watch = SignalWatch(max_groups=3, max_s=0)
+    for t in (0, 10, 41):
+        watch.add(group([0, 0]), now=t)
+    assert watch.exhausted(now=41)
+    assert watch.stop_reason(now=41) == (
+        "no learning signal in 3 groups in a row over 41 s (run.no_signal_groups = 3): "
+        + watch.why()
+    )
