@@ -54,7 +54,7 @@ from common.files import run_files as RF
 from common.files import run_state as RS
 from common.files.disk import disk_fault, stop_line
 from common.host.model_dir import local_model_dir
-from common.net.endpoints import advertised_host, tcp_endpoint
+from common.net.endpoints import advertised_host, listening, tcp_endpoint
 from common.net.keys import load_keys
 from common.weights import snapshot as snap
 from consumer.data.prompts import make_source
@@ -169,12 +169,9 @@ class Learner:
             ),
         )
         self.server.start()
-        log.info(
-            "consumer %s listening on %s (run dir %s)",
-            self.run_id,
-            endpoints.control,
-            self.run_dir,
-        )
+        bound = tcp_endpoint(self.cfg.net.bind_host, self.server.ports["control"])
+        said = listening(bound, endpoints.control)
+        log.info("consumer %s %s (run dir %s)", self.run_id, said, self.run_dir)
         self.steps.publish(wait=True)
         steps = self.cfg.run.steps or 1 << 62
         fault: OSError | None = None

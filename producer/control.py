@@ -76,6 +76,7 @@ class ControlClient:
         self._log = LogLimiter(log)
         self.endpoint, self.keys = endpoint, keys
         self.link = "nothing listens there yet"  # what the connection has seen, for the operator
+        self.handshake_failed = False  # the last connection's security handshake failed
         self.refused: ConfigError | None = None  # KeyRefused or SchemaMismatch: final
         self._monitor = self.sock.get_monitor_socket()
         self.on_pushed: Callable[[wire.Status], None] | None = None
@@ -142,12 +143,14 @@ class ControlClient:
             kind = event["event"]
             if kind == zmq.EVENT_CONNECTED:
                 self.link = "connected; no CurveZMQ handshake yet" if self.keys else "connected"
+                self.handshake_failed = False
                 self.connects += 1
                 if self.on_connected is not None:
                     self.on_connected()
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.link = "connected, no answer yet"
             elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, _NO_DETAIL):
+                self.handshake_failed = True
                 self.link = (
                     "connected, but the security handshake fails: does the consumer use keys "
                     "(--keys) exactly when this producer does, and is server.key the consumer's?"

@@ -75,6 +75,15 @@ _REQUEST_TIMEOUT_S = 10.0
 _BACKOFF_FIRST_S, _BACKOFF_CAP_S = 0.05, 1.0  # pauses between lease requests that got nothing
 
 
+def _waits(follow: bool, wait_s: float) -> str:
+    """How long a producer waits for its consumer's welcome, for the log."""
+    if not follow:
+        return f"gives up after net.handshake_timeout_s = {wait_s:g} s"
+    if wait_s == float("inf"):
+        return "producer.follow: waits for ever, by design"
+    return f"producer.follow: waits up to net.consumer_timeout_s = {wait_s:g} s"
+
+
 class ConsumerLost(Exception):
     """The consumer has not answered for `net.consumer_timeout_s`."""
 
@@ -153,22 +162,27 @@ class Producer:
         )
         net, follow = self.cfg.net, self.cfg.producer.follow
         wait_s = (net.consumer_timeout_s or float("inf")) if follow else net.handshake_timeout_s
-        deadline = time.monotonic() + wait_s
-        said = time.monotonic()
+        started = time.monotonic()
+        deadline, said = started + wait_s, started
         while True:
             try:
                 reply = await self.control.request(msg, timeout_s=min(_REQUEST_TIMEOUT_S, 2.0))
             except TimeoutError:
                 if time.monotonic() >= said:
                     log.info(
-                        "waiting for the consumer at %s (%s)",
+                        "waiting for the consumer at %s (%s; %.0f s so far, %s)",
                         self.cfg.net.connect,
                         self.control.link,
+                        time.monotonic() - started,
+                        _waits(follow, wait_s),
                     )
                     said = time.monotonic() + 10.0
                 if time.monotonic() > deadline:
                     key = "net.consumer_timeout_s" if follow else "net.handshake_timeout_s"
-                    raise NoConsumer(
+                    # a handshake that keeps failing is this side's keys or the consumer's: no
+                    # restart fixes it (exit 2); silence may be a consumer still starting (3)
+                    mismatch = self.control.handshake_failed
+                    raise (ConfigError if mismatch else NoConsumer)(
                         f"no answer from the consumer at net.connect = {net.connect!r} "
                         f"within {key} = {wait_s:g} s ({self.control.link}; "
                         "is it running, and are the address and keys right?)"

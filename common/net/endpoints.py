@@ -46,6 +46,20 @@ def tcp_endpoint(host: str, port: int) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
+def listening(bound: str, advertised: str) -> str:
+    """`listening on tcp://HOST:PORT`; when bound to another address than the one producers
+    are told (a wildcard, or `--advertise`), both: what was bound and what endpoints.json
+    advertises."""
+    if bound == advertised:
+        return f"listening on {bound}"
+    host = endpoint_host(bound)
+    every = " (every interface)" if host in ("0.0.0.0", "::", "*") else ""
+    return (
+        f"listening on {bound}{every}; producers are told {advertised} (endpoints.json; "
+        "--advertise HOST names another)"
+    )
+
+
 def endpoint_host(endpoint: str) -> str:
     """'tcp://host:port' -> 'host' (ipc:// and inproc:// count as loopback)."""
     scheme, _, rest = endpoint.partition("://")

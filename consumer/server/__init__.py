@@ -13,6 +13,7 @@ Leases are cut from the prompt order of consumer/data/, read at start.
   status every reply carries;
 - control.py: registration, heartbeats, lease requests, fetch plans, goodbyes; parked.py: lease
   requests waiting for leases to free up; intake.py: groups decoded, checked, admitted;
+  handshakes.py: connections whose security handshake failed, counted and said;
 - leases.py: leases and the ledger as a pure state machine; admission.py: backpressure;
   identity.py: which key may speak for which producer id; liveness.py: who went silent;
 - books.py: leases.jsonl, and what changed handed to book_writer.py's thread (`consumer-books`),

@@ -37,6 +37,7 @@ from common.files.disk import disk_fault
 from consumer.server.books import Books
 from consumer.server.calls import Calls
 from consumer.server.control import Control
+from consumer.server.handshakes import Handshakes
 from consumer.server.intake import Intake
 from consumer.server.state import NetState
 
@@ -60,10 +61,12 @@ class Loop:
         calls: Calls,
         rollouts: zmq.Socket[bytes],
         announce: zmq.Socket[bytes],
+        handshakes: Handshakes,
     ) -> None:
         self._state, self._control, self._intake = state, control, intake
         self._books, self._calls = books, calls
         self._rollouts, self._announce = rollouts, announce
+        self._handshakes = handshakes
         self.error: BaseException | None = None  # why the network thread died, if it did
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="consumer-net", daemon=True)
@@ -98,6 +101,8 @@ class Loop:
         poller = zmq.Poller()
         poller.register(control, zmq.POLLIN)
         poller.register(self._rollouts, zmq.POLLIN)
+        monitor = self._handshakes.monitor
+        poller.register(monitor, zmq.POLLIN)
         wake_fd = self._calls.fileno()
         poller.register(wake_fd, zmq.POLLIN)
         next_housekeeping = 0.0
@@ -122,6 +127,8 @@ class Loop:
                     self._drain(self._rollouts, self._intake.on_frames)
                 if control in events:
                     self._drain(control, self._control.on_frames)
+                if monitor in events:
+                    self._handshakes.on_events()
                 self._run_calls()  # those queued meanwhile (a drain stops for them)
                 now = time.monotonic()
                 self._control.release(self._state.admission.release())  # the learner made room
@@ -142,6 +149,7 @@ class Loop:
             self._close()
 
     def _close(self) -> None:
+        self._handshakes.close()
         for sock in (self._control.sock, self._rollouts, self._announce):
             sock.close(linger=0)
         self._calls.close()

@@ -50,6 +50,7 @@ from consumer.server.admission import Admission
 from consumer.server.books import Books
 from consumer.server.calls import Calls
 from consumer.server.control import Control
+from consumer.server.handshakes import Handshakes
 from consumer.server.identity import Identities
 from consumer.server.intake import Intake
 from consumer.server.leases import LeaseBook
@@ -176,6 +177,7 @@ class Server:
             calls=self._calls,
             rollouts=rollouts,
             announce=self._announce,
+            handshakes=Handshakes(control, st.count),
         )
 
     @property

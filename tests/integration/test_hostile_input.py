@@ -286,11 +286,15 @@ def test_curve_keys_admit_producers_with_keys_and_shut_out_those_without(tmp_pat
             log=tmp_path / "stranger.log",
         )  # fmt: skip
         procs.append(stranger)
-        assert outsider.wait(60) == 2
+        assert outsider.wait(60) == 2  # a handshake that fails: a configuration error
         said = (tmp_path / "outsider.log").read_text()
         assert "no answer from the consumer" in said
         assert "waiting for the consumer at" in said
+        assert "gives up after net.handshake_timeout_s = 3 s)" in said
         assert "connected, but the security handshake fails" in said
+        wait_for(lambda: "its security handshake failed (" in
+                 (tmp_path / "consumer.log").read_text(), timeout_s=30,
+                 what="the consumer's handshake line", procs=procs[:1])  # fmt: skip
         # the stranger: refused, and told so at once (not a silent wait)
         assert stranger.wait(60) == 2
         said = (tmp_path / "stranger.log").read_text()

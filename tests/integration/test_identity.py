@@ -147,3 +147,36 @@ def test_an_id_is_bound_anew_only_once_its_producer_is_gone_and_holds_nothing():
     restored = Identities()
     restored.load_state_dict(ids.state_dict())
     assert restored.keys == {"p": "K2"}
+
+
+def test_a_connection_that_fails_its_security_handshake_is_counted_and_said(
+    keyed, tmp_path, caplog
+):
+    """A producer without keys at a consumer with them, or with another consumer's server key,
+    never reaches the key gate: the control socket's monitor says it (consumer/server/
+    handshakes.py)."""
+    import logging
+
+    srv, ctx, keys = keyed
+    port = srv.ports["control"]
+    with caplog.at_level(logging.WARNING, logger="asyncgrpo.consumer"):
+        bare = ctx.socket(zmq.DEALER)  # no keys at all
+        bare.connect(f"tcp://127.0.0.1:{port}")
+        bare.send(b"hello")
+        _counter(srv, "rejected.handshake_mechanism", 1)
+        other_server = Keys(
+            directory=keys["a"].directory,
+            public=keys["a"].public,
+            secret=keys["a"].secret,
+            server_public=zmq.curve_keypair()[0],  # not this consumer's
+        )
+        stranger = _socket(ctx, zmq.DEALER, port, other_server)
+        stranger.send(b"hello")
+        _counter(srv, "rejected.handshake_cryptographic", 1)
+        bare.close(linger=0)
+        stranger.close(linger=0)
+    said = [r.getMessage() for r in caplog.records if "security handshake failed" in r.getMessage()]
+    assert said[0].startswith("refused a connection to the control socket tcp://")
+    assert "(mechanism, HANDSHAKE_FAILED_PROTOCOL 0x11000002): it connects without CurveZMQ " \
+        "keys while this consumer has them" in said[0]  # fmt: skip
+    assert any("its keys were not made for this consumer" in s for s in said)

@@ -79,3 +79,26 @@ async def test_a_producer_says_that_it_waits_where_and_for_how_long(tmp_path, ca
         "net.handshake_timeout_s = 0.2 s)"
     )
     assert said[1].endswith("for ever (producer.follow))")
+
+
+def test_a_consumer_bound_to_every_interface_says_what_it_bound_and_what_it_advertises():
+    from common.net.endpoints import listening
+
+    assert listening("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5555") == (
+        "listening on tcp://127.0.0.1:5555"
+    )
+    assert listening("tcp://0.0.0.0:5555", "tcp://gpu-learner:5555") == (
+        "listening on tcp://0.0.0.0:5555 (every interface); producers are told "
+        "tcp://gpu-learner:5555 (endpoints.json; --advertise HOST names another)"
+    )
+    assert listening("tcp://10.0.0.1:5555", "tcp://learner.lan:5555").startswith(
+        "listening on tcp://10.0.0.1:5555; producers are told tcp://learner.lan:5555"
+    )
+
+
+def test_a_producer_says_how_long_it_waits_for_its_consumer():
+    from producer.worker import _waits
+
+    assert _waits(False, 60.0) == "gives up after net.handshake_timeout_s = 60 s"
+    assert _waits(True, 300.0) == "producer.follow: waits up to net.consumer_timeout_s = 300 s"
+    assert _waits(True, float("inf")) == "producer.follow: waits for ever, by design"
