@@ -56,7 +56,7 @@ def listening(bound: str, advertised: str) -> str:
     every = " (every interface)" if host in ("0.0.0.0", "::", "*") else ""
     return (
         f"listening on {bound}{every}; producers are told {advertised} (endpoints.json; "
-        "--advertise HOST names another)"
+        "`asyncgrpo consumer --advertise HOST` names another)"
     )
 
 

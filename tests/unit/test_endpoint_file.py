@@ -89,7 +89,8 @@ def test_a_consumer_bound_to_every_interface_says_what_it_bound_and_what_it_adve
     )
     assert listening("tcp://0.0.0.0:5555", "tcp://gpu-learner:5555") == (
         "listening on tcp://0.0.0.0:5555 (every interface); producers are told "
-        "tcp://gpu-learner:5555 (endpoints.json; --advertise HOST names another)"
+        "tcp://gpu-learner:5555 (endpoints.json; `asyncgrpo consumer --advertise HOST` names "
+        "another)"
     )
     assert listening("tcp://10.0.0.1:5555", "tcp://learner.lan:5555").startswith(
         "listening on tcp://10.0.0.1:5555; producers are told tcp://learner.lan:5555"
