@@ -46,13 +46,14 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.host.model_dir import DEMO_RECIPE_FILE
+from common.host.model_dir import DEMO_RECIPE_FILE, make_readable
+from common.progress import Counter
 from common.task.synthetic import ArithmeticTask
 
 if TYPE_CHECKING:
@@ -106,11 +107,23 @@ def ensure_demo_model(path: Path | None = None, *, recipe: Recipe = DEFAULT_RECI
         print(f"building the demo model once into {path} ...", file=sys.stderr, flush=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
         try:
-            build_demo_model(tmp, recipe=recipe)
+            build_demo_model(tmp, recipe=recipe, progress=said_progress(recipe))
+            make_readable(tmp)
             os.rename(tmp, path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def said_progress(recipe: Recipe) -> Counter:
+    """Progress lines of a build's warm-up on stderr (common/progress.py: every 10 s, at the
+    first step and each tenth)."""
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    total = recipe.learn_steps + recipe.sloppy_steps
+    return Counter("building the demo model", total, say, unit="warm-up steps")
 
 
 def make_tokenizer() -> PreTrainedTokenizerFast:
@@ -151,8 +164,15 @@ def make_config(tokenizer: PreTrainedTokenizerFast, recipe: Recipe) -> LlamaConf
     )
 
 
-def build_demo_model(out_dir: Path, *, seed: int = 0, recipe: Recipe = DEFAULT_RECIPE) -> Path:
-    """Write the demo model into `out_dir` (a normal Hugging Face model directory)."""
+def build_demo_model(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    recipe: Recipe = DEFAULT_RECIPE,
+    progress: Callable[[int], None] | None = None,
+) -> Path:
+    """Write the demo model into `out_dir` (a normal Hugging Face model directory); `progress`
+    is told the warm-up steps done."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -164,7 +184,8 @@ def build_demo_model(out_dir: Path, *, seed: int = 0, recipe: Recipe = DEFAULT_R
     tokenizer = make_tokenizer()
     with _deterministic(seed):
         model = LlamaForCausalLM(make_config(tokenizer, recipe))
-        warm_up(model, tokenizer, recipe, generator=torch.Generator().manual_seed(seed))
+        generator = torch.Generator().manual_seed(seed)
+        warm_up(model, tokenizer, recipe, generator=generator, progress=progress)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out_dir)
@@ -205,8 +226,10 @@ def warm_up(
     recipe: Recipe,
     *,
     generator: torch.Generator,
+    progress: Callable[[int], None] | None = None,
 ) -> None:
-    """The two supervised phases of the recipe (see the module docstring), in place."""
+    """The two supervised phases of the recipe (see the module docstring), in place; `progress`
+    is told the steps done (of both phases) after each."""
     import torch
 
     right_BT, sloppy_BT, prompt_len = _train_rows(tokenizer, recipe.digits)
@@ -214,6 +237,7 @@ def warm_up(
     model.train()
     phases = [(recipe.learn_steps, recipe.learn_lr, 1.0)]
     phases.append((recipe.sloppy_steps, recipe.sloppy_lr, recipe.correct_prob))
+    done = 0
     for steps, lr, correct_prob in phases:
         for group in opt.param_groups:
             group["lr"] = lr
@@ -227,6 +251,9 @@ def warm_up(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            done += 1
+            if progress is not None:
+                progress(done)
     model.eval()  # type: ignore[no-untyped-call]
 
 

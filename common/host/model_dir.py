@@ -4,12 +4,22 @@ line resolve it alike."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from common.errors import ConfigError
 
 DEMO_RECIPE_FILE = "demo_recipe.json"  # what marks the embedded demo model (launch/demo_model.py)
 DEMO_CHARS_HINT = "the demo model's tokenizer knows only digits, + - * = and space"
+
+
+def make_readable(directory: Path) -> None:
+    """A model directory written here, readable by the group and others as pip installs files
+    (0755 under the usual umask 022): `tempfile.mkdtemp`, which builds go through, makes it
+    0700. Its files, written by `open`, already follow the umask (0644)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
 
 
 def is_demo_model(model_dir: Path | None) -> bool:

@@ -40,9 +40,15 @@ def make_model(
     if from_gguf is not None:
         _convert(from_gguf, out, dtype)
         return
-    from launch.demo_model import build_demo_model, ensure_demo_model
+    from common.host.model_dir import make_readable
+    from launch.demo_model import DEFAULT_RECIPE, build_demo_model, ensure_demo_model, said_progress
 
-    path = build_demo_model(out, seed=seed) if out is not None else ensure_demo_model()
+    if out is None:
+        path = ensure_demo_model()
+    else:
+        typer.echo(f"building the demo model into {out} ...", err=True)
+        path = build_demo_model(out, seed=seed, progress=said_progress(DEFAULT_RECIPE))
+        make_readable(path)
     typer.echo(str(path))
 
 
@@ -55,15 +61,19 @@ def _convert(source: str, out: Path | None, dtype: str) -> None:
         path = find_gguf(source)
         check_packages()
         typer.echo(f"converting {path} (dequantising takes about a minute on a CPU)", err=True)
-        done = convert(str(path), out, dtype=dtype)
+        done = convert(str(path), out, dtype=dtype, say=_say)
     except ConversionError as exc:
         fail(str(exc))
     typer.echo(
-        f"wrote {done.out}: {done.architecture}, {done.num_parameters / 1e6:.1f}M parameters, "
-        f"{done.dtype}",
+        f"done: {done.architecture}, {done.num_parameters / 1e6:.1f}M parameters, {done.dtype}; "
+        "the model directory:",
         err=True,
     )
-    typer.echo(str(done.out))
+    typer.echo(str(done.out))  # once, alone on stdout: `MODEL=$(asyncgrpo make-model ...)`
+
+
+def _say(text: str) -> None:
+    typer.echo(text, err=True)
 
 
 def eval_(

@@ -110,6 +110,7 @@ def _run(
     changes: list[str],
 ) -> None:
     from consumer.replay import Replay, compare
+    from launch.dashboard import Progress
     from launch.report import report
 
     steps, from_checkpoint, verify, passes = options
@@ -121,15 +122,20 @@ def _run(
         f"(settings changed: {shown})",
         err=True,
     )
+    total = len(recording.steps) if steps is None else min(steps, len(recording.steps))
+    progress = Progress(out, total)  # a line every 10 s and at each tenth of the steps
     try:
         r = Replay(cfg, out, recording, source, check_passes=passes)
         if from_checkpoint is not None:
             r.start_from(from_checkpoint)
+        progress.start()
         done = r.run(steps)
     except (StreamError, ConfigError) as exc:
         fail(f"replay refused: {exc}")
     except EvalError as exc:
         fail(f"replay stopped: {exc}")
+    finally:
+        progress.stop()
     report(out)
     cmp = compare(recording.snapshots, done.hashes, source=source, run_dir=out)
     typer.echo(f"replayed {done.steps} steps in {done.wall_s:.1f} s")

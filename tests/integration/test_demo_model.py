@@ -6,6 +6,7 @@ default recipe and checks it lands in the accuracy window GRPO needs.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -112,7 +113,7 @@ def test_a_snapshot_that_does_not_fit_is_refused(tiny_dir: Path, tmp_path: Path)
 
 
 def test_ensure_builds_once_even_when_two_callers_race(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     builds: list[Path] = []
     real_build = demo_model.build_demo_model
@@ -139,6 +140,13 @@ def test_ensure_builds_once_even_when_two_callers_race(
     assert len(builds) == 1
     leftovers = [p.name for p in target.parent.iterdir() if p.name.startswith(".demo-")]
     assert leftovers == []
+    # readable by the group and others, as pip installs files (mkdtemp alone makes it 0700)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (target / "config.json").stat().st_mode & 0o777 == 0o666 & ~umask
+    said = capfd.readouterr().err  # the build says how far its warm-up has got
+    assert "building the demo model: 1/6 warm-up steps (17%), " in said
 
 
 def test_the_cache_directory_names_the_recipe() -> None:

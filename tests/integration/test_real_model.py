@@ -48,6 +48,9 @@ def test_the_converted_directory_is_the_gguf_model(smollm2_dir: Path):
 
     from launch.gguf_model import load_gguf, smollm2_file
 
+    umask = os.umask(0)
+    os.umask(umask)
+    assert smollm2_dir.stat().st_mode & 0o777 == 0o777 & ~umask  # as pip installs: not 0700
     gguf_model, gguf_tokenizer = load_gguf(smollm2_file())
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)

@@ -75,3 +75,28 @@ def test_a_replay_from_a_checkpoint_continues_to_the_same_hashes(tmp_path, tiny_
     done = r.run(None)
     assert done.steps == STEPS - 1
     assert done.hashes == {v: whole[v] for v in range(1, STEPS + 1)}
+
+
+def test_a_replay_says_its_progress_while_it_trains(tmp_path, tiny_model_dir, monkeypatch):
+    from launch import dashboard
+    from launch.cli import replay as cli
+
+    watched: list[tuple[object, ...]] = []
+
+    class Watch:  # launch.dashboard.Progress, which logs a line every 10 s and each tenth
+        def __init__(self, run_dir, steps):
+            watched.append(("made", run_dir, steps))
+
+        def start(self):
+            watched.append(("start",))
+
+        def stop(self):
+            watched.append(("stop",))
+
+    monkeypatch.setattr(dashboard, "Progress", Watch)
+    source, out = tmp_path / "run", tmp_path / "a"
+    record(source)
+    out.mkdir()
+    recording = R.index(source / STREAM)
+    cli._run(config(tiny_model_dir, out), out, source, recording, (None, None, False, True), [])
+    assert watched == [("made", out, STEPS), ("start",), ("stop",)]

@@ -106,3 +106,26 @@ def test_the_packaged_file_is_found_without_importing_its_package(monkeypatch, t
     monkeypatch.delitem(sys.modules, SMOLLM2_PACKAGE, raising=False)
     assert smollm2_file() == package / SMOLLM2_FILE
     assert SMOLLM2_PACKAGE not in sys.modules
+
+
+def test_a_conversion_says_its_phases_and_prints_the_directory_once(tmp_path, monkeypatch):
+    from launch import gguf_model
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    out = tmp_path / "model"
+
+    def converting(source, target, *, dtype, say):
+        say("loading and dequantising the GGUF file… 10 s")
+        return gguf_model.Converted(Path(target), "LlamaForCausalLM", 134_515_008, dtype)
+
+    monkeypatch.setattr(gguf_model, "check_packages", lambda: None)
+    monkeypatch.setattr(gguf_model, "convert", converting)
+    result = CliRunner().invoke(app, ["make-model", "--from-gguf", str(gguf), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{out}\n"  # alone on stdout, for `MODEL=$(asyncgrpo make-model ...)`
+    assert str(out) not in result.stderr  # said once
+    assert "loading and dequantising the GGUF file… 10 s" in result.stderr
+    assert "done: LlamaForCausalLM, 134.5M parameters, float32; the model directory:" in (
+        result.stderr
+    )
