@@ -222,8 +222,18 @@ def write(cfg: Config, path: Path) -> None:
 
 
 def _suggest(name: str, options: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(options), n=1)
+    """The closest option, an abbreviation first: `learning_rate` suggests 'lr' (its words'
+    initials), not the merely similar 'lr_min_ratio'; `lr` suggests 'learning_rate' alike."""
+    options = list(options)
+    short = [o for o in options if o == _initials(name) or _initials(o) == name]
+    close = short or difflib.get_close_matches(name, options, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _initials(name: str) -> str:
+    """`learning_rate` -> 'lr' (a name of one word has none: '')."""
+    words = [w for w in name.split("_") if w]
+    return "".join(w[0] for w in words) if len(words) > 1 else ""
 
 
 def _elsewhere(key: str) -> str:

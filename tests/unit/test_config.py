@@ -212,6 +212,11 @@ def test_an_unknown_key_in_set_gets_a_suggestion():
         with_sets("stalenes.max_staleness=3")
 
 
+def test_an_abbreviation_is_suggested_before_a_merely_similar_name():
+    with pytest.raises(ConfigError, match=r"train.learning_rate \(did you mean 'lr'\?\)"):
+        with_sets("train.learning_rate=1e-3")
+
+
 def test_an_unknown_key_in_a_file_gets_a_suggestion(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text("[train]\nprompt_per_step = 4\n")
