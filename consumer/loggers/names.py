@@ -9,6 +9,12 @@ every trainer metric, and any field not named here, so a new metric is never los
 are flattened one level (`rollout/producers_by_state/<state>`). Left out: `step` (it is the
 tracker's step: the policy version), `unix_time`, strings (`attention`) and the per-producer
 maps of old runs. Booleans and None are left out; numbers become floats.
+
+`by_step(record)`: the same names by the tracker step each belongs to. A round of evaluation
+during training completes some steps after the version it evaluated; its result (`EVAL_RESULT`)
+goes at that version (`eval_version`), so a chart of `eval/eval_pass_at_1` has its points where
+reward.png and summary.md put them; everything else (the eval ledger's counts included) goes at
+the record's own step.
 """
 
 from __future__ import annotations
@@ -65,6 +71,27 @@ _PREFIX: dict[str, str] = {
     **dict.fromkeys(("heldout_accuracy", "eval_s"), "eval"),
 }
 _SKIP = frozenset(("step", "unix_time", "producers", "producer_counters", "world_size"))
+EVAL_RESULT = frozenset(
+    (
+        "eval_version",
+        "eval_reward_mean",
+        "eval_pass_at_1",
+        "eval_pass_at_k",
+        "eval_k",
+        "eval_completion_len_mean",
+        "eval_prompts",
+    )
+)  # one evaluated version's result (consumer/evaluation/rounds.py `take_results`)
+
+
+def by_step(record: StepRecord) -> list[tuple[int, dict[str, float]]]:
+    """`(step, values)` for the trackers: the record's step, then the version a round it
+    carries evaluated (see the module docstring)."""
+    values = namespaced(record)
+    if record.eval_version is None:
+        return [(record.step, values)]
+    result = {f"eval/{k}": values.pop(f"eval/{k}") for k in EVAL_RESULT if f"eval/{k}" in values}
+    return [(record.step, values), (record.eval_version, result)]
 
 
 def namespaced(record: StepRecord) -> dict[str, float]:

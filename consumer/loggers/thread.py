@@ -28,7 +28,7 @@ from common.config import Config, to_dict, to_toml
 from common.config.run import reward_names
 from common.files import completions_file as CF
 from common.files.metrics import StepRecord
-from consumer.loggers.names import namespaced
+from consumer.loggers.names import by_step
 
 log = logging.getLogger("asyncgrpo.consumer")
 QUEUE_ITEMS = 256
@@ -90,7 +90,8 @@ class Loggers:
             kind, payload = item
             if kind == "step":
                 record: StepRecord = payload
-                self._each("metrics", record.step, namespaced(record))
+                for step, values in by_step(record):  # a round's result at its version
+                    self._each("metrics", step, values)
             else:
                 step, groups = payload
                 rows = CF.rows_of(

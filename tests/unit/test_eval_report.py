@@ -7,7 +7,7 @@ from step_records import BASE
 
 from common.files.metrics import StepRecord
 from consumer.evaluation.report import eval_lines, eval_series, eval_text
-from consumer.loggers.names import namespaced
+from consumer.loggers.names import by_step, namespaced
 from launch.dashboard import summary_line
 
 LEDGER = {
@@ -58,6 +58,16 @@ def test_the_trackers_get_the_results_under_eval():
     assert names["eval/eval_pass_at_k"] == 1.0
     assert names["eval/eval_version"] == 20.0
     assert names["eval/eval_leases_declined"] == 2.0
+
+
+def test_the_trackers_get_a_result_at_the_version_it_evaluated():
+    (at_step, ledger), (at_version, result) = by_step(RECORDS[3])
+    assert (at_step, at_version) == (23, 20)  # the round of version 20 completed at step 23
+    assert result["eval/eval_pass_at_1"] == 0.5
+    assert result["eval/eval_version"] == 20.0
+    assert "eval/eval_pass_at_1" not in ledger
+    assert ledger["eval/eval_leases_declined"] == 2.0  # the ledger's counts: at the step
+    assert by_step(RECORDS[2]) == [(20, namespaced(RECORDS[2]))]
 
 
 def test_a_run_without_evaluation_has_no_section():
