@@ -191,6 +191,7 @@ def stress(
         )
         sweep = P.Sweep(
             engine=kind,
+            named=engine if engine != kind else "",
             steps=steps,
             target_reward=target_reward,
             external=external_producers,

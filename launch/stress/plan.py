@@ -132,6 +132,13 @@ class Sweep:
     placements: dict[int, Placement] = field(default_factory=dict)  # local: by producer count
     heldout: bool = True  # score snapshots on the held-out split (when the config has one)
     given: frozenset[str] = frozenset()  # keys the user set (kept over the cores rule)
+    named: str = ""  # the engine as the user named it, when another name (`demo` runs `hf`)
+
+    @property
+    def engine_name(self) -> str:
+        """The engine as results.csv records it: `--engine demo` is `demo`, not the `hf`
+        engine it runs."""
+        return self.named or self.engine
 
 
 def settings(

@@ -125,7 +125,7 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
             **load,
             "status": "ok",
             "error": "",
-            "engine": sweep.engine,
+            "engine": sweep.engine_name,
             "placement": placed,
         }
 
