@@ -288,13 +288,13 @@ def summary(rows: list[dict[str, Any]], plots: list[Path], notes: list[str]) -> 
         "seeds",
         "steps/hour",
         "speedup vs sync",
-        "learner idle",
+        "learner idle (%)",
         "dropped stale",
         "reward (equal steps)",
         "reward at sync wall-clock",
         "time to target (s)",
-        "held-out (equal steps)",
-        "held-out at sync wall-clock",
+        "held-out (equal steps, %)",
+        "held-out at sync wall-clock (%)",
     ]
     lines = ["# Staleness sweep", "", *notes, ""] if notes else ["# Staleness sweep", ""]
     lines += verdict(aggregate(rows), [r for r in rows if r.get("status") == "ok"])
@@ -309,7 +309,7 @@ def summary(rows: list[dict[str, Any]], plots: list[Path], notes: list[str]) -> 
             str(a["seeds"]),
             _spread(a, "steps_per_hour", ".0f"),
             _spread(a, "speedup_vs_sync", ".2f"),
-            _spread(a, "learner_idle_frac", ".2f"),
+            _spread(a, "learner_idle_frac", ".0f", 100),
             _spread(a, "dropped_stale", ".0f"),
             _spread(a, "final_reward"),
             _spread(a, "reward_at_equal_time"),
@@ -342,7 +342,7 @@ def row_line(r: dict[str, Any]) -> str:
     reward = r.get("reward_at_equal_time")
     return (
         f"{r['setting']:<32} steps/h {sph:9.0f}  speedup {speedup:5.2f}x  "
-        f"learner idle {r.get('learner_idle_frac') or 0:.2f}  "
+        f"learner idle {r.get('learner_idle_frac') or 0:4.0%}  "
         f"staleness max {r.get('staleness_max_trained')}  "
         f"reward at sync time {'-' if reward is None else format(reward, '.3f')}"
     )
