@@ -370,7 +370,10 @@ def run(
             f"{label} {text}" if label else text, highlight=False, markup=False, soft_wrap=True
         )
 
+    said: list[int] = []  # the newest step a plain line showed
+
     def line() -> None:
+        said[:] = [tail.records[-1].step if tail.records else 0]
         say(run_line(run_dir, tail, steps, time.monotonic() - t0, beyond=wording.beyond))
 
     code: int | None = None
@@ -404,6 +407,6 @@ def run(
             console.print(
                 f"error: {sup.failure}", style="red", highlight=False, markup=False, soft_wrap=True
             )
-    if tail.records and sup.failure is None:
-        line()
+    if tail.records and sup.failure is None and (live or said != [tail.records[-1].step]):
+        line()  # the run's last figures, unless the last plain line already showed them
     return int(code) if code is not None else 1

@@ -86,6 +86,8 @@ def test_launch_with_a_missing_data_file_says_it_in_one_line_and_leaves_no_run(
     assert "error: consumer exited with 2: task.path = " in said
     assert "nothere.jsonl': [Errno 2] No such file or directory" in said
     assert "Traceback" not in said
+    assert f"model: {tiny_model_dir}\n" in said  # no "building it the first time": not the demo
+    assert "first time" not in said
     assert "evaluating" not in said  # no final evaluation of a run that never started
     assert f"removed {run_dir}: the run never started" in said
     assert not run_dir.exists()

@@ -272,3 +272,30 @@ def test_status_and_summary_count_the_first_step_from_the_consumers_start(tmp_pa
     assert "[    26s] step 3/50" in status(run_dir)
     assert "- first step 26.0 s after the consumer started (1.5 s after its first group " \
         "arrived)" in summarize(run_dir)  # fmt: skip
+
+
+def test_the_launchers_last_plain_line_is_not_said_twice(tmp_path, capsys):
+    from launch import local
+
+    run_dir = _run_dir(tmp_path)
+
+    class Finished:  # a Supervisor whose run has already written its last step (3)
+        producers: list[object] = []
+        consumer, failure = None, None
+
+        def __init__(self):
+            self.run_dir = run_dir
+
+        def start(self):
+            return None
+
+        def tick(self):
+            return 0
+
+        def stop(self):
+            return 0
+
+    code = local.run(Finished(), steps=3, live=False)  # type: ignore[arg-type]
+    assert code == 0
+    said = capsys.readouterr().err
+    assert said.count("step 3/3") == 1, said
