@@ -280,11 +280,10 @@ def test_the_launchers_last_plain_line_is_not_said_twice(tmp_path, capsys):
     run_dir = _run_dir(tmp_path)
 
     class Finished:  # a Supervisor whose run has already written its last step (3)
-        producers: list[object] = []
         consumer, failure = None, None
 
         def __init__(self):
-            self.run_dir = run_dir
+            self.run_dir, self.producers = run_dir, []
 
         def start(self):
             return None

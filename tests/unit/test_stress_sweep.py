@@ -218,7 +218,7 @@ def test_the_fake_engines_timings_are_config_keys_the_user_may_give():
 def test_a_demo_sweep_is_recorded_as_demo_though_it_runs_the_hf_engine():
     from launch.cli.stress import _modes_and_engine
 
-    modes, kind = _modes_and_engine("off", "demo")
+    _, kind = _modes_and_engine("off", "demo")
     assert kind == "hf"
     sweep = Sweep(engine=kind, steps=8, named="demo")
     assert (sweep.engine, sweep.engine_name) == ("hf", "demo")
