@@ -38,6 +38,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reaches the Hugging Face Hub: a model or dataset name not cached is refused
+    (tests that fake the Hub take HF_HUB_OFFLINE away again)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-initialised 2-layer Qwen2 with a character tokenizer (float32, ~100k params)."""

@@ -79,9 +79,9 @@ class ModelConfig:
 
     path: str = _f(
         "demo",
-        "Model to train and sample: a Hugging Face model directory, or a model name already in "
-        "this host's Hugging Face cache (read offline, never downloaded); 'demo' = the embedded "
-        "tiny model.",
+        "Model to train and sample: a Hugging Face model directory, or a model name "
+        "(ORG/NAME) from this host's Hugging Face cache, downloaded into it once when not there "
+        "(never under HF_HUB_OFFLINE=1); 'demo' = the embedded tiny model.",
     )
     dtype: ModelDtype = _f("float32", "Learner parameter dtype.")
     device: str = _f("auto", "Learner device: auto (cuda if available), cpu, cuda, cuda:N.")
@@ -121,8 +121,9 @@ class TaskConfig:
     path: str = _f(
         "",
         "The prompts: a JSONL or Parquet file (source = jsonl, parquet); for hf a save_to_disk "
-        "directory, a local data file or directory, or a dataset name already in the local "
-        "Hugging Face cache (never downloaded).",
+        "directory, a local data file or directory, or a dataset name (ORG/NAME) from the "
+        "local Hugging Face cache, downloaded into it once when not there (never under "
+        "HF_HUB_OFFLINE=1).",
     )
     hf_config: str = _f(
         "", "source = hf: the dataset's configuration (load_dataset's name); empty = its default."

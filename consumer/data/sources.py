@@ -14,12 +14,13 @@ ending in `.parquet` is Parquet and anything else JSONL):
   unescaped inside strings);
 - `parquet`: one file, read with pyarrow (list, struct and timestamp columns become Python
   lists, dicts and datetimes);
-- `hf`: the `datasets` library, and never the network (offline for the load, whatever the
-  environment says): a directory written by `save_to_disk` (a `Dataset`, or a `DatasetDict`
-  whose split is `task.split` / `eval.split`), a local data file (`.jsonl`, `.json`,
-  `.csv`, `.parquet`, `.arrow`, `.txt`) or directory of them (`load_dataset(path)`), or a
-  dataset name already in the local Hugging Face cache (`load_dataset(name, task.hf_config,
-  split=...)`).
+- `hf`: the `datasets` library: a directory written by `save_to_disk` (a `Dataset`, or a
+  `DatasetDict` whose split is `task.split` / `eval.split`), a local data file (`.jsonl`,
+  `.json`, `.csv`, `.parquet`, `.arrow`, `.txt`) or directory of them (`load_dataset(path)`),
+  or a dataset name (`ORG/NAME`, `load_dataset(name, task.hf_config)`). Everything is read
+  offline first (whatever the environment says); a name not in the local Hugging Face cache is
+  downloaded into it once, saying so (and every 10 s how long it has taken) besides the
+  library's progress bars, unless `HF_HUB_OFFLINE=1` keeps this host offline.
 """
 
 from __future__ import annotations
@@ -137,24 +138,71 @@ def _need_columns(names: list[str], label: str, fields: RowFields) -> None:
 def _hf(
     path: str, key: str, fields: RowFields, *, config: str, split: str
 ) -> Iterator[tuple[str, Any]]:
-    with _offline() as datasets:
-        data = _hf_load(datasets, path, key, config=config, split=split)
-        label = f"{path} [{split}]" if isinstance(data, dict) else path
-        if isinstance(data, dict):  # a DatasetDict
-            if split not in data:
-                which = "eval.split" if key == "eval.path" else "task.split"
-                raise ConfigError(
-                    f"{key} = {path!r} has no split {split!r} ({which}); its splits: "
-                    f"{', '.join(map(repr, data))}"
-                )
-            data = data[split]
-        _need_columns(list(data.column_names), label, fields)
-        records = data.to_list()
+    data = _hf_data(path, key, config=config)
+    label = f"{path} [{split}]" if isinstance(data, dict) else path
+    if isinstance(data, dict):  # a DatasetDict
+        if split not in data:
+            which = "eval.split" if key == "eval.path" else "task.split"
+            raise ConfigError(
+                f"{key} = {path!r} has no split {split!r} ({which}); its splits: "
+                f"{', '.join(map(repr, data))}"
+            )
+        data = data[split]
+    _need_columns(list(data.column_names), label, fields)
+    records = data.to_list()
     for number, record in enumerate(records, start=1):
         yield f"{label}: row {number}", record
 
 
-def _hf_load(datasets: Any, path: str, key: str, *, config: str, split: str) -> Any:
+def _hf_data(path: str, key: str, *, config: str) -> Any:
+    """A `Dataset` or `DatasetDict` of `path`: read offline, else a name downloaded from the
+    Hub (see the module doc); `ConfigError` if neither."""
+    from common.host.model_dir import hub_offline, is_hub_name
+
+    offline = hub_offline()  # as the user's environment says (`_offline` sets it meanwhile)
+    with _offline() as datasets:
+        try:
+            return _hf_load(datasets, path, key, config=config)
+        except ConfigError as exc:
+            if Path(path).exists() or not is_hub_name(path):
+                raise
+            if offline:
+                raise ConfigError(f"{exc} (HF_HUB_OFFLINE=1)") from None
+    return _download(path, key, config=config)
+
+
+def _download(name: str, key: str, *, config: str) -> Any:
+    """Dataset `name` from the Hugging Face Hub into the local cache (every split)."""
+    import sys
+
+    import datasets
+
+    from common.progress import heartbeat
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    say(
+        f"downloading the dataset {name} from the Hugging Face Hub into "
+        f"{datasets.config.HF_DATASETS_CACHE} (once; HF_HUB_OFFLINE=1 keeps this host offline)"
+    )
+    import huggingface_hub.constants as hub
+
+    saved = (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE)  # read at import: online now
+    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = False
+    try:
+        with heartbeat(f"downloading the dataset {name}", say):
+            return datasets.load_dataset(name, config or None)
+    except Exception as exc:  # datasets raises many kinds (HTTP, OS, builder errors)
+        raise ConfigError(
+            f"{key} = {name!r}: not in the local Hugging Face cache, and downloading it from the "
+            f"Hub failed: {type(exc).__name__}: {first_line(exc)}"
+        ) from None
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
+
+
+def _hf_load(datasets: Any, path: str, key: str, *, config: str) -> Any:
     """A `Dataset` or `DatasetDict` of `path` (see the module doc); `ConfigError` if none."""
     local = Path(path)
     try:

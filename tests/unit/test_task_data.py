@@ -212,7 +212,7 @@ def test_local_data_files_load_through_the_datasets_library(tmp_path):
     assert "reads files ending in .jsonl" in refusal(task(tmp_path / "x.xml", "hf"))
 
 
-def test_a_dataset_name_is_read_from_the_local_cache_and_never_downloaded(tmp_path, monkeypatch):
+def test_a_dataset_name_is_read_from_the_local_cache_offline(tmp_path, monkeypatch):
     import datasets
     import huggingface_hub.constants as hub
 
@@ -221,16 +221,53 @@ def test_a_dataset_name_is_read_from_the_local_cache_and_never_downloaded(tmp_pa
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
     write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}", "answer": str(i)} for i in range(3)])
     cache_as_the_hub_would(tmp_path / "d.jsonl", cache, "someone/toy")
     rows = heldout_rows(held_out(task("someone/toy", "hf"), "someone/toy", split="test"))
     assert [r.prompt for r in rows] == ["p0", "p1", "p2"]
-    message = refusal(task("someone/absent", "hf"))
-    assert message.startswith("task.path = 'someone/absent': could not load it as in the local")
-    assert "(nothing is downloaded)" in message
     # the load was offline; the settings it changed are back as they were
     assert (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE) == (False, False)
     assert "HF_HUB_OFFLINE" not in os.environ
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a name not cached: refused, not downloaded
+    message = refusal(task("someone/absent", "hf"))
+    assert message.startswith("task.path = 'someone/absent': could not load it as in the local")
+    assert message.endswith(" (HF_HUB_OFFLINE=1)")
+    assert "(nothing is downloaded)" in message
+
+
+def test_a_dataset_name_not_cached_is_downloaded_once_saying_so(tmp_path, monkeypatch, capfd):
+    import datasets
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    rows = {"prompt": ["p0"], "answer": ["0"]}
+    hub = datasets.DatasetDict(train=datasets.Dataset.from_dict(rows))
+    online: list[str] = []
+
+    def load_dataset(name, config=None, **kwargs):  # the Hub, faked (no network here)
+        if datasets.config.HF_HUB_OFFLINE:  # the offline read: not in the cache yet
+            raise FileNotFoundError(f"Couldn't find a dataset script for {name}")
+        online.append(name)
+        return hub
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    assert [r.prompt for r in load_rows(task("someone/toy", "hf"))] == ["p0"]
+    assert online == ["someone/toy"]
+    said = capfd.readouterr().err
+    assert "downloading the dataset someone/toy from the Hugging Face Hub into " in said
+
+    def down(name, config=None, **kwargs):
+        if datasets.config.HF_HUB_OFFLINE:
+            raise FileNotFoundError("not cached")
+        raise ConnectionError("Couldn't reach 'someone/gone' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", down)
+    assert refusal(task("someone/gone", "hf")) == (
+        "task.path = 'someone/gone': not in the local Hugging Face cache, and downloading it "
+        "from the Hub failed: ConnectionError: Couldn't reach 'someone/gone' on the Hub "
+        "(LocalEntryNotFoundError)"
+    )
 
 
 def cache_as_the_hub_would(data: Path, cache: Path, name: str) -> None:
