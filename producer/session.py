@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,11 +57,15 @@ async def open_session(
     kept: KeptEngine | None,
     rng: random.Random,
     push: Callable[[], zmq.asyncio.Socket],
+    fetch: Callable[[tuple[wire.ModelFile, ...]], Awaitable[Path]] | None = None,
 ) -> tuple[Session, EngineKey]:
     """The session of `spec`'s run, and its engine's key. `kept`: a previous run's engine, used
     when its key matches (else closed); `rng` draws the seed of a new engine; `push` opens the
-    outbox's socket."""
-    model_dir, whose = _model_dir(cfg, spec)
+    outbox's socket; `fetch` gets the consumer's model when this host has no copy of it
+    (producer/base_model.py)."""
+    model_dir, whose = _model_dir(cfg, spec, fetchable=fetch is not None)
+    if model_dir is not None and fetch is not None and not (model_dir / "config.json").exists():
+        model_dir = await fetch(spec.model_files)
     truncation = truncation_of(spec)
     key = (str(model_dir), spec.vocab_size, truncation)
     engine: Engine | None = None
@@ -96,16 +100,20 @@ def truncation_of(spec: wire.RunSpec) -> Truncation:
     return Truncation(spec.top_k, spec.top_p, spec.min_p, spec.max_kept)
 
 
-def _model_dir(cfg: Config, spec: wire.RunSpec) -> tuple[Path | None, str]:
+def _model_dir(
+    cfg: Config, spec: wire.RunSpec, *, fetchable: bool = False
+) -> tuple[Path | None, str]:
     """(the model directory on this host, None for the fake engine; whose model it is, for
-    messages). Raises `ConfigError` when it is not a Hugging Face model directory."""
+    messages). Raises `ConfigError` when it is not a Hugging Face model directory, unless it is
+    the consumer's and the run spec lists its files to fetch (`fetchable`: a way to fetch)."""
     model_dir = Path(cfg.producer.model or spec.model) if cfg.producer.engine != "fake" else None
     whose = (
         "this producer's producer.model (--model)"
         if cfg.producer.model
         else "the consumer's model.path, announced to producers"
     )
-    if model_dir is not None and not (model_dir / "config.json").exists():
+    fetched = fetchable and not cfg.producer.model and bool(spec.model_files)
+    if model_dir is not None and not fetched and not (model_dir / "config.json").exists():
         raise ConfigError(
             f"model directory {str(model_dir)!r} ({whose}) is not a Hugging Face model "
             "directory on this producer's host: pass --model with a local copy of the "

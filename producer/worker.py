@@ -59,6 +59,7 @@ from common.net.keys import load_keys
 from common.net.sockets import client_socket, endpoint_with_port
 from producer.announcements import announcements
 from producer.backoff import Backoff
+from producer.base_model import fetch_model
 from producer.control import ControlClient, Rejected
 from producer.endpoint_file import NoConsumer
 from producer.fetch.relay import Relay
@@ -226,6 +227,13 @@ class Producer:
             kept=kept,
             rng=self.rng,
             push=lambda: self._socket(zmq.PUSH, spec.rollouts_port),
+            fetch=lambda files: fetch_model(
+                self.ctx,
+                files,
+                data_endpoint=self.weights.fetcher.data_endpoint,
+                keys=self.keys,
+                max_message_bytes=self.max_bytes,
+            ),
         )
         limit = self.cfg.producer.max_in_flight  # grants of eval leases beside them decode
         slots = eval_slots(limit, spec.group_size, spec.eval_samples)

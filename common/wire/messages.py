@@ -100,7 +100,9 @@ import numpy as np
 
 from common.sampling.kept_set import KeptSets, from_counts
 
-SCHEMA_VERSION = 8  # 8: a group names its first failed reward call (Group.reward_error)
+SCHEMA_VERSION = 8  # 8: a group names its first failed reward call (Group.reward_error); the
+# run spec lists the model directory's files, which a producer with no copy fetches
+# (RunSpec.model_files, `file_chunk_req` of file "model/NAME")
 # 7: the consumer sets the heartbeat period (Status.heartbeat_s); a lease
 # request may wait longer than net.lease_wait_s (LeaseRequest.wait_s)
 # 6: evaluation leases and groups (Lease.eval_version, Group.evaluation,
@@ -189,6 +191,15 @@ class RewardWeight:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelFile:
+    """One file of the consumer's model directory (producer/base_model.py)."""
+
+    name: str  # in the directory itself: config.json, model.safetensors, tokenizer.json, ...
+    num_bytes: int
+    hash: str  # blake3 hex digest of the file
+
+
+@dataclass(frozen=True, slots=True)
 class RunSpec:
     """The run settings a producer takes from the consumer (one source of truth)."""
 
@@ -212,6 +223,9 @@ class RunSpec:
     data_port: int  # the consumer's data socket (snapshot chunks: consumer/snapshots/dataplane.py)
     eval_samples: int = 1  # completions per eval lease (eval.samples_per_prompt)
     eval_temperature: float = 1.0  # of eval leases (eval.temperature; 0 = greedy)
+    # the consumer's model directory, for a producer on a host without a copy: fetched from
+    # the data socket (`file_chunk_req` of file "model/NAME") and checked against each hash
+    model_files: tuple[ModelFile, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +332,7 @@ class FileChunkRequest:
     KIND: ClassVar[str] = "file_chunk_req"
     req: int
     version: int
-    file: str  # "weights" | "delta"
+    file: str  # "weights" | "delta" | "model/NAME" (a file of RunSpec.model_files; version -1)
     offset: int
     max_bytes: int
 

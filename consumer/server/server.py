@@ -56,6 +56,7 @@ from consumer.server.intake import Intake
 from consumer.server.leases import LeaseBook
 from consumer.server.loop import Loop
 from consumer.server.state import NetState
+from consumer.snapshots import base_model
 from consumer.snapshots.dataplane import DataPlane
 from consumer.snapshots.fanout import FanOut
 from consumer.snapshots.fetch_files import snapshot_chunk_bytes
@@ -139,6 +140,9 @@ class Server:
         rollouts, rollouts_port = bind(zmq.PULL, net.rollouts_port)
         self._announce, announce_port = bind(zmq.PUB, net.announce_port)
         snapshot_root = run_dir / RF.SNAPSHOTS
+        model_dir = Path(spec.model) if spec.model and Path(spec.model).is_dir() else None
+        if model_dir is not None:  # for producers without a copy (consumer/snapshots/base_model.py)
+            spec = dataclasses.replace(spec, model_files=base_model.listing(model_dir))
         self.data = DataPlane(
             snapshot_root,
             host=net.bind_host,
@@ -147,6 +151,8 @@ class Server:
             insecure=net.insecure,
             chunk_limit=snapshot_chunk_bytes(cfg),
             count=st.count,
+            model_dir=model_dir,
+            model_files=frozenset(f.name for f in spec.model_files),
         )
         self.ports = {
             "control": control_port,

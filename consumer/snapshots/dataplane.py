@@ -7,11 +7,13 @@ control messages (sharing it, a 64-way fan-out of 4 MiB chunks held a probe's co
 trip p99 at ~430 ms; apart, ~30-50 ms). It answers exactly one request,
 `wire.FileChunkRequest`, with a two-frame chunk reply (`wire.encode_chunk`: a `chunk_head` and
 the file's bytes, sent without copying) read from the consumer's kept snapshot files
-(`model.safetensors` or `weights.delta`); anything else is refused with a `wire.Reject` and
-counted. Who fetches what from whom is decided on the network thread (consumer/snapshots/fanout.py
-plans fetches over control); this thread only reads bytes, so a flood of chunk requests never delays
-a lease, a heartbeat or a registration (they wait in another socket's queue, on another
-thread; file reads and socket sends release the interpreter lock).
+(`model.safetensors` or `weights.delta`), or from its model directory (file `model/NAME`, for a
+producer without a copy: only the files the run spec lists, consumer/snapshots/base_model.py);
+anything else is refused with a `wire.Reject` and counted. Who fetches what from whom is
+decided on the network thread (consumer/snapshots/fanout.py plans fetches over control); this
+thread only reads bytes, so a flood of chunk requests never delays a lease, a heartbeat or a
+registration (they wait in another socket's queue, on another thread; file reads and socket
+sends release the interpreter lock).
 
 Invariants:
 - Same bind and security rules as control (common/net/sockets.py `server_socket`): with keys it is
@@ -50,6 +52,7 @@ from common.net.sockets import server_socket
 from common.weights import delta as D
 from common.weights import snapshot as snap
 from consumer.key_gate import start_key_gate
+from consumer.snapshots.base_model import PREFIX
 
 log = logging.getLogger("asyncgrpo.consumer")
 MAX_REQUEST_BYTES = 64 << 10
@@ -71,8 +74,11 @@ class DataPlane:
         insecure: bool,
         chunk_limit: int,
         count: Callable[[str, int], None],
+        model_dir: Path | None = None,
+        model_files: frozenset[str] = frozenset(),
     ) -> None:
         self.root, self.chunk_limit, self._count = root, chunk_limit, count
+        self.model_dir, self.model_files = model_dir, model_files  # what `model/NAME` serves
         self.ctx: zmq.Context[Any] = zmq.Context()
         self._gate = start_key_gate(self.ctx, keys) if keys is not None else None
         try:
@@ -160,9 +166,15 @@ class DataPlane:
 
     def _chunk(self, msg: wire.FileChunkRequest) -> wire.Chunk:
         name = FILE_NAMES.get(msg.file)
-        if name is None:
-            raise WireError("bad_value", "file must be weights or delta")
-        path = snap.snapshot_dir(self.root, msg.version) / name
+        if msg.file.startswith(PREFIX):  # a file of the model directory the run spec lists
+            listed = msg.file[len(PREFIX) :]
+            if self.model_dir is None or listed not in self.model_files:
+                raise WireError("bad_value", "not a file of the run spec's model_files")
+            path = self.model_dir / listed
+        elif name is None:
+            raise WireError("bad_value", "file must be weights, delta or model/NAME")
+        else:
+            path = snap.snapshot_dir(self.root, msg.version) / name
         total, view = self._maps.view(path, msg.version)
         if not 0 <= msg.offset <= total:
             raise WireError("bad_offset", f"offset {msg.offset} outside [0, {total}]")

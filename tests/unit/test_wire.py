@@ -202,7 +202,7 @@ GOLDEN_HEX = {
         "0000000000"
     ),
     "welcome": (
-        "85a6736368656d6108a46b696e64a777656c636f6d65a372657101a473706563de0014aa67726f75"
+        "85a6736368656d6108a46b696e64a777656c636f6d65a372657101a473706563de0015aa67726f75"
         "705f73697a6502aa766f6361625f73697a6510ad6d61785f7374616c656e65737301ab74656d7065"
         "726174757265cb3fe8000000000000a5746f705f70cb3feccccccccccccda5746f705f6b08a56d69"
         "6e5f70cb3fa999999999999aa86d61785f6b65707410ae6d61785f6e65775f746f6b656e7304ad70"
@@ -212,12 +212,12 @@ GOLDEN_HEX = {
         "6eab65786163745f6d61746368a6776569676874cb3ff000000000000082a2666ea36d3a66a67765"
         "69676874cb3fe0000000000000b07265776172645f74696d656f75745f73cb4014000000000000a9"
         "646174615f706f7274cd15b6ac6576616c5f73616d706c657301b06576616c5f74656d7065726174"
-        "757265cb3ff0000000000000a673746174757388a672756e5f6964a6613162322d30ae706f6c6963"
-        "795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f6279746573cd"
-        "0400a468617368a461663133a470617468ac2f722f763030303030332f6da461636b739282a86c65"
-        "6173655f696407a76f7574636f6d65a7747261696e656482a86c656173655f696408a76f7574636f"
-        "6d65a765787069726564a866696e6973686564c2ac6576616c5f76657273696f6effa96576616c5f"
-        "66726f6dffab6865617274626561745f73cb3ff0000000000000"
+        "757265cb3ff0000000000000ab6d6f64656c5f66696c657390a673746174757388a672756e5f6964"
+        "a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f7484a776657273696f"
+        "6e03a96e756d5f6279746573cd0400a468617368a461663133a470617468ac2f722f763030303030"
+        "332f6da461636b739282a86c656173655f696407a76f7574636f6d65a7747261696e656482a86c65"
+        "6173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2ac6576616c5f76"
+        "657273696f6effa96576616c5f66726f6dffab6865617274626561745f73cb3ff0000000000000"
     ),
     "status": (
         "84a6736368656d6108a46b696e64a6737461747573a372657102a673746174757388a672756e5f69"
@@ -876,6 +876,12 @@ def dataclasses_replace(obj: typing.Any, **changes: typing.Any) -> typing.Any:
     return dataclasses.replace(obj, **changes)
 
 
+MODEL_FILES = (wire.ModelFile("config.json", 612, "ab" * 32),)
+SPEC_OPTIONALS = dataclasses_replace(
+    SPEC, eval_samples=4, eval_temperature=0.5, model_files=MODEL_FILES
+)
+
+
 # Every field an older peer may leave out, with the value it then has. Adding a default to a field
 # or removing one changes who can talk to whom: this table is the record of that decision.
 OPTIONAL = {
@@ -889,6 +895,7 @@ OPTIONAL = {
     (wire.Group, "evaluation"): False,
     (wire.RunSpec, "eval_samples"): 1,
     (wire.RunSpec, "eval_temperature"): 1.0,
+    (wire.RunSpec, "model_files"): (),
     (wire.Lease, "eval_version"): -1,
     (wire.LeaseRequest, "declined"): (),
     (wire.LeaseRequest, "max_eval_leases"): 0,
@@ -907,7 +914,7 @@ WHERE = {  # a message holding each optional field (not at its default), and the
     ),
     wire.Group: (group(num_reward_errors=1, evaluation=True), ()),
     wire.RunSpec: (
-        wire.Welcome(1, dataclasses_replace(SPEC, eval_samples=4, eval_temperature=0.5), STATUS),
+        wire.Welcome(1, SPEC_OPTIONALS, STATUS),
         ("spec",),
     ),
     wire.Lease: (

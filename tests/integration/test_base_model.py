@@ -1,0 +1,127 @@
+"""A producer on a host without the model: the consumer lists its model directory's files in the
+run spec (consumer/snapshots/base_model.py) and serves exactly those on its data socket; the
+producer fetches them once, each checked against its BLAKE3 digest (producer/base_model.py),
+and builds its session on them. Real loopback sockets, the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+from served import started_server
+
+from common import config as C
+from common import wire
+from common.errors import ConfigError
+from consumer.server.server import run_spec
+from consumer.snapshots.base_model import listing
+from producer import base_model as B
+from producer.session import open_session
+
+CFG = C.override(C.Config(), {"net.control_port": 0, "snapshot.chunk_mib": 1 / 16})
+
+
+def fetch(port: int, files: tuple[wire.ModelFile, ...], root: Path) -> Path:
+    async def go() -> Path:
+        ctx = zmq.asyncio.Context()
+        try:
+            return await B.fetch_model(
+                ctx, files, data_endpoint=f"tcp://127.0.0.1:{port}", keys=None,
+                max_message_bytes=64 << 20, root=root,
+            )  # fmt: skip
+        finally:
+            ctx.destroy(linger=0)
+
+    return asyncio.run(go())
+
+
+def test_a_producer_without_the_model_fetches_the_consumers_files_once(
+    tmp_path, tiny_model_dir, caplog
+):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "notes.md").write_text("not a model file")  # not listed, never served
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with started_server(CFG, run_dir, model=str(model)) as (srv, _):
+        files = srv.spec.model_files
+        names = [f.name for f in files]
+        assert "config.json" in names
+        assert "model.safetensors" in names
+        assert "notes.md" not in names
+        caplog.set_level("INFO", logger="asyncgrpo.producer")
+        got = fetch(srv.ports["data"], files, tmp_path / "cache")
+        for f in files:  # the same bytes, in a directory of its own
+            assert (got / f.name).read_bytes() == (model / f.name).read_bytes()
+        assert sorted(p.name for p in got.iterdir()) == sorted(names)
+        assert got.stat().st_mode & 0o777 == 0o755
+        assert "fetching its" in caplog.text
+        assert "fetching the model: " in caplog.text  # progress (common/progress.py)
+        caplog.clear()
+        assert fetch(srv.ports["data"], files, tmp_path / "cache") == got  # once: kept
+        assert "fetching" not in caplog.text
+        assert [p.name for p in (tmp_path / "cache").iterdir()] == [got.name]  # no leftovers
+
+
+def test_a_file_that_does_not_match_its_digest_or_is_not_listed_is_refused(
+    tmp_path, tiny_model_dir
+):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with started_server(CFG, run_dir, model=str(tiny_model_dir)) as (srv, ctx):
+        files = srv.spec.model_files
+        wrong = tuple(
+            wire.ModelFile(f.name, f.num_bytes, "0" * 64) if f.name == "config.json" else f
+            for f in files
+        )
+        with pytest.raises(ConfigError, match=r"model file config\.json fetched does not match"):
+            fetch(srv.ports["data"], wrong, tmp_path / "cache")
+        assert list((tmp_path / "cache").iterdir()) == []  # nothing half written is kept
+        unlisted = (wire.ModelFile("../run/secret", 1, "0" * 64),)
+        with pytest.raises(ConfigError, match="a model file with a bad name"):
+            fetch(srv.ports["data"], unlisted, tmp_path / "cache")
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(f"tcp://127.0.0.1:{srv.ports['data']}")
+        try:  # the consumer serves only what it listed, whatever a peer asks for
+            for name in ("model/tokenizer_config.json.bak", "model/../config.json", "model/"):
+                sock.send(wire.encode(wire.FileChunkRequest(1, -1, name, 0, 64)))
+                assert sock.poll(10_000)
+                refused = wire.decode_reply([f.buffer for f in sock.recv_multipart(copy=False)])
+                assert isinstance(refused, wire.Reject)
+                assert refused.reason == "bad_value"
+        finally:
+            sock.close(linger=0)
+
+
+def test_the_session_is_built_on_the_fetched_model(tmp_path, tiny_model_dir):
+    cfg = C.override(C.Config(), {"producer.engine": "hf"})
+    spec = run_spec(cfg, vocab_size=0, model=str(tmp_path / "on-the-consumers-host"))
+    spec = dataclasses.replace(spec, model_files=listing(tiny_model_dir))
+    asked: list[tuple[wire.ModelFile, ...]] = []
+
+    async def fetched(files: tuple[wire.ModelFile, ...]) -> Path:
+        asked.append(files)
+        return tiny_model_dir
+
+    async def session(fetch):
+        ctx = zmq.asyncio.Context()
+        try:
+            built, key = await open_session(
+                cfg, spec, kept=None, rng=random.Random(0),
+                push=lambda: ctx.socket(zmq.PUSH), fetch=fetch,
+            )  # fmt: skip
+            await built.engine.close()
+            return key
+        finally:
+            ctx.destroy(linger=0)
+
+    assert asyncio.run(session(fetched))[0] == str(tiny_model_dir)
+    assert asked == [spec.model_files]
+    with pytest.raises(ConfigError, match="is not a Hugging Face model directory"):
+        asyncio.run(session(None))  # no way to fetch: the old one line
