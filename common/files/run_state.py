@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from common.files.run_files import CONSUMER, FINAL, SIGNAL, _Record, _replace_atomically
 
@@ -42,8 +43,16 @@ def write_consumer(run_dir: Path, process: ConsumerProcess) -> None:
 
 def read_consumer(run_dir: Path) -> ConsumerProcess | None:
     """The run's `consumer.json`; None when it is absent or unreadable (an older run)."""
+    return _read(run_dir / CONSUMER, ConsumerProcess)
+
+
+R = TypeVar("R", bound=_Record)
+
+
+def _read(path: Path, record: type[R]) -> R | None:
+    """The record in `path`; None when it is absent or unreadable."""
     try:
-        return ConsumerProcess.from_json(json.loads((run_dir / CONSUMER).read_text()))
+        return record.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
 
@@ -72,10 +81,7 @@ class Final(_Record):
 
 def read_final(run_dir: Path) -> Final | None:
     """The run's `final.json`; None when it has not ended (or the file is unreadable)."""
-    try:
-        return Final.from_json(json.loads((run_dir / FINAL).read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
+    return _read(run_dir / FINAL, Final)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,7 +106,4 @@ def write_signal(run_dir: Path, signal: Signal) -> None:
 
 def read_signal(run_dir: Path) -> Signal | None:
     """The run's `signal.json`; None before the first group arrived (or in an older run)."""
-    try:
-        return Signal.from_json(json.loads((run_dir / SIGNAL).read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
+    return _read(run_dir / SIGNAL, Signal)
