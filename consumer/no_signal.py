@@ -64,10 +64,13 @@ class SignalWatch:
     groups: int = 0
     with_signal: int = 0
     streak: Streak = field(default_factory=Streak)
+    first_error: str = ""  # the run's first failed reward call, signal or not (summary.md)
 
     def add(self, group: wire.Group, now: float) -> None:
         """Count one arriving training group (its rewards, failures and prompt)."""
         self.groups += 1
+        if group.reward_error and not self.first_error:
+            self.first_error = group.reward_error
         rewards = group.rewards
         if not bool(np.all(rewards == rewards[0])):
             self.with_signal += 1
@@ -141,6 +144,7 @@ class SignalWatch:
             stopped=stopped,
             max_groups=self.max_groups,
             max_s=self.max_s,
+            first_error=self.first_error,
         )
 
 

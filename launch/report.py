@@ -232,17 +232,24 @@ def plot_lag(records: list[StepRecord], history: list[RF.ProducerChange], out: P
     return save_figure(fig, out / "lag.png")
 
 
-def reward_failures_line(views: dict[str, RF.ProducerStatus]) -> str:
+def reward_failures_line(views: dict[str, RF.ProducerStatus], first_error: str = "") -> str:
     """Reward calls that failed or timed out (scored 0), in total and per producer (`views`:
-    common/files/run_files.py `latest_producers`)."""
+    common/files/run_files.py `latest_producers`), and the run's first failure when known
+    (`signal.json`)."""
     errors, timeouts = reward_failures(views)
     per = {name: (v.reward_errors, v.reward_timeouts) for name, v in sorted(views.items())}
     shown = ", ".join(f"{n} {e}/{t}" for n, (e, t) in per.items() if e or t)
+    where = "the producers' logs give the exceptions"
+    if first_error:
+        where = f"the first: {first_error}"
     return f"- reward failures (scored 0): errors {errors}, timeouts {timeouts}" + (
-        f" (errors/timeouts per producer: {shown}; the producers' logs give the exceptions)"
-        if shown
-        else ""
+        f" (errors/timeouts per producer: {shown}; {where})" if shown else ""
     )
+
+
+def _first_error(run_dir: Path) -> str:
+    signal = RS.read_signal(run_dir)
+    return signal.first_error if signal is not None else ""
 
 
 def summarize(run_dir: Path) -> str:
@@ -262,7 +269,7 @@ def summarize(run_dir: Path) -> str:
             "- completion tokens/s (mean): "
             f"{sum(r.tokens_per_s for r in records) / len(records):.0f}",
             first_step_line(run_dir, first),
-            reward_failures_line(RF.latest_producers(run_dir, last)),
+            reward_failures_line(RF.latest_producers(run_dir, last), _first_error(run_dir)),
         ]
     if ev:
         lines += [

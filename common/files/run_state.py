@@ -98,6 +98,7 @@ class Signal(_Record):
     stopped: bool = False
     max_groups: int = 0
     max_s: float = 0.0
+    first_error: str = ""  # the run's first failed reward call, in one line ("" when none)
 
 
 def write_signal(run_dir: Path, signal: Signal) -> None:

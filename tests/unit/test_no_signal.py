@@ -106,6 +106,7 @@ def test_the_state_written_to_signal_json_carries_totals_streak_and_reason():
         "stopped": True,
         "max_groups": 100,
         "max_s": 30,
+        "first_error": "",
     }
     assert state.why == watch.why()
 
@@ -131,3 +132,11 @@ def test_the_reason_a_run_stops_names_the_streak_the_budget_and_why():
         "no learning signal in 3 groups in a row over 41 s (run.no_signal_groups = 3): "
         + watch.why()
     )
+
+
+def test_the_runs_first_reward_failure_is_kept_though_its_group_had_a_signal():
+    watch = SignalWatch(max_groups=10, max_s=0)
+    watch.add(group([0, 1], errors=1, error="reward 'r' raised ValueError: x (r.py, line 3)"), 0)
+    watch.add(group([0, 1], errors=1, error="reward 'r' raised ValueError: y (r.py, line 3)"), 1)
+    assert watch.streak.groups == 0  # every group had a signal
+    assert watch.state(2).first_error == "reward 'r' raised ValueError: x (r.py, line 3)"
