@@ -32,9 +32,13 @@ def fetch(port: int, files: tuple[wire.ModelFile, ...], root: Path) -> Path:
         ctx = zmq.asyncio.Context()
         try:
             return await B.fetch_model(
-                ctx, files, data_endpoint=f"tcp://127.0.0.1:{port}", keys=None,
-                max_message_bytes=64 << 20, root=root,
-            )  # fmt: skip
+                ctx,
+                files,
+                data_endpoint=f"tcp://127.0.0.1:{port}",
+                keys=None,
+                max_message_bytes=64 << 20,
+                root=root,
+            )
         finally:
             ctx.destroy(linger=0)
 
@@ -113,9 +117,13 @@ def test_the_session_is_built_on_the_fetched_model(tmp_path, tiny_model_dir):
         ctx = zmq.asyncio.Context()
         try:
             built, key = await open_session(
-                cfg, spec, kept=None, rng=random.Random(0),
-                push=lambda: ctx.socket(zmq.PUSH), fetch=fetch,
-            )  # fmt: skip
+                cfg,
+                spec,
+                kept=None,
+                rng=random.Random(0),
+                push=lambda: ctx.socket(zmq.PUSH),
+                fetch=fetch,
+            )
             await built.engine.close()
             return key
         finally:

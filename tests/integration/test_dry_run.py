@@ -18,9 +18,16 @@ def _dry_run(tmp_path: Path, model: Path, *rewards: str) -> tuple[int, str, str]
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     fns = ", ".join(f'{{fn = "{fn}"}}' for fn in rewards)
-    sets = ['task.source="jsonl"', f'task.path="{data}"', 'task.prompt_field="question"',
-            'task.answer_field="result"', f"rewards.fns=[{fns}]", "sampling.group_size=4",
-            "sampling.max_new_tokens=4", "rewards.workers=1"]  # fmt: skip
+    sets = [
+        'task.source="jsonl"',
+        f'task.path="{data}"',
+        'task.prompt_field="question"',
+        'task.answer_field="result"',
+        f"rewards.fns=[{fns}]",
+        "sampling.group_size=4",
+        "sampling.max_new_tokens=4",
+        "rewards.workers=1",
+    ]
     args = ["launch", "--dry-run", "--model", str(model), *(a for s in sets for a in ("--set", s))]
     result = CliRunner().invoke(app, args)
     return result.exit_code, result.stdout, result.stderr
@@ -32,8 +39,9 @@ def test_a_dry_run_prints_every_completion_its_reward_and_each_functions_score(
     code, out, err = _dry_run(tmp_path, tiny_model_dir, "reward_fixtures:length", "exact_match")
     assert code == 0, err
     assert "the first 4 prompts of the task, 4 completions each" in err
-    assert out.startswith("prompt 1: '0+0='  answer '0'\n  reward  reward_fixtures:length  " \
-                          "exact_match  completion\n")  # fmt: skip
+    assert out.startswith(
+        "prompt 1: '0+0='  answer '0'\n  reward  reward_fixtures:length  exact_match  completion\n"
+    )
     assert out.count("\nprompt ") == 3  # 4 prompts
     assert out.count("→ the rewards differ: a learning signal") >= 1
     assert "prompts have a learning signal (rewards that differ)" in err
@@ -44,8 +52,10 @@ def test_a_dry_run_with_a_failing_reward_names_its_line_and_exits_3(tmp_path, ti
     code, out, err = _dry_run(tmp_path, tiny_model_dir, "reward_fixtures:raises")
     assert code == 3, err
     assert out.count("→ every completion scored 0: no signal from this prompt") == 4
-    assert "reward calls failed: 16 (scored 0; first: reward 'reward_fixtures:raises' raised " \
-        "RuntimeError: this reward is broken (reward_fixtures.py, line " in err  # fmt: skip
+    assert (
+        "reward calls failed: 16 (scored 0; first: reward 'reward_fixtures:raises' raised "
+        "RuntimeError: this reward is broken (reward_fixtures.py, line " in err
+    )
     assert "none of 4 prompts has a learning signal" in err
 
 

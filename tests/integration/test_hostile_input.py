@@ -292,9 +292,12 @@ def test_curve_keys_admit_producers_with_keys_and_shut_out_those_without(tmp_pat
         assert "waiting for the consumer at" in said
         assert "gives up after net.handshake_timeout_s = 3 s)" in said
         assert "connected, but the security handshake fails" in said
-        wait_for(lambda: "its security handshake failed (" in
-                 (tmp_path / "consumer.log").read_text(), timeout_s=30,
-                 what="the consumer's handshake line", procs=procs[:1])  # fmt: skip
+        wait_for(
+            lambda: "its security handshake failed (" in (tmp_path / "consumer.log").read_text(),
+            timeout_s=30,
+            what="the consumer's handshake line",
+            procs=procs[:1],
+        )
         # the stranger: refused, and told so at once (not a silent wait)
         assert stranger.wait(60) == 2
         said = (tmp_path / "stranger.log").read_text()

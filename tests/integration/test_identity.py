@@ -177,6 +177,8 @@ def test_a_connection_that_fails_its_security_handshake_is_counted_and_said(
         stranger.close(linger=0)
     said = [r.getMessage() for r in caplog.records if "security handshake failed" in r.getMessage()]
     assert said[0].startswith("refused a connection to the control socket tcp://")
-    assert "(mechanism, HANDSHAKE_FAILED_PROTOCOL 0x11000002): it connects without CurveZMQ " \
-        "keys while this consumer has them" in said[0]  # fmt: skip
+    assert (
+        "(mechanism, HANDSHAKE_FAILED_PROTOCOL 0x11000002): it connects without CurveZMQ "
+        "keys while this consumer has them" in said[0]
+    )
     assert any("its keys were not made for this consumer" in s for s in said)

@@ -77,10 +77,18 @@ def test_launch_with_a_missing_data_file_says_it_in_one_line_and_leaves_no_run(
 ):
     run_dir = tmp_path / "run"
     launcher = cli(
-        "launch", "--run-dir", str(run_dir), "--model", str(tiny_model_dir), "--no-live",
-        "--set", "task.source=jsonl", "--set", f"task.path={tmp_path / 'nothere.jsonl'}",
+        "launch",
+        "--run-dir",
+        str(run_dir),
+        "--model",
+        str(tiny_model_dir),
+        "--no-live",
+        "--set",
+        "task.source=jsonl",
+        "--set",
+        f"task.path={tmp_path / 'nothere.jsonl'}",
         log=tmp_path / "launch.log",
-    )  # fmt: skip
+    )
     assert launcher.wait(120) == EXIT_CONFIG
     said = (tmp_path / "launch.log").read_text()
     assert "error: consumer exited with 2: task.path = " in said
@@ -99,8 +107,9 @@ def test_a_consumer_by_hand_with_a_model_that_does_not_load_leaves_no_run(tmp_pa
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
     run_dir = tmp_path / "run"
-    consumer = cli("consumer", "--run-dir", str(run_dir), "--model", str(model),
-                   log=tmp_path / "consumer.log")  # fmt: skip
+    consumer = cli(
+        "consumer", "--run-dir", str(run_dir), "--model", str(model), log=tmp_path / "consumer.log"
+    )
     assert consumer.wait(120) == EXIT_CONFIG
     said = (tmp_path / "consumer.log").read_text()
     assert f"error: cannot load the model '{model}' (model.path): OSError: " in said

@@ -43,8 +43,12 @@ def _start(tmp_path: Path, *sets: str, dropped: int = 20) -> tuple[Path, list]:
         procs.append(cli(*args, log=tmp_path / f"{name}.log"))
     registered = lambda: all(f"producer {n} registered" in _log(tmp_path) for n in ("p1", "p2"))  # noqa: E731
     if dropped:
-        wait_for(lambda: registered() and _dropped(run_dir) >= dropped, timeout_s=120,
-                 what=f"both producers and {dropped} dropped groups", procs=procs)  # fmt: skip
+        wait_for(
+            lambda: registered() and _dropped(run_dir) >= dropped,
+            timeout_s=120,
+            what=f"both producers and {dropped} dropped groups",
+            procs=procs,
+        )
     return run_dir, procs
 
 

@@ -10,8 +10,9 @@ from common.progress import Counter, heartbeat
 def test_a_counter_says_the_first_unit_each_tenth_and_every_ten_seconds():
     said: list[str] = []
     now = [0.0]
-    count = Counter("building the demo model", 900, said.append, unit="warm-up steps",
-                    clock=lambda: now[0])  # fmt: skip
+    count = Counter(
+        "building the demo model", 900, said.append, unit="warm-up steps", clock=lambda: now[0]
+    )
     for done, t in ((1, 0.1), (2, 0.2), (89, 1.0), (90, 1.1), (100, 11.2), (101, 11.3)):
         now[0] = t
         count(done)

@@ -64,6 +64,11 @@ def test_a_run_with_producers_json_is_read_from_it_not_from_its_metrics_lines(tm
     assert "producer q: weights v4 generating, groups sent 11, reward errors 3 timeouts 0" in text
     assert "producer p1" not in text
     assert "errors 3, timeouts 0" in summarize(run_dir)
+    assert "the producers' logs give the exceptions" in summarize(run_dir)
+    first = "reward 'r' raised KeyError: 'score' (r.py, line 8: raise KeyError(\"score\"))"
+    signal = RS.Signal(groups=9, with_signal=9, streak=0, streak_s=0.0, why="", first_error=first)
+    RS.write_signal(run_dir, signal)
+    assert f"(errors/timeouts per producer: q 3/0; the first: {first})" in summarize(run_dir)
 
 
 def test_before_the_first_step_the_line_says_what_the_ledger_saw():
@@ -163,16 +168,19 @@ def test_before_the_first_step_the_line_says_what_arrives_and_why_none_has_a_sig
     assert (
         "— 312 groups arrived, 0 with a signal — no signal in the last 312 groups (24 s): " in line
     )
-    assert "raised IndexError: x); a failed call scores 0; the run stops after 1688 more such " \
-        "groups or in 276 s (run.no_signal_groups, run.no_signal_s)" in line  # fmt: skip
+    assert (
+        "raised IndexError: x); a failed call scores 0; the run stops after 1688 more such "
+        "groups or in 276 s (run.no_signal_groups, run.no_signal_s)" in line
+    )
     assert "no signal: all" not in line  # the watch says it once, not the ledger again
 
 
 def test_before_any_group_the_line_says_what_the_producers_are_doing():
     views = {"p1": RF.ProducerStatus(version=-1, state="starting")}
     line = summary_line(None, 50, 8.0, RF.Balance(issued=4), views)
-    assert line.endswith("waiting for the first step… ledger issued 4 no group yet; producers: "
-                         "p1 starting")  # fmt: skip
+    assert line.endswith(
+        "waiting for the first step… ledger issued 4 no group yet; producers: p1 starting"
+    )
     assert summary_line(None, 50, 2.0).endswith("no group yet; no producer registered yet")
 
 
@@ -248,8 +256,10 @@ def test_the_ledger_is_shown_as_counts_and_whether_they_balance_never_as_an_ok_f
 
     run_dir = _run_dir(tmp_path)
     text = status(run_dir)
-    assert "ledger: issued 20 trained 12 dropped_stale 1 dropped_zero_variance 0 " \
-        "rejected_invalid 0 expired 0 open 4 (balanced)" in text  # fmt: skip
+    assert (
+        "ledger: issued 20 trained 12 dropped_stale 1 dropped_zero_variance 0 "
+        "rejected_invalid 0 expired 0 open 4 (balanced)" in text
+    )
     assert " ok " not in text
     assert "ok" not in summarize(run_dir).split("## Ledger")[1].split("##")[0]
     assert ledger_text(RF.Balance(issued=1, ok=False)).endswith(
@@ -266,12 +276,16 @@ def test_status_and_summary_count_the_first_step_from_the_consumers_start(tmp_pa
     rec = M.StepRecord(**RECORD)
     assert run_clock(run_dir, rec) == 1.5  # no consumer.json: the learner's own clock
     began = RECORD["unix_time"] - 26.0
-    RS.write_consumer(run_dir, RS.ConsumerProcess(host=socket.gethostname(), pid=1,
-                                                  started=began + 20, began=began))  # fmt: skip
+    RS.write_consumer(
+        run_dir,
+        RS.ConsumerProcess(host=socket.gethostname(), pid=1, started=began + 20, began=began),
+    )
     assert run_clock(run_dir, rec) == 26.0
     assert "[    26s] step 3/50" in status(run_dir)
-    assert "- first step 26.0 s after the consumer started (1.5 s after its first group " \
-        "arrived)" in summarize(run_dir)  # fmt: skip
+    assert (
+        "- first step 26.0 s after the consumer started (1.5 s after its first group "
+        "arrived)" in summarize(run_dir)
+    )
 
 
 def test_the_launchers_last_plain_line_is_not_said_twice(tmp_path, capsys):

@@ -229,11 +229,20 @@ def test_the_summary_table_gives_every_share_in_percent():
     from launch.stress.results import row_line, summary
 
     row = {
-        "setting": "ms0-p2-off-s0", "status": "ok", "max_staleness": 0, "producers": 2,
-        "is_mode": "off", "seed": 0, "steps_per_hour": 14300.0, "speedup_vs_sync": 1.0,
-        "learner_idle_frac": 0.73, "final_accuracy": 0.675, "accuracy_at_equal_time": 0.675,
-        "final_reward": 0.3, "reward_at_equal_time": 0.3,
-    }  # fmt: skip
+        "setting": "ms0-p2-off-s0",
+        "status": "ok",
+        "max_staleness": 0,
+        "producers": 2,
+        "is_mode": "off",
+        "seed": 0,
+        "steps_per_hour": 14300.0,
+        "speedup_vs_sync": 1.0,
+        "learner_idle_frac": 0.73,
+        "final_accuracy": 0.675,
+        "accuracy_at_equal_time": 0.675,
+        "final_reward": 0.3,
+        "reward_at_equal_time": 0.3,
+    }
     table = summary([row], [], [])
     assert "| learner idle (%) |" in table
     assert "| held-out (equal steps, %) | held-out at sync wall-clock (%) |" in table
