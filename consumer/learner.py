@@ -58,7 +58,7 @@ from common.net.endpoints import advertised_host, listening, tcp_endpoint
 from common.net.keys import load_keys
 from common.weights import snapshot as snap
 from consumer.data.prompts import make_source
-from consumer.evaluation import evaluate_in_learner
+from consumer.evaluation import await_last_round, evaluate_in_learner
 from consumer.key_gate import start_key_gate
 from consumer.loggers import make_loggers
 from consumer.model_checks import check_chat_template, load_trainer
@@ -186,7 +186,9 @@ class Learner:
                     got, started=t_start, last=last, settle=self._settle, books=self._books
                 )
                 record.update(self.heldout(self.version, self.trainer.eval_model))
-                record.update(self.server.take_eval())  # never waits for an evaluation
+                if self.version >= steps:  # the last version's round, through the producers
+                    await_last_round(self.cfg, self.server, self.steps)
+                record.update(self.server.take_eval(last=self.version >= steps))
                 last = time.perf_counter()
                 self._write(record, got)
                 every = self.cfg.train.checkpoint_every

@@ -79,6 +79,12 @@ class EvalConfig:
     pass_reward: float = _f(
         1.0, "A completion passes (pass@k) when its reward (the weighted sum) is >= this."
     )
+    final_wait_s: float = _f(
+        120.0,
+        "At the end of a run of run.steps, how long the learner waits for the round of its last "
+        "version (begun whether or not a multiple of every_steps) before its last metrics line "
+        "(0 = no wait: that round is not reported).",
+    )
 
     @property
     def on(self) -> bool:
@@ -94,6 +100,7 @@ class EvalConfig:
         """This section's impossible settings (messages name the key)."""
         return failed(
             (self.every_steps >= 0, "eval.every_steps must be >= 0 (0 = off)"),
+            (self.final_wait_s >= 0, "eval.final_wait_s must be >= 0 (0 = no wait)"),
             (self.learner_every_steps >= 0, "eval.learner_every_steps must be >= 0 (0 = off)"),
             (self.learner_prompts >= 1, "eval.learner_prompts must be >= 1"),
             (

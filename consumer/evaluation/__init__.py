@@ -8,7 +8,9 @@ and metrics once, through the parts below; the threads and commands that evaluat
   (`asyncgrpo-eval`) beside a replay's training;
 - `evaluate_through_producers` (consumer/server/server.py): eval rounds every `eval.every_steps`
   versions, leased by the network thread to producers holding the version (producer/pins.py
-  pins it there): reward, pass@k, the learner never waiting;
+  pins it there): reward, pass@k, the learner never waiting but at the end:
+  `await_last_round` (consumer/learner.py) waits up to `eval.final_wait_s` for the round of
+  the run's last version, so its last metrics line reports it;
 - `score_run_ends` (`asyncgrpo launch`, after the run): the start and the final model on the
   whole held-out split, RUN/eval.json;
 - `score_model` (`asyncgrpo eval RUN`, the stress sweep's snapshots): one model or snapshot on a
@@ -41,7 +43,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from common import wire
 from common.config import Config
@@ -115,8 +117,42 @@ def evaluate_through_producers(
         pass_reward=cfg.eval.pass_reward,
         ack=ack,
         incarnation=incarnation,
+        last_version=cfg.run.steps if cfg.eval.final_wait_s > 0 else 0,
     )
     return book, rows
+
+
+class _Publishing(Protocol):  # consumer/step.py `Steps`, as far as the last round needs it
+    version: int
+    published: int
+
+    def publish(self) -> None: ...
+
+
+class _AwaitingRounds(Protocol):  # consumer/server/server.py `Server`
+    def await_round(self, version: int, timeout_s: float) -> bool: ...
+
+
+def await_last_round(cfg: Config, server: _AwaitingRounds, steps: _Publishing) -> None:
+    """Before the last metrics line of a run of `run.steps`: its last version published (if it
+    was not yet), then up to `eval.final_wait_s` for that version's round through the
+    producers (consumer/evaluation/rounds.py begins it whatever `eval.every_steps`)."""
+    wait_s = cfg.eval.final_wait_s
+    if not cfg.eval.on or wait_s <= 0:
+        return
+    if steps.published != steps.version:
+        steps.publish()
+    log.info(
+        "evaluating v%d through the producers (up to %g s: eval.final_wait_s)",
+        steps.version,
+        wait_s,
+    )
+    if not server.await_round(steps.version, wait_s):
+        log.warning(
+            "the evaluation of v%d did not end within eval.final_wait_s = %g s: not reported",
+            steps.version,
+            wait_s,
+        )
 
 
 Progress = Callable[[int], None]  # told the problems done so far (common/progress.py Counter)

@@ -4,10 +4,12 @@ machine on the network thread (no sockets, no clocks of its own; `now` is passed
 The design (docs/observability.md, "Evaluation during training"): producers keep only the
 newest weights, so an evaluation of version v can only be sampled by a producer that holds v.
 - `schedule(v)`: a snapshot of version v was published and v crossed a multiple of
-  `eval.every_steps` (version 0, the starting model, first): a round of the held-out prompts
-  `0 .. P-1` begins. Its version is fixed by its first grant: the version of the first producer
-  that asks holding v or newer (v itself unless producers skipped it while reloading: then the
-  round evaluates that newer version, says so in `eval_version` and counts
+  `eval.every_steps` (version 0, the starting model, first; the run's last version, `run.steps`,
+  always: the learner waits for that round before its last metrics line, up to
+  `eval.final_wait_s`, consumer/evaluation/__init__.py `await_last_round`): a round of the
+  held-out prompts `0 .. P-1` begins. Its version is fixed by its first grant: the version of
+  the first producer that asks holding v or newer (v itself unless producers skipped it while
+  reloading: then the round evaluates that newer version, says so in `eval_version` and counts
   `eval_rounds_retargeted`). A round that still had prompts to lease is closed: those prompts
   are skipped and counted (`eval_prompts_skipped`); the newest round has them all.
 - `grant`: eval leases go first (consumer/server/control.py asks here before the training
@@ -34,6 +36,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +45,7 @@ from typing import Any
 from common import wire
 from common.task.pass_at_k import mean_pass_at_k
 
+log = logging.getLogger("asyncgrpo.consumer")
 EVAL_BIT = 1 << 62  # set in every eval lease id (training lease ids stay below: leases.py)
 _ID_BITS = 40
 
@@ -82,9 +86,11 @@ class EvalBook:
         pass_reward: float,
         ack: Callable[[str, wire.Ack], None],
         incarnation: int = 0,
+        last_version: int = 0,
     ) -> None:
         assert min(num_prompts, every_steps, samples) > 0
         self.num_prompts, self.every_steps, self.samples = num_prompts, every_steps, samples
+        self.last_version = last_version  # the run's last (run.steps; 0: none): always evaluated
         self.pass_reward = pass_reward
         self._ack = ack
         self._base = EVAL_BIT | (incarnation << _ID_BITS)
@@ -99,8 +105,8 @@ class EvalBook:
     def due(self, version: int) -> bool:
         """Whether a published `version` begins a round: the first one, or one that crossed a
         multiple of every_steps since the last round (publish_every or a superseded snapshot
-        may skip the multiple itself)."""
-        if self.last_scheduled < 0:
+        may skip the multiple itself), or the run's last version."""
+        if self.last_scheduled < 0 or (version == self.last_version > self.last_scheduled):
             return True
         return version // self.every_steps > self.last_scheduled // self.every_steps
 
@@ -268,8 +274,17 @@ class EvalBook:
             "eval_prompts": len(stats),
         }
 
-    def take_result(self) -> dict[str, Any] | None:
-        """The oldest finished round's result not taken yet (one per learner step)."""
+    def ended(self, key: int) -> bool:
+        """Whether the round of version `key` was begun and has ended (reported or skipped)."""
+        return self.last_scheduled >= key and key not in self.rounds
+
+    def take_result(self, *, newest: bool = False) -> dict[str, Any] | None:
+        """The oldest finished round's result not taken yet (one per learner step); `newest`:
+        the newest, for the run's last line (older ones not taken yet are logged)."""
+        if newest:
+            while len(self._results) > 1:
+                log.info("evaluation not in metrics.jsonl (the run ended): %s", self._results[0])
+                self._results.popleft()
         return self._results.popleft() if self._results else None
 
     def totals(self) -> dict[str, int]:

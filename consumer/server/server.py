@@ -312,17 +312,31 @@ class Server:
 
         return self._call(summary).result()
 
-    def take_eval(self) -> dict[str, Any]:
+    def take_eval(self, *, last: bool = False) -> dict[str, Any]:
         """For a step's metrics line: the eval counters, and the oldest finished eval round's
-        result not taken yet (consumer/evaluation/rounds.py); {} with evaluation off."""
+        result not taken yet (consumer/evaluation/rounds.py; the newest for the run's `last`
+        line); {} with evaluation off."""
         evals = self._state.evals
         if evals is None:
             return {}
 
         def take() -> dict[str, Any]:
-            return {**evals.totals(), **(evals.take_result() or {})}
+            return {**evals.totals(), **(evals.take_result(newest=last) or {})}
 
         return self._call(take).result()
+
+    def await_round(self, version: int, timeout_s: float) -> bool:
+        """Wait until the eval round of `version` has been begun and has ended, at most
+        `timeout_s`; whether it did (True with evaluation off)."""
+        evals = self._state.evals
+        if evals is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while not self._call(lambda: evals.ended(version)).result():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def balance(self) -> RF.Balance:
         """The ledger's counts by state; `ok` when they add up (see LeaseBook.balance)."""

@@ -1,8 +1,8 @@
 """Evaluation during training on the demo through the CLI (docs/observability.md's commands, as
 shown): the producers evaluate versions 0, 20 and 40 of a 60-step run (or the next version
-held, said so); every round is reported or counted as skipped, every eval lease is accounted
-for, the results reach metrics.jsonl and summary.md, and the learner-side periodic evaluation
-steps aside."""
+held, said so), and its last version 60, reported in its last line; every round is reported
+or counted as skipped, every eval lease is accounted for, the results reach metrics.jsonl and
+summary.md, and the learner-side periodic evaluation steps aside."""
 
 from __future__ import annotations
 
@@ -51,13 +51,15 @@ def test_the_documented_eval_run_reports_each_version_evaluated(tmp_path):
     versions = [m["eval_version"] for m in results]
     windows = [v // 20 for v in versions]  # 20 (or the next version, retargeted and counted)
     assert windows == sorted(set(windows))
-    assert set(windows) <= {0, 1, 2}
+    assert set(windows) <= {0, 1, 2, 3}
     assert 0 in versions  # the starting model: producers wait for nothing else at the start
     last = metrics[-1]
-    assert len(versions) + last["eval_rounds_skipped"] == 3  # reported, or counted as skipped
+    assert last["eval_version"] == 60  # the last version: the learner waited for its round
+    assert len(versions) + last["eval_rounds_skipped"] == 4  # reported, or counted as skipped
     assert sum(v % 20 != 0 for v in versions) == last["eval_rounds_retargeted"]
-    for m in results:
+    for m in results[:-1]:
         assert m["step"] > m["eval_version"]  # a round completes after its version is out
+    for m in results:
         assert m["eval_prompts"] == 64
         assert 0 <= m["eval_pass_at_1"] <= m["eval_pass_at_k"] <= 1
         assert 0 <= m["eval_reward_mean"] <= 1

@@ -297,6 +297,7 @@ PROBLEMS = [
         "eval.learner_every_steps",
     ),
     (["eval.learner_prompts=0"], "learner_prompts must be >= 1", "eval.learner_prompts"),
+    (["eval.final_wait_s=-1"], "final_wait_s must be >= 0", "eval.final_wait_s"),
     (["eval.samples_per_prompt=0"], "must be in [1, 256]", "eval.samples_per_prompt"),
     (["eval.samples_per_prompt=257"], "must be in [1, 256]", "eval.samples_per_prompt"),
     (["eval.temperature=-1"], "finite and >= 0 (0 = greedy)", "eval.temperature"),

@@ -168,3 +168,27 @@ def test_a_round_whose_leases_all_came_back_unsampled_takes_the_next_version_hel
     assert b.take_result()["eval_version"] == 7
     assert b.totals()["eval_rounds_retargeted"] == 1
     assert b.totals()["eval_rounds_skipped"] == 0
+
+
+def test_the_runs_last_version_is_evaluated_and_its_result_taken_last(caplog):
+    caplog.set_level("INFO", logger="asyncgrpo.consumer")
+    b = EvalBook(
+        1, every_steps=5, samples=K, pass_reward=1.0, ack=lambda p, a: None, last_version=8
+    )
+    b.schedule(0, now=0.0)
+    b.schedule(5, now=0.0)
+    assert [v for v in range(6, 9) if b.due(v)] == [8]  # not a multiple of 5: the last version
+    assert not b.ended(8)  # not begun yet: the learner waits for it to begin and end
+    (old,) = b.grant("p", 5, 8, now=0.0)
+    b.receive(answer(old, [1.0, 0.0]))  # v5's result, not taken by a step yet
+    b.schedule(8, now=0.0)
+    assert not b.ended(8)
+    (lease,) = b.grant("p", 8, 8, now=0.0)
+    b.receive(answer(lease, [1.0, 1.0]))
+    assert b.ended(8)
+    assert b.take_result(newest=True)["eval_version"] == 8  # the run's last line: the last one
+    assert "'eval_version': 5" in caplog.text  # the older one said, not dropped silently
+    assert b.take_result() is None
+    plain = EvalBook(1, every_steps=5, samples=K, pass_reward=1.0, ack=lambda p, a: None)
+    plain.schedule(5, now=0.0)
+    assert not plain.due(8)  # without a last version: only multiples
