@@ -187,7 +187,7 @@ class Learner:
                 )
                 record.update(self.heldout(self.version, self.trainer.eval_model))
                 if self.version >= steps:  # the last version's round, through the producers
-                    await_last_round(self.cfg, self.server, self.steps)
+                    await_last_round(self.cfg, self.server, self.steps, self.stop_event)
                 record.update(self.server.take_eval(last=self.version >= steps))
                 last = time.perf_counter()
                 self._write(record, got)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,13 +131,16 @@ class _Publishing(Protocol):  # consumer/step.py `Steps`, as far as the last rou
 
 
 class _AwaitingRounds(Protocol):  # consumer/server/server.py `Server`
-    def await_round(self, version: int, timeout_s: float) -> bool: ...
+    def await_round(self, version: int, timeout_s: float, stop: threading.Event) -> bool: ...
 
 
-def await_last_round(cfg: Config, server: _AwaitingRounds, steps: _Publishing) -> None:
+def await_last_round(
+    cfg: Config, server: _AwaitingRounds, steps: _Publishing, stop: threading.Event
+) -> None:
     """Before the last metrics line of a run of `run.steps`: its last version published (if it
     was not yet), then up to `eval.final_wait_s` for that version's round through the
-    producers (consumer/evaluation/rounds.py begins it whatever `eval.every_steps`)."""
+    producers (consumer/evaluation/rounds.py begins it whatever `eval.every_steps`), unless
+    `stop` (Ctrl-C) is set meanwhile."""
     wait_s = cfg.eval.final_wait_s
     if not cfg.eval.on or wait_s <= 0:
         return
@@ -147,7 +151,11 @@ def await_last_round(cfg: Config, server: _AwaitingRounds, steps: _Publishing) -
         steps.version,
         wait_s,
     )
-    if not server.await_round(steps.version, wait_s):
+    if server.await_round(steps.version, wait_s, stop):
+        return
+    if stop.is_set():
+        log.info("the evaluation of v%d is not waited for: the run stops", steps.version)
+    else:
         log.warning(
             "the evaluation of v%d did not end within eval.final_wait_s = %g s: not reported",
             steps.version,

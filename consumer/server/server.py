@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -325,17 +326,16 @@ class Server:
 
         return self._call(take).result()
 
-    def await_round(self, version: int, timeout_s: float) -> bool:
+    def await_round(self, version: int, timeout_s: float, stop: threading.Event) -> bool:
         """Wait until the eval round of `version` has been begun and has ended, at most
-        `timeout_s`; whether it did (True with evaluation off)."""
+        `timeout_s` and not once `stop` is set; whether it ended (True with evaluation off)."""
         evals = self._state.evals
         if evals is None:
             return True
         deadline = time.monotonic() + timeout_s
         while not self._call(lambda: evals.ended(version)).result():
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or stop.wait(0.05):
                 return False
-            time.sleep(0.05)
         return True
 
     def balance(self) -> RF.Balance:
