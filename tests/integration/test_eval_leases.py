@@ -109,3 +109,13 @@ def test_eval_leases_come_first_only_for_the_version_held_and_are_never_trained(
     push.close(linger=0)
     for s in socks.values():
         s.close(linger=0)
+
+
+def test_the_wait_for_a_round_ends_when_it_is_not_begun_or_the_run_stops(server):
+    import threading
+
+    srv, _ = server
+    stop = threading.Event()
+    assert not srv.await_round(7, 0.2, stop)  # v7 was never published: no round, the bound
+    stop.set()
+    assert not srv.await_round(7, 600.0, stop)  # Ctrl-C: at once, whatever the bound
