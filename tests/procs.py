@@ -29,6 +29,15 @@ def cli(*args: str, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+def run_to_end(*args: str, log: Path, timeout_s: float) -> None:
+    """`cli(*args)` run to its end: exit 0 within `timeout_s`, else fail with its log's tail."""
+    proc = cli(*args, log=log)
+    try:
+        assert proc.wait(timeout_s) == 0, log.read_text()[-3000:]
+    finally:
+        stop(proc)
+
+
 def wait_for(predicate: Any, *, timeout_s: float, what: str, procs: list[Any] = ()) -> Any:  # type: ignore[assignment]
     """Poll `predicate()` until it returns a truthy value; fail with `what` after `timeout_s`.
 

@@ -4,33 +4,24 @@ line, whether or not it is a multiple of eval.every_steps: the learner waits for
 
 from __future__ import annotations
 
-from procs import cli, read_jsonl, stop
+from procs import read_jsonl, run_to_end
 
 from common.files import run_files as RF
 
 
 def test_the_last_version_is_evaluated_and_reported_in_the_last_line(tmp_path):
     run_dir = tmp_path / "run"
-    proc = cli(
+    fake = ["--engine", "fake", "--steps", "6", "--no-eval", "--no-live"]
+    evals = ["--set", "eval.every_steps=4", "--set", "eval.max_prompts=4"]
+    run_to_end(
         "launch",
         "--run-dir",
         str(run_dir),
-        "--engine",
-        "fake",
-        "--steps",
-        "6",
-        "--no-eval",
-        "--no-live",
-        "--set",
-        "eval.every_steps=4",
-        "--set",
-        "eval.max_prompts=4",
+        *fake,
+        *evals,
         log=tmp_path / "launch.log",
+        timeout_s=120,
     )
-    try:
-        assert proc.wait(120) == 0, (tmp_path / "launch.log").read_text()[-2000:]
-    finally:
-        stop(proc)
     metrics = read_jsonl(run_dir / RF.METRICS)
     last = metrics[-1]
     assert last["step"] == 6
