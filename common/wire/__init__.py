@@ -2,6 +2,8 @@
 
 - messages.py: every message kind as a frozen dataclass (the table of kinds, sockets and fields),
   `SCHEMA_VERSION`, the finish reasons, the lease outcomes and the backpressure acks;
+- spec.py: the run spec a producer takes from the consumer in its welcome (`RunSpec`, its
+  `RewardWeight`s and the model directory's `ModelFile`s);
 - codec.py: `encode(msg) -> bytes` (deterministic) and `decode(data, limits) -> Message`, which
   raises only `WireError(reason)` whatever the bytes and builds a bounded amount of objects;
   `encode_chunk` / `decode_reply` for the two-frame chunk replies of the data path;
@@ -60,11 +62,8 @@ from common.wire.messages import (
     LeaseGrant,
     LeaseRequest,
     Message,
-    ModelFile,
     Register,
     Reject,
-    RewardWeight,
-    RunSpec,
     SnapshotInfo,
     Source,
     Status,
@@ -82,6 +81,7 @@ from common.wire.sizes import (
     largest_register,
     reply_limits,
 )
+from common.wire.spec import ModelFile, RewardWeight, RunSpec
 
 __all__ = [
     "ACKS_PER_REPLY",
