@@ -5,6 +5,7 @@ time.
 - worker.py: one consumer run: register, heartbeat, lease, keep the newest weights, goodbye;
 - lease_task.py: one lease's task: weights good enough, sample, score, send;
 - session.py: what a run is served with (engine, tokenizer, rewards, outbox), from its run spec;
+- base_model.py: the consumer's model fetched once, each file verified, on a host without a copy;
 - state.py: what the event loop's tasks share, and a change counter to wait on;
 - control.py: the control DEALER (requests matched to replies); outbox.py: the group sender
   (PUSH), every group kept until acknowledged; announcements.py: snapshot announcements (SUB);

@@ -21,7 +21,7 @@ def test_a_drain_stops_for_a_queued_call_and_leaves_the_rest_on_the_socket():
     push.connect(f"tcp://127.0.0.1:{port}")
     calls = Calls()
     state = SimpleNamespace(timing=LoopTiming(), internal_error=None)
-    unused: dict[str, Any] = {"control": None, "intake": None, "books": None, "announce": None}
+    unused: dict[str, Any] = dict.fromkeys(("control", "intake", "books", "announce", "handshakes"))
     loop = Loop(state, calls=calls, rollouts=pull, **unused)  # type: ignore[arg-type]
     try:
         for i in range(10):
