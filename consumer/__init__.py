@@ -4,6 +4,7 @@ groups, trains on them and publishes weights.
 Rooms follow the threads that run them:
 - learner.py: the process and its main (training) thread: wires the rooms, collects each step's
   groups (staleness.py decides which a step keeps; reward_tally.py sums their rewards;
+  episode_tally.py a multi-turn run's episodes;
   no_signal.py watches whether they carry a learning signal at all) and owns shutdown;
   model_checks.py checks the model when it starts (it loads; a chat template if needed);
 - step.py: one optimizer step, the learner's and a replay's alike: train a batch, publish, the

@@ -15,6 +15,8 @@ watches come from here, so they are honest about what the policy sampled:
   arrived groups that carried per-function scores (`wire.Group.reward_parts`; the names are
   common/config/run.py `reward_names`, in `rewards.fns` order). None when no group carried any
   (the fake engine's coins).
+- the episodes' own numbers in a multi-turn run (consumer/episode_tally.py): turns, tokens,
+  the share the model sampled, environment time and errors.
 
 Invariants: every number is a mean over completions (not over groups); a group counts once.
 """
@@ -27,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from common import wire
-from consumer.staleness import zero_variance
+from consumer.episode_tally import EpisodeTally
+from consumer.staleness import no_signal
 
 
 @dataclass
@@ -41,6 +44,7 @@ class RewardTally:
     completions: int = 0
     fn_sums: np.ndarray = field(init=False)  # float64 [F]
     fn_completions: int = 0  # completions of the groups that carried per-function scores
+    episodes: EpisodeTally = field(default_factory=EpisodeTally)  # multi-turn runs' episodes
 
     def __post_init__(self) -> None:
         self.fn_sums = np.zeros(len(self.names), np.float64)
@@ -48,7 +52,8 @@ class RewardTally:
     def add(self, g: wire.Group) -> None:
         """Count one arrived group (before its verdict)."""
         self.seen += 1
-        self.zero_std += zero_variance(g.rewards)
+        self.zero_std += no_signal(g)
+        self.episodes.add(g)
         self.reward_sum += float(g.rewards.sum(dtype=np.float64))
         self.completions += g.group_size
         parts = g.reward_parts_FG()
@@ -66,4 +71,5 @@ class RewardTally:
             "reward_mean_seen": self.reward_sum / max(self.completions, 1),
             "frac_reward_zero_std": self.zero_std / max(self.seen, 1),
             "reward_fn_means": fn_means,
+            **self.episodes.fields(),
         }

@@ -10,7 +10,9 @@ overtake each other in flight.
 
 A group whose rewards are all equal has zero advantage for every completion, so it carries no
 policy-gradient signal; with `drop_zero_variance` it is dropped (`dropped_zero_variance`) and the
-batch is filled with other groups (dynamic sampling).
+batch is filled with other groups (dynamic sampling). Of a group of episodes only those its
+environment did not fail count (`env_error` episodes are never trained): fewer than two of them
+is no signal either.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from common.wire import Group
+
+ENV_ERROR = "env_error"  # an episode its environment failed (never trained)
 
 
 def lag(policy_version: int, group: Group) -> int:
@@ -31,9 +35,18 @@ def verdict(
     behind = lag(policy_version, group)
     if behind > max_staleness or behind < 0:  # < 0: weights of a lineage a resume abandoned
         return "dropped_stale"
-    if drop_zero_variance and zero_variance(group.rewards):
+    if drop_zero_variance and no_signal(group):
         return "dropped_zero_variance"
     return None
+
+
+def no_signal(group: Group) -> bool:
+    """Whether the group's trainable completions all have the same reward (or are fewer than
+    two): every advantage is 0."""
+    if ENV_ERROR not in group.finish_reasons:
+        return zero_variance(group.rewards)
+    valid = np.array([r != ENV_ERROR for r in group.finish_reasons])
+    return int(valid.sum()) < 2 or zero_variance(group.rewards[valid])
 
 
 def zero_variance(rewards: np.ndarray) -> bool:

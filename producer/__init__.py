@@ -17,5 +17,7 @@ time.
 - engines/: generation engines (fake, hf, vllm) behind one contract, made by a lazy factory;
 - fetch/: snapshots over the network: fetcher, chunk client, relay;
 - rewards/: scoring completions: the runner, its worker processes, the built-ins;
+- episodes/: multi-turn episodes: the environment contract, its calls (inline or in worker
+  processes), the turns as token deltas, the episode loop, the built-in `guess` task.
 - sandbox/: model-written code run contained (the code_tests reward, environments' Python tool).
 """

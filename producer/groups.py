@@ -4,8 +4,11 @@
   an evaluation lease (`Lease.eval_version` >= 0: consumer/evaluation/rounds.py) samples
   `RunSpec.eval_samples` at `RunSpec.eval_temperature` with the run's truncation (0 = greedy:
   the top token, no truncation).
-- `group_of`: the `wire.Group` of the scored completions. `behavior_version` is the oldest
-  version of any token and `token_versions` is sent only when versions differ. An evaluation
+- `group_of`: the `wire.Group` of the scored completions, or episodes (producer/episodes/loop.py:
+  then every token after the prompt travels, with one bit saying whether the model sampled it,
+  and the log-probs, versions and kept sets of the sampled ones). `behavior_version` is the
+  oldest version of any sampled token and `token_versions` is sent only when versions differ.
+  An evaluation
   group is marked `evaluation` and carries no kept sets (it is never trained); its weights were
   pinned while it was sampled, so all its tokens have the lease's version (asserted).
 """
@@ -18,6 +21,7 @@ from common import wire
 from common.sampling import kept_set
 from common.sampling.kept_set import NO_TRUNCATION
 from producer.engines.base import Completion, SamplingParams
+from producer.episodes.loop import Episode
 from producer.rewards.scoring import GroupScore
 from producer.session import truncation_of
 
@@ -42,13 +46,13 @@ def group_of(
     producer_id: str,
     lease: wire.Lease,
     prompt_ids: list[int],
-    completions: list[Completion],
+    completions: list[Completion] | list[Episode],
     scored: GroupScore,
     *,
     temperature: float,
     gen_s: float,
 ) -> wire.Group:
-    """The group message of `lease`'s scored `completions` (module docstring)."""
+    """The group message of `lease`'s scored `completions` or episodes (module docstring)."""
     versions = np.concatenate([c.versions for c in completions]).astype(np.int32)
     behavior = int(versions.min())
     lens = [len(c.token_ids) for c in completions]
@@ -57,7 +61,14 @@ def group_of(
         assert (versions == lease.eval_version).all(), "an eval group's weights are pinned"
         kept = kept_set.KeptSets()
     else:
-        kept = kept_set.concat([c.kept for c in completions], lens)
+        sampled = [len(c.logprobs) for c in completions]  # kept sets are of sampled tokens
+        kept = kept_set.concat([c.kept for c in completions], sampled)
+    episodes = [c for c in completions if isinstance(c, Episode)]
+    bits = np.zeros(0, np.uint8)
+    if episodes:
+        assert len(episodes) == len(completions), "a group of episodes or of completions"
+        mask = np.concatenate([e.sampled for e in episodes])
+        bits = np.packbits(mask, bitorder="little")
     return wire.Group(
         lease_id=lease.lease_id,
         producer_id=producer_id,
@@ -79,4 +90,6 @@ def group_of(
         reward_parts=scored.parts.reshape(-1),
         evaluation=evaluation,
         reward_error=scored.first_error,
+        sampled_bits=bits,
+        env_s=float(sum(e.env_s for e in episodes)),
     )

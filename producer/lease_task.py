@@ -7,7 +7,10 @@ current run; an eval lease arrives pinned (producer/pins.py) and starts at once 
 weights it names, unpinned when done. Every lease of a run samples with its own seed
 (`lease_seed`), so whichever producer takes it, the same lease of the same run samples the same
 completions from the same weights. `busy_s` counts the time with at least one lease generating
-or scoring.
+or scoring. In a multi-turn run (`Session.episodes`) a lease samples G episodes instead of G
+completions (producer/episodes/loop.py), each scored by its environment or, when the environment
+leaves it to them, by the run's reward functions; an episode its environment failed scores 0 and
+is never trained (the consumer leaves it out: consumer/train/batching.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import time
 import numpy as np
 
 from common import wire
+from producer.engines.base import Completion
+from producer.episodes.loop import Episode, run_episodes, score_episodes
 from producer.groups import group_of, sampling_params
 from producer.session import Session
 from producer.stall import Stall
@@ -56,15 +61,29 @@ class LeaseRunner:
             await self.stall.wait()
             self.busy(+1)
             busy = True
-            prompt_ids = codec.encode(lease.messages or lease.prompt)
             params = sampling_params(
                 session.spec,
                 lease,
                 seed=lease_seed(self.run_seed, lease.lease_id),
                 stop_ids=codec.stop_ids,
             )
-            completions = await engine.generate(prompt_ids, params)
-            scored = await session.rewards.score_group(lease, completions)
+            completions: list[Completion] | list[Episode]
+            if session.episodes is None:
+                prompt_ids = codec.encode(lease.messages or lease.prompt)
+                completions = sampled = await engine.generate(prompt_ids, params)
+                scored = await session.rewards.score_group(lease, sampled)
+            else:
+                prompt_ids, episodes = await run_episodes(
+                    engine,
+                    session.episodes.renderer,
+                    session.episodes.runner,
+                    lease=lease,
+                    spec=session.episodes.spec,
+                    params=params,
+                    count=state.count,
+                )
+                scored = await score_episodes(session.rewards, lease, episodes)
+                completions = episodes
             group = group_of(
                 state.producer_id,
                 lease,

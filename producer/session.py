@@ -4,8 +4,9 @@
 says G, sampling, reward functions, prompt format, vocabulary and ports) while heartbeats
 already run: it checks the model directory, builds the tokenizer (`PromptCodec`), the engine
 (`producer.engines.make_engine`, on a thread: loading can take long), the rewards
-(`producer.rewards.scoring.make_rewards`) and the outbox on the consumer's rollouts port.
-Nothing in a `Session` is optional.
+(`producer.rewards.scoring.make_rewards`), the episodes' environment and turn renderer when
+the run samples multi-turn episodes (`producer.episodes.open_episodes`; `episodes` is None
+otherwise) and the outbox on the consumer's rollouts port.
 
 With `producer.follow` a finished run's engine is handed to the next run (`KeptEngine`) and
 reused when the model directory and vocabulary are the same; otherwise it is closed first.
@@ -29,6 +30,7 @@ from common.errors import ConfigError, first_line
 from common.sampling.kept_set import Truncation
 from producer.engines import make_engine
 from producer.engines.base import Engine
+from producer.episodes import Episodes, open_episodes
 from producer.outbox import Outbox
 from producer.rewards.scoring import Rewards, make_rewards
 from producer.tokenizer import PromptCodec
@@ -48,6 +50,7 @@ class Session:
     codec: PromptCodec
     rewards: Rewards  # the run's reward functions, or the fake engine's coins
     outbox: Outbox  # every finished group until it is acknowledged
+    episodes: Episodes | None = None  # a multi-turn run's environment and turns
 
 
 async def open_session(
@@ -90,9 +93,10 @@ async def open_session(
             f"cannot load the model {str(model_dir)!r} ({whose}) on this producer's host: "
             f"{type(exc).__name__}: {first_line(exc)}"
         ) from exc
+    episodes = open_episodes(spec.episodes, codec, workers=cfg.episodes.workers)
     rewards = make_rewards(cfg, spec, codec)
     outbox = Outbox(push(), resend_after_s=cfg.net.resend_after_s)
-    return Session(spec, engine, codec, rewards, outbox), key
+    return Session(spec, engine, codec, rewards, outbox, episodes), key
 
 
 def truncation_of(spec: wire.RunSpec) -> Truncation:

@@ -461,6 +461,8 @@ class Producer:
             out["told_hold"], out["hold_s"] = outbox.num_told_hold, outbox.hold_s
             out.update({f"acked_{k}": v for k, v in outbox.outcomes.items()})
             out.update(self.session.rewards.counters)
+            if self.session.episodes is not None:
+                out.update(self.session.episodes.counters)
         out.update(self.weights.counters)
         if self.relay is not None:
             out.update(self.relay.counters)
@@ -486,6 +488,8 @@ class Producer:
             self.kept = None
         if self.session is not None:
             self.session.rewards.close()
+            if self.session.episodes is not None:
+                self.session.episodes.close()
             if keep_engine and self.engine_key is not None:
                 kept = (self.engine_key, self.session.engine)
             else:

@@ -8,7 +8,8 @@ One `Config` of frozen section dataclasses, each section beside its own checks:
 - the sections, each with `problems()` listing its impossible settings: `run.py` (run, model,
   task, rewards), `training.py` (sampling, train, loss, staleness, dist), `transport.py`
   (snapshot, net), `producer.py` (producer, fake, vllm), `observe.py` (log), `evaluation.py`
-  (eval: evaluation during training through the producers);
+  (eval: evaluation during training through the producers), `episodes.py` (episodes: multi-turn
+  environments);
 - `tree.py`: `Config`, `problems` / `validate` over all sections, `field_help`;
 - `load.py`: defaults < a TOML file (`load`) < `--set section.key=value` text
   (`apply_overrides`) < typed values from code and flags (`override`); `load_given` also
@@ -21,6 +22,7 @@ Everything is importable from `common.config` itself (`from common.config import
 
 from __future__ import annotations
 
+from common.config.episodes import EpisodesConfig
 from common.config.evaluation import EvalConfig
 from common.config.fields import (
     AdvBaseline,
@@ -81,6 +83,7 @@ __all__ = [
     "ConfigError",
     "DistConfig",
     "EngineName",
+    "EpisodesConfig",
     "EvalConfig",
     "EvalMode",
     "FakeEngineConfig",

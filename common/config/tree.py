@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.config.episodes import EpisodesConfig
 from common.config.evaluation import EvalConfig, eval_slots
 from common.config.fields import choices, failed
 from common.config.observe import LogConfig
@@ -49,6 +50,7 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    episodes: EpisodesConfig = field(default_factory=EpisodesConfig)
 
 
 SECTIONS: dict[str, type[Any]] = {f.name: f.type for f in dataclasses.fields(Config)}  # type: ignore[misc]
@@ -70,6 +72,7 @@ CHECK_ORDER = (
     "vllm",
     "log",
     "eval",
+    "episodes",
 )
 
 

@@ -121,6 +121,14 @@ class StepRecord:
     # untruncated)
     kept_size_mean: float | None = None  # |K| per token (the vocabulary size untruncated)
     tokens_kept_unknown: int | None = None  # tokens not trained: the engine could not record K
+    # -- multi-turn episodes (`[episodes]`, consumer/episode_tally.py): over every group of
+    # episodes that arrived for the step; absent from runs of single completions -------------
+    episode_turns_mean: float | None = None  # model turns per episode
+    episode_tokens_mean: float | None = None  # tokens after the prompt, sampled and inserted
+    episode_sampled_frac: float | None = None  # the share of them the model sampled
+    env_s_mean: float | None = None  # seconds per episode in its environment
+    env_errors: int | None = None  # episodes an environment failed (never trained)
+    episode_ends: dict[str, int] | None = None  # {finish reason: episodes}
     # -- the learner's held-out evaluation (steps with eval.learner_every_steps) ----------------
     heldout_accuracy: float | None = None
     eval_s: float | None = None

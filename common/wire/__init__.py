@@ -81,7 +81,7 @@ from common.wire.sizes import (
     largest_register,
     reply_limits,
 )
-from common.wire.spec import ModelFile, RewardWeight, RunSpec
+from common.wire.spec import EpisodeSpec, ModelFile, RewardWeight, RunSpec
 
 __all__ = [
     "ACKS_PER_REPLY",
@@ -108,6 +108,7 @@ __all__ = [
     "ChatTurn",
     "Chunk",
     "ChunkHead",
+    "EpisodeSpec",
     "FetchDone",
     "FetchPlan",
     "FetchRequest",

@@ -28,8 +28,11 @@ Conventions and invariants:
   that appears twice (`duplicate_key`): with "last one wins", two readers of one message could
   disagree about what it says.
 - A `Group` is checked against the run (`Limits`): G completions, lengths that agree
-  (sum(completion_lens) == len(completion_ids) == len(behavior_logp)), token ids in [0, vocab),
-  log-probs finite and <= 0, rewards finite, the run's sampling temperature; and its kept sets
+  (sum(completion_lens) == len(completion_ids); S sampled tokens == len(behavior_logp), S =
+  sum L_i, or the set bits of `sampled_bits`, whose length, pad bits and first bit of every
+  episode are checked before they are unpacked: one byte per token, within the memory bound),
+  token ids in [0, vocab), log-probs finite and <= 0, rewards finite, the run's sampling
+  temperature; and its kept sets, one per sampled token
   (`Limits.max_kept`: present exactly when the run truncates, one count per token summing to the
   kept ids, ids in [0, vocab), each set ascending without its sampled token, |K| <= max_kept:
   `common.sampling.kept_set.encoding_problem`, whose temporaries stay within the memory bound
@@ -344,10 +347,13 @@ def check_group(g: Group, limits: Limits) -> None:
     if (lens < 1).any() or (lens > limits.max_completion_tokens).any():
         raise WireError("bad_length", "a completion is empty or longer than max_new_tokens")
     total = int(lens.astype(np.int64).sum())
-    if total != len(g.completion_ids) or total != len(g.behavior_logp):
-        raise WireError("length_mismatch", "sum(completion_lens) != len(ids) or len(logprobs)")
-    if len(g.token_versions) not in (0, total):
-        raise WireError("length_mismatch", "token_versions must be empty or one per token")
+    if total != len(g.completion_ids):
+        raise WireError("length_mismatch", "sum(completion_lens) != len(completion_ids)")
+    sampled = _check_sampled(g, total)
+    if sampled != len(g.behavior_logp):
+        raise WireError("length_mismatch", "len(logprobs) != the number of sampled tokens")
+    if len(g.token_versions) not in (0, sampled):
+        raise WireError("length_mismatch", "token_versions must be empty or one per sampled token")
     if not 0 < len(g.prompt_ids) <= limits.max_prompt_tokens:
         raise WireError("bad_length", f"prompt has {len(g.prompt_ids)} tokens")
     vocab = limits.vocab_size  # None: any non-negative int32 (the largest one included)
@@ -368,6 +374,8 @@ def check_group(g: Group, limits: Limits) -> None:
         raise WireError("bad_value", "negative version, lease id or counter")
     if len(g.reward_error) > MAX_REWARD_ERROR_CHARS:
         raise WireError("bad_length", f"reward_error longer than {MAX_REWARD_ERROR_CHARS}")
+    if not (math.isfinite(g.env_s) and g.env_s >= 0 and math.isfinite(g.gen_s)):
+        raise WireError("bad_value", "gen_s and env_s must be finite, env_s >= 0")
     if len(g.token_versions) and int(g.token_versions.min()) != g.behavior_version:
         raise WireError("bad_value", "behavior_version must equal min(token_versions)")
     _check_temperature(g, limits)
@@ -376,6 +384,24 @@ def check_group(g: Group, limits: Limits) -> None:
             raise WireError("bad_value", "an evaluation group carries one version, no kept sets")
         return
     _check_kept(g, limits)
+
+
+def _check_sampled(g: Group, total: int) -> int:
+    """The number of sampled tokens S; with `sampled_bits`: ceil(total / 8) bytes, pad bits 0,
+    every completion starting with a sampled token. Checked before the bits are unpacked (one
+    byte per token, a quarter of the ids' own bytes: within the decoder's memory bound)."""
+    bits = g.sampled_bits
+    if not len(bits):
+        return total
+    if len(bits) != (total + 7) // 8:
+        raise WireError("length_mismatch", "sampled_bits must hold one bit per completion token")
+    if total % 8 and int(bits[-1]) >> (total % 8):
+        raise WireError("bad_value", "sampled_bits: pad bits past the last token must be 0")
+    mask = g.sampled_mask()
+    starts = np.cumsum(g.completion_lens, dtype=np.int64) - g.completion_lens
+    if not mask[starts].all():
+        raise WireError("bad_value", "an episode must start with a sampled token")
+    return int(np.count_nonzero(mask))
 
 
 def _check_temperature(g: Group, limits: Limits) -> None:
@@ -405,8 +431,9 @@ def _check_kept(g: Group, limits: Limits) -> None:
         raise WireError("sampling_mismatch", "kept sets in a run without truncated sampling")
     if limits.max_kept and not kept.present:
         raise WireError("sampling_mismatch", "the run samples truncated: kept sets are missing")
+    ids = g.completion_ids[g.sampled_mask()] if g.episodes else g.completion_ids
     problem = encoding_problem(
-        kept, g.completion_ids, vocab_size=limits.vocab_size, max_kept=limits.max_kept or None
+        kept, ids, vocab_size=limits.vocab_size, max_kept=limits.max_kept or None
     )
     if problem is not None:
         raise WireError("bad_kept_set", problem)

@@ -52,8 +52,22 @@ Conventions and invariants:
   both, and the rest of its row as one JSON object (`columns`, at most `task.max_row_kib` with
   the prompt and answer: the consumer refuses larger rows when it loads them), which the
   producer hands to reward functions; the decoder checks the shape (`check_lease`).
-- `behavior_version` is the oldest weight version that produced any token of the group;
-  `token_versions` is empty unless the weights changed mid-generation (then one int32 per token).
+- `behavior_version` is the oldest weight version that produced any sampled token of the group;
+  `token_versions` is empty unless the weights changed mid-generation (then one int32 per
+  sampled token).
+- Episodes (multi-turn: `RunSpec.episodes`, producer/episodes/): a completion is a whole episode
+  after the prompt, the model's turns and the environment's messages in between. Which of its
+  tokens the model sampled travels as one bit per token (`sampled_bits`, uint8, numpy's
+  `packbits` in little bit order over `completion_ids`, 1 = sampled, 0 = inserted by the
+  environment; ceil(sum L_i / 8) bytes, the pad bits 0): an inserted token costs its id and a
+  bit, 4.125 bytes. Every array that describes sampled tokens (`behavior_logp`,
+  `token_versions`, the kept sets) holds one entry per sampled token only, in order: an
+  inserted token has no behaviour log-prob, version or kept set, and is never trained. Each
+  episode starts with a sampled token (the environment's opening messages are the prompt). A
+  group of single-turn completions leaves `sampled_bits` out (`Group.OMIT_EMPTY`): every token
+  sampled, no extra byte. `finish_reasons` says how each episode ended (`EPISODE_ENDS`); an
+  episode that an environment failure ended (`env_error`) is never trained (consumer/train/
+  batching.py). `env_s`: the group's wall seconds inside its environment.
 - Truncated sampling (`RunSpec.top_p < 1`, `top_k > 0` or `min_p > 0`): every sampled token's kept
   set travels with the group, `kept_counts` uint8 [sum L_i] (each token's kept ids other than
   itself: |K| - 1) and `kept_ids` int32 (those ids, ascending, token after token), `kept_unknown`
@@ -101,7 +115,9 @@ import numpy as np
 from common.sampling.kept_set import KeptSets, from_counts
 from common.wire.spec import RunSpec
 
-SCHEMA_VERSION = 8  # 8: a group names its first failed reward call (Group.reward_error); the
+SCHEMA_VERSION = 9  # 9: episodes: Group.sampled_bits (sampled vs inserted tokens), arrays of
+# sampled tokens only, Group.env_s, episode finish reasons, RunSpec.episodes
+# 8: a group names its first failed reward call (Group.reward_error); the
 # run spec lists the model directory's files, which a producer with no copy fetches
 # (RunSpec.model_files, `file_chunk_req` of file "model/NAME")
 # 7: the consumer sets the heartbeat period (Status.heartbeat_s); a lease
@@ -116,7 +132,11 @@ SCHEMA_VERSION = 8  # 8: a group names its first failed reward call (Group.rewar
 # 2: snapshot chunks moved to the data socket (`chunk_head` + bytes)
 MAX_LEASE_WAIT_S = 600.0  # the longest `LeaseRequest.wait_s`
 MAX_REWARD_ERROR_CHARS = 400  # the longest `Group.reward_error`
-FINISH_REASONS = ("stop", "length", "abort")
+# How a completion ended: the engine's reasons; then an episode's (producer/episodes/loop.py):
+# its environment ended it (`stop`), or `max_turns`, `max_tokens` (max_episode_tokens) stopped it,
+# or its environment failed (`env_error`: raised, timed out, returned no messages, or messages
+# that do not fit the episode's token budget)
+FINISH_REASONS = ("stop", "length", "abort", "max_turns", "max_tokens", "env_error")
 OUTCOMES = (
     "trained",
     "dropped_stale",
@@ -145,6 +165,7 @@ _ARRAY_DTYPES: dict[str, np.dtype[Any]] = {  # fields of `Group` only
     "kept_ids": np.dtype("<i4"),
     "kept_unknown": np.dtype("<i4"),
     "reward_parts": np.dtype("<f4"),
+    "sampled_bits": np.dtype("u1"),
 }
 
 
@@ -385,6 +406,7 @@ class Group:
         "kept_unknown",
         "reward_parts",
         "reward_error",
+        "sampled_bits",
     )
     lease_id: int
     producer_id: str
@@ -393,8 +415,8 @@ class Group:
     prompt_ids: np.ndarray  # int32 [P]
     completion_ids: np.ndarray  # int32 [sum L_i]
     completion_lens: np.ndarray  # int32 [G]
-    behavior_logp: np.ndarray  # float32 [sum L_i], log-probs of the sampled tokens (<= 0)
-    token_versions: np.ndarray  # int32 [sum L_i], or [0] when every token has behavior_version
+    behavior_logp: np.ndarray  # float32 [S], log-probs of the S sampled tokens (<= 0)
+    token_versions: np.ndarray  # int32 [S], or [0] when every token has behavior_version
     rewards: np.ndarray  # float32 [G]
     finish_reasons: tuple[str, ...]  # G entries of FINISH_REASONS
     temperature: float
@@ -409,6 +431,9 @@ class Group:
     # the first of its failed reward calls, in one line (at most MAX_REWARD_ERROR_CHARS; "" when
     # none failed): what the consumer shows when no group carries a learning signal
     reward_error: str = ""
+    # uint8 [ceil(sum L_i / 8)]: 1 bit per token, 1 = sampled (empty: every token sampled)
+    sampled_bits: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+    env_s: float = 0.0  # wall seconds the group's episodes spent in their environment
 
     @property
     def group_size(self) -> int:
@@ -416,27 +441,61 @@ class Group:
 
     @property
     def kept(self) -> KeptSets:
-        """The kept sets of all sum(L_i) tokens (empty without truncation)."""
+        """The kept sets of all S sampled tokens (empty without truncation)."""
         return from_counts(self.kept_counts, self.kept_ids, self.kept_unknown)
 
     @property
     def num_tokens(self) -> int:
+        """Tokens after the prompt, sampled and inserted."""
         return len(self.completion_ids)
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens the model sampled (S): those that carry a log-prob and may be trained."""
+        return len(self.behavior_logp)
+
+    @property
+    def episodes(self) -> bool:
+        """Whether the completions are episodes with inserted tokens (`sampled_bits` sent)."""
+        return len(self.sampled_bits) > 0
+
+    def sampled_mask(self) -> np.ndarray:
+        """bool [sum L_i]: True where the model sampled the token (all True for completions)."""
+        if not self.episodes:
+            return np.ones(len(self.completion_ids), bool)
+        bits = np.unpackbits(self.sampled_bits, count=len(self.completion_ids), bitorder="little")
+        return bits.astype(bool)
 
     def reward_parts_FG(self) -> np.ndarray:
         """`reward_parts` as float32 [F, G] (F = 0 when the producer sent none)."""
         return self.reward_parts.reshape(-1, self.group_size)
 
-    def completion(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids and behaviour log-probs of completion `i` (views)."""
+    def _spans(self, i: int, mask: np.ndarray | None = None) -> tuple[int, int, int, int]:
+        """(start, stop) of completion `i` in `completion_ids`, and in the sampled arrays."""
         start = int(self.completion_lens[:i].sum())
         stop = start + int(self.completion_lens[i])
-        return self.completion_ids[start:stop], self.behavior_logp[start:stop]
+        if not self.episodes:
+            return start, stop, start, stop
+        mask = self.sampled_mask() if mask is None else mask
+        first = int(mask[:start].sum())
+        return start, stop, first, first + int(mask[start:stop].sum())
+
+    def completion(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of completion `i` (all of them) and the behaviour log-probs of its sampled
+        tokens (views)."""
+        start, stop, first, last = self._spans(i)
+        return self.completion_ids[start:stop], self.behavior_logp[first:last]
+
+    def completion_sampled(self, i: int) -> np.ndarray:
+        """bool [L_i]: which tokens of completion `i` the model sampled."""
+        start, stop, _, _ = self._spans(i)
+        return self.sampled_mask()[start:stop]
 
     def completion_kept(self, i: int) -> KeptSets:
-        """The kept sets of completion `i`'s tokens (offsets rebased; empty when untruncated)."""
-        start = int(self.completion_lens[:i].sum())
-        return self.kept.slice(start, start + int(self.completion_lens[i]))
+        """The kept sets of completion `i`'s sampled tokens (offsets rebased; empty when
+        untruncated)."""
+        _, _, first, last = self._spans(i)
+        return self.kept.slice(first, last)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,18 @@ class ModelFile:
 
 
 @dataclass(frozen=True, slots=True)
+class EpisodeSpec:
+    """A multi-turn run's episodes (the consumer's `[episodes]` section, producer/episodes/)."""
+
+    env: str  # the environment: a built-in name or "module:function"
+    max_turns: int  # model turns per episode at most
+    max_episode_tokens: int  # tokens after the prompt (sampled and inserted) at most
+    timeout_s: float  # seconds one environment call may take
+    latency_s: float  # simulated environment latency: the scale of a Pareto draw per call (0: off)
+    latency_alpha: float  # its tail index (smaller: heavier tail)
+
+
+@dataclass(frozen=True, slots=True)
 class RunSpec:
     """The run settings a producer takes from the consumer (one source of truth)."""
 
@@ -50,3 +62,4 @@ class RunSpec:
     # the consumer's model directory, for a producer on a host without a copy: fetched from
     # the data socket (`file_chunk_req` of file "model/NAME") and checked against each hash
     model_files: tuple[ModelFile, ...] = ()
+    episodes: EpisodeSpec | None = None  # multi-turn episodes (None: one completion per sample)

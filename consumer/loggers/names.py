@@ -2,7 +2,8 @@
 
 `namespaced(record)` maps one `StepRecord` (common/files/metrics.py) to flat `{name: number}`:
 `reward/` (the rewards, the share of equal-reward groups, `reward/fn/<function>`),
-`rollout/` (the ledger's counts, leases, producers), `staleness/` (mean, max,
+`rollout/` (the ledger's counts, leases, producers, a multi-turn run's episodes: turns, tokens,
+the sampled share, environment time and errors, `rollout/episode_ends/<reason>`), `staleness/` (mean, max,
 `staleness/hist/<lag>`), `throughput/` (wall times, tokens/s, idle, backpressure),
 `weights/` (snapshot publication), `eval/` (evaluations), and `train/` (the optimizer step:
 every trainer metric, and any field not named here, so a new metric is never lost). Dict fields
@@ -42,6 +43,12 @@ _PREFIX: dict[str, str] = {
             "rejected_messages",
             "producers_live",
             "producers_by_state",
+            "episode_turns_mean",
+            "episode_tokens_mean",
+            "episode_sampled_frac",
+            "env_s_mean",
+            "env_errors",
+            "episode_ends",
         ),
         "rollout",
     ),

@@ -90,6 +90,22 @@ def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
         data_port=0,
         eval_samples=cfg.eval.samples_per_prompt,
         eval_temperature=cfg.eval.temperature,
+        episodes=episode_spec(cfg),
+    )
+
+
+def episode_spec(cfg: Config) -> wire.EpisodeSpec | None:
+    """The run's episodes as producers are told them (None: one completion per sample)."""
+    e = cfg.episodes
+    if not e.on:
+        return None
+    return wire.EpisodeSpec(
+        env=e.env,
+        max_turns=e.max_turns,
+        max_episode_tokens=e.max_episode_tokens,
+        timeout_s=e.timeout_s,
+        latency_s=e.latency_s,
+        latency_alpha=e.latency_alpha,
     )
 
 
@@ -489,7 +505,10 @@ def group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits
         eval_group_size=cfg.eval.samples_per_prompt,
         eval_temperature=cfg.eval.temperature,
         max_prompt_tokens=s.max_prompt_tokens,
-        max_completion_tokens=s.max_new_tokens,
+        # an episode's completion is all of it after the prompt, the environment's tokens too
+        max_completion_tokens=(
+            cfg.episodes.max_episode_tokens if cfg.episodes.on else s.max_new_tokens
+        ),
         max_kept=s.max_kept if s.truncation.active else 0,
         num_reward_fns=len(cfg.rewards.fns),
     )

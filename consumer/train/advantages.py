@@ -16,6 +16,8 @@ Formulas (references: GRPO, Shao et al. 2024; Dr. GRPO, Liu et al. 2025; RLOO, A
   then scale "group": a / (std_g + eps), std with Bessel's correction (ddof = 1), eps outside
   the root (TRL, verl); "batch": a / (std of all N·G rewards + eps); "none": a (Dr. GRPO, RLOO).
   A group whose rewards are all equal gets exactly 0.
+  Completions that do not count (`valid_NG` False: episodes their environment failed) get 0
+  and are left out of the means, stds and counts above (of their group and of the batch).
 - baseline "group-whiten" (REINFORCE++-baseline): a = r - mean_g; "batch-whiten" (REINFORCE++):
   a = r; then whitened over the batch's trained tokens (each completion counts once per token,
   as verl's masked_whiten of the advantage broadcast over the response):
@@ -28,6 +30,7 @@ Formulas (references: GRPO, Shao et al. 2024; Dr. GRPO, Liu et al. 2025; RLOO, A
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import get_args
 
@@ -53,11 +56,15 @@ def group_advantages(
     scale: AdvScale = "group",
     eps: float = 1e-6,
     tokens_NG: torch.Tensor | None = None,
+    valid_NG: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advantages `[N, G]` from rewards `[N, G]` (formulas: module docstring).
 
     Computed in float32 at least (float64 is kept). `tokens_NG` (trained tokens per completion)
-    is needed by the whitened baselines only.
+    is needed by the whitened baselines only. `valid_NG` (bool): only those completions count
+    (an episode its environment failed does not: consumer/train/batching.py); the others get 0,
+    and under the group baselines a group with fewer than 2 valid completions gets 0
+    throughout. All valid: exactly the unmasked result.
     """
     _check_choice("baseline", baseline, ADV_BASELINES)
     _check_choice("scale", scale, ADV_SCALES)
@@ -69,6 +76,8 @@ def group_advantages(
             "(an advantage is relative to the other samples of the same prompt)"
         )
     r_NG = rewards_NG.to(torch.promote_types(rewards_NG.dtype, torch.float32))
+    if valid_NG is not None and not bool(valid_NG.all()):
+        return _masked(r_NG, valid_NG.to(torch.bool), baseline, scale, eps, tokens_NG)
     if baseline in WHITENED:
         return _whitened(r_NG, baseline, scale, tokens_NG)
     constant_N1 = (r_NG == r_NG[:, :1]).all(dim=1, keepdim=True)
@@ -81,6 +90,38 @@ def group_advantages(
     elif scale == "batch" and r_NG.numel() > 0:
         adv_NG = adv_NG / (r_NG.std(correction=1) + eps)
     return torch.where(constant_N1, torch.zeros_like(adv_NG), adv_NG)
+
+
+def _masked(
+    r_NG: torch.Tensor,
+    valid_NG: torch.Tensor,
+    baseline: str,
+    scale: str,
+    eps: float,
+    tokens_NG: torch.Tensor | None,
+) -> torch.Tensor:
+    """`group_advantages` over the valid completions only (the rest 0)."""
+    n_N1 = valid_NG.sum(dim=1, keepdim=True).to(r_NG.dtype)
+    mean_N1 = torch.where(valid_NG, r_NG, 0.0).sum(dim=1, keepdim=True) / n_N1.clamp(min=1)
+    dev_NG = torch.where(valid_NG, r_NG - mean_N1, 0.0)
+    if baseline in WHITENED:
+        a_NG = dev_NG if baseline == "group-whiten" else torch.where(valid_NG, r_NG, 0.0)
+        if tokens_NG is None or tuple(tokens_NG.shape) != tuple(r_NG.shape):
+            raise ValueError(f"baseline {baseline!r} needs tokens_NG, the shape of the rewards")
+        adv_NG = _whitened(a_NG, "batch-whiten", scale, torch.where(valid_NG, tokens_NG, 0))
+        return torch.where(valid_NG, adv_NG, torch.zeros_like(adv_NG))
+    high = torch.where(valid_NG, r_NG, -math.inf).amax(dim=1, keepdim=True)
+    low = torch.where(valid_NG, r_NG, math.inf).amin(dim=1, keepdim=True)
+    flat_N1 = (n_N1 < 2) | (high == low)
+    adv_NG = dev_NG
+    if baseline == "leave-one-out":
+        adv_NG = adv_NG * (n_N1 / (n_N1 - 1).clamp(min=1))
+    if scale == "group":
+        var_N1 = (dev_NG**2).sum(dim=1, keepdim=True) / (n_N1 - 1).clamp(min=1)
+        adv_NG = adv_NG / (var_N1.sqrt() + eps)
+    elif scale == "batch" and bool(valid_NG.any()):
+        adv_NG = adv_NG / (r_NG[valid_NG].std(correction=1).nan_to_num(0.0) + eps)
+    return torch.where(flat_N1 | ~valid_NG, torch.zeros_like(adv_NG), adv_NG)
 
 
 def _whitened(
@@ -145,9 +186,11 @@ def advantages_of(
     *,
     lengths_NG: torch.Tensor | None = None,
     tokens_NG: torch.Tensor | None = None,
+    valid_NG: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The advantages of one batch: overlong punishment added to the rewards (when on, from
-    `lengths_NG`), then `group_advantages` (`tokens_NG` for the whitened baselines)."""
+    `lengths_NG`), then `group_advantages` (`tokens_NG` for the whitened baselines, `valid_NG`
+    the completions that count)."""
     o = options
     if o.overlong_window:
         if lengths_NG is None:
@@ -156,5 +199,10 @@ def advantages_of(
             lengths_NG, max_len=o.max_len, window=o.overlong_window, penalty=o.overlong_penalty
         ).to(rewards_NG.dtype)
     return group_advantages(
-        rewards_NG, baseline=o.baseline, scale=o.scale, eps=o.eps, tokens_NG=tokens_NG
+        rewards_NG,
+        baseline=o.baseline,
+        scale=o.scale,
+        eps=o.eps,
+        tokens_NG=tokens_NG,
+        valid_NG=valid_NG,
     )

@@ -26,6 +26,14 @@ split because it uses global normalisers (`loss_normalisers`, consumer/train/los
 `aggregate(..., global_tokens=, global_seqs=)`): a data-parallel learner passes the counts of
 the whole batch to every rank.
 
+Episodes (multi-turn, producer/episodes/): a row's completion is a whole episode, the model's
+turns and the environment's tokens between them; `Row.sampled` says which tokens the model
+sampled. Only those are on the mask: an inserted token is never trained, carries no behaviour
+log-prob (0 in `behavior_logp_BT`) and is not counted by the normalisers. The forward runs over
+the whole episode, inserted tokens included (they are context for the turns after them). An
+episode its environment failed (finish reason `env_error`) has no row at all (`rows_of`): its
+group's advantages are computed without it (consumer/train/loss.py `group_advantages`, `valid`).
+
 Truncated sampling: each row carries its completion's kept sets (`Row.kept`,
 common/sampling/kept_set.py). A token whose kept set the engine could not record (`kept.unknown`) is
 off the mask: never trained, not counted by the normalisers. The micro-batch lays the N trained
@@ -44,20 +52,30 @@ import torch
 from common.sampling.kept_set import KeptSets
 from common.wire import Group
 
+ENV_ERROR = "env_error"  # an episode its environment failed: never trained
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Row:
     ids: np.ndarray  # int32 [L]
     prompt_len: int
-    behavior_logp: np.ndarray  # float32 [L - prompt_len]
+    behavior_logp: np.ndarray  # float32 [S]: the sampled completion tokens' (S = L - prompt_len
+    # unless `sampled` says otherwise)
     advantage: float
     group: int  # index of the group in the batch
-    kept: KeptSets = field(default_factory=KeptSets)  # the completion's kept sets, or empty
+    kept: KeptSets = field(default_factory=KeptSets)  # the sampled tokens' kept sets, or empty
+    sampled: np.ndarray | None = None  # bool [L - prompt_len]: an episode's sampled tokens
 
     @property
     def num_trained(self) -> int:
-        """Completion tokens that count in the loss (all but those with an unknown kept set)."""
+        """Completion tokens that count in the loss: sampled, their kept set known."""
         return len(self.behavior_logp) - len(self.kept.unknown)
+
+    def sampled_positions(self) -> np.ndarray:
+        """int64 [S]: the sampled tokens' positions in the completion (0 = its first token)."""
+        if self.sampled is None:
+            return np.arange(len(self.ids) - self.prompt_len)
+        return np.flatnonzero(self.sampled)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -100,11 +118,16 @@ class MicroBatch:
         return self.input_ids_BL.numel()
 
 
-def rows_of(groups: list[Group], advantages_NG: np.ndarray) -> list[Row]:
-    """One row per completion, in group order; `advantages_NG[n, i]` belongs to completion i."""
+def rows_of(
+    groups: list[Group], advantages_NG: np.ndarray, *, all_episodes: bool = False
+) -> list[Row]:
+    """One row per completion, in group order; `advantages_NG[n, i]` belongs to completion i.
+    An episode its environment failed has none, unless `all_episodes` (log-probs to compare)."""
     rows = []
     for n, g in enumerate(groups):
         for i in range(g.group_size):
+            if g.finish_reasons[i] == ENV_ERROR and not all_episodes:
+                continue
             ids, logp = g.completion(i)
             rows.append(
                 Row(
@@ -114,9 +137,16 @@ def rows_of(groups: list[Group], advantages_NG: np.ndarray) -> list[Row]:
                     advantage=float(advantages_NG[n, i]),
                     group=n,
                     kept=g.completion_kept(i),
+                    sampled=g.completion_sampled(i) if g.episodes else None,
                 )
             )
     return rows
+
+
+def trained_NG(groups: list[Group]) -> np.ndarray:
+    """bool [N, G]: the completions that may be trained (all but episodes their environment
+    failed)."""
+    return np.array([[r != ENV_ERROR for r in g.finish_reasons] for g in groups], bool)
 
 
 def loss_normalisers(rows: list[Row]) -> tuple[int, int]:
@@ -196,10 +226,11 @@ def collate(
         n = len(r.ids)
         tokens[b, : n - 1] = r.ids[1:]
         start = r.prompt_len - 1  # shifted position of the first completion token
-        mask[b, start : n - 1] = True
+        at = start + r.sampled_positions()  # an episode's inserted tokens stay off the mask
+        mask[b, at] = True
         if len(r.kept.unknown):
-            mask[b, start + r.kept.unknown] = False  # kept set unknown: never trained
-        behavior[b, start : n - 1] = r.behavior_logp
+            mask[b, at[r.kept.unknown]] = False  # kept set unknown: never trained
+        behavior[b, at] = r.behavior_logp
     row_N, pos_N = np.nonzero(mask)  # row-major: the order of tokens_BT[mask_BT]
     kept_NK, valid_NK = _kept_layout(picked, tokens[mask])
     starts = np.concatenate([[0], np.cumsum(lengths)])

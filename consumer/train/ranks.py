@@ -173,12 +173,13 @@ def share_text(text: str | None) -> str:
 def share_rows(rows: list[Row] | None) -> list[Row]:
     """Rank 0 passes its rows, every other rank None; every rank returns the same rows.
 
-    Five broadcasts: sizes [rows, ids, completion tokens, kept ids, kept sets present], per-row
-    int64 (length, prompt length, group), float64 advantages, int32 ids, float32 behaviour
-    log-probs; with kept sets (truncated sampling) two more: int32 per completion token (its
-    other kept ids, -1 when its kept set is unknown) and the int32 kept ids."""
+    Five broadcasts: sizes [rows, ids, sampled tokens, kept ids, kept sets present, episodes],
+    per-row int64 (length, prompt length, group), float64 advantages, int32 ids, float32
+    behaviour log-probs; with kept sets (truncated sampling) two more: int32 per sampled token
+    (its other kept ids, -1 when its kept set is unknown) and the int32 kept ids; with episodes
+    one more: uint8 per completion token, 1 where it was sampled."""
     with failures("sharing a batch"):
-        sizes = torch.zeros(5, dtype=torch.int64)
+        sizes = torch.zeros(6, dtype=torch.int64)
         if rows is not None:
             sizes[:] = torch.tensor(
                 [
@@ -187,16 +188,18 @@ def share_rows(rows: list[Row] | None) -> list[Row]:
                     sum(len(r.behavior_logp) for r in rows),
                     sum(len(r.kept.ids) for r in rows),
                     int(bool(rows) and rows[0].kept.present),
+                    int(any(r.sampled is not None for r in rows)),
                 ]
             )
         dist.broadcast(sizes, src=0)
-        n, n_ids, n_completion, n_kept, has_kept = (int(x) for x in sizes)
+        n, n_ids, n_completion, n_kept, has_kept, episodes = (int(x) for x in sizes)
         meta = torch.zeros(n, 3, dtype=torch.int64)
         adv = torch.zeros(n, dtype=torch.float64)
         ids = torch.zeros(n_ids, dtype=torch.int32)
         behavior = torch.zeros(n_completion, dtype=torch.float32)
         kept_sizes = torch.zeros(n_completion if has_kept else 0, dtype=torch.int32)
         kept_ids = torch.zeros(n_kept, dtype=torch.int32)
+        sampled = torch.zeros(0, dtype=torch.uint8)
         if rows is not None:
             meta[:] = torch.tensor([[len(r.ids), r.prompt_len, r.group] for r in rows]).view(n, 3)
             adv[:] = torch.tensor([r.advantage for r in rows], dtype=torch.float64)
@@ -206,12 +209,25 @@ def share_rows(rows: list[Row] | None) -> list[Row]:
             if has_kept:
                 kept_sizes[:] = torch.from_numpy(np.concatenate([_signed_sizes(r) for r in rows]))
                 kept_ids[:] = torch.from_numpy(np.concatenate([r.kept.ids for r in rows]))
-        for t in (meta, adv, ids, behavior) + ((kept_sizes, kept_ids) if has_kept else ()):
+            if episodes:
+                sampled = torch.from_numpy(np.concatenate([_sampled(r) for r in rows]))
+        if episodes and rows is None:
+            sampled = torch.zeros(int((meta[:, 0] - meta[:, 1]).sum()), dtype=torch.uint8)
+        shared = (meta, adv, ids, behavior) + ((kept_sizes, kept_ids) if has_kept else ())
+        for t in shared + ((sampled,) if episodes else ()):
             dist.broadcast(t, src=0)
     if rows is not None:
         return rows
     kept = (kept_sizes.numpy(), kept_ids.numpy()) if has_kept else None
-    return _rows_from(meta.numpy(), adv.numpy(), ids.numpy(), behavior.numpy(), kept)
+    mask = sampled.numpy().astype(bool) if episodes else None
+    return _rows_from(meta.numpy(), adv.numpy(), ids.numpy(), behavior.numpy(), kept, mask)
+
+
+def _sampled(r: Row) -> np.ndarray:
+    """uint8 per completion token of a row: 1 where the model sampled it."""
+    if r.sampled is None:
+        return np.ones(len(r.ids) - r.prompt_len, np.uint8)
+    return r.sampled.astype(np.uint8)
 
 
 def _signed_sizes(r: Row) -> np.ndarray:
@@ -227,10 +243,16 @@ def _rows_from(
     ids: np.ndarray,
     behavior: np.ndarray,
     kept: tuple[np.ndarray, np.ndarray] | None,
+    sampled: np.ndarray | None = None,
 ) -> list[Row]:
-    out, at, at_c, at_k = [], 0, 0, 0
+    out, at, at_c, at_k, at_s = [], 0, 0, 0, 0
     for (length, prompt_len, group), a in zip(meta.tolist(), adv.tolist(), strict=True):
-        completion = length - prompt_len
+        mask = None
+        completion = length - prompt_len  # sampled tokens: all of them, or those of `mask`
+        if sampled is not None:
+            mask = sampled[at_s : at_s + completion]
+            at_s += completion
+            completion = int(mask.sum())
         sets = KeptSets()
         if kept is not None:
             signed = kept[0][at_c : at_c + completion]
@@ -247,6 +269,7 @@ def _rows_from(
                 advantage=a,
                 group=group,
                 kept=sets,
+                sampled=mask,
             )
         )
         at, at_c = at + length, at_c + completion

@@ -62,6 +62,7 @@ from consumer.train.batching import (
     loss_normalisers,
     plan_micro_batches,
     rows_of,
+    trained_NG,
 )
 from consumer.train.forward import CompletionForward, check_plain_head, compile_layers
 from consumer.train.lm_head import HeadOut
@@ -103,23 +104,43 @@ def advantage_options(cfg: Config) -> ADV.AdvantageOptions:
 
 def batch_advantages(groups: list[Group], options: ADV.AdvantageOptions) -> np.ndarray:
     """float64 [N, G] advantages of the groups' completions (`advantages.advantages_of`): the
-    completions' lengths for the overlong punishment, their trained tokens (less those with an
-    unknown kept set) for the whitened baselines."""
+    completions' sampled tokens for the overlong punishment (an episode's inserted tokens are
+    not the model's length), those less the ones with an unknown kept set for the whitened
+    baselines; episodes their environment failed do not count (`trained_NG`)."""
     rewards_NG = torch.from_numpy(np.stack([np.asarray(g.rewards, np.float64) for g in groups]))
     lengths_NG = tokens_NG = None
     if options.overlong_window or options.needs_tokens:
-        lengths = np.stack([g.completion_lens for g in groups]).astype(np.int64)
+        lengths = np.stack([_sampled_per_completion(g) for g in groups])
         lengths_NG = torch.from_numpy(lengths)
         if options.needs_tokens:
-            unknown = np.stack([_unknown_per_completion(g) for g in groups])
+            unknown = np.stack(
+                [
+                    _unknown_per_completion(g, ends)
+                    for g, ends in zip(groups, np.cumsum(lengths, axis=1), strict=True)
+                ]
+            )
             tokens_NG = torch.from_numpy(lengths - unknown)
-    adv_NG = ADV.advantages_of(rewards_NG, options, lengths_NG=lengths_NG, tokens_NG=tokens_NG)
+    valid_NG = torch.from_numpy(trained_NG(groups))  # episodes an environment failed: out
+    adv_NG = ADV.advantages_of(
+        rewards_NG, options, lengths_NG=lengths_NG, tokens_NG=tokens_NG, valid_NG=valid_NG
+    )
     return adv_NG.numpy()
 
 
-def _unknown_per_completion(g: Group) -> np.ndarray:
-    ends = np.cumsum(g.completion_lens)
-    return np.bincount(np.searchsorted(ends, g.kept_unknown, side="right"), minlength=len(ends))
+def _sampled_per_completion(g: Group) -> np.ndarray:
+    """int64 [G]: the tokens of each completion the model sampled (all of a plain one)."""
+    lens = np.asarray(g.completion_lens, np.int64)
+    if not g.episodes:
+        return lens
+    owner = np.repeat(np.arange(len(lens)), lens)
+    return np.bincount(owner, weights=g.sampled_mask(), minlength=len(lens)).astype(np.int64)
+
+
+def _unknown_per_completion(g: Group, sampled_ends: np.ndarray) -> np.ndarray:
+    """int64 [G]: each completion's tokens with an unknown kept set (`kept_unknown` indexes the
+    sampled tokens)."""
+    at = np.searchsorted(sampled_ends, g.kept_unknown, side="right")
+    return np.bincount(at, minlength=len(sampled_ends))
 
 
 class DeviceTrainer:
@@ -351,11 +372,13 @@ class DeviceTrainer:
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
     def logprobs(self, groups: list[Group]) -> list[np.ndarray]:
-        """Learner log-probs of every completion's tokens (one float32 array per row)."""
-        rows = rows_of(groups, np.zeros((len(groups), groups[0].group_size)))
+        """Learner log-probs of every completion's sampled tokens (one float32 array per
+        completion, aligned with its behaviour log-probs; an episode's inserted tokens have
+        none)."""
+        rows = rows_of(groups, np.zeros((len(groups), groups[0].group_size)), all_episodes=True)
         per_row = self._old_logp(rows)
         return [
-            per_row[i][r.prompt_len - 1 : len(r.ids) - 1].float().cpu().numpy()
+            per_row[i][r.prompt_len - 1 + r.sampled_positions()].float().cpu().numpy()
             for i, r in enumerate(rows)
         ]
 

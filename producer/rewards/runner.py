@@ -221,7 +221,7 @@ class RewardRunner:
             return
         log.warning("rewards: %s; restarting the reward worker pool", why)
         self.num_pool_restarts += 1
-        _kill(pool)
+        kill_pool(pool)
         self._pool, self._ready = self._start_pool()
 
     def close(self) -> None:
@@ -231,7 +231,7 @@ class RewardRunner:
         """
         self._closed = True
         if self._pool is not None:
-            _kill(self._pool)
+            kill_pool(self._pool)
 
     async def __aenter__(self) -> RewardRunner:
         return self
@@ -256,8 +256,9 @@ def first_error(failures: Sequence[Failure]) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _kill(pool: ProcessPoolExecutor) -> None:
-    """Kill a pool's processes (a hung reward does not answer a polite shutdown) and reap them."""
+def kill_pool(pool: ProcessPoolExecutor) -> None:
+    """Kill a pool's processes (a hung reward or environment does not answer a polite
+    shutdown) and reap them."""
     procs = list((getattr(pool, "_processes", None) or {}).values())  # no public API before 3.14
     pool.shutdown(wait=False)  # pending futures fail with BrokenProcessPool once they are dead
     for proc in procs:

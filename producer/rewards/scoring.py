@@ -7,7 +7,10 @@
   Its `counters` sum, over the groups scored, the reward calls that failed (`reward_errors`) and
   timed out (`reward_timeouts`), and the completions whose program the sandbox stopped, by
   reason (`sandbox_timeout`, `sandbox_memory`, ...: producer/sandbox/code_reward.py); a key
-  appears with the first group that has one.
+  appears with the first group that has one. `score_episodes` scores episodes
+  (producer/episodes/) that their environment left to the reward functions: each one's last
+  assistant message as `completion`, the conversation before it as `prompt`, one call per
+  episode.
 - `FakeRewards`: the fake engine's rewards, a seeded coin per completion (no text is read: fake
   tokens decode to nothing). It counts nothing.
 
@@ -18,6 +21,7 @@ without it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -31,6 +35,9 @@ from producer.tokenizer import PromptCodec
 
 if TYPE_CHECKING:
     from producer.rewards.runner import RewardRunner
+
+
+Conversation = list[dict[str, str]]  # {"role", "content"} messages
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -53,6 +60,14 @@ class Rewards(Protocol):
 
     async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> GroupScore:
         """Rewards of the G completions of `lease`, and how many reward calls failed."""
+        ...
+
+    async def score_episodes(
+        self, lease: wire.Lease, finals: Sequence[str], conversations: Sequence[Conversation]
+    ) -> GroupScore:
+        """Rewards of episodes of `lease` whose environment left them to the reward functions:
+        each one's last assistant message (`finals`) scored as `completion`, with the
+        conversation before it as `prompt` (producer/episodes/loop.py)."""
         ...
 
     def close(self) -> None:
@@ -82,6 +97,28 @@ class TaskRewards:
         parts = parts.astype(np.float32, copy=False)
         return GroupScore(scored.rewards, failed, parts, first_error=scored.first_error)
 
+    async def score_episodes(
+        self, lease: wire.Lease, finals: Sequence[str], conversations: Sequence[Conversation]
+    ) -> GroupScore:
+        if not finals:
+            return GroupScore(np.zeros(0, np.float32), 0, np.zeros((len(self.runner.specs), 0)))
+        scored = await asyncio.gather(
+            *(
+                self.runner.score([text], lease.answer, prompt=conv, columns=lease.columns)
+                for text, conv in zip(finals, conversations, strict=True)
+            )
+        )
+        errors = sum(s.num_errors for s in scored)
+        timeouts = sum(s.num_timeouts for s in scored)
+        self._count("reward_errors", errors)
+        self._count("reward_timeouts", timeouts)
+        for s in scored:
+            for reason, n in s.contained.items():
+                self._count(f"sandbox_{reason}", n)
+        rewards = np.concatenate([s.rewards for s in scored]).astype(np.float32)
+        parts = np.array([[s.parts[n][0] for s in scored] for n in self.runner.names], np.float32)
+        return GroupScore(rewards, errors + timeouts, parts)
+
     def _count(self, key: str, n: float) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
@@ -107,6 +144,11 @@ class FakeRewards:
 
     async def score_group(self, lease: wire.Lease, completions: Sequence[Completion]) -> GroupScore:
         return GroupScore(self.score(lease.lease_id, len(completions)), 0)
+
+    async def score_episodes(
+        self, lease: wire.Lease, finals: Sequence[str], conversations: Sequence[Conversation]
+    ) -> GroupScore:
+        return GroupScore(self.score(lease.lease_id, len(finals)), 0)
 
     def close(self) -> None:
         return None

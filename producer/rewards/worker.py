@@ -140,7 +140,7 @@ def _call(
         args, kwargs = call_arguments(plan, completion, row)
     except MissingColumn as exc:
         return 0.0, ERROR, str(exc)
-    value, outcome, why = _timed(lambda: fn(*args, **kwargs), timeout_s)
+    value, outcome, why = timed(lambda: fn(*args, **kwargs), timeout_s)
     return _number(value) if outcome == OK else (0.0, outcome, why)
 
 
@@ -158,7 +158,7 @@ def _call_group(
     except MissingColumn as exc:
         return [(0.0, ERROR, str(exc))] * G
     limit = None if timeout_s is None else timeout_s * G
-    values, outcome, why = _timed(lambda: fn(*args, **kwargs), limit)
+    values, outcome, why = timed(lambda: fn(*args, **kwargs), limit)
     if outcome != OK:
         return [(0.0, outcome, why)] * G
     if not isinstance(values, list | tuple | np.ndarray) or len(values) != G:
@@ -167,8 +167,12 @@ def _call_group(
     return [_number(v) for v in values]
 
 
-def _timed(call: Callable[[], Any], timeout_s: float | None) -> tuple[Any, int, str]:
-    """Run `call` (awaiting what it returns, if awaitable) under an alarm of `timeout_s`."""
+def timed(
+    call: Callable[[], Any], timeout_s: float | None, *, key: str = "rewards.timeout_s"
+) -> tuple[Any, int, str]:
+    """Run `call` (awaiting what it returns, if awaitable) under an alarm of `timeout_s` (the
+    config `key` that sets it, for the message); also the environments' timer
+    (producer/episodes/calls.py)."""
     global _armed
     try:
         if timeout_s is None:
@@ -181,7 +185,7 @@ def _timed(call: Callable[[], Any], timeout_s: float | None) -> tuple[Any, int, 
             _armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _CallTimeout:
-        return None, TIMEOUT, f"timed out after {timeout_s:g} s (rewards.timeout_s)"
+        return None, TIMEOUT, f"timed out after {timeout_s:g} s ({key})"
     except Contained as exc:
         return None, CONTAINED, exc.reason
     except (Exception, SystemExit) as exc:  # a user's reward failing is data, not a crash

@@ -156,43 +156,43 @@ MESSAGES: dict[str, typing.Any] = {
 # changed: that is a schema change, so bump wire.SCHEMA_VERSION (old and new peers can't talk).
 GOLDEN_HEX = {
     "register": (
-        "89a6736368656d6108a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
+        "89a6736368656d6109a46b696e64a87265676973746572a372657101ab70726f64756365725f6964"
         "a27030a4686f7374a168a37069642aa6656e67696e65a466616b65ae6c6f616465645f7665727369"
         "6f6e03ab68656c645f6c6561736573920708"
     ),
     "heartbeat": (
-        "88a6736368656d6108a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
+        "88a6736368656d6109a46b696e64a9686561727462656174a372657102ab70726f64756365725f69"
         "64a27030ae6c6f616465645f76657273696f6e03a57374617465aa67656e65726174696e67ad6e75"
         "6d5f696e5f666c6967687402a8636f756e7465727382ab67726f7570735f73656e74cb4014000000"
         "000000ad7265776172645f6572726f7273cb0000000000000000"
     ),
     "lease_req": (
-        "89a6736368656d6108a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
+        "89a6736368656d6109a46b696e64a96c656173655f726571a372657103ab70726f64756365725f69"
         "64a27030aa6d61785f6c656173657304ae6c6f616465645f76657273696f6e03a86465636c696e65"
         "6490af6d61785f6576616c5f6c656173657300a6776169745f73cb0000000000000000"
     ),
     "goodbye": (
-        "85a6736368656d6108a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
+        "85a6736368656d6109a46b696e64a7676f6f64627965a372657105ab70726f64756365725f6964a2"
         "7030ab68656c645f6c65617365739107"
     ),
     "fetch_req": (
-        "88a6736368656d6108a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
+        "88a6736368656d6109a46b696e64a966657463685f726571a372657107ab70726f64756365725f69"
         "64a27030a776657273696f6e03ac68656c645f76657273696f6e02a968656c645f68617368a46162"
         "3132a572656c617982a8656e64706f696e74b37463703a2f2f31302e302e302e323a36303030aa73"
         "65727665725f6b6579a16b"
     ),
     "fetch_done": (
-        "8aa6736368656d6108a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
+        "8aa6736368656d6109a46b696e64aa66657463685f646f6e65a372657108ab70726f64756365725f"
         "6964a27030a776657273696f6e03a466696c65a564656c7461a26f6bc3a96e756d5f627974657306"
         "ab6261645f736f75726365739182a8656e64706f696e74b37463703a2f2f31302e302e302e333a36"
         "303030a6726561736f6eab77726f6e675f6279746573a773657276696e67c3"
     ),
     "file_chunk_req": (
-        "87a6736368656d6108a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
+        "87a6736368656d6109a46b696e64ae66696c655f6368756e6b5f726571a372657109a77665727369"
         "6f6e03a466696c65a777656967687473a66f666673657400a96d61785f6279746573cd1000"
     ),
     "fetch_plan": (
-        "8da6736368656d6108a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
+        "8da6736368656d6109a46b696e64aa66657463685f706c616ea372657107a776657273696f6e03a4"
         "66696c65a564656c7461ac626173655f76657273696f6e02a96e756d5f627974657306a468617368"
         "a463643334ab726573756c745f68617368a461663133ab6368756e6b5f627974657304ac6368756e"
         "6b5f686173686573c440000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d"
@@ -202,7 +202,7 @@ GOLDEN_HEX = {
         "0000000000"
     ),
     "welcome": (
-        "85a6736368656d6108a46b696e64a777656c636f6d65a372657101a473706563de0015aa67726f75"
+        "85a6736368656d6109a46b696e64a777656c636f6d65a372657101a473706563de0016aa67726f75"
         "705f73697a6502aa766f6361625f73697a6510ad6d61785f7374616c656e65737301ab74656d7065"
         "726174757265cb3fe8000000000000a5746f705f70cb3feccccccccccccda5746f705f6b08a56d69"
         "6e5f70cb3fa999999999999aa86d61785f6b65707410ae6d61785f6e65775f746f6b656e7304ad70"
@@ -212,21 +212,22 @@ GOLDEN_HEX = {
         "6eab65786163745f6d61746368a6776569676874cb3ff000000000000082a2666ea36d3a66a67765"
         "69676874cb3fe0000000000000b07265776172645f74696d656f75745f73cb4014000000000000a9"
         "646174615f706f7274cd15b6ac6576616c5f73616d706c657301b06576616c5f74656d7065726174"
-        "757265cb3ff0000000000000ab6d6f64656c5f66696c657390a673746174757388a672756e5f6964"
-        "a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f7484a776657273696f"
-        "6e03a96e756d5f6279746573cd0400a468617368a461663133a470617468ac2f722f763030303030"
-        "332f6da461636b739282a86c656173655f696407a76f7574636f6d65a7747261696e656482a86c65"
-        "6173655f696408a76f7574636f6d65a765787069726564a866696e6973686564c2ac6576616c5f76"
-        "657273696f6effa96576616c5f66726f6dffab6865617274626561745f73cb3ff0000000000000"
+        "757265cb3ff0000000000000ab6d6f64656c5f66696c657390a8657069736f646573c0a673746174"
+        "757388a672756e5f6964a6613162322d30ae706f6c6963795f76657273696f6e03a8736e61707368"
+        "6f7484a776657273696f6e03a96e756d5f6279746573cd0400a468617368a461663133a470617468"
+        "ac2f722f763030303030332f6da461636b739282a86c656173655f696407a76f7574636f6d65a774"
+        "7261696e656482a86c656173655f696408a76f7574636f6d65a765787069726564a866696e697368"
+        "6564c2ac6576616c5f76657273696f6effa96576616c5f66726f6dffab6865617274626561745f73"
+        "cb3ff0000000000000"
     ),
     "status": (
-        "84a6736368656d6108a46b696e64a6737461747573a372657102a673746174757388a672756e5f69"
+        "84a6736368656d6109a46b696e64a6737461747573a372657102a673746174757388a672756e5f69"
         "64a6613162322d30ae706f6c6963795f76657273696f6e03a8736e617073686f74c0a461636b7390"
         "a866696e6973686564c3ac6576616c5f76657273696f6effa96576616c5f66726f6dffab68656172"
         "74626561745f73cb3ff0000000000000"
     ),
     "lease_grant": (
-        "85a6736368656d6108a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739289"
+        "85a6736368656d6109a46b696e64ab6c656173655f6772616e74a372657103a66c65617365739289"
         "a86c656173655f6964cf0000010000000005ac70726f6d70745f696e64657809a47374657004ab6d"
         "696e5f76657273696f6e03a670726f6d7074a4322b323da6616e73776572a134a86d657373616765"
         "7390a7636f6c756d6e73a0ac6576616c5f76657273696f6eff89a86c656173655f696406ac70726f"
@@ -242,25 +243,26 @@ GOLDEN_HEX = {
         "6865617274626561745f73cb3ff0000000000000"
     ),
     "chunk_head": (
-        "87a6736368656d6108a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
+        "87a6736368656d6109a46b696e64aa6368756e6b5f68656164a372657104a776657273696f6e03a6"
         "6f666673657400ab746f74616c5f627974657306a96e756d5f627974657306"
     ),
     "reject": (
-        "85a6736368656d6108a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
+        "85a6736368656d6109a46b696e64a672656a656374a372657106a6726561736f6eae6e6f745f7265"
         "6769737465726564a664657461696cae7265676973746572206669727374"
     ),
     "group": (
-        "de0011a6736368656d6108a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
+        "de0012a6736368656d6109a46b696e64a567726f7570a86c656173655f696407ab70726f64756365"
         "725f6964a27030ac70726f6d70745f696e64657809b06265686176696f725f76657273696f6e02aa"
         "70726f6d70745f696473c40c010000000200000003000000ae636f6d706c6574696f6e5f696473c4"
         "0c040000000500000006000000af636f6d706c6574696f6e5f6c656e73c4080100000002000000ad"
         "6265686176696f725f6c6f6770c40c000000bf000080bf000000c0ae746f6b656e5f76657273696f"
         "6e73c400a772657761726473c4080000803f00000000ae66696e6973685f726561736f6e7392a473"
         "746f70a66c656e677468ab74656d7065726174757265cb3fe8000000000000b16e756d5f72657761"
-        "72645f6572726f727300a567656e5f73cb3fd0000000000000aa6576616c756174696f6ec2"
+        "72645f6572726f727300a567656e5f73cb3fd0000000000000aa6576616c756174696f6ec2a5656e"
+        "765f73cb0000000000000000"
     ),
     "announce": (
-        "85a6736368656d6108a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
+        "85a6736368656d6109a46b696e64a8616e6e6f756e6365a672756e5f6964a6613162322d30ae706f"
         "6c6963795f76657273696f6e03a8736e617073686f7484a776657273696f6e03a96e756d5f627974"
         "6573cd0400a468617368a461663133a470617468ac2f722f763030303030332f6d"
     ),
@@ -575,15 +577,15 @@ PEER = " (the peer runs another asyncgrpo release: run the same one on the consu
 # What each refusal tells the sender (and the log), besides its reason. The reader is ours
 # (common/wire/reader.py), so its not_msgpack details are fixed too, not msgpack's exceptions.
 DETAILS = {
-    "too_large-over_the_limit": "317 bytes > 64",
+    "too_large-over_the_limit": "332 bytes > 64",
     "not_a_map-list": "list",
     "not_a_map-int": "int",
     "not_a_map-str": "str",
-    "schema_version-one": "got 1, this build speaks 8" + PEER,
-    "schema_version-missing": "got None, this build speaks 8" + PEER,
-    "schema_version-bool": "got True, this build speaks 8" + PEER,
-    "schema_version-float": "got 1.0, this build speaks 8" + PEER,
-    "schema_version-str": "got '1', this build speaks 8" + PEER,
+    "schema_version-one": "got 1, this build speaks 9" + PEER,
+    "schema_version-missing": "got None, this build speaks 9" + PEER,
+    "schema_version-bool": "got True, this build speaks 9" + PEER,
+    "schema_version-float": "got 1.0, this build speaks 9" + PEER,
+    "schema_version-str": "got '1', this build speaks 9" + PEER,
     "unknown_kind-name": "",
     "unknown_kind-missing": "",
     "unknown_kind-bytes": "",
@@ -613,9 +615,9 @@ DETAILS = {
     "bad_array-ids_not_whole_int32": "Group.completion_ids: 7 bytes is not a multiple of int32",
     "bad_array-rewards_not_whole_f32": "Group.rewards: 6 bytes is not a multiple of float32",
     "group_size-three_for_two": "3 completions, the run samples G=2",
-    "length_mismatch-lens_sum_vs_ids": "sum(completion_lens) != len(ids) or len(logprobs)",
-    "length_mismatch-logprobs_vs_ids": "sum(completion_lens) != len(ids) or len(logprobs)",
-    "length_mismatch-token_versions": "token_versions must be empty or one per token",
+    "length_mismatch-lens_sum_vs_ids": "sum(completion_lens) != len(completion_ids)",
+    "length_mismatch-logprobs_vs_ids": "len(logprobs) != the number of sampled tokens",
+    "length_mismatch-token_versions": "token_versions must be empty or one per sampled token",
     "length_mismatch-rewards_vs_g": "completion_lens, rewards and finish_reasons differ",
     "length_mismatch-finish_reasons": "completion_lens, rewards and finish_reasons differ",
     "length_mismatch-no_completions": "completion_lens, rewards and finish_reasons differ",
@@ -637,7 +639,10 @@ DETAILS = {
     "bad_reward-part_nan": "reward_parts must be finite",
     "length_mismatch-parts_not_f_by_g": "reward_parts holds 3 scores, not F x G (G = 2, F = None)",
     "length_mismatch-parts_of_more_fns": "reward_parts holds 4 scores, not F x G (G = 2, F = 1)",
-    "bad_value-finish_reason": "finish_reasons must be in ('stop', 'length', 'abort')",
+    "bad_value-finish_reason": (
+        "finish_reasons must be in ('stop', 'length', 'abort', 'max_turns', 'max_tokens', "
+        "'env_error')"
+    ),
     "bad_value-behavior_version_not_min": "behavior_version must equal min(token_versions)",
     "bad_value-behavior_version_below_min": "behavior_version must equal min(token_versions)",
     "bad_value-negative_version": "negative version, lease id or counter",
@@ -878,7 +883,11 @@ def dataclasses_replace(obj: typing.Any, **changes: typing.Any) -> typing.Any:
 
 MODEL_FILES = (wire.ModelFile("config.json", 612, "ab" * 32),)
 SPEC_OPTIONALS = dataclasses_replace(
-    SPEC, eval_samples=4, eval_temperature=0.5, model_files=MODEL_FILES
+    SPEC,
+    eval_samples=4,
+    eval_temperature=0.5,
+    model_files=MODEL_FILES,
+    episodes=wire.EpisodeSpec("guess", 3, 64, 5.0, 0.0, 1.5),
 )
 
 
@@ -893,9 +902,11 @@ OPTIONAL = {
     (wire.Group, "num_reward_errors"): 0,
     (wire.Group, "gen_s"): 0.0,
     (wire.Group, "evaluation"): False,
+    (wire.Group, "env_s"): 0.0,
     (wire.RunSpec, "eval_samples"): 1,
     (wire.RunSpec, "eval_temperature"): 1.0,
     (wire.RunSpec, "model_files"): (),
+    (wire.RunSpec, "episodes"): None,
     (wire.Lease, "eval_version"): -1,
     (wire.LeaseRequest, "declined"): (),
     (wire.LeaseRequest, "max_eval_leases"): 0,
@@ -912,7 +923,7 @@ WHERE = {  # a message holding each optional field (not at its default), and the
         wire.Welcome(1, SPEC, wire.Status("r", 3, None, STATUS.acks, True, 2, 1, 16.0)),
         ("status",),
     ),
-    wire.Group: (group(num_reward_errors=1, evaluation=True), ()),
+    wire.Group: (group(num_reward_errors=1, evaluation=True, env_s=0.5), ()),
     wire.RunSpec: (
         wire.Welcome(1, SPEC_OPTIONALS, STATUS),
         ("spec",),
@@ -1217,13 +1228,13 @@ def test_values_of_the_wrong_type_raise_only_wire_error(data, limits):
 # Schema 7: the heartbeat period travels in every status
 
 
-def test_a_schema_6_peer_is_refused_with_one_line_naming_both_versions():
+def test_a_schema_8_peer_is_refused_with_one_line_naming_both_versions():
     body = body_of(MESSAGES["heartbeat"])
-    body["schema"] = 6
+    body["schema"] = 8
     with pytest.raises(WireError) as info:
         wire.decode(pack(body), wire.Limits())
     assert info.value.reason == "schema_version"
-    assert info.value.detail == f"got 6, this build speaks {wire.SCHEMA_VERSION}" + PEER
+    assert info.value.detail == f"got 8, this build speaks {wire.SCHEMA_VERSION}" + PEER
     assert "\n" not in str(info.value)
 
 

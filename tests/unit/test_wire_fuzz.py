@@ -21,19 +21,29 @@ from collections import Counter
 from collections.abc import Iterator
 
 import msgpack
+import numpy as np
 import pytest
 from test_wire import MESSAGES, RUN, TRUNCATED, group, truncated_group
+from test_wire_episodes import EPISODES, episode_group
 
 from common import wire
 from common.errors import WireError
 
 DEFAULT_CASES = 20_000
 SLOW_CASES = 1_000_000
-LIMITS = [wire.Limits(), RUN, TRUNCATED, wire.Limits(max_message_bytes=4096, max_items=64)]
+LIMITS = [
+    wire.Limits(),
+    RUN,
+    TRUNCATED,
+    EPISODES,
+    wire.Limits(max_message_bytes=4096, max_items=64),
+]
 SEEDS = [wire.encode(m) for m in MESSAGES.values()] + [
     wire.encode(group(token_versions=[2, 3, 3])),
     wire.encode(truncated_group()),
     wire.encode(truncated_group(kept_counts=[2, 0, 0], kept_ids=[1, 9], kept_unknown=[2])),
+    wire.encode(episode_group()),
+    wire.encode(episode_group(token_versions=np.array([2, 2, 3, 3, 3], np.int32))),
 ]
 BODIES = [msgpack.unpackb(s, raw=False) for s in SEEDS]
 
