@@ -3,8 +3,9 @@
 `namespaced(record)` maps one `StepRecord` (common/files/metrics.py) to flat `{name: number}`:
 `reward/` (the rewards, the share of equal-reward groups, `reward/fn/<function>`),
 `rollout/` (the ledger's counts, leases, producers, a multi-turn run's episodes: turns, tokens,
-the sampled share, environment time and errors, `rollout/episode_ends/<reason>`), `staleness/` (mean, max,
-`staleness/hist/<lag>`), `throughput/` (wall times, tokens/s, idle, backpressure),
+the sampled share, environment time and errors, `rollout/episode_ends/<reason>`),
+`staleness/` (mean, max, `staleness/hist/<lag>`), `throughput/` (wall times, tokens/s, idle,
+backpressure),
 `weights/` (snapshot publication), `eval/` (evaluations), and `train/` (the optimizer step:
 every trainer metric, and any field not named here, so a new metric is never lost). Dict fields
 are flattened one level (`rollout/producers_by_state/<state>`). Left out: `step` (it is the

@@ -69,10 +69,19 @@ def latency_s(spec: wire.EpisodeSpec, seed: int) -> float:
 class EnvRunner:
     """Runs environment calls inline or in a pool (module docstring)."""
 
-    def __init__(self, spec: wire.EpisodeSpec, *, workers: int, hard_margin_s: float = 10.0):
+    def __init__(
+        self,
+        spec: wire.EpisodeSpec,
+        *,
+        workers: int,
+        hard_margin_s: float = 10.0,
+        inline: bool | None = None,
+    ) -> None:
+        """`inline`: call in this process (None: the built-ins only; True: any environment,
+        without a timer: for tests and trusted code)."""
         self.spec, self.workers, self.hard_margin_s = spec, workers, hard_margin_s
         self.tools = tools_of(resolve_env(spec.env))
-        self.inline = spec.env in BUILTINS
+        self.inline = spec.env in BUILTINS if inline is None else inline
         self.counters: dict[str, float] = {}
         self.num_pool_restarts = 0
         self._slots = asyncio.Semaphore(workers)

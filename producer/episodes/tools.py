@@ -37,8 +37,17 @@ def describe(tools: Sequence[Callable[..., Any]]) -> str:
     ]
     for fn in tools:
         doc = (inspect.getdoc(fn) or "").splitlines()
-        lines.append(f"- {fn.__name__}{inspect.signature(fn)}: {doc[0] if doc else ''}".rstrip())
+        lines.append(f"- {fn.__name__}{_signature(fn)}: {doc[0] if doc else ''}".rstrip())
     return "\n".join(lines)
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """`fn`'s signature with its annotations as types (`from __future__ import annotations`
+    leaves them strings), or as written when they cannot be evaluated."""
+    try:
+        return inspect.signature(fn, eval_str=True)
+    except (NameError, TypeError, SyntaxError):
+        return inspect.signature(fn)
 
 
 def tool_calls(text: str) -> list[tuple[str, dict[str, Any]]]:

@@ -42,20 +42,25 @@ def episode_group(**changes: typing.Any) -> wire.Group:
 def test_an_episode_group_round_trips_with_its_bits():
     g = episode_group()
     decoded = wire.decode(wire.encode(g), EPISODES)
-    assert decoded.episodes and decoded.num_sampled == 5 and decoded.num_tokens == 8
+    assert decoded.episodes
+    assert decoded.num_sampled == 5
+    assert decoded.num_tokens == 8
     assert decoded.env_s == 0.125
     assert decoded.sampled_mask().tolist() == [1, 1, 0, 0, 1, 1, 0, 1]
     ids, logp = decoded.completion(0)
-    assert ids.tolist() == [4, 5, 6, 7, 8] and logp.tolist() == [-0.5, -1.0, -2.0]
+    assert ids.tolist() == [4, 5, 6, 7, 8]
+    assert logp.tolist() == [-0.5, -1.0, -2.0]
     ids, logp = decoded.completion(1)
-    assert ids.tolist() == [9, 10, 11] and logp.tolist() == [-0.25, -0.75]
+    assert ids.tolist() == [9, 10, 11]
+    assert logp.tolist() == [-0.25, -0.75]
     assert decoded.completion_sampled(1).tolist() == [True, False, True]
     assert wire.encode(decoded) == wire.encode(g)
 
 
 def test_single_turn_groups_carry_no_bits_and_cost_what_they_did():
     g = group()
-    assert not g.episodes and g.sampled_mask().all()
+    assert not g.episodes
+    assert g.sampled_mask().all()
     assert b"sampled_bits" not in wire.encode(g)
     assert wire.decode(wire.encode(g), RUN).completion(1)[1].tolist() == [-1.0, -2.0]
 
