@@ -64,7 +64,7 @@ async def sampled(chat_model: Path) -> AsyncIterator[tuple[PromptCodec, wire.Gro
     scored = GroupScore(np.array([e.reward or 0.0 for e in episodes], np.float32), 0)
     group = group_of("p0", lease, prompt, episodes, scored, temperature=1.0, gen_s=0.0)
     limits = wire.Limits(vocab_size=320, group_size=G, temperature=1.0, max_completion_tokens=256)
-    yield codec, wire.decode(wire.encode(group), limits), episodes
+    return codec, wire.decode(wire.encode(group), limits), episodes
 
 
 async def test_learner_logprobs_equal_the_engines_over_three_turns(chat_model, sampled):
@@ -100,7 +100,7 @@ async def test_rendering_the_conversation_again_would_change_the_ids(sampled):
     codec, group, episodes = sampled
     tok = codec.tokenizer
     changed = 0
-    for i, e in enumerate(episodes):
+    for _i, e in enumerate(episodes):
         text = tok.apply_chat_template(e.messages, tokenize=False)
         naive = tok(text, add_special_tokens=False)["input_ids"]
         ours = group.prompt_ids.tolist() + e.token_ids.tolist()
