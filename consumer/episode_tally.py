@@ -10,7 +10,7 @@ in a run of single completions (no group carried `sampled_bits`):
 - `env_s_mean`: seconds per episode inside its environment (simulated latency included);
 - `env_errors`: episodes an environment failed (`env_error`: never trained);
 - `episode_ends`: {how an episode ended (wire FINISH_REASONS): episodes}.
-Turns are counted from the bits: a model turn is a run of sampled tokens.
+Turns are counted from the bits (`wire.Group.turns`): a model turn is a run of sampled tokens.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from common import wire
 
@@ -37,9 +35,8 @@ class EpisodeTally:
         """Count one arrived group (nothing for a group of single completions)."""
         if not g.episodes:
             return
-        mask = g.sampled_mask()
         self.episodes += g.group_size
-        self.turns += turns_of(mask, g.completion_lens)
+        self.turns += int(g.turns().sum())
         self.tokens += g.num_tokens
         self.sampled += g.num_sampled
         self.env_s += g.env_s
@@ -67,13 +64,3 @@ class EpisodeTally:
             "env_errors": self.ends.get("env_error", 0),
             "episode_ends": dict(self.ends),
         }
-
-
-def turns_of(mask: np.ndarray, lens: np.ndarray) -> int:
-    """Model turns in completions of lengths `lens` whose tokens `mask` marks as sampled: each
-    run of sampled tokens within a completion is one."""
-    starts = np.zeros(len(mask), bool)
-    starts[1:] = mask[1:] & ~mask[:-1]
-    first = np.cumsum(lens) - lens  # a completion's first token starts a run (it is sampled)
-    starts[first[lens > 0]] = mask[first[lens > 0]]
-    return int(starts.sum())

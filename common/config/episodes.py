@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.config.fields import _f, failed
+
+if TYPE_CHECKING:
+    from common import wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,21 @@ class EpisodesConfig:
     def on(self) -> bool:
         """Whether samples are episodes."""
         return bool(self.env)
+
+    def spec(self) -> wire.EpisodeSpec | None:
+        """The episodes as the consumer tells its producers (None: single completions)."""
+        from common import wire
+
+        if not self.on:
+            return None
+        return wire.EpisodeSpec(
+            env=self.env,
+            max_turns=self.max_turns,
+            max_episode_tokens=self.max_episode_tokens,
+            timeout_s=self.timeout_s,
+            latency_s=self.latency_s,
+            latency_alpha=self.latency_alpha,
+        )
 
     def problems(self) -> list[str]:
         """This section's impossible settings (messages name the key)."""

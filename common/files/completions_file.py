@@ -6,8 +6,12 @@ each becomes one line, a `CompletionRow`: the step (= the policy version after i
 prompt's index and text, the completion's text, its reward and each reward function's own
 score, its length in tokens, finish reason and the weights version that sampled it. Texts are
 the tokenizer's decoding with special tokens kept (a `<unk>` shows what the model could not
-read). `asyncgrpo report` shows the newest sample in summary.md; the trackers get it as a table
-(consumer/loggers/). One typed reader and writer here; nobody indexes the lines by string.
+read). A multi-turn run's completion is its whole episode after the prompt, the environment's
+tokens between `⟦` and `⟧` (`ENV_OPEN`, `ENV_CLOSE`), with its model turns (`turns`) and the
+tokens the model sampled (`sampled`) of its `length`; a single completion has 1 turn and every
+token sampled. `asyncgrpo report` shows the newest sample in summary.md; the trackers get it
+as a table (consumer/loggers/). One typed reader and writer here; nobody indexes the lines by
+string.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ COLUMNS = (
     "rewards",
     "length",
     "finish_reason",
+    "turns",
 )
+ENV_OPEN, ENV_CLOSE = "⟦", "⟧"  # around an environment's tokens in an episode's text
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,8 @@ class CompletionRow:
     rewards: dict[str, float]  # each reward function's own score ({} without them)
     length: int  # tokens
     finish_reason: str  # common.wire.FINISH_REASONS
+    turns: int = 1  # model turns (an episode's; 1 for a completion)
+    sampled: int | None = None  # tokens the model sampled (None: all of them)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -65,22 +73,37 @@ def rows_of(
         prompt = decode(g.prompt_ids.tolist())
         parts = g.reward_parts_FG()
         names = list(reward_names) if len(parts) == len(reward_names) else []
+        turns = g.turns()
         for i in range(g.group_size):
             ids, _ = g.completion(i)
+            mask = g.completion_sampled(i)
             out.append(
                 CompletionRow(
                     step=step,
                     prompt_index=g.prompt_index,
                     behavior_version=g.behavior_version,
                     prompt=prompt,
-                    completion=decode(ids.tolist()),
+                    completion=episode_text(ids, mask, decode),
                     reward=float(g.rewards[i]),
                     rewards={n: float(parts[k, i]) for k, n in enumerate(names)},
                     length=int(g.completion_lens[i]),
                     finish_reason=g.finish_reasons[i],
+                    turns=int(turns[i]),
+                    sampled=int(mask.sum()) if g.episodes else None,
                 )
             )
     return out
+
+
+def episode_text(ids: Any, sampled: Any, decode: Callable[[Sequence[int]], str]) -> str:
+    """The text of a completion's `ids`, each run of inserted tokens (`sampled` False) decoded
+    on its own between `ENV_OPEN` and `ENV_CLOSE`."""
+    parts, start = [], 0
+    for stop in [*(i for i in range(1, len(ids)) if sampled[i] != sampled[i - 1]), len(ids)]:
+        text = decode(ids[start:stop].tolist())
+        parts.append(text if sampled[start] else ENV_OPEN + text + ENV_CLOSE)
+        start = stop
+    return "".join(parts)
 
 
 def append(run_dir: Path, rows: Sequence[CompletionRow]) -> None:

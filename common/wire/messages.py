@@ -466,6 +466,17 @@ class Group:
         bits = np.unpackbits(self.sampled_bits, count=len(self.completion_ids), bitorder="little")
         return bits.astype(bool)
 
+    def turns(self) -> np.ndarray:
+        """int64 [G]: model turns per completion, each a run of sampled tokens (1 for a
+        completion without inserted tokens)."""
+        mask = self.sampled_mask()
+        starts = np.zeros(len(mask), bool)
+        starts[1:] = mask[1:] & ~mask[:-1]
+        first = np.cumsum(self.completion_lens, dtype=np.int64) - self.completion_lens
+        starts[first] = mask[first]  # every completion's first token is sampled (checked)
+        bounds = np.concatenate([[0], np.cumsum(self.completion_lens, dtype=np.int64)])
+        return np.add.reduceat(starts, bounds[:-1]).astype(np.int64) if len(mask) else bounds[1:]
+
     def reward_parts_FG(self) -> np.ndarray:
         """`reward_parts` as float32 [F, G] (F = 0 when the producer sent none)."""
         return self.reward_parts.reshape(-1, self.group_size)

@@ -175,11 +175,14 @@ def score_model(
     progress: Callable[[int], Progress] | None = None,
 ) -> HeldOutScore:
     """`model_dir` (with `snapshot`'s weights over it, if given) on the run's held-out split:
-    `eval.path` scored with the run's rewards (`judge` lends them), else greedy accuracy on the
-    synthetic split. `has_heldout(cfg)` is checked first. `progress(total)`, if given, makes
-    what is told the problems done as they are."""
+    a run with episodes, the success of its held-out episodes; else `eval.path` scored with the
+    run's rewards (`judge` lends them), else greedy accuracy on the synthetic split.
+    `has_heldout(cfg)` is checked first. `progress(total)`, if given, makes what is told the
+    problems done as they are (not for episodes)."""
     from consumer.evaluation import heldout
 
+    if cfg.episodes.on:
+        return heldout.episode_success(cfg, model_dir, snapshot, judge=judge)
     if cfg.eval.path:
         return heldout.mean_reward(cfg, model_dir, snapshot, judge=judge, progress=progress)
     assert cfg.task.source == "synthetic", "has_heldout(cfg) is checked first"
@@ -330,6 +333,9 @@ def has_heldout(cfg: Config) -> bool:
 
 def describe(cfg: Config) -> str:
     """The held-out score in a few words ("" without one)."""
+    if cfg.episodes.on and has_heldout(cfg):
+        rows = Path(cfg.eval.path).name if cfg.eval.path else "synthetic held-out split"
+        return f"success of {cfg.eval.mode} episodes ({cfg.episodes.env}), {rows}"
     if cfg.eval.path:
         return f"mean reward, {cfg.eval.mode}, {Path(cfg.eval.path).name}"
     if cfg.task.source == "synthetic":

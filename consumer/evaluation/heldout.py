@@ -8,6 +8,11 @@
   producers' own reward runner (time limits and worker isolation included), each reward given
   the row as in training (prompt, answer, the other columns). The score is the mean reward per
   prompt: the accuracy, for a 0/1 reward.
+- a run with episodes (`[episodes]`): the success of one episode per held-out row (`eval.path`,
+  else the synthetic task's whole held-out split), played with the run's environment as
+  training plays it, greedy or sampled (`eval.mode`), and scored as training scores it
+  (producer/episodes/heldout.py, lent by the judge): the share of episodes whose reward is
+  above 0 (`episode_success`: for the built-in `guess`, solved within `episodes.max_turns`);
 - otherwise, for the synthetic task: greedy accuracy on its whole held-out split
   (consumer/evaluation/greedy.py);
 - otherwise (a task of your own without `eval.path`): nothing.
@@ -62,6 +67,13 @@ class Judge(Protocol):
         """Each group (completions of one row) scored as a producer scores it: a `GroupScores`
         (producer/rewards/judge.py) per group, its rewards, each function's own scores, its
         failed calls and the first of them."""
+        ...
+
+    async def episode_rewards(
+        self, model_dir: Path, snapshot: Path | None, rows: Sequence[PromptRow]
+    ) -> list[float]:
+        """Each row's episode reward, played and scored as training does (a run with
+        episodes)."""
         ...
 
 
@@ -137,3 +149,22 @@ def complete(
         stops = [i for i, t in enumerate(row) if int(t) in stop_ids]
         rows.append(row[: stops[0]] if stops else row)
     return rows
+
+
+def episode_success(
+    cfg: Config, model_dir: Path, snapshot: Path | None, *, judge: JudgeFactory
+) -> HeldOutScore:
+    """The share of held-out episodes that end with a reward above 0 (module docstring)."""
+    from transformers import AutoConfig
+
+    from consumer.data.sources import heldout_rows
+
+    if cfg.eval.path:
+        rows = heldout_rows(cfg)
+    else:
+        from common.task.synthetic import make_examples
+
+        rows = [PromptRow(ex.prompt, ex.answer) for ex in make_examples("heldout", seed=0)]
+    vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
+    rewards = asyncio.run(judge(cfg, model_dir, vocab).episode_rewards(model_dir, snapshot, rows))
+    return HeldOutScore(sum(r > 0 for r in rewards) / len(rewards), len(rewards))

@@ -90,22 +90,7 @@ def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
         data_port=0,
         eval_samples=cfg.eval.samples_per_prompt,
         eval_temperature=cfg.eval.temperature,
-        episodes=episode_spec(cfg),
-    )
-
-
-def episode_spec(cfg: Config) -> wire.EpisodeSpec | None:
-    """The run's episodes as producers are told them (None: one completion per sample)."""
-    e = cfg.episodes
-    if not e.on:
-        return None
-    return wire.EpisodeSpec(
-        env=e.env,
-        max_turns=e.max_turns,
-        max_episode_tokens=e.max_episode_tokens,
-        timeout_s=e.timeout_s,
-        latency_s=e.latency_s,
-        latency_alpha=e.latency_alpha,
+        episodes=cfg.episodes.spec(),
     )
 
 

@@ -11,7 +11,9 @@ The rooms (each runs on the producer's event loop unless said):
   re-tokenizing what was sampled);
 - tools.py: tools an environment dispatches, described to the model and called;
 - loop.py: the episode loop itself (G episodes of one lease);
-- guess.py: the built-in multi-turn task (`episodes.env = "guess"`).
+- guess.py: the built-in multi-turn task (`episodes.env = "guess"`);
+- heldout.py: held-out episodes played and scored as in training (lent to the consumer's
+  evaluation by the judge; runs in the evaluating process).
 
 `open_episodes(spec, codec, workers=...)` builds the `Episodes` of a session (None for a run of
 single completions); `Episodes.close()` stops its worker processes.

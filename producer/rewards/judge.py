@@ -10,7 +10,9 @@ completion, all in flight at once; the runner's workers stop when it returns. `g
 scores whole groups (completions of one row, as a producer scores a lease) and keeps what a
 dry run shows: each function's own scores, the failed calls and the first of them
 (`GroupScores`). A row is anything with a lease's fields (`prompt`, `answer`, `messages`,
-`columns`).
+`columns`). A run with episodes
+(`[episodes]`): `episode_rewards(model_dir, snapshot, rows)`, each row's episode played and
+scored as in training (producer/episodes/heldout.py).
 """
 
 from __future__ import annotations
@@ -100,6 +102,13 @@ class HeldOutJudge:
             )
             for s in scored
         ]
+
+    async def episode_rewards(
+        self, model_dir: Path, snapshot: Path | None, rows: Sequence[Row]
+    ) -> list[float]:
+        from producer.episodes.heldout import heldout_rewards
+
+        return await heldout_rewards(self.cfg, model_dir, snapshot, rows)
 
 
 def _prompt_of(row: Row) -> str | list[dict[str, str]]:
