@@ -57,8 +57,16 @@ def _options(
     """The options of `asyncgrpo` itself (before a command)."""
 
 
-# The embedded demo's config: what `launch` (and `stress --engine demo`) run without --config.
+# The embedded demo's config: what `launch` (and `stress --engine demo`) run without --config;
+# with --env guess, its multi-turn variant.
 DEMO_CONFIG = Path(__file__).parent.parent / "configs" / "demo.toml"
+GUESS_CONFIG = Path(__file__).parent.parent / "configs" / "guess.toml"
+
+
+def demo_config(env: str | None) -> Path:
+    """The embedded demo's config for `--env` (the multi-turn one for the built-in 'guess')."""
+    return GUESS_CONFIG if env == "guess" else DEMO_CONFIG
+
 
 ConfigOpt = Annotated[
     Path | None,
@@ -104,6 +112,16 @@ MaxStalenessOpt = Annotated[
     int | None, typer.Option(help="staleness.max_staleness (0 = synchronous).")
 ]
 EngineOpt = Annotated[str | None, typer.Option(help="producer.engine: hf, vllm or fake.")]
+EnvOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--env",
+        help="episodes.env: multi-turn episodes with this environment, 'guess' (the built-in: "
+        "an answer, '+' or '-' for too low or too high, another try) or module:function "
+        "(docs/episodes.md). Without --config, --env guess runs the multi-turn demo "
+        "(launch/configs/guess.toml).",
+    ),
+]
 ReportToOpt = Annotated[
     str | None,
     typer.Option(

@@ -25,10 +25,10 @@ from common import config as C
 from common.errors import EXIT_CONFIG, EXIT_CONSUMER_LOST, ConfigError
 from common.files import run_files as RF
 from launch.cli.app import (
-    DEMO_CONFIG,
     EXIT_INTERRUPTED,
     ConfigOpt,
     EngineOpt,
+    EnvOpt,
     ForceOpt,
     InsecureOpt,
     KeysOpt,
@@ -41,6 +41,7 @@ from launch.cli.app import (
     StepsOpt,
     VerboseOpt,
     discard_failed_start,
+    demo_config,
     fail,
     load_config,
     load_given,
@@ -342,6 +343,7 @@ def launch(
     model: ModelOpt = None,
     producers: ProducersOpt = None,
     engine: EngineOpt = None,
+    env: EnvOpt = None,
     max_staleness: MaxStalenessOpt = None,
     live: LiveOpt = None,
     evaluate: EvalOpt = True,
@@ -353,21 +355,23 @@ def launch(
     """Run the whole pipeline here: one consumer and N producers, supervised.
 
     Without --config it trains the embedded demo (a tiny model this project builds itself) on the
-    synthetic arithmetic task, shows live progress, evaluates the starting model and the final
-    snapshot on the held-out split, and writes plots. Ctrl-C stops cleanly (final snapshot, then
+    synthetic arithmetic task (with --env guess, as multi-turn episodes: docs/episodes.md), shows
+    live progress, evaluates the starting model and the final snapshot on the held-out split,
+    and writes plots. Ctrl-C stops cleanly (final snapshot, then
     the summary; exit 130); a second Ctrl-C skips the final evaluation.
     """
     flags = {
         "run.dir": run_dir,
         "run.steps": steps,
         "producer.engine": engine,
+        "episodes.env": env,
         "staleness.max_staleness": max_staleness,
         "model.path": model,
         "run.resume": resume or None,
         "log.report_to": report_to(report_to_),
     }
     file = resumed_config(config, resume, run_dir)
-    cfg, given = load_given(file, set_, flags, fallback=DEMO_CONFIG)
+    cfg, given = load_given(file, set_, flags, fallback=demo_config(env))
     if dry_run:
         from launch.cli.dry_run import run_dry
 

@@ -11,12 +11,13 @@ import typer
 from common import config as C
 from common.errors import ConfigError
 from launch.cli.app import (
-    DEMO_CONFIG,
     EXIT_INTERRUPTED,
     ConfigOpt,
+    EnvOpt,
     InsecureOpt,
     KeysOpt,
     SetOpt,
+    demo_config,
     fail,
     load_given,
     resolve_model,
@@ -27,6 +28,9 @@ EPILOG = (
     "`asyncgrpo stress --out runs/sweep --max-staleness 0,1,2,4 --engine fake --steps 30`\n\n"
     "With learning (the demo model; about a minute per setting):\n\n"
     "`asyncgrpo stress --out runs/sweep-demo --engine demo --max-staleness 0,1,2,4 --steps 300`"
+    "\n\nMulti-turn episodes with a heavy-tailed environment latency (docs/episodes.md):\n\n"
+    "`asyncgrpo stress --out runs/sweep-guess --engine demo --env guess --max-staleness 0,2 "
+    "--set episodes.latency_s=0.02`"
     "\n\nYour own model, task and rewards, three seeds, GPUs 1-3 for producers:\n\n"
     "`asyncgrpo stress --out runs/mine --config mine.toml --engine vllm --max-staleness 0,2,4 "
     "--seeds 0,1,2 --learner-gpus 0 --producer-gpus 1,2,3 --target-reward 0.6`\n\n"
@@ -154,6 +158,7 @@ def stress(
     slow: _Slow = 1.0,
     stall_s: _StallS = 0.0,
     config: ConfigOpt = None,
+    env: EnvOpt = None,
     set_: SetOpt = None,
     keys: KeysOpt = None,
     insecure: InsecureOpt = False,
@@ -174,7 +179,7 @@ def stress(
     from launch.stress.run import run_sweep
 
     modes, kind = _modes_and_engine(is_modes, engine)
-    base, given = _base_config(kind, config, set_, keys, insecure)
+    base, given = _base_config(kind, config, set_, keys, insecure, env)
     counts = _ints(producers, "--producers") or None
     scenario = P.Scenario(slow_factor=slow, stall_s=stall_s)
     try:
@@ -254,12 +259,23 @@ def _tell_external(num: int, bind: str, keys: Path | None) -> None:
 
 
 def _base_config(
-    kind: str, config: Path | None, sets: list[str] | None, keys: Path | None, insecure: bool
+    kind: str,
+    config: Path | None,
+    sets: list[str] | None,
+    keys: Path | None,
+    insecure: bool,
+    env: str | None = None,
 ) -> tuple[C.Config, frozenset[str]]:
     """The config every setting starts from (the demo's unless --config, for a learning
-    engine), its model directory made ready; and the keys the user gave."""
-    flags: dict[str, object] = {"net.keys_dir": keys, "net.insecure": insecure or None}
-    base, given = load_given(config, sets, flags, fallback=None if kind == "fake" else DEMO_CONFIG)
+    engine; the multi-turn demo's with --env guess), its model directory made ready; and the
+    keys the user gave."""
+    flags: dict[str, object] = {
+        "net.keys_dir": keys,
+        "net.insecure": insecure or None,
+        "episodes.env": env,
+    }
+    fallback = None if kind == "fake" else demo_config(env)
+    base, given = load_given(config, sets, flags, fallback=fallback)
     if kind == "fake":
         from launch.stress.plan import with_fake_defaults
 
