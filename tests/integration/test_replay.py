@@ -1,5 +1,6 @@
 """A replay in one process (consumer/replay.py) on the tiny model: a recorded stream trains to
-the same snapshot hashes every time, a replay's own stream replays to its hashes, a changed TIS
+the same snapshot hashes every time (a stream of multi-turn episodes too), a replay's own stream
+replays to its hashes, a changed TIS
 cap differs from the first step with its |Δparam| named, and a recording the config does not
 match is refused naming the file and the step; a replay from a checkpoint continues to the
 same hashes."""
@@ -7,7 +8,7 @@ same hashes."""
 from __future__ import annotations
 
 import pytest
-from replay_streams import STEPS, P, config, record, replay
+from replay_streams import EPISODES, STEPS, P, config, record, replay
 
 from common.errors import ConfigError, StreamError
 from common.files import run_files as RF
@@ -30,6 +31,16 @@ def test_a_stream_replays_to_the_same_hashes_and_a_replay_replays_itself(tmp_pat
     assert cmp.first_diff is None
     balance = RF.read_ledger(tmp_path / "a").balance
     assert (balance.trained, balance.dropped_stale) == (STEPS * P, STEPS)
+
+
+def test_a_multi_turn_stream_replays_bit_for_bit(tmp_path, tiny_model_dir):
+    source = tmp_path / "run"
+    record(source, episodes=True)
+    first = replay(tiny_model_dir, source, tmp_path / "a", **EPISODES)
+    assert sorted(first) == list(range(STEPS + 1))
+    assert replay(tiny_model_dir, source, tmp_path / "b", **EPISODES) == first
+    again = replay(tiny_model_dir, tmp_path / "a", tmp_path / "c", **EPISODES)  # its own stream
+    assert again == first
 
 
 def test_a_changed_tis_cap_differs_from_the_first_step_with_its_delta(tmp_path, tiny_model_dir):
