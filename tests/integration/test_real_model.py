@@ -111,6 +111,46 @@ async def test_behaviour_logprobs_equal_the_learners_on_the_real_vocabulary(
         assert (group.completion_ids >= 17).any()  # ordinary BPE tokens, not only specials
 
 
+@pytest.mark.timeout(900)
+async def test_multi_turn_episodes_are_exact_on_the_real_tokenizer_and_template(
+    smollm2_dir: Path,
+):
+    """Three model turns per episode with the environment's messages between them (ChatML
+    deltas, SmolLM2's BPE): the learner trains on exactly the sampled ids and recomputes their
+    log-probs within 1e-4 (the naive re-tokenization's figures: bench/episodes_exact.py)."""
+    from consumer.train.batching import collate, rows_of
+    from consumer.train.trainer import DeviceTrainer
+    from producer.episodes.loop import run_episodes
+    from producer.episodes.render import TurnRenderer
+    from producer.episodes.runner import EnvRunner
+    from producer.groups import group_of
+    from producer.rewards.scoring import GroupScore
+
+    spec = wire.EpisodeSpec("env_fixtures:echo", 3, 512, 10.0, 0.0, 1.5)
+    engine = HFEngine(smollm2_dir, device="cpu", seed=0)
+    await engine.load_weights(smollm2_dir, 0)
+    codec = PromptCodec(smollm2_dir, "chat", vocab_size=engine.vocab_size)
+    lease = wire.Lease(1, 0, 0, 0, QUESTIONS[3], "12", (), "")
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16, seed=3,
+                            stop_token_ids=codec.stop_ids)  # fmt: skip
+    prompt, episodes = await run_episodes(
+        engine, TurnRenderer(codec), EnvRunner(spec, workers=1, inline=True), lease=lease,
+        spec=spec, params=params, count=lambda key, n: None,
+    )  # fmt: skip
+    await engine.close()
+    scored = GroupScore(np.zeros(4, np.float32), 0)
+    group = group_of("p0", lease, prompt, episodes, scored, temperature=1.0, gen_s=0.0)
+    assert all(e.turns == 3 for e in episodes)
+    cfg = C.override(C.Config(), {"model.device": "cpu"})
+    trainer = DeviceTrainer(cfg, smollm2_dir)
+    for e, learner in zip(episodes, trainer.logprobs([group]), strict=True):
+        assert np.abs(learner - e.logprobs).max() < 1e-4
+    rows = rows_of([group], np.ones((1, 4)))
+    mb = collate(rows, list(range(4)), pad_id=2, device=torch.device("cpu"))
+    want = np.concatenate([e.token_ids[e.sampled] for e in episodes])
+    assert mb.tokens_N.numpy().tolist() == want.tolist()
+
+
 @pytest.mark.timeout(600)
 async def test_chat_completions_end_at_their_first_stop_or_at_the_length_limit(
     smollm2_dir: Path,
