@@ -106,3 +106,13 @@ def calculator(reply: Reply, answer: str, messages: list[dict[str, str]]) -> Any
     if results is not None:
         return results
     return End(float(reply.text.strip() == answer))
+
+
+def flaky_length(reply: Reply, turn: int) -> End | str:
+    """Three turns, reward the last reply's length / 10; raises on a second turn whose reply
+    has a multiple of 3 tokens (some episodes of most groups)."""
+    if turn == 2 and len(reply.ids) % 3 == 0:
+        raise RuntimeError("flaky on purpose")
+    if turn == 3:
+        return End(len(reply.ids) / 10)
+    return f"turn {turn}"

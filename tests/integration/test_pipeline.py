@@ -151,6 +151,53 @@ def test_hf_producer_logprobs_equal_the_learners_after_every_reload(tmp_path, ti
     _assert_observed(run_dir, metrics)
 
 
+@pytest.mark.timeout(300)
+def test_multi_turn_episodes_train_exactly_and_a_failing_environment_costs_its_episodes(
+    tmp_path, tiny_model_dir
+):
+    """Synchronous, three model turns per episode, the environment in worker processes and
+    raising on some second turns: every sampled token's behaviour log-prob equals the
+    learner's, the failed episodes are counted and logged, the run finishes and balances."""
+    run_dir = tmp_path / "run"
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    args = consumer_args(
+        run_dir, tiny_model_dir, prompts, "staleness.max_staleness=0", "train.lr=0.02",
+        "episodes.env=env_fixtures:flaky_length", "episodes.max_episode_tokens=64",
+        "sampling.max_new_tokens=6", "log.completions_every=1",
+    )  # fmt: skip
+    args[args.index("--steps") + 1] = "3"
+    consumer = cli(*args, log=tmp_path / "consumer.log")
+    ep = endpoint(run_dir, [consumer])
+    producer = cli(
+        "producer", "--connect", ep, "--engine", "hf", "--id", "hf1", log=tmp_path / "hf1.log"
+    )
+    try:
+        assert consumer.wait(240) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
+        producer.wait(60)
+    finally:
+        stop(consumer, producer)
+    metrics = read_jsonl(run_dir / RF.METRICS)
+    assert len(metrics) == 3
+    for m in metrics:
+        assert m["staleness_max"] == 0
+        assert m["behavior_gap_abs_max"] < 1e-4, m["step"]
+        assert m["episode_sampled_frac"] < 1
+        assert m["episode_turns_mean"] > 2
+    assert sum(m["env_errors"] for m in metrics) > 0
+    assert sum(m["episode_ends"].get("stop", 0) for m in metrics) > 0
+    producers = json.loads((run_dir / "producers.json").read_text())
+    assert "env_raised" in json.dumps(producers)
+    log = (tmp_path / "hf1.log").read_text()
+    assert "environment 'env_fixtures:flaky_length' raised RuntimeError: flaky on purpose" in log
+    assert "(env_error) and is not trained" in log
+    from common.files import completions_file as CF
+
+    rows = CF.read(run_dir)
+    assert {r.turns for r in rows if r.finish_reason == "stop"} == {3}
+    assert all("⟦turn 1⟧" in r.completion for r in rows if r.finish_reason == "stop")
+    assert_run_balanced(run_dir)
+
+
 def _assert_observed(run_dir: Path, metrics: list[dict]) -> None:
     """Per-function rewards crossed the wire, completions samples and the tracker were written
     by the learner's logger thread (docs/observability.md)."""
