@@ -13,6 +13,11 @@ the model asks.
   calls in `text`, or None when it makes none. A tool that raises, an unknown name or bad
   arguments is answered `error: ...`: the model's mistake is the episode's content, not the
   environment's failure. Results are `str()`-ed and cut to `MAX_RESULT_CHARS`.
+- `python(code)`: the built-in Python tool, a tool like any other: the model's program run in
+  the sandbox (producer/sandbox/: its own process, time, memory, process and output limits, no
+  network, nothing of the host readable) under `PYTHON_LIMITS`; what it prints comes back, or
+  `error (REASON): ...` with the sandbox's reason (`timeout`, `memory`, ...) and the end of its
+  stderr.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from producer.sandbox import Limits, run_python
+
 MAX_RESULT_CHARS = 2000
+PYTHON_LIMITS = Limits(wall_s=3.0, cpu_s=3.0, memory_mib=256, max_output_bytes=64 << 10)
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
@@ -88,3 +96,11 @@ def dispatch(text: str, tools: Sequence[Callable[..., Any]]) -> list[dict[str, s
                 result = f"error: {type(exc).__name__}: {exc}"
         out.append({"role": "tool", "content": result[:MAX_RESULT_CHARS]})
     return out
+
+
+def python(code: str) -> str:
+    """Run a Python program and return what it prints."""
+    run = run_python(code, limits=PYTHON_LIMITS)
+    if run.ok:
+        return run.stdout
+    return f"error ({run.reason}): {(run.stderr or run.stdout).strip()[-500:]}"

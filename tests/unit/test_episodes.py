@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -215,6 +216,16 @@ def test_tool_calls_are_parsed_dispatched_and_their_errors_answered():
     assert T.dispatch("no call here", [multiply]) is None
 
 
+def test_the_python_tool_runs_the_models_code_in_the_sandbox_and_answers_its_failure():
+    call = '<tool_call>{"name": "python", "arguments": {"code": "%s"}}</tool_call>'
+    ok = T.dispatch(call % "print(sum(range(10)) * 7)", [T.python])
+    assert ok == [{"role": "tool", "content": "315\n"}]
+    failed = T.dispatch(call % "import sys; sys.exit('no luck')", [T.python])
+    assert failed is not None
+    assert failed[0]["content"] == "error (error): no luck"
+    assert "- python(code: str) -> str: Run a Python program" in T.describe([T.python])
+
+
 def test_tools_are_described_in_the_plain_format_when_the_template_takes_none(chat_codec):
     renderer = TurnRenderer(chat_codec, tools=[multiply])
     ids, chat = renderer.opening("What is 123 * 456?")
@@ -349,3 +360,33 @@ def demo_codec(tmp_path_factory: pytest.TempPathFactory) -> PromptCodec:
     out = tmp_path_factory.mktemp("demo-tok")
     make_tokenizer().save_pretrained(out)
     return PromptCodec(out, "raw", vocab_size=18)
+
+
+# -- the SmolLM2 calculator example (docs/episodes/) ---------------------------------------------
+def _calculator_example():
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "docs" / "episodes" / "calculator.py"
+    spec = importlib.util.spec_from_file_location("calculator_example", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path.parent
+
+
+def test_the_calculator_examples_rows_are_what_its_script_writes_and_its_environment_scores():
+    calc, here = _calculator_example()
+    train, heldout = calc.rows()
+    for name, part in (("train.jsonl", train), ("heldout.jsonl", heldout)):
+        assert (here / name).read_text() == "".join(json.dumps(r) + "\n" for r in part)
+    questions = {r["messages"][1]["content"] for r in train}
+    assert not questions & {r["messages"][1]["content"] for r in heldout}
+    reply = lambda text: Reply(text, (), "stop")  # noqa: E731
+    assert calc.calculator(reply("Let me compute 964 * 494."), "476216", 2) == {
+        "role": "tool",
+        "content": "964 * 494 = 476216",
+    }
+    assert calc.calculator(reply("476,216"), "476216", 1) == End(1.0)
+    assert calc.calculator(reply("476000"), "476216", 1) == End(0.0)
+    assert calc.calculator(reply("964 * 494"), "476216", 0) == End(0.0)
