@@ -68,13 +68,22 @@ async def sample(
             f"What is {rows[i].prompt[:-1]}? Answer with the number only, zero-padded to 3 digits."
         )
         lease = wire.Lease(i, i, 0, 0, text, rows[i].answer, (), "")
-        params = SamplingParams(n=args.group_size, temperature=1.0,
-                                max_new_tokens=args.max_new_tokens, seed=100 + i,
-                                stop_token_ids=codec.stop_ids)  # fmt: skip
+        params = SamplingParams(
+            n=args.group_size,
+            temperature=1.0,
+            max_new_tokens=args.max_new_tokens,
+            seed=100 + i,
+            stop_token_ids=codec.stop_ids,
+        )
         prompt, episodes = await run_episodes(
-            engine, renderer, runner, lease=lease, spec=spec, params=params,
+            engine,
+            renderer,
+            runner,
+            lease=lease,
+            spec=spec,
+            params=params,
             count=lambda k, n: None,
-        )  # fmt: skip
+        )
         scored = GroupScore(np.array([e.reward or 0.0 for e in episodes], np.float32), 0)
         g = group_of("bench", lease, prompt, episodes, scored, temperature=1.0, gen_s=0.0)
         return g, episodes

@@ -19,7 +19,6 @@ its return value checked (producer/episodes/contract.py). Runs in an environment
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import json
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from typing import Any
 from common.errors import ConfigError
 from producer.episodes.contract import End, Next, Reply, normalise
 from producer.episodes.guess import guess
+from producer.rewards.calls import import_callable
 from producer.rewards.worker import CONTAINED, ERROR, OK, TIMEOUT, timed
 
 BUILTINS: dict[str, Callable[..., Any]] = {"guess": guess}
@@ -64,25 +64,7 @@ def resolve_env(spec: str) -> Callable[..., Any]:
     """The environment function `spec` names (the module docstring); `ConfigError` if none."""
     if spec in BUILTINS:
         return BUILTINS[spec]
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise ConfigError(
-            f"episodes.env: unknown environment {spec!r}; use one of {', '.join(BUILTINS)} or "
-            "'module:function'"
-        )
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            f"episodes.env: cannot import {spec!r} on this producer's host ({exc}); the module "
-            "must be importable there (installed, or its directory on PYTHONPATH)"
-        ) from None
-    except Exception as exc:  # the user's module raised at import: its error, in one line
-        raise ConfigError(
-            f"episodes.env: importing {spec!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
-    if not callable(fn):
-        raise ConfigError(f"episodes.env: {spec!r} is not callable")
+    fn = import_callable(spec, "episodes.env", "environment", BUILTINS)
     _parameters(fn, spec)
     return fn  # type: ignore[no-any-return]
 

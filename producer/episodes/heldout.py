@@ -18,7 +18,6 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from common import wire
 from common.config import Config, RewardSpec
@@ -26,20 +25,8 @@ from producer.engines.base import SamplingParams
 from producer.episodes.loop import run_episodes, score_episodes
 from producer.episodes.render import TurnRenderer
 from producer.episodes.runner import EnvRunner
+from producer.rewards.judge import Row
 from producer.tokenizer import PromptCodec
-
-
-class Row(Protocol):
-    """What a lease carries of one row (`wire.Lease`'s fields of the same names)."""
-
-    @property
-    def prompt(self) -> str: ...
-    @property
-    def answer(self) -> str: ...
-    @property
-    def messages(self) -> tuple[wire.ChatTurn, ...]: ...
-    @property
-    def columns(self) -> str: ...
 
 
 async def heldout_rewards(

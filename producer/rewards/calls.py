@@ -43,27 +43,32 @@ def resolve(spec: str) -> RewardFn:
     naming rewards.fns otherwise."""
     if spec in BUILTINS:
         return BUILTINS[spec]
+    fn = import_callable(spec, "rewards.fns", "reward", BUILTINS)
+    plan_call(fn, spec)
+    return fn  # type: ignore[no-any-return]
+
+
+def import_callable(spec: str, key: str, what: str, builtins: Mapping[str, Any]) -> Any:
+    """The callable 'module:function' `spec` names, imported on this host; `ConfigError` naming
+    the config `key` (and the `builtins` one might have meant) when it cannot be. Also the
+    environments' (producer/episodes/calls.py)."""
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
         raise ConfigError(
-            f"rewards.fns: unknown reward {spec!r}; use one of "
-            f"{', '.join(BUILTINS)} or 'module:function'"
+            f"{key}: unknown {what} {spec!r}; use one of {', '.join(builtins)} or 'module:function'"
         )
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(
-            f"rewards.fns: cannot import {spec!r} on this producer's host ({exc}); the module "
+            f"{key}: cannot import {spec!r} on this producer's host ({exc}); the module "
             "must be importable there (installed, or its directory on PYTHONPATH)"
         ) from None
     except Exception as exc:  # the user's module raised at import: its error, in one line
-        raise ConfigError(
-            f"rewards.fns: importing {spec!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
+        raise ConfigError(f"{key}: importing {spec!r} raised {type(exc).__name__}: {exc}") from exc
     if not callable(fn):
-        raise ConfigError(f"rewards.fns: {spec!r} is not callable")
-    plan_call(fn, spec)
-    return fn  # type: ignore[no-any-return]
+        raise ConfigError(f"{key}: {spec!r} is not callable")
+    return fn
 
 
 class MissingColumn(LookupError):

@@ -22,13 +22,22 @@ from producer.episodes.contract import End, Next
 from producer.episodes.runner import EnvRunner
 
 SPEC = wire.EpisodeSpec(
-    env="env_fixtures:echo", max_turns=3, max_episode_tokens=64, timeout_s=0.5,
-    latency_s=0.0, latency_alpha=1.5,
-)  # fmt: skip
+    env="env_fixtures:echo",
+    max_turns=3,
+    max_episode_tokens=64,
+    timeout_s=0.5,
+    latency_s=0.0,
+    latency_alpha=1.5,
+)
 CALL = EnvCall(
-    reply=Reply("x", (1,), "stop"), messages=[{"role": "assistant", "content": "x"}], turn=1,
-    turns_left=2, state={}, prompt="p", answer="a",
-)  # fmt: skip
+    reply=Reply("x", (1,), "stop"),
+    messages=[{"role": "assistant", "content": "x"}],
+    turn=1,
+    turns_left=2,
+    state={},
+    prompt="p",
+    answer="a",
+)
 
 
 @pytest.mark.parametrize(

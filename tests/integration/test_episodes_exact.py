@@ -34,9 +34,13 @@ from producer.tokenizer import PromptCodec
 
 G = 4
 SPEC = wire.EpisodeSpec(
-    env="env_fixtures:echo", max_turns=3, max_episode_tokens=256, timeout_s=5.0,
-    latency_s=0.0, latency_alpha=1.5,
-)  # fmt: skip
+    env="env_fixtures:echo",
+    max_turns=3,
+    max_episode_tokens=256,
+    timeout_s=5.0,
+    latency_s=0.0,
+    latency_alpha=1.5,
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +60,14 @@ async def sampled(chat_model: Path) -> AsyncIterator[tuple[PromptCodec, wire.Gro
     )
     try:
         prompt, episodes = await run_episodes(
-            engine, TurnRenderer(codec), runner, lease=lease, spec=SPEC, params=params,
+            engine,
+            TurnRenderer(codec),
+            runner,
+            lease=lease,
+            spec=SPEC,
+            params=params,
             count=lambda key, n: None,
-        )  # fmt: skip
+        )
     finally:
         await engine.close()
     scored = GroupScore(np.array([e.reward or 0.0 for e in episodes], np.float32), 0)

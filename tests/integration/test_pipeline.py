@@ -127,16 +127,7 @@ def test_hf_producer_logprobs_equal_the_learners_after_every_reload(tmp_path, ti
     # 4 steps: by the 6th the large lr had made nearly every group's lengths equal (no signal),
     # and the run drew ~1,200 groups to fill it
     args[args.index("--steps") + 1] = "4"
-    consumer = cli(*args, log=tmp_path / "consumer.log")
-    ep = endpoint(run_dir, [consumer])
-    producer = cli(
-        "producer", "--connect", ep, "--engine", "hf", "--id", "hf1", log=tmp_path / "hf1.log"
-    )
-    try:
-        assert consumer.wait(240) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
-        producer.wait(60)
-    finally:
-        stop(consumer, producer)
+    _run_with_one_hf_producer(tmp_path, run_dir, args)
     metrics = read_jsonl(run_dir / RF.METRICS)
     assert len(metrics) == 4
     for m in metrics:
@@ -161,21 +152,18 @@ def test_multi_turn_episodes_train_exactly_and_a_failing_environment_costs_its_e
     run_dir = tmp_path / "run"
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     args = consumer_args(
-        run_dir, tiny_model_dir, prompts, "staleness.max_staleness=0", "train.lr=0.02",
-        "episodes.env=env_fixtures:flaky_length", "episodes.max_episode_tokens=64",
-        "sampling.max_new_tokens=6", "log.completions_every=1",
-    )  # fmt: skip
-    args[args.index("--steps") + 1] = "3"
-    consumer = cli(*args, log=tmp_path / "consumer.log")
-    ep = endpoint(run_dir, [consumer])
-    producer = cli(
-        "producer", "--connect", ep, "--engine", "hf", "--id", "hf1", log=tmp_path / "hf1.log"
+        run_dir,
+        tiny_model_dir,
+        prompts,
+        "staleness.max_staleness=0",
+        "train.lr=0.02",
+        "episodes.env=env_fixtures:flaky_length",
+        "episodes.max_episode_tokens=64",
+        "sampling.max_new_tokens=6",
+        "log.completions_every=1",
     )
-    try:
-        assert consumer.wait(240) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
-        producer.wait(60)
-    finally:
-        stop(consumer, producer)
+    args[args.index("--steps") + 1] = "3"
+    _run_with_one_hf_producer(tmp_path, run_dir, args)
     metrics = read_jsonl(run_dir / RF.METRICS)
     assert len(metrics) == 3
     for m in metrics:
@@ -196,6 +184,20 @@ def test_multi_turn_episodes_train_exactly_and_a_failing_environment_costs_its_e
     assert {r.turns for r in rows if r.finish_reason == "stop"} == {3}
     assert all("⟦turn 1⟧" in r.completion for r in rows if r.finish_reason == "stop")
     assert_run_balanced(run_dir)
+
+
+def _run_with_one_hf_producer(tmp_path: Path, run_dir: Path, args: list[str]) -> None:
+    """The consumer with `args` and one hf producer, to the consumer's clean exit."""
+    consumer = cli(*args, log=tmp_path / "consumer.log")
+    ep = endpoint(run_dir, [consumer])
+    producer = cli(
+        "producer", "--connect", ep, "--engine", "hf", "--id", "hf1", log=tmp_path / "hf1.log"
+    )
+    try:
+        assert consumer.wait(240) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
+        producer.wait(60)
+    finally:
+        stop(consumer, producer)
 
 
 def _assert_observed(run_dir: Path, metrics: list[dict]) -> None:

@@ -131,12 +131,18 @@ async def test_multi_turn_episodes_are_exact_on_the_real_tokenizer_and_template(
     await engine.load_weights(smollm2_dir, 0)
     codec = PromptCodec(smollm2_dir, "chat", vocab_size=engine.vocab_size)
     lease = wire.Lease(1, 0, 0, 0, QUESTIONS[3], "12", (), "")
-    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16, seed=3,
-                            stop_token_ids=codec.stop_ids)  # fmt: skip
+    params = SamplingParams(
+        n=4, temperature=1.0, max_new_tokens=16, seed=3, stop_token_ids=codec.stop_ids
+    )
     prompt, episodes = await run_episodes(
-        engine, TurnRenderer(codec), EnvRunner(spec, workers=1, inline=True), lease=lease,
-        spec=spec, params=params, count=lambda key, n: None,
-    )  # fmt: skip
+        engine,
+        TurnRenderer(codec),
+        EnvRunner(spec, workers=1, inline=True),
+        lease=lease,
+        spec=spec,
+        params=params,
+        count=lambda key, n: None,
+    )
     await engine.close()
     scored = GroupScore(np.zeros(4, np.float32), 0)
     group = group_of("p0", lease, prompt, episodes, scored, temperature=1.0, gen_s=0.0)

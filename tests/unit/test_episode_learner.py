@@ -14,7 +14,7 @@ from common.files import completions_file as CF
 from consumer.episode_tally import EpisodeTally
 from consumer.reward_tally import RewardTally
 from consumer.staleness import no_signal, verdict
-from consumer.train import loss as L
+from consumer.train import advantages as ADV
 from consumer.train.batching import collate, loss_normalisers, rows_of, trained_NG
 
 
@@ -44,19 +44,59 @@ def test_an_episode_its_environment_failed_is_not_trained_nor_counted():
 def test_advantages_leave_out_invalid_completions_and_equal_the_unmasked_when_all_valid():
     r = torch.tensor([[1.0, 0.0, 0.5, 0.0], [1.0, 1.0, 0.0, 1.0]], dtype=torch.float64)
     valid = torch.tensor([[True, False, True, True], [True, True, False, True]])
-    for scale in ("group", "none", "batch"):
-        plain = L.group_advantages(r, scale=scale)  # type: ignore[arg-type]
-        same = L.group_advantages(r, scale=scale, valid_NG=torch.ones_like(valid))  # type: ignore[arg-type]
+    tokens = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
+    for baseline, scale in (
+        ("group", "group"),
+        ("group", "none"),
+        ("group", "batch"),
+        ("leave-one-out", "none"),
+        ("group-whiten", "none"),
+        ("batch-whiten", "none"),
+    ):
+        kw = {"baseline": baseline, "scale": scale, "tokens_NG": tokens}
+        plain = ADV.group_advantages(r, **kw)  # type: ignore[arg-type]
+        same = ADV.group_advantages(r, valid_NG=torch.ones_like(valid), **kw)  # type: ignore[arg-type]
         assert torch.equal(plain, same)
-    adv = L.group_advantages(r, scale="group", valid_NG=valid)
-    sub = L.group_advantages(torch.tensor([[1.0, 0.5, 0.0]], dtype=torch.float64))
+        masked = ADV.group_advantages(r, valid_NG=valid, **kw)  # type: ignore[arg-type]
+        assert masked[~valid].eq(0).all(), baseline
+    adv = ADV.group_advantages(r, scale="group", valid_NG=valid)
+    sub = ADV.group_advantages(torch.tensor([[1.0, 0.5, 0.0]], dtype=torch.float64))
     assert adv[0, [0, 2, 3]].tolist() == pytest.approx(sub[0].tolist())
     assert adv[0, 1] == 0
     assert adv[1].tolist() == [0, 0, 0, 0]  # the valid ones are all equal: no signal
-    batch = L.group_advantages(r, scale="batch", valid_NG=valid)
+    loo = ADV.group_advantages(r, baseline="leave-one-out", scale="none", valid_NG=valid)
+    sub = ADV.group_advantages(
+        torch.tensor([[1.0, 0.5, 0.0]], dtype=torch.float64), baseline="leave-one-out", scale="none"
+    )
+    assert loo[0, [0, 2, 3]].tolist() == pytest.approx(sub[0].tolist())
+    batch = ADV.group_advantages(r, scale="batch", valid_NG=valid)
     kept = r[valid]
     want = (1.0 - (1.0 + 0.5 + 0.0) / 3) / (kept.std(correction=1) + 1e-6)
     assert float(batch[0, 0]) == pytest.approx(float(want))
+    whiten = ADV.group_advantages(
+        r, baseline="batch-whiten", scale="none", tokens_NG=tokens, valid_NG=valid
+    )
+    n, a = tokens[valid].double(), r[valid]
+    mu = (n * a).sum() / n.sum()
+    var = (n * (a - mu) ** 2).sum() / (n.sum() - 1)
+    assert whiten[valid].tolist() == pytest.approx(((a - mu) / (var + 1e-8).sqrt()).tolist())
+
+
+def test_batch_advantages_count_an_episodes_sampled_tokens_and_leave_out_failed_ones():
+    from consumer.train.trainer import _sampled_per_completion, batch_advantages
+
+    g = episode_group(
+        finish_reasons=("env_error", "stop"), rewards=np.array([1.0, 0.0], np.float32)
+    )
+    mask = g.sampled_mask()
+    ends = np.cumsum(g.completion_lens)
+    assert _sampled_per_completion(g).tolist() == [
+        int(mask[: ends[0]].sum()),
+        int(mask[ends[0] :].sum()),
+    ]
+    for baseline, scale in (("group", "group"), ("batch-whiten", "none")):
+        options = ADV.AdvantageOptions(baseline=baseline, scale=scale)  # type: ignore[arg-type]
+        assert batch_advantages([g], options).tolist() == [[0.0, 0.0]]  # one valid: no signal
 
 
 def test_a_group_with_fewer_than_two_trainable_episodes_has_no_signal():
@@ -96,8 +136,10 @@ def test_turns_count_the_runs_of_sampled_tokens():
 
 def test_completions_show_whole_episodes_with_the_environments_tokens_marked():
     rows = CF.rows_of(
-        [episode_group()], step=4, decode=lambda ids: "".join(chr(97 + i) for i in ids),
+        [episode_group()],
+        step=4,
+        decode=lambda ids: "".join(chr(97 + i) for i in ids),
         reward_names=[],
-    )  # fmt: skip
+    )
     assert [r.completion for r in rows] == ["ef⟦gh⟧i", "j⟦k⟧l"]
     assert [(r.turns, r.sampled, r.length) for r in rows] == [(2, 3, 5), (2, 2, 3)]

@@ -33,17 +33,26 @@ VOCAB = 64
 
 def spec(env: str = "env_fixtures:echo", **changes: object) -> wire.EpisodeSpec:
     base = wire.EpisodeSpec(
-        env=env, max_turns=3, max_episode_tokens=512, timeout_s=5.0, latency_s=0.0,
+        env=env,
+        max_turns=3,
+        max_episode_tokens=512,
+        timeout_s=5.0,
+        latency_s=0.0,
         latency_alpha=1.5,
-    )  # fmt: skip
+    )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 def call(text: str = "042", *, turn: int = 1, turns_left: int = 2, **changes: object) -> EnvCall:
     base = EnvCall(
-        reply=Reply(text, (1, 2), "stop"), messages=[{"role": "assistant", "content": text}],
-        turn=turn, turns_left=turns_left, state={}, prompt="07+45=", answer="052",
-    )  # fmt: skip
+        reply=Reply(text, (1, 2), "stop"),
+        messages=[{"role": "assistant", "content": text}],
+        turn=turn,
+        turns_left=turns_left,
+        state={},
+        prompt="07+45=",
+        answer="052",
+    )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -53,12 +62,14 @@ def call(text: str = "042", *, turn: int = 1, turns_left: int = 2, **changes: ob
     [
         ("hi", Next((("user", "hi"),))),
         ({"role": "tool", "content": "42"}, Next((("tool", "42"),))),
-        ([{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}],
-         Next((("user", "a"), ("tool", "b")))),
+        (
+            [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}],
+            Next((("user", "a"), ("tool", "b"))),
+        ),
         (End(), End()),
         (End(1), End(1.0)),
     ],
-)  # fmt: skip
+)
 def test_what_an_environment_may_return(value, expected):
     assert normalise(value) == expected
 
@@ -174,11 +185,14 @@ def test_a_chat_delta_completes_the_turn_then_renders_the_new_messages(chat_code
     # what the template renders for the whole conversation follows the turn's own ids
     text = tok.decode([*ids, 40, end, *stopped])
     whole = tok.apply_chat_template(
-        [{"role": "user", "content": "What is 2+2?"},
-         {"role": "assistant", "content": tok.decode([40])},
-         {"role": "user", "content": "too high"}],
-        tokenize=False, add_generation_prompt=True,
-    )  # fmt: skip
+        [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": tok.decode([40])},
+            {"role": "user", "content": "too high"},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert text == whole
 
 
@@ -239,21 +253,30 @@ def test_tools_are_described_in_the_plain_format_when_the_template_takes_none(ch
 # -- the loop ------------------------------------------------------------------------------------
 def _loop(env_spec: wire.EpisodeSpec, *, n: int = 4, max_new: int = 6, seed: int = 3):
     codec = PromptCodec(None, "raw", vocab_size=VOCAB)
-    engine = FakeEngine(vocab_size=VOCAB, eos_token_id=VOCAB - 1, seed=1, min_tokens=2,
-                        max_tokens=max_new)  # fmt: skip
+    engine = FakeEngine(
+        vocab_size=VOCAB, eos_token_id=VOCAB - 1, seed=1, min_tokens=2, max_tokens=max_new
+    )
     runner = EnvRunner(env_spec, workers=1, inline=True)
     counts: dict[str, float] = {}
     lease = wire.Lease(7, 9, 0, 0, "07+45=", "052", (), "")
-    params = SamplingParams(n=n, temperature=1.0, max_new_tokens=max_new, seed=seed,
-                            stop_token_ids=(VOCAB - 1,))  # fmt: skip
+    params = SamplingParams(
+        n=n, temperature=1.0, max_new_tokens=max_new, seed=seed, stop_token_ids=(VOCAB - 1,)
+    )
 
     def count(key: str, value: float) -> None:
         counts[key] = counts.get(key, 0) + value
 
     async def main() -> tuple[list[int], list[Episode]]:
         await engine.load_weights(Path("."), 2)
-        return await run_episodes(engine, TurnRenderer(codec), runner, lease=lease,
-                                  spec=env_spec, params=params, count=count)  # fmt: skip
+        return await run_episodes(
+            engine,
+            TurnRenderer(codec),
+            runner,
+            lease=lease,
+            spec=env_spec,
+            params=params,
+            count=count,
+        )
 
     prompt, episodes = asyncio.run(main())
     return codec, lease, prompt, episodes, counts, runner

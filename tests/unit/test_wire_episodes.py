@@ -84,9 +84,11 @@ def test_an_inserted_token_costs_at_most_five_bytes_and_a_sampled_one_eight_and_
     assert inserted == pytest.approx(4.125, abs=0.01)
     sampled = (len(wire.encode(_episode_of(8, 64 + 800))) - base) / 800
     assert sampled == pytest.approx(8.125, abs=0.01)  # an id, a log-prob and its bit
-    single = group(completion_ids=np.arange(1001, dtype=np.int32) % 16,
-                   completion_lens=np.array([1000, 1], np.int32),
-                   behavior_logp=np.full(1001, -0.5, np.float32))  # fmt: skip
+    single = group(
+        completion_ids=np.arange(1001, dtype=np.int32) % 16,
+        completion_lens=np.array([1000, 1], np.int32),
+        behavior_logp=np.full(1001, -0.5, np.float32),
+    )
     assert (len(wire.encode(single)) - len(wire.encode(group()))) / 998 == pytest.approx(
         8, abs=0.02
     )
