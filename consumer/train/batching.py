@@ -32,7 +32,7 @@ sampled. Only those are on the mask: an inserted token is never trained, carries
 log-prob (0 in `behavior_logp_BT`) and is not counted by the normalisers. The forward runs over
 the whole episode, inserted tokens included (they are context for the turns after them). An
 episode its environment failed (finish reason `env_error`) has no row at all (`rows_of`): its
-group's advantages are computed without it (consumer/train/loss.py `group_advantages`, `valid`).
+group's advantages are computed without it (consumer/train/advantages.py, `valid_NG`).
 
 Truncated sampling: each row carries its completion's kept sets (`Row.kept`,
 common/sampling/kept_set.py). A token whose kept set the engine could not record (`kept.unknown`) is
