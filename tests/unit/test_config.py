@@ -307,6 +307,13 @@ PROBLEMS = [
     (["eval.pass_reward=inf"], "pass_reward must be finite", "eval.pass_reward"),
     (["eval.every_steps=5", "task.source=jsonl", "task.path=x.jsonl"],
      "has no held-out split", "eval.path"),
+    (["episodes.max_turns=0"], "episodes.max_turns must be >= 1", "episodes.max_turns"),
+    (["episodes.max_episode_tokens=0"], "episodes.max_episode_tokens must be >= 1",
+     "episodes.max_episode_tokens"),
+    (["episodes.timeout_s=nan"], "episodes.timeout_s must be > 0", "episodes.timeout_s"),
+    (["episodes.workers=0"], "episodes.workers must be >= 1", "episodes.workers"),
+    (["episodes.latency_s=-1"], "episodes.latency_s must be >= 0", "episodes.latency_s"),
+    (["episodes.latency_alpha=1"], "a finite mean latency", "episodes.latency_alpha"),
 ]  # fmt: skip
 
 
