@@ -161,6 +161,7 @@ def test_multi_turn_episodes_train_exactly_and_a_failing_environment_costs_its_e
         "episodes.max_episode_tokens=64",
         "sampling.max_new_tokens=6",
         "log.completions_every=1",
+        "log.completions_groups=1000",  # every group that arrives
     )
     args[args.index("--steps") + 1] = "3"
     _run_with_one_hf_producer(tmp_path, run_dir, args)
@@ -181,8 +182,11 @@ def test_multi_turn_episodes_train_exactly_and_a_failing_environment_costs_its_e
     from common.files import completions_file as CF
 
     rows = CF.read(run_dir)
+    assert any(r.finish_reason == "stop" for r in rows)
+    assert any(r.finish_reason == "env_error" for r in rows)
     assert {r.turns for r in rows if r.finish_reason == "stop"} == {3}
-    assert all("⟦turn 1⟧" in r.completion for r in rows if r.finish_reason == "stop")
+    assert {r.turns for r in rows if r.finish_reason == "env_error"} == {2}  # raised at turn 2
+    assert all("⟦turn 1⟧" in r.completion for r in rows)
     assert_run_balanced(run_dir)
 
 
