@@ -1,4 +1,4 @@
-"""Wire schema v8: the only package that knows the bytes.
+"""Wire schema v9: the only package that knows the bytes.
 
 - messages.py: every message kind as a frozen dataclass (the table of kinds, sockets and fields),
   `SCHEMA_VERSION`, the finish reasons, the lease outcomes and the backpressure acks;

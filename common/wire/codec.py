@@ -1,4 +1,4 @@
-"""Wire schema v8, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
+"""Wire schema v9, the bytes: `encode` and `decode` of common/wire/messages.py's messages.
 
 Conventions and invariants:
 - Arrays (`Group.ARRAYS`) are encoded as the raw little-endian bytes of their fixed dtype;

@@ -1,4 +1,4 @@
-"""Wire schema v8, the messages: every kind, its fields in wire order, the constants they use.
+"""Wire schema v9, the messages: every kind, its fields in wire order, the constants they use.
 
 Every message is one msgpack map whose first key is `schema` (= SCHEMA_VERSION) and second `kind`;
 common/wire/codec.py alone writes and reads the bytes. Everyone else sees the frozen dataclasses

@@ -1,4 +1,4 @@
-"""Wire schema v8: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
+"""Wire schema v9: round trips, golden bytes, zero-copy arrays, size, every rejection, fuzzing."""
 
 from __future__ import annotations
 

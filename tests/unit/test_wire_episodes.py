@@ -1,4 +1,4 @@
-"""Episodes on the wire (schema v8): sampled and inserted tokens, one bit each.
+"""Episodes on the wire (schema v9): sampled and inserted tokens, one bit each.
 
 An episode's completion holds the model's turns and the environment's messages in between;
 `sampled_bits` marks which tokens the model sampled, and every per-token array that describes
