@@ -10,8 +10,9 @@ import typer
 from launch import local
 from launch.cli import app
 
-MAX_STRESS_OPTIONS = 23  # 28 before the fake engine's six timing knobs went to --set; +1
-# --variant: a dimension of the sweep (like --is: each setting gets one), not one config key
+MAX_STRESS_OPTIONS = 24  # 28 before the fake engine's six timing knobs went to --set; +1
+# --variant: a dimension of the sweep (like --is: each setting gets one), not one config key;
+# +1 --env: with --engine demo it picks the multi-turn demo's config, not only episodes.env
 
 
 def test_stress_has_no_option_that_only_sets_a_config_key():
