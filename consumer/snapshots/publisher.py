@@ -11,11 +11,14 @@ adds what network fetchers need (chunk hashes and, between anchors, a sparse del
 previous version: consumer/snapshots/fetch_files.py), and only then prunes old snapshots (deleting a
 large file takes a while and nobody waits for it).
 
-Never queue behind a slow writer: there are two buffers (`Buffers`, a small state machine). A
-copy goes to a free buffer; while one buffer is being written and the other holds a version
-still waiting for the writer, the next copy replaces that waiting version, which is then
-*superseded*: never written, never announced, counted in `num_superseded`. A buffer is free
-again as soon as its bytes are in the file (before the fsyncs and the rename).
+Never queue behind a slow writer: there are up to two buffers (`Buffers`, a small state
+machine). A copy goes to a free buffer; while one buffer is being written and the other holds a
+version still waiting for the writer, the next copy replaces that waiting version, which is
+then *superseded*: never written, never announced, counted in `num_superseded`. A buffer is
+free again as soon as its bytes are in the file (before the fsyncs and the rename). The second
+buffer is allocated only the first time a copy finds the first one still in use (logged): a
+writer that keeps up with the steps, as on a CPU where a step takes seconds and a write a
+fraction of one, costs one buffer of host memory, not two (on SmolLM2-135M in float32, 538 MB).
 
 What superseding means for staleness: nothing for the bound. Leases for step s are granted only
 while s - max_staleness <= the newest *published* version (consumer/server/leases.py), so a skipped
@@ -87,22 +90,31 @@ class Job:
 class Buffers:
     """Which buffer a copy goes to and which one the writer takes (no threads, no I/O).
 
-    Each buffer is free, being filled, pending (holds a `Job`) or being written. With one writer
-    and at least two buffers, `claim` always finds a free or pending buffer: the copy never waits.
+    Each buffer is free, being filled, pending (holds a `Job`) or being written. Buffers are
+    made when first needed, at most `limit`: `claim` takes a free one, else makes one, else
+    supersedes the oldest pending. With one writer and a limit of at least two, it always
+    finds one: the copy never waits.
     """
 
-    def __init__(self, count: int) -> None:
-        assert count >= 2
-        self.free = list(range(count))
+    def __init__(self, limit: int) -> None:
+        assert limit >= 2
+        self.limit = limit
+        self.count = 0  # buffers made so far
+        self.free: list[int] = []
         self.pending: dict[int, Job] = {}
         self.filling: int | None = None
         self.writing: int | None = None
 
     def claim(self) -> tuple[int, Job | None]:
-        """A buffer for the next copy, and the job it supersedes (the oldest pending) if any."""
+        """A buffer for the next copy (`count` grows when it is a new one), and the job it
+        supersedes (the oldest pending) if any."""
         assert self.filling is None, "one copy at a time"
         if self.free:
             self.filling = self.free.pop(0)
+            return self.filling, None
+        if self.count < self.limit:
+            self.filling = self.count
+            self.count += 1
             return self.filling, None
         assert self.pending, "every buffer is being written"
         index = min(self.pending, key=lambda i: self.pending[i].version)
@@ -174,8 +186,7 @@ class Publisher:
             chunk_bytes=4 << 20, anchor_every=0, max_ratio=0.5
         )
         self._copier = HostCopier()
-        self._hosts: list[HostWeights] = []
-        self._num_buffers = num_buffers
+        self._hosts: list[HostWeights] = []  # made as `Buffers` needs them
         self._buffers = Buffers(num_buffers)
         self._cond = threading.Condition()
         self._announcing = False  # the writer is past the buffer: fsync, rename, announce
@@ -201,15 +212,13 @@ class Publisher:
         returned fence (`Fence.hold_stream`) before changing the weights."""
         self._raise()
         tensors = unique_tensors(state)
-        if not self._hosts:
-            table = table_for(tensors, dtype)
-            pin = next(iter(tensors.values())).is_cuda and torch.cuda.is_available()
-            self._hosts = [HostWeights(table, pin=pin) for _ in range(self._num_buffers)]
         with self._cond:
             index, superseded = self._buffers.claim()
         if superseded is not None:
             self._superseded(superseded, version)
         try:
+            if index == len(self._hosts):
+                self._add_buffer(tensors, dtype)
             fence = self._copier.copy(tensors, self._hosts[index])
         except BaseException:
             with self._cond:
@@ -222,6 +231,22 @@ class Publisher:
             self._buffers.fill(index, job)
             self._cond.notify_all()
         return fence
+
+    @property
+    def num_buffers(self) -> int:
+        """Host buffers made so far (each a whole snapshot file in memory)."""
+        return len(self._hosts)
+
+    def _add_buffer(self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> None:
+        table = self._hosts[0].table if self._hosts else table_for(tensors, dtype)
+        pin = next(iter(tensors.values())).is_cuda and torch.cuda.is_available()
+        if self._hosts:
+            log.info(
+                "a second snapshot host buffer (%d MB): the writer still held the first when the "
+                "next version was copied (it is slower than publish_every steps)",
+                table.num_bytes >> 20,
+            )
+        self._hosts.append(HostWeights(table, pin=pin))
 
     def wait(self) -> None:
         """Block until every submitted snapshot is published or superseded (or raise its error)."""
