@@ -90,8 +90,10 @@ class ModelConfig:
         "auto",
         "Learner attention: rows packed without padding (flash = flash-attn varlen, flex = "
         "torch flex_attention with a document mask, sdpa_packed = a dense block mask: exact but "
-        "O(S^2), for small batches and tests) or padded (SDPA, no mask for equal-length rows). "
-        "auto: flash if installed, else flex, on CUDA; padded on a CPU.",
+        "O(S^2), for small batches and tests), padded (SDPA, no mask for equal-length rows) or "
+        "shared_prompt (each group's prompt once, its completions after it; padded where that "
+        "saves too little). auto: flash if installed, else flex, else padded on CUDA; "
+        "shared_prompt on a CPU.",
     )
     compile: bool = _f(
         False, "torch.compile each decoder layer of the learner (in place; off until measured)."

@@ -110,6 +110,8 @@ class StepRecord:
     tis_ess: float | None = None  # effective sample size (Σw)² / (n·Σw²) in (0, 1]
     attention: str | None = None  # the learner's attention path (consumer/train/attention.py)
     padding_frac: float | None = None  # model input positions that were padding (0 when packed)
+    # rows' tokens the decoder did not run because a group's prompt ran once (shared_prompt)
+    positions_saved_frac: float | None = None
     micro_batches: int | None = None  # forward/backward passes in the step
     behavior_gap_abs_mean: float | None = None
     behavior_gap_abs_max: float | None = None

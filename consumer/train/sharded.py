@@ -46,6 +46,7 @@ from common.config import Config
 from common.wire import Group
 from consumer.train import ranks as D
 from consumer.train import sharded_checkpoint
+from consumer.train import shared_prompt as SP
 from consumer.train.batching import Row, split_by_tokens
 from consumer.train.forward import CompletionForward
 from consumer.train.trainer import DeviceTrainer
@@ -112,7 +113,13 @@ class ShardedTrainer(DeviceTrainer):
 
     def _train_rows(self, rows: list[Row], t0: float) -> dict[str, Any]:
         rows = D.share_rows(rows if self.world.main else None)
-        self._owner = split_by_tokens([len(r.ids) for r in rows], self.world.size)
+        if self.attention.shared_prompt:  # whole groups, so each keeps its prompt shared
+            groups = list(dict.fromkeys(r.group for r in rows))
+            owner = split_by_tokens(SP.group_lengths(rows), self.world.size)
+            by_group = dict(zip(groups, owner, strict=True))
+            self._owner = [by_group[r.group] for r in rows]
+        else:
+            self._owner = split_by_tokens([len(r.ids) for r in rows], self.world.size)
         with D.failures("a training step"):  # FSDP's gathers and reductions inside
             return super()._train_rows(rows, t0)
 

@@ -55,6 +55,7 @@ from consumer.train import advantages as ADV
 from consumer.train import attention as A
 from consumer.train import checkpoint, sharded_checkpoint
 from consumer.train import loss as L
+from consumer.train import shared_prompt as SP
 from consumer.train.batching import (
     MicroBatch,
     Row,
@@ -146,7 +147,9 @@ class DeviceTrainer:
             half_precision=self._autocast,
             flash_impl=A.installed_flash(),
             flex_ok=A.flex_available(),
+            full_attention=SP.full_attention_only(self.model.config),
         )
+        self._shapes = SP.Shapes.of(self.model.config)
         log.info("learner attention: %s", self.attention.describe())
         self.policy = self._forward_module(self.model)
         if cfg.model.gradient_checkpointing:  # the name transformers 5 gave it, else the old one
@@ -213,12 +216,14 @@ class DeviceTrainer:
             grad_norms.append(grad_norm)
         metrics = self._all_metrics(passes)
         out: dict[str, Any] = _combine(metrics)
-        positions, real = out.pop("forward_positions_sum"), out.pop("forward_tokens_sum")
+        positions, real = out.pop("forward_positions_sum"), out.pop("forward_real_sum")
+        row_tokens, shared = out.pop("forward_tokens_sum"), out.pop("shared_prompt_passes_sum")
         out["tokens_kept_unknown"] = int(out.pop("tokens_kept_unknown_sum", 0))
         out["loss"] = out.pop("loss_sum", 0.0) / updates  # the mean update's full-batch loss
         out.update(
-            attention=self.attention.path,
+            attention=_layouts(self.attention.path, shared, len(metrics)),
             padding_frac=1.0 - real / max(positions, 1.0),
+            positions_saved_frac=1.0 - real / max(row_tokens, 1.0),
             micro_batches=len(metrics),
         )
         if out.get("tis_weight_sq_sum"):  # effective sample size of the TIS weights, in (0, 1]
@@ -249,7 +254,9 @@ class DeviceTrainer:
             )
             (loss if real else loss * 0.0).backward()  # type: ignore[no-untyped-call]
             m["forward_positions_sum"] = float(mb.num_positions)
+            m["forward_real_sum"] = float(mb.num_real)
             m["forward_tokens_sum"] = float(sum(len(rows[i].ids) for i in plan))
+            m["shared_prompt_passes_sum"] = float(mb.layout == "shared_prompt")
             passes.append((m, mb.num_tokens, real))
         clip = c.train.grad_clip if c.train.grad_clip > 0 else math.inf
         grad_norm = self._clip_grad_norm(clip)
@@ -288,13 +295,21 @@ class DeviceTrainer:
 
     # ------------------------------------------------------------------------------------------
     def _plan(self, rows: list[Row]) -> list[list[int]]:
-        lengths = [len(r.ids) for r in rows]
         budget = self.cfg.train.micro_batch_tokens
+        if self.attention.shared_prompt and SP.worth_it(rows, self._shapes):
+            return SP.plan(rows, budget)  # whole groups per micro-batch
+        lengths = [len(r.ids) for r in rows]
         return plan_micro_batches(lengths, budget, packed=self.attention.packed)
 
     def _collate(self, rows: list[Row], plan: list[int]) -> MicroBatch:
+        shared = self.attention.shared_prompt and SP.worth_it([rows[i] for i in plan], self._shapes)
         return collate(
-            rows, plan, pad_id=self.pad_id, device=self.device, packed=self.attention.packed
+            rows,
+            plan,
+            pad_id=self.pad_id,
+            device=self.device,
+            packed=self.attention.packed,
+            shared_prompt=shared,
         )
 
     def _forward_logp(
@@ -430,6 +445,14 @@ def _combine(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
         else:
             out[key] = sum(m[key] * n for m, n in parts if key in m) / total
     return out
+
+
+def _layouts(path: str, shared_passes: float, passes: int) -> str:
+    """The step's `attention` metric: the path, or with `shared_prompt` the layouts its passes
+    took (`shared_prompt`, `padded`, or `shared_prompt+padded`)."""
+    if path != "shared_prompt" or shared_passes == passes:
+        return path
+    return "padded" if shared_passes == 0 else "shared_prompt+padded"
 
 
 def _pad_id(config: Any) -> int:
