@@ -370,7 +370,16 @@ class Learner:
         if self.steps.recorder is not None:  # the stream as far as this checkpoint (durable)
             name, size = self.steps.recorder.position()
             state = dataclasses.replace(state, log_sizes={**state.log_sizes, name: size})
-        checkpoint.save(self.run_dir, trainer=self.trainer, version=self.version, book_state=state)
+        info = self.steps.last_published  # its file is the weights when float32: linked
+        same = info is not None and info.version == self.version
+        published = info if same and self.cfg.snapshot.dtype == "float32" else None
+        checkpoint.save(
+            self.run_dir,
+            trainer=self.trainer,
+            version=self.version,
+            book_state=state,
+            published=published,
+        )
 
     def _let_producers_hear_the_end(self) -> None:
         """Keep answering so producers learn the run is over and exit, whether the run ended by

@@ -99,10 +99,12 @@ class Steps:
         self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
         self.version = version  # the policy version: optimizer steps taken
         self.published = -1  # the newest version submitted to the publisher
+        self.last_published: wire.SnapshotInfo | None = None  # set on the publisher's thread
         self.step_end: float | None = None  # perf_counter when the last optimizer step ended
 
     def _published(self, info: wire.SnapshotInfo) -> None:
         """The publisher's thread: a snapshot is ready; record its hash, then tell the owner."""
+        self.last_published = info
         if self.recorder is not None:
             self.recorder.snapshot(info)
         self._on_published(info)

@@ -13,9 +13,12 @@ Conventions:
 - `weights()` are the policy's tensors by Hugging Face parameter name (tied names share one
   tensor), for publication; they stay as they are until the next `step`, which first waits
   for the fence `hold_weights` was given (a copy of them still in flight).
-- `save_checkpoint(directory)` / `load_checkpoint(directory)` write and read the model,
-  optimizer, scheduler and RNG states inside a checkpoint directory the caller owns (its
+- `save_checkpoint(directory, weights=info)` / `load_checkpoint(directory)` write and read the
+  model, optimizer, scheduler and RNG states inside a checkpoint directory the caller owns (its
   crash-safe rename, `state.json` and the lease book are consumer/train/checkpoint.py's).
+  `weights`, when given, is a published snapshot file holding exactly the current weights (the
+  same version, float32): a trainer that stores weights as one file links it instead of
+  writing them again (and checks its hash when it resumes).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from common.wire import Group
+from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
 
 
@@ -63,8 +66,9 @@ class Trainer(Protocol):
         """The run is over: release what the trainer holds (tell other ranks to stop)."""
         ...
 
-    def save_checkpoint(self, directory: Path) -> None:
-        """Write the trainer's state into the new checkpoint `directory` (every rank's part)."""
+    def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:
+        """Write the trainer's state into the new checkpoint `directory` (every rank's part);
+        `weights`: a published file that holds exactly the current weights, if any."""
         ...
 
     def load_checkpoint(self, directory: Path) -> None:

@@ -43,7 +43,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from common.config import Config
-from common.wire import Group
+from common.wire import Group, SnapshotInfo
 from consumer.train import ranks as D
 from consumer.train import sharded_checkpoint
 from consumer.train import shared_prompt as SP
@@ -184,8 +184,9 @@ class ShardedTrainer(DeviceTrainer):
         return self._eval_model
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def save_checkpoint(self, directory: Path) -> None:
-        """Rank 0: every rank writes its shards into `directory` (sharded_checkpoint.py)."""
+    def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:
+        """Rank 0: every rank writes its shards into `directory` (sharded_checkpoint.py; a
+        published file is not reused: the shards are what resumes at any world size)."""
         self.channel.send(D.Op.SAVE, str(directory))
         self._save(directory)
 

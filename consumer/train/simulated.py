@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from common.config import Config
-from common.wire import Group
+from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
 
 VOCAB_SIZE = 32_000
@@ -59,7 +59,7 @@ class SimulatedTrainer:
         """Never called: the learner evaluates only a real model."""
         raise NotImplementedError("a simulated trainer has no model to evaluate")
 
-    def save_checkpoint(self, directory: Path) -> None:
+    def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:
         """Nothing to save: a checkpoint holds only the version and the lease book."""
 
     def load_checkpoint(self, directory: Path) -> None:

@@ -49,7 +49,7 @@ import torch
 
 from common.config import Config
 from common.host.device import resolve_device
-from common.wire import Group
+from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
 from consumer.train import advantages as ADV
 from consumer.train import attention as A
@@ -383,9 +383,12 @@ class DeviceTrainer:
         self._weights_fence = fence
 
     # -- checkpoints (the directory around them: consumer/train/checkpoint.py) ------------------
-    def save_checkpoint(self, directory: Path) -> None:
-        """`model.safetensors` and `trainer.pt` into `directory`."""
-        checkpoint.save_plain(directory, self.model, self.optimizer, self.scheduler)
+    def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:
+        """`model.safetensors` (a link to `weights` when given) and `trainer.pt` into
+        `directory`."""
+        checkpoint.save_plain(
+            directory, self.model, self.optimizer, self.scheduler, published=weights
+        )
 
     def load_checkpoint(self, directory: Path) -> None:
         """Restore from `directory`, written by one process or by a sharded learner's ranks."""

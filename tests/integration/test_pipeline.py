@@ -9,6 +9,7 @@ that balances, no group trained twice.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -79,6 +80,10 @@ def test_two_fake_producers_feed_a_real_learner_within_the_staleness_bound(
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     snapshots = sorted(p.name for p in (run_dir / "snapshots").iterdir())
     assert snapshots[-1] == f"v{STEPS:06d}"
+    # the final checkpoint's weights are the final float32 snapshot's file, not a second copy
+    (saved,) = (run_dir / "checkpoints").glob(f"v{STEPS:06d}-*")
+    final = run_dir / "snapshots" / snapshots[-1] / "model.safetensors"
+    assert os.path.samefile(saved / "model.safetensors", final)
 
     leases = RF.read_leases(run_dir)
     trained = [r for r in leases if r.state == "trained"]
