@@ -27,13 +27,23 @@ rows. Needs full attention in every layer (a sliding window is not in the mask) 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from consumer.train.batching import Row
+
+class Row(Protocol):
+    """What the layout reads of a row (consumer/train/batching.py `Row`)."""
+
+    @property
+    def ids(self) -> np.ndarray: ...  # prompt ++ completion
+    @property
+    def prompt_len(self) -> int: ...
+    @property
+    def group(self) -> int: ...  # rows of one group share their prompt
+
 
 SAVING = 0.9  # the shared layout is taken when its cost is below this share of the rows'
 MAX_LENGTH = 4096  # longest group sequence: its mask is L² bytes
@@ -68,7 +78,7 @@ def full_attention_only(config: Any) -> bool:
     return window is None or not getattr(config, "use_sliding_window", True)
 
 
-def group_lengths(rows: list[Row]) -> list[int]:
+def group_lengths(rows: Sequence[Row]) -> list[int]:
     """The shared layout's sequence length of each group among `rows` (first-seen order)."""
     lengths: dict[int, int] = {}
     for r in rows:
@@ -85,7 +95,7 @@ def cost(lengths: list[int], shapes: Shapes) -> int:
     return len(lengths) * per_sequence
 
 
-def worth_it(rows: list[Row], shapes: Shapes) -> bool:
+def worth_it(rows: Sequence[Row], shapes: Shapes) -> bool:
     """Whether these rows (whole groups) cost clearly less in the shared layout than padded."""
     grouped = group_lengths(rows)
     if not grouped or max(grouped) > MAX_LENGTH or len(grouped) == len(rows):
@@ -93,7 +103,7 @@ def worth_it(rows: list[Row], shapes: Shapes) -> bool:
     return cost(grouped, shapes) < SAVING * cost([len(r.ids) for r in rows], shapes)
 
 
-def plan(rows: list[Row], token_budget: int) -> list[list[int]]:
+def plan(rows: Sequence[Row], token_budget: int) -> list[list[int]]:
     """Micro-batches of whole groups: groups by increasing sequence length, filled while
     `groups * longest <= token_budget` (a longer group alone); row indices, a group's rows
     together in their order."""
@@ -127,7 +137,7 @@ class Inputs:
     num_real: int  # positions that are not padding
 
 
-def inputs(picked: list[Row], row_N: np.ndarray, pos_N: np.ndarray, *, pad_id: int) -> Inputs:
+def inputs(picked: Sequence[Row], row_N: np.ndarray, pos_N: np.ndarray, *, pad_id: int) -> Inputs:
     """Lay out `picked` (the micro-batch's rows, in loss-frame order) group by group; `row_N`,
     `pos_N` are the loss frame's trained positions (row, shifted position) in mask order."""
     slot: dict[int, int] = {}  # group -> its sequence

@@ -122,8 +122,9 @@ def test_a_shared_prompt_gives_the_full_logits_paths_log_probs_and_gradients(tin
     rounding, not float64's, because transformers' RMSNorm computes in float32 whatever the
     model's dtype: a prompt position's gradient is there summed over G completions before the
     norm's backward, and after it in the per-row reference."""
-    shared = A.choose_attention("shared_prompt", device_type="cpu", half_precision=False,
-                                flash_impl=None, flex_ok=False)  # fmt: skip
+    shared = A.choose_attention(
+        "shared_prompt", device_type="cpu", half_precision=False, flash_impl=None, flex_ok=False
+    )
     model = _model(tiny_model_dir, torch.float64, shared)
     rows = _group_rows([(3, [4, 1, 6]), (5, [2, 2]), (2, [7, 3, 1, 2])])
     order = [3, 0, 1, 2, 4, 5, 6, 7, 8]

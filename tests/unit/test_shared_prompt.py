@@ -18,9 +18,10 @@ CPU = torch.device("cpu")
 PAD = 0
 # SmolLM2-135M's shapes (docs/real_model.md)
 SMOLLM2 = SP.Shapes.of(
-    SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
-                    intermediate_size=1536)
-)  # fmt: skip
+    SimpleNamespace(
+        hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536
+    )
+)
 
 
 def group_rows(spec: list[tuple[list[int], list[list[int]]]]) -> list[Row]:
