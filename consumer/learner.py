@@ -57,6 +57,7 @@ from common.host.model_dir import local_model_dir
 from common.net.endpoints import advertised_host, listening, tcp_endpoint
 from common.net.keys import load_keys
 from common.weights import snapshot as snap
+from consumer import core_share
 from consumer.data.prompts import make_source
 from consumer.evaluation import await_last_round, evaluate_in_learner
 from consumer.key_gate import start_key_gate
@@ -125,6 +126,7 @@ class Learner:
             refused_keys=(lambda: auth.refused) if auth is not None else None,
         )
         self.run_id = self.server.run_id
+        self.cores = core_share.join(cfg, self.run_id, self.trainer)  # None: not on this CPU
         if cfg.run.resume:
             checkpoint.record_incarnation(run_dir, self.server.incarnation)
             log.info("resumed at version %d (incarnation %d)", version, self.server.incarnation)
@@ -432,6 +434,8 @@ class Learner:
             self.ctx.term()
             self.steps.metrics.close()
             self.loggers.close()
+            if self.cores is not None:
+                self.cores.close()
         log.info("ledger: %s", balance.to_json())
         if not balance.ok:
             raise AssertionError(f"ledger does not balance: {balance.to_json()}")

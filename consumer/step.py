@@ -162,6 +162,7 @@ class Steps:
                 micro_batches=metrics.get("micro_batches"),
                 lr=metrics.get("lr"),
                 tokens=tokens,
+                threads=tuple(metrics.get("pass_threads") or ()),
             )
             self.recorder.step(entry)
         self.step_end = step_end

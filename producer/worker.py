@@ -54,9 +54,11 @@ from common import wire
 from common.config import Config
 from common.config.evaluation import eval_slots
 from common.errors import ConfigError
+from common.host.core_board import Seat
 from common.net.heartbeat import GOODBYE_WAIT_S, lease_wait_s, silence_limit_s
 from common.net.keys import load_keys
 from common.net.sockets import client_socket, endpoint_with_port
+from producer import core_share
 from producer.announcements import announcements
 from producer.backoff import Backoff
 from producer.base_model import fetch_model
@@ -147,6 +149,7 @@ class Producer:
             self.state, run_seed=cfg.run.seed, stall=self.stall, started=self.started
         )
         self._registering = asyncio.Lock()
+        self.cores: Seat | None = None  # on this host's core board (hf engine on a CPU)
 
     # -- setup ---------------------------------------------------------------------------------
     async def register(self) -> wire.Welcome:
@@ -234,6 +237,10 @@ class Producer:
                 keys=self.keys,
                 max_message_bytes=self.max_bytes,
             ),
+        )
+        core_share.leave(self.cores, self.session.engine)  # a previous run's seat (follow)
+        self.cores = core_share.join(
+            self.cfg, self.state.run_id, self.state.producer_id, self.session.engine
         )
         limit = self.cfg.producer.max_in_flight  # grants of eval leases beside them decode
         slots = eval_slots(limit, spec.group_size, spec.eval_samples)
@@ -462,6 +469,9 @@ class Producer:
             out.update({f"acked_{k}": v for k, v in outbox.outcomes.items()})
             out.update(self.session.rewards.counters)
         out.update(self.weights.counters)
+        if self.cores is not None and self.session is not None:
+            out["torch_threads"] = float(getattr(self.session.engine, "threads_used", 0))
+            out["cpu_s_per_version"] = self.cores.board.me.weight
         if self.relay is not None:
             out.update(self.relay.counters)
         out["uptime_s"] = time.monotonic() - self.started
@@ -486,6 +496,8 @@ class Producer:
             self.kept = None
         if self.session is not None:
             self.session.rewards.close()
+            core_share.leave(self.cores, self.session.engine)
+            self.cores = None
             if keep_engine and self.engine_key is not None:
                 kept = (self.engine_key, self.session.engine)
             else:

@@ -98,7 +98,12 @@ class ModelConfig:
     compile: bool = _f(
         False, "torch.compile each decoder layer of the learner (in place; off until measured)."
     )
-    torch_threads: int = _f(0, "torch intra-op threads for the learner (0 = torch default).")
+    torch_threads: int = _f(
+        0,
+        "torch intra-op threads for the learner; 0 = on a CPU, shared with the run's hf "
+        "producers on this host by who has work, pass by pass (common/host/core_board.py), else "
+        "torch's default.",
+    )
     deterministic: bool = _f(
         False,
         "Deterministic learner kernels on a GPU (torch.use_deterministic_algorithms, cuBLAS "

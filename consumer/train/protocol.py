@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from common.host.core_board import Share
 from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
 
@@ -64,6 +65,12 @@ class Trainer(Protocol):
 
     def close(self) -> None:
         """The run is over: release what the trainer holds (tell other ranks to stop)."""
+        ...
+
+    def share_cores(self, seat: Share | None) -> None:
+        """Take the torch threads `seat` (on this host's cores, shared with the run's other
+        processes: common/host/core_board.py; or a recording) gives before each unit of work (None:
+        as configured); ignored where the trainer does not compute on the host's cores."""
         ...
 
     def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:

@@ -43,6 +43,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from common.config import Config
+from common.host.core_board import Share
 from common.wire import Group, SnapshotInfo
 from consumer.train import ranks as D
 from consumer.train import sharded_checkpoint
@@ -213,6 +214,10 @@ class ShardedTrainer(DeviceTrainer):
                     self.model, self.optimizer, self.scheduler, directory, main=self.world.main
                 )
         self._gathered = None
+
+    def share_cores(self, seat: Share | None) -> None:
+        """Not taken: every rank keeps the threads torchrun gave it (the ranks compute together,
+        and only rank 0 is on the board)."""
 
     # -- the other ranks -----------------------------------------------------------------------
     def idle(self) -> None:

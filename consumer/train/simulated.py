@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from common.config import Config
+from common.host.core_board import Share
 from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
 
@@ -54,6 +55,9 @@ class SimulatedTrainer:
 
     def close(self) -> None:
         """Nothing to release."""
+
+    def share_cores(self, seat: Share | None) -> None:
+        """It sleeps: no threads to share."""
 
     def eval_model(self) -> Any:
         """Never called: the learner evaluates only a real model."""

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from common.config import Config
+from common.host.core_board import Share
 from common.host.device import resolve_device
 from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
@@ -177,6 +178,8 @@ class DeviceTrainer:
             self.ref_model.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
             self.ref_policy = self._forward_module(self.ref_model)
         self._weights_fence: Fence | None = None  # a copy of the weights still in flight
+        self._cores: Share | None = None  # the host's cores shared with the run's producers
+        self._pass_threads: list[int] = []  # the step's passes' torch threads, in order
 
     def _forward_module(self, model: Any) -> CompletionForward:
         A.use(model, self.attention)
@@ -199,8 +202,13 @@ class DeviceTrainer:
     def step(self, groups: list[Group]) -> dict[str, Any]:
         """One optimizer step (or `updates_per_batch` steps) on these groups; returns metrics."""
         t0 = time.perf_counter()
+        self._pass_threads = []
+        cores = self._cores.describe() if self._cores is not None else None  # at the start
         adv_NG = batch_advantages(groups, self.advantage_options)
-        return self._train_rows(rows_of(groups, adv_NG), t0)
+        out = self._train_rows(rows_of(groups, adv_NG), t0)
+        if self._cores is not None:
+            self._cores.finished_step()  # idle until the next: the cores go to the producers
+        return out | {"cores": cores}
 
     def _train_rows(self, rows: list[Row], t0: float) -> dict[str, Any]:
         """The step on rows whose advantages are set (a sharded learner's ranks enter here)."""
@@ -218,6 +226,10 @@ class DeviceTrainer:
         out: dict[str, Any] = _combine(metrics)
         positions, real = out.pop("forward_positions_sum"), out.pop("forward_real_sum")
         row_tokens, shared = out.pop("forward_tokens_sum"), out.pop("shared_prompt_passes_sum")
+        out["learner_threads"] = out.pop("torch_threads_sum") / max(len(metrics), 1)
+        # every pass's threads in order, old-log-prob passes included: they change the float
+        # rounding, so the stream records them for a replay
+        out["pass_threads"] = list(self._pass_threads)
         out["tokens_kept_unknown"] = int(out.pop("tokens_kept_unknown_sum", 0))
         out["loss"] = out.pop("loss_sum", 0.0) / updates  # the mean update's full-batch loss
         out.update(
@@ -247,6 +259,7 @@ class DeviceTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         passes = []
         for plan, real in self._micro_batches(rows, row_ids):
+            threads = self._take_threads()
             mb = self._collate(rows, plan)
             old_BT = None if old is None else _stack_old(old, [row_ids[i] for i in plan], mb)
             loss, m = self._micro_loss(
@@ -257,6 +270,7 @@ class DeviceTrainer:
             m["forward_real_sum"] = float(mb.num_real)
             m["forward_tokens_sum"] = float(sum(len(rows[i].ids) for i in plan))
             m["shared_prompt_passes_sum"] = float(mb.layout == "shared_prompt")
+            m["torch_threads_sum"] = float(threads)
             passes.append((m, mb.num_tokens, real))
         clip = c.train.grad_clip if c.train.grad_clip > 0 else math.inf
         grad_norm = self._clip_grad_norm(clip)
@@ -286,6 +300,20 @@ class DeviceTrainer:
     def eval_model(self) -> Any:
         """A model with the current weights that `generate` can run in this process alone."""
         return self.model
+
+    def share_cores(self, seat: Share | None) -> None:
+        """Take the torch threads `seat` gives before every forward/backward pass (the
+        host's core board, or a recording a replay follows)."""
+        self._cores = seat
+
+    def _take_threads(self) -> int:
+        """This pass's torch threads: the board's share, or as configured."""
+        if self._cores is not None:
+            threads = self._cores.work()
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
+        self._pass_threads.append(torch.get_num_threads())
+        return self._pass_threads[-1]
 
     def idle(self) -> None:
         """Called while the learner waits for groups (nothing to do on one device)."""
@@ -356,6 +384,7 @@ class DeviceTrainer:
         """Learner log-probs before any update of this batch, per row (completion positions)."""
         out: dict[int, torch.Tensor] = {}
         for plan, real in self._micro_batches(rows, list(range(len(rows)))):
+            self._take_threads()
             mb = self._collate(rows, plan)
             logp_BT, _ = self._forward_logp(self.policy, mb)
             for b, i in enumerate(plan):

@@ -70,6 +70,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from common.errors import SnapshotError
+from common.host.core_board import Seat
 from common.host.device import resolve_device
 from common.weights import snapshot as snap
 from producer.engines.base import Completion, SamplingParams
@@ -151,6 +152,8 @@ class HFEngine:
         self._inbox: queue.SimpleQueue[list[_Command]] = queue.SimpleQueue()
         self._failure: BaseException | None = None
         self._closed = False
+        self._seat: Seat | None = None  # this host's cores shared with the run (share_cores)
+        self.threads_used = 0  # torch threads of the last token step (0: none yet)
         self._thread = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
         self._thread.start()
 
@@ -171,6 +174,12 @@ class HFEngine:
     def num_rows(self) -> int:
         """Rows in the running batch (0 when idle: nothing of a finished request stays)."""
         return self.batch.num_rows
+
+    def share_cores(self, seat: Seat | None) -> None:
+        """Take the torch threads `seat` gives (common/host/core_board.py) before every token
+        step, busy while rows are in flight; None: keep the threads as they are. The torch
+        thread picks it up at its next step."""
+        self._seat = seat
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         """`params.n` completions of one prompt (see the module docstring for seeds and stops)."""
@@ -266,6 +275,9 @@ class HFEngine:
         """One token step (or one reload); False once closed."""
         batch = self.batch
         block = batch.empty and not pending
+        seat = self._seat
+        if block and seat is not None:
+            seat.rest()  # nothing to do: the cores go to whoever has work
         while True:  # take what has been handed over; wait only if there is nothing to do
             try:
                 pending.extend(self._inbox.get(block=block))
@@ -285,6 +297,11 @@ class HFEngine:
             if isinstance(command, _Reload):
                 self._reload(command)
             return True
+        if seat is not None:
+            threads = seat.work()
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
+        self.threads_used = torch.get_num_threads()
         try:
             if joining:
                 batch.admit(joining, self._version)
@@ -316,6 +333,8 @@ class HFEngine:
         return live
 
     def _reload(self, command: _Reload) -> None:
+        if self._seat is not None and self._version >= 0:  # work per version moved on by
+            self._seat.progress(command.version - self._version)
         try:
             self._load(command.path, command.version)
         except Exception as exc:  # raised to the caller of load_weights
