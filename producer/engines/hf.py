@@ -354,6 +354,8 @@ class HFEngine:
                     own[name].copy_(f.get_tensor(name).to(own[name].dtype))
         except (OSError, SafetensorError) as exc:
             raise SnapshotError(f"cannot read snapshot {path}: {exc}") from None
+        finally:
+            self.batch.prefix.invalidate()  # its KV cache belongs to the weights it was made with
         self._version = version
 
 
