@@ -295,11 +295,15 @@ class Learner:
             out.tally.add(g)
             if len(out.sample) < c.log.completions_groups:
                 out.sample.append(g)
-            why = verdict(
-                g,
-                policy_version=self.version,
-                max_staleness=c.staleness.max_staleness,
-                drop_zero_variance=c.train.drop_zero_variance,
+            why = (
+                "dropped_zero_variance"  # its lease ended when it arrived
+                if self.server.settled_on_arrival(g)
+                else verdict(
+                    g,
+                    policy_version=self.version,
+                    max_staleness=c.staleness.max_staleness,
+                    drop_zero_variance=c.train.drop_zero_variance,
+                )
             )
             if why != "dropped_stale" and self._watch(g):
                 return None

@@ -222,8 +222,21 @@ class Server:
         granted again as soon as the network thread gets to it. A failure (a lease-book bug)
         stops the network thread and reaches the caller through `check`."""
         info = {"behavior_version": group.behavior_version, "num_tokens": group.num_tokens}
-        fut = self._call(lambda: self._state.book.finalize(group.lease_id, outcome, **info))
+        st = self._state
+
+        def finalize() -> None:
+            if st.took_settled(group.lease_id):  # ended when it arrived (intake.py)
+                assert outcome == "dropped_zero_variance", outcome
+                return
+            st.book.finalize(group.lease_id, outcome, **info)
+
+        fut = self._call(finalize)
         fut.add_done_callback(self._fail_on_error)
+
+    def settled_on_arrival(self, group: wire.Group) -> bool:
+        """Whether `group`'s lease already ended when it arrived (zero variance, fresh): the
+        learner drops it as `dropped_zero_variance` whatever its lag is by now."""
+        return self._state.is_settled(group.lease_id)
 
     def settle_trained(self, groups: Sequence[wire.Group], *, trained_step: int) -> None:
         """The optimizer step `trained_step` consumed `groups`: end their leases as trained,
