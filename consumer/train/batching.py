@@ -189,9 +189,11 @@ def collate(
     device: torch.device,
     packed: bool = False,
     shared_prompt: bool = False,
+    one_sequence: bool = False,
 ) -> MicroBatch:
     """The rows `indices` as one micro-batch in the padded, the packed or the shared-prompt
-    layout (consumer/train/shared_prompt.py: whole groups)."""
+    layout (consumer/train/shared_prompt.py: whole groups; a sequence per group, or with
+    `one_sequence` all of them in one)."""
     assert not (packed and shared_prompt)
     picked = [rows[i] for i in indices]
     lengths = np.array([len(r.ids) for r in picked], np.int64)
@@ -211,7 +213,9 @@ def collate(
     row_N, pos_N = np.nonzero(mask)  # row-major: the order of tokens_BT[mask_BT]
     kept_NK, valid_NK = _kept_layout(picked, tokens[mask])
     layout = "shared_prompt" if shared_prompt else "packed" if packed else "padded"
-    inputs = _model_inputs(picked, lengths, row_N, pos_N, pad_id=pad_id, layout=layout)
+    inputs = _model_inputs(
+        picked, lengths, row_N, pos_N, pad_id=pad_id, layout=layout, one_sequence=one_sequence
+    )
 
     def on_device(a: np.ndarray | None) -> torch.Tensor | None:
         return None if a is None else torch.from_numpy(a).to(device)
@@ -258,11 +262,13 @@ def _model_inputs(
     *,
     pad_id: int,
     layout: str,
+    one_sequence: bool = False,
 ) -> _Inputs:
     """The decoder's inputs for `picked` in `layout` (see the module docstring), and where the
     output predicting each trained token (`row_N`, `pos_N` in the loss frame) is."""
     if layout == "shared_prompt":
-        laid = SP.inputs(picked, row_N, pos_N, pad_id=pad_id)
+        lay = SP.one_sequence if one_sequence else SP.inputs
+        laid = lay(picked, row_N, pos_N, pad_id=pad_id)
         return _Inputs(
             ids=laid.input_ids_KL,
             attention_mask=laid.mask_KLL[:, None],

@@ -330,14 +330,19 @@ class DeviceTrainer:
         return plan_micro_batches(lengths, budget, packed=self.attention.packed)
 
     def _collate(self, rows: list[Row], plan: list[int]) -> MicroBatch:
-        shared = self.attention.shared_prompt and SP.worth_it([rows[i] for i in plan], self._shapes)
+        shared = (
+            SP.layout_for([rows[i] for i in plan], self._shapes)
+            if self.attention.shared_prompt
+            else None
+        )
         return collate(
             rows,
             plan,
             pad_id=self.pad_id,
             device=self.device,
             packed=self.attention.packed,
-            shared_prompt=shared,
+            shared_prompt=shared is not None,
+            one_sequence=shared == "one",
         )
 
     def _forward_logp(

@@ -98,11 +98,13 @@ def test_log_probs_entropy_and_gradients_equal_the_full_logits_path(
 
 
 def _group_rows(spec: list[tuple[int, list[int]]], seed: int = 0) -> list[Row]:
-    """Rows of groups (prompt length, completion lengths): a group's rows share its prompt."""
+    """Rows of groups (prompt length, completion lengths): a group's rows share its prompt, and
+    the prompts their first two tokens."""
     rng = np.random.default_rng(seed)
     rows = []
+    head = rng.integers(2, 40, 2)
     for k, (p, lengths) in enumerate(spec):
-        prompt = rng.integers(2, 40, p)
+        prompt = np.concatenate([head, rng.integers(2, 40, p)])[:p]
         rows += [
             Row(
                 ids=np.concatenate([prompt, rng.integers(2, 40, c)]).astype(np.int32),
@@ -116,7 +118,8 @@ def _group_rows(spec: list[tuple[int, list[int]]], seed: int = 0) -> list[Row]:
     return rows
 
 
-def test_a_shared_prompt_gives_the_full_logits_paths_log_probs_and_gradients(tiny_model_dir):
+@pytest.mark.parametrize("one", [False, True], ids=["per-group", "one-sequence"])
+def test_a_shared_prompt_gives_the_full_logits_paths_log_probs_and_gradients(tiny_model_dir, one):
     """Each group's prompt once (consumer/train/shared_prompt.py): the same log-probs and
     entropies as one forward per row, and the same gradients. The gradient agrees to float32's
     rounding, not float64's, because transformers' RMSNorm computes in float32 whatever the
@@ -128,9 +131,9 @@ def test_a_shared_prompt_gives_the_full_logits_paths_log_probs_and_gradients(tin
     model = _model(tiny_model_dir, torch.float64, shared)
     rows = _group_rows([(3, [4, 1, 6]), (5, [2, 2]), (2, [7, 3, 1, 2])])
     order = [3, 0, 1, 2, 4, 5, 6, 7, 8]
-    mb = collate(rows, order, pad_id=0, device=CPU, shared_prompt=True)
+    mb = collate(rows, order, pad_id=0, device=CPU, shared_prompt=True, one_sequence=one)
     assert mb.layout == "shared_prompt"
-    assert mb.num_real == 38 < 55
+    assert mb.num_real == (34 if one else 38) < 55
     forward = CompletionForward(model, shared, temperature=0.7, chunk_mib=1)
     logp, ent, _ = forward(mb)
     ref_logp, ref_ent = _reference(model, [rows[i] for i in order], 0.7)

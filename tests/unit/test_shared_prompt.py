@@ -84,6 +84,37 @@ def test_the_first_token_is_predicted_at_the_prompts_last_position_for_every_row
     assert mb.hidden_index_N.tolist() == [2, 3, 2]
 
 
+def test_one_sequence_holds_the_common_prefix_once_then_each_group():
+    rows = group_rows([([7, 8, 9], [[11, 12], [13]]), ([7, 8, 5], [[21]])])
+    b_N, j_N = np.nonzero(collate(rows, [0, 1, 2], pad_id=PAD, device=CPU).mask_BT.numpy())
+    laid = SP.one_sequence(rows, b_N, j_N, pad_id=PAD)
+    #           common  rest a0  a1  b0  rest c0
+    assert laid.input_ids_KL.tolist() == [[7, 8, 9, 11, 12, 13, 5, 21]]
+    assert laid.position_ids_KL.tolist() == [[0, 1, 2, 3, 4, 3, 2, 3]]
+    mask = laid.mask_KLL[0].astype(int).tolist()
+    assert mask == [
+        [1, 0, 0, 0, 0, 0, 0, 0],  # 7
+        [1, 1, 0, 0, 0, 0, 0, 0],  # 8
+        [1, 1, 1, 0, 0, 0, 0, 0],  # 9: group 1's rest
+        [1, 1, 1, 1, 0, 0, 0, 0],  # 11
+        [1, 1, 1, 1, 1, 0, 0, 0],  # 12
+        [1, 1, 1, 0, 0, 1, 0, 0],  # 13: its prompt, not completion 11 12
+        [1, 1, 0, 0, 0, 0, 1, 0],  # 5: group 2's rest sees the common prefix only
+        [1, 1, 0, 0, 0, 0, 1, 1],  # 21
+    ]
+    assert laid.hidden_index_N.tolist() == [2, 3, 2, 6]  # 11 12 13 21
+    assert SP.one_length(rows) == 8
+
+
+def test_on_the_real_task_one_sequence_runs_a_quarter_of_the_rows_positions():
+    prompts = [[1] * 29 + [k + 2] * 15 for k in range(8)]  # 44 tokens, 29 shared
+    rows = group_rows([(p, [[9] * 8] * 4) for p in prompts])
+    assert SP.one_length(rows) == 29 + 8 * (15 + 32) == 405
+    assert SP.group_lengths(rows) == [76] * 8
+    assert sum(len(r.ids) for r in rows) == 1664
+    assert SP.layout_for(rows, SMOLLM2) == "one"
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     spec=st.lists(
@@ -95,27 +126,36 @@ def test_the_first_token_is_predicted_at_the_prompts_last_position_for_every_row
         max_size=4,
     ),
     seed=st.integers(0, 100),
+    one=st.booleans(),
 )
-def test_every_token_is_predicted_from_the_position_just_before_it(spec, seed):
+def test_every_token_is_predicted_from_the_position_just_before_it(spec, seed, one):
     """Reading the layout back: the input at hidden_index_N is the token before each trained
-    token in its own row, and the position ids there are the row's own positions."""
+    token in its own row, at the row's own position, and what that position may attend to is
+    exactly the row's tokens so far, each at its own position (the row's causal view)."""
     rng = np.random.default_rng(seed)
+    head = rng.integers(1, 50, 3).tolist()  # a prefix some prompts share
     rows = group_rows(
         [
-            (rng.integers(1, 50, p).tolist(), [rng.integers(1, 50, c).tolist() for c in cs])
+            (
+                (head[: p % 4] + rng.integers(1, 50, p).tolist())[: max(p, 1)],
+                [rng.integers(1, 50, c).tolist() for c in cs],
+            )
             for p, cs in spec
         ]
     )
     order = list(rng.permutation(len(rows)))
-    mb = collate(rows, order, pad_id=PAD, device=CPU, shared_prompt=True)
-    flat_ids = mb.input_ids_BL.reshape(-1)
-    flat_pos = mb.position_ids_BL.reshape(-1)
+    mb = collate(rows, order, pad_id=PAD, device=CPU, shared_prompt=True, one_sequence=one)
+    L = mb.input_ids_BL.shape[1]
     b_N, j_N = mb.mask_BT.nonzero(as_tuple=True)
     for n, (b, j) in enumerate(zip(b_N.tolist(), j_N.tolist(), strict=True)):
         row = rows[order[b]]
-        at = int(mb.hidden_index_N[n])
-        assert int(flat_ids[at]) == int(row.ids[j])  # the token before, fed at that position
-        assert int(flat_pos[at]) == j  # at the row's own position
+        k, at = divmod(int(mb.hidden_index_N[n]), L)
+        ids, pos = mb.input_ids_BL[k], mb.position_ids_BL[k]
+        assert int(ids[at]) == int(row.ids[j])  # the token before, fed at that position
+        assert int(pos[at]) == j  # at the row's own position
+        seen = mb.attention_mask_BL[k, 0, at].nonzero()[:, 0]
+        view = sorted(zip(pos[seen].tolist(), ids[seen].tolist(), strict=True))
+        assert view == list(enumerate(row.ids[: j + 1].tolist()))
 
 
 def test_micro_batches_keep_groups_whole_within_the_budget():
@@ -130,7 +170,8 @@ def test_micro_batches_keep_groups_whole_within_the_budget():
 def test_it_pays_for_short_completions_of_a_shared_prompt_and_not_for_long_ones():
     real = group_rows([([1] * 44, [[2] * 8] * 4)] * 8)  # docs/real_model's task
     assert SP.worth_it(real, SMOLLM2)
-    assert not SP.worth_it(group_rows([([1] * 44, [[2] * 8])] * 8), SMOLLM2)  # G = 1
+    distinct = group_rows([([k + 3] * 44, [[2] * 8]) for k in range(8)])  # G = 1, nothing shared
+    assert not SP.worth_it(distinct, SMOLLM2)
     long = group_rows([([1] * 64, [[2] * 1000] * 4)])  # the square of 4 x 1000 tokens
     assert not SP.worth_it(long, SMOLLM2)
     too_long = group_rows([([1] * 100, [[2] * 1100] * 4)])
