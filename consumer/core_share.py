@@ -11,7 +11,9 @@ and how the host's cores stood at the step's start (`cores`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from common.config import Config
 from common.host import core_board as CB
@@ -28,7 +30,14 @@ def join(cfg: Config, run_id: str, trainer: Trainer) -> CB.Seat | None:
         return None
     if resolve_device(cfg.model.device).type != "cpu":
         return None
-    board = CB.CoreBoard(CB.directory_for(run_id), NAME, weight=1.0, fixed=cfg.model.torch_threads)
+    params = sum(t.numel() for t in trainer.weights().values())
+    board = CB.CoreBoard(
+        CB.directory_for(run_id),
+        NAME,
+        weight=1.0,
+        fixed=cfg.model.torch_threads,
+        max_threads=CB.useful_threads(params),
+    )
     seat = CB.Seat(board)
     trainer.share_cores(seat)
     how = (
@@ -37,5 +46,22 @@ def join(cfg: Config, run_id: str, trainer: Trainer) -> CB.Seat | None:
         else "shared with the run's producers on this host by who has work (model.torch_threads"
         " = 0)"
     )
-    log.info("learner torch threads: %s; %d usable cores", how, board.cores)
+    small = CB.small_note(params)
+    log.info("learner torch threads: %s; %d usable cores%s", how, board.cores, small)
     return seat
+
+
+@contextlib.contextmanager
+def busy(seat: CB.Seat | None) -> Iterator[None]:
+    """Other work on the learner's thread (the periodic held-out evaluation) with the seat's
+    share of the cores, busy meanwhile."""
+    if seat is None:
+        yield
+        return
+    import torch
+
+    torch.set_num_threads(seat.work())
+    try:
+        yield
+    finally:
+        seat.rest()

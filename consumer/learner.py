@@ -187,7 +187,8 @@ class Learner:
                 record = self.steps.train(
                     got, started=t_start, last=last, settle=self._settle, books=self._books
                 )
-                record.update(self.heldout(self.version, self.trainer.eval_model))
+                with core_share.busy(self.cores):
+                    record.update(self.heldout(self.version, self.trainer.eval_model))
                 if self.version >= steps:  # the last version's round, through the producers
                     await_last_round(self.cfg, self.server, self.steps, self.stop_event)
                 record.update(self.server.take_eval(last=self.version >= steps))

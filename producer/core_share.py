@@ -28,7 +28,14 @@ def join(cfg: Config, run_id: str, producer_id: str, engine: Engine) -> CB.Seat 
     if resolve_device(cfg.producer.device).type != "cpu":
         return None
     fixed = cfg.producer.torch_threads
-    board = CB.CoreBoard(CB.directory_for(run_id), producer_id, weight=1.0, fixed=fixed)
+    params = sum(p.numel() for p in engine.model.parameters())  # type: ignore[attr-defined]
+    board = CB.CoreBoard(
+        CB.directory_for(run_id),
+        producer_id,
+        weight=1.0,
+        fixed=fixed,
+        max_threads=CB.useful_threads(params),
+    )
     seat = CB.Seat(board)
     share(seat)
     how = (
@@ -37,7 +44,8 @@ def join(cfg: Config, run_id: str, producer_id: str, engine: Engine) -> CB.Seat 
         else "shared with the run's learner and producers on this host by who has work "
         "(producer.torch_threads = 0)"
     )
-    log.info("torch threads: %s; %d usable cores", how, board.cores)
+    small = CB.small_note(params)
+    log.info("torch threads: %s; %d usable cores%s", how, board.cores, small)
     return seat
 
 

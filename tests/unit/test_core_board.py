@@ -135,3 +135,10 @@ def test_a_replay_takes_the_recorded_threads_pass_after_pass():
     assert [recorded.work() for _ in range(5)] == [2, 1, 2, 2, 2]
     with pytest.raises(AssertionError):
         CB.Recorded(())
+
+
+def test_a_small_model_gets_one_thread_a_large_one_what_the_board_gives():
+    assert CB.useful_threads(100_000) == 1  # the demo model
+    assert CB.useful_threads(134_500_000) >= 2  # SmolLM2-135M
+    assert "one at most" in CB.small_note(100_000)
+    assert CB.small_note(134_500_000) == ""
