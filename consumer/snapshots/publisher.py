@@ -237,6 +237,11 @@ class Publisher:
         """Host buffers made so far (each a whole snapshot file in memory)."""
         return len(self._hosts)
 
+    @property
+    def buffer_bytes(self) -> int:
+        """The size of one host buffer (0 before the first submit)."""
+        return self._hosts[0].table.num_bytes if self._hosts else 0
+
     def _add_buffer(self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> None:
         table = self._hosts[0].table if self._hosts else table_for(tensors, dtype)
         pin = next(iter(tensors.values())).is_cuda and torch.cuda.is_available()
