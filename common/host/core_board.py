@@ -29,6 +29,7 @@ process runs with its configured threads.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -134,10 +135,11 @@ class CoreBoard:
         """Change this member's busy state or weight (written only if the busy state changes
         or the weight moves by more than 10%)."""
         me = self._me
-        new = Member(
-            me.name, me.pid, me.busy if busy is None else busy,
-            me.weight if weight is None or weight <= 0 else weight, me.fixed, me.max_threads,
-        )  # fmt: skip
+        new = dataclasses.replace(
+            me,
+            busy=me.busy if busy is None else busy,
+            weight=me.weight if weight is None or weight <= 0 else weight,
+        )
         self._me = new
         if new.busy != me.busy or abs(new.weight - me.weight) > 0.1 * me.weight:
             self._write()
