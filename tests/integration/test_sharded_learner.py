@@ -15,7 +15,7 @@ from sharded_steps import CASES, max_diff, run, torchrun
 
 TESTS = Path(__file__).resolve().parents[1]
 # metrics that depend on how rows were cut into micro-batches, not on the update
-LAYOUT_METRICS = {"padding_frac", "micro_batches", "step_s", "positions_saved_frac"}
+LAYOUT_METRICS = {"padding_frac", "micro_batches", "step_s", "positions_saved_frac", "pass_threads"}
 
 
 def _compare(model_dir: Path, tmp_path: Path, cases: list[str], steps: int) -> None:
