@@ -1,14 +1,16 @@
 """A consumer and a producer started by hand on one host against the same run by `launch`.
 
     PYTHONPATH=. python bench/by_hand.py [--steps 100] [--seeds 0,1,2] [--json PATH]
-        [--config launch/configs/demo.toml]
+        [--config launch/configs/demo.toml] [--tree DIR]
 
 Each seed, one after another: `asyncgrpo launch --no-live --no-eval` (the cores rule, the core
 board), then the same config through `asyncgrpo consumer --run-dir D` and `asyncgrpo producer
 --connect-file D/endpoints.json`, started as a user types them (no thread settings: their
 defaults; the producer told the leases `launch` gives it, `producer.max_in_flight`, the one
 setting launch adds). Figures from each run's metrics.jsonl: the learner's step (`step_s`,
-median over steps 3..N) and s/step ((end of step N - end of step 3) / (N - 3)).
+median over steps 3..N) and s/step ((end of step N - end of step 3) / (N - 3)). `--tree DIR`
+runs the commands of another checkout (its own code, on PYTHONPATH), e.g. the code before a
+change, to compare.
 
 JSON keys (stable): launch_step_s, hand_step_s, hand_over_launch_step, launch_s_per_step,
 hand_s_per_step, hand_over_launch_s_per_step (medians over seeds), seeds, steps,
@@ -41,15 +43,22 @@ def figures(run_dir: Path) -> dict[str, float]:
     }
 
 
+TREE = ROOT  # whose code runs the commands (--tree)
+
+
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "launch.cli", *args]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(TREE)}
 
 
 def launch(cfg: Path, seed: int, steps: int, run_dir: Path, log: Path) -> None:
     args = cli("launch", "--config", str(cfg), "--run-dir", str(run_dir), "--steps", str(steps))
     args += ["--no-live", "--no-eval", "--set", f"run.seed={seed}"]
     with log.open("w") as out:
-        subprocess.run(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=True)
+        subprocess.run(args, cwd=TREE, env=env(), stdout=out, stderr=subprocess.STDOUT, check=True)
 
 
 def by_hand(cfg: Path, seed: int, steps: int, run_dir: Path, log: Path, leases: int) -> None:
@@ -59,7 +68,7 @@ def by_hand(cfg: Path, seed: int, steps: int, run_dir: Path, log: Path, leases: 
     producer += ["--set", f"producer.max_in_flight={leases}"]
     with log.open("w") as out:
         procs = [
-            subprocess.Popen(c, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            subprocess.Popen(c, cwd=TREE, env=env(), stdout=out, stderr=subprocess.STDOUT)
             for c in (consumer, producer)
         ]
         codes = [p.wait(timeout=3600) for p in procs]
@@ -73,7 +82,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose commands run")
     a = ap.parse_args()
+    global TREE
+    TREE = a.tree.resolve()
     from common import config as C
     from launch import cores
 
