@@ -37,7 +37,8 @@ R_peak_rss_mb (the learner's / TRL's process), R_final_heldout (medians over see
 some seed never reached counts as infinite, an infinite median is null); ours_disk_mb,
 ours_disk_over_kept, ours_learner_rss_over_state, ours_producer_rss_mb; ratios
 ours_over_trl_step, ours_over_trl_threshold; seeds, steps, threshold, cpus, trl_version,
-load_avg_1min_start, load_avg_1min_end, and runs: every run's figures.
+load_avg_1min_start, load_avg_1min_end, and runs: every run's figures (also written to
+`--keep`'s runs.json as each run ends, before the scoring).
 """
 
 from __future__ import annotations
@@ -318,6 +319,7 @@ def main() -> None:
     has_trl = importlib.util.find_spec("trl") is not None and not a.no_trl
     kinds = [k for k in KINDS if k != "trl" or has_trl]
     load_start = os.getloadavg()[0]
+    sys.path.insert(0, str(a.config.parent))  # the task's reward module, for the evaluator
     with tempfile.TemporaryDirectory() as tmp:
         root = a.keep or Path(tmp)
         runs = []
@@ -326,6 +328,7 @@ def main() -> None:
                 runs.append(run_one(kind, seed, a, root))
                 shown = {k: v for k, v in runs[-1].items() if k != "step_ends_s"}
                 print(f"{kind} seed {seed}: {json.dumps(shown)}", flush=True)
+                (root / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
         load_end = os.getloadavg()[0]
         for run in runs:
             score_versions(run, a)
