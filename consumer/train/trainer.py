@@ -302,8 +302,7 @@ class DeviceTrainer:
         return self.model
 
     def share_cores(self, seat: Share | None) -> None:
-        """Take the torch threads `seat` gives before every forward/backward pass (the
-        host's core board, or a recording a replay follows)."""
+        """Take the threads `seat` gives before each pass (the core board, or a replay's record)."""
         self._cores = seat
 
     def _take_threads(self) -> int:
@@ -418,8 +417,7 @@ class DeviceTrainer:
 
     # -- checkpoints (the directory around them: consumer/train/checkpoint.py) ------------------
     def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:
-        """`model.safetensors` (a link to `weights` when given) and `trainer.pt` into
-        `directory`."""
+        """`model.safetensors` (a link to `weights` if given) and `trainer.pt` in `directory`."""
         checkpoint.save_plain(
             directory, self.model, self.optimizer, self.scheduler, published=weights
         )
