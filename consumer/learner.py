@@ -296,15 +296,13 @@ class Learner:
             out.tally.add(g)
             if len(out.sample) < c.log.completions_groups:
                 out.sample.append(g)
-            why = (
-                "dropped_zero_variance"  # its lease ended when it arrived
-                if self.server.settled_on_arrival(g)
-                else verdict(
-                    g,
-                    policy_version=self.version,
-                    max_staleness=c.staleness.max_staleness,
-                    drop_zero_variance=c.train.drop_zero_variance,
-                )
+            arrived_settled = self.server.settled_on_arrival(g)  # its lease ended on arrival
+            why = "dropped_zero_variance" if arrived_settled else None
+            why = why or verdict(
+                g,
+                policy_version=self.version,
+                max_staleness=c.staleness.max_staleness,
+                drop_zero_variance=c.train.drop_zero_variance,
             )
             if why != "dropped_stale" and self._watch(g):
                 return None
@@ -377,16 +375,7 @@ class Learner:
         if self.steps.recorder is not None:  # the stream as far as this checkpoint (durable)
             name, size = self.steps.recorder.position()
             state = dataclasses.replace(state, log_sizes={**state.log_sizes, name: size})
-        info = self.steps.last_published  # its file is the weights when float32: linked
-        same = info is not None and info.version == self.version
-        published = info if same and self.cfg.snapshot.dtype == "float32" else None
-        checkpoint.save(
-            self.run_dir,
-            trainer=self.trainer,
-            version=self.version,
-            book_state=state,
-            published=published,
-        )
+        self.steps.checkpoint(self.run_dir, state)
 
     def _let_producers_hear_the_end(self) -> None:
         """Keep answering so producers learn the run is over and exit, whether the run ended by

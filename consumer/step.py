@@ -37,6 +37,7 @@ from consumer.snapshots.publisher import Publisher
 from consumer.staleness import lag
 from consumer.stream.recorder import Recorder
 from consumer.stream.records import StepEntry
+from consumer.train import checkpoint
 from consumer.train.protocol import Trainer
 
 
@@ -108,6 +109,25 @@ class Steps:
         if self.recorder is not None:
             self.recorder.snapshot(info)
         self._on_published(info)
+
+    def weights_file(self) -> wire.SnapshotInfo | None:
+        """The published snapshot of the current version when its file holds exactly the
+        learner's weights (float32): a checkpoint links it instead of writing them again."""
+        info = self.last_published
+        same = info is not None and info.version == self.version
+        return info if same and self.cfg.snapshot.dtype == "float32" else None
+
+    def checkpoint(self, run_dir: Path, book_state: RF.BookState) -> None:
+        """A checkpoint of the current version (consumer/train/checkpoint.py), its weights
+        linked from the published snapshot when that file holds them (`weights_file`)."""
+        published = self.weights_file()
+        checkpoint.save(
+            run_dir,
+            trainer=self.trainer,
+            version=self.version,
+            book_state=book_state,
+            published=published,
+        )
 
     def publish(self, *, wait: bool = False) -> None:
         """Hand the current version's weights to the publisher (one copy); `wait`: until it is

@@ -11,6 +11,7 @@ on another host than its consumer sits on that host's board alone (or with its n
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from common.config import Config
 from common.host import core_board as CB
@@ -57,3 +58,17 @@ def leave(seat: CB.Seat | None, engine: Engine) -> None:
     if share is not None:
         share(None)
     seat.close()
+
+
+def rejoin(seat: CB.Seat | None, cfg: Config, state: Any, engine: Engine) -> CB.Seat | None:
+    """Leave a previous run's seat (`producer.follow`), then join `state.run_id`'s board."""
+    leave(seat, engine)
+    return join(cfg, state.run_id, state.producer_id, engine)
+
+
+def counters(seat: CB.Seat | None, session: Any) -> dict[str, float]:
+    """The heartbeat's figures of a seated producer: its threads and CPU-s per version."""
+    if seat is None or session is None:
+        return {}
+    used = float(getattr(session.engine, "threads_used", 0))
+    return {"torch_threads": used, "cpu_s_per_version": seat.board.me.weight}

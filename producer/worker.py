@@ -62,7 +62,7 @@ from producer import core_share
 from producer.announcements import announcements
 from producer.backoff import Backoff
 from producer.base_model import fetch_model
-from producer.control import ControlClient, Rejected
+from producer.control import ControlClient, Rejected, waits_line
 from producer.endpoint_file import NoConsumer
 from producer.fetch.relay import Relay
 from producer.lease_task import LeaseRunner
@@ -76,15 +76,6 @@ from producer.weights import Weights
 log = logging.getLogger("asyncgrpo.producer")
 _REQUEST_TIMEOUT_S = 10.0
 _BACKOFF_FIRST_S, _BACKOFF_CAP_S = 0.05, 1.0  # pauses between lease requests that got nothing
-
-
-def _waits(follow: bool, wait_s: float) -> str:
-    """How long a producer waits for its consumer's welcome, for the log."""
-    if not follow:
-        return f"gives up after net.handshake_timeout_s = {wait_s:g} s"
-    if wait_s == float("inf"):
-        return "producer.follow: waits for ever, by design"
-    return f"producer.follow: waits up to net.consumer_timeout_s = {wait_s:g} s"
 
 
 class ConsumerLost(Exception):
@@ -178,7 +169,7 @@ class Producer:
                         self.cfg.net.connect,
                         self.control.link,
                         time.monotonic() - started,
-                        _waits(follow, wait_s),
+                        waits_line(follow, wait_s),
                     )
                     said = time.monotonic() + 10.0
                 if time.monotonic() > deadline:
@@ -238,10 +229,7 @@ class Producer:
                 max_message_bytes=self.max_bytes,
             ),
         )
-        core_share.leave(self.cores, self.session.engine)  # a previous run's seat (follow)
-        self.cores = core_share.join(
-            self.cfg, self.state.run_id, self.state.producer_id, self.session.engine
-        )
+        self.cores = core_share.rejoin(self.cores, self.cfg, self.state, self.session.engine)
         limit = self.cfg.producer.max_in_flight  # grants of eval leases beside them decode
         slots = eval_slots(limit, spec.group_size, spec.eval_samples)
         self.control.limits = wire.reply_limits(self.max_bytes, limit + slots)
@@ -469,9 +457,7 @@ class Producer:
             out.update({f"acked_{k}": v for k, v in outbox.outcomes.items()})
             out.update(self.session.rewards.counters)
         out.update(self.weights.counters)
-        if self.cores is not None and self.session is not None:
-            out["torch_threads"] = float(getattr(self.session.engine, "threads_used", 0))
-            out["cpu_s_per_version"] = self.cores.board.me.weight
+        out.update(core_share.counters(self.cores, self.session))
         if self.relay is not None:
             out.update(self.relay.counters)
         out["uptime_s"] = time.monotonic() - self.started

@@ -222,15 +222,7 @@ class Server:
         granted again as soon as the network thread gets to it. A failure (a lease-book bug)
         stops the network thread and reaches the caller through `check`."""
         info = {"behavior_version": group.behavior_version, "num_tokens": group.num_tokens}
-        st = self._state
-
-        def finalize() -> None:
-            if st.took_settled(group.lease_id):  # ended when it arrived (intake.py)
-                assert outcome == "dropped_zero_variance", outcome
-                return
-            st.book.finalize(group.lease_id, outcome, **info)
-
-        fut = self._call(finalize)
+        fut = self._call(lambda: self._state.finalize(group.lease_id, outcome, **info))
         fut.add_done_callback(self._fail_on_error)
 
     def settled_on_arrival(self, group: wire.Group) -> bool:

@@ -35,6 +35,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 
@@ -201,6 +202,14 @@ class NetState:
             early = lease_id in self.settled_on_arrival
             self.settled_on_arrival.discard(lease_id)
         return early
+
+    def finalize(self, lease_id: int, outcome: str, **info: Any) -> None:
+        """End the lease with `outcome` (the network thread), unless it ended when its group
+        arrived (zero variance, intake.py)."""
+        if self.took_settled(lease_id):
+            assert outcome == "dropped_zero_variance", outcome
+            return
+        self.book.finalize(lease_id, outcome, **info)
 
     def is_settled(self, lease_id: int) -> bool:
         """Whether `lease_id`'s lease ended when its group arrived (any thread)."""
