@@ -29,6 +29,8 @@ Invariants:
   is always written (only older waiting ones are superseded); `wait()` returns when it is.
 - The directory is a complete HF model directory: the base model's config and tokenizer files are
   copied next to `model.safetensors`, so `from_pretrained(snapshot_dir)` and vLLM load it as is.
+  With `adapter` (LoRA) it is a peft adapter directory instead: the file's header names the
+  adapter and its base (common/weights/adapter.py), `adapter_config.json` sits beside it.
 - The manifest records this host's id (`common.weights.snapshot.host_id`), so a producer on the same
   host may take the hash instead of reading the whole file again.
 - An exception in the writer thread is re-raised by the next `submit`/`wait` (never swallowed).
@@ -59,7 +61,9 @@ import torch
 
 from common.config import SnapshotFsync, choices
 from common.files.disk import writing
+from common.weights import adapter as adapter_format
 from common.weights import snapshot as snap
+from common.weights.adapter import AdapterHeader
 from common.wire import SnapshotInfo
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.weights_buffer import (
@@ -153,12 +157,15 @@ class Publisher:
         fsync: SnapshotFsync = "before_announce",
         num_buffers: int = 2,
         fetch_files: FetchFiles | None = None,
+        adapter: AdapterHeader | None = None,
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        self._adapter = adapter  # the versions are this LoRA adapter's (common/weights/adapter.py)
+        self._base_name = str(base_model_dir or "")
         self._extra = [
             p
-            for p in (sorted(base_model_dir.iterdir()) if base_model_dir else [])
+            for p in (sorted(base_model_dir.iterdir()) if base_model_dir and not adapter else [])
             if p.is_file()
             and not p.name.endswith(_WEIGHT_SUFFIXES)
             and not p.name.endswith(".index.json")
@@ -202,7 +209,12 @@ class Publisher:
         self._raise()
         tensors = unique_tensors(state)
         if not self._hosts:
-            table = table_for(tensors, dtype)
+            meta = (
+                adapter_format.metadata(self._adapter.spec, self._adapter.base_hash)
+                if self._adapter
+                else None
+            )
+            table = table_for(tensors, dtype, metadata=meta)
             pin = next(iter(tensors.values())).is_cuda and torch.cuda.is_available()
             self._hosts = [HostWeights(table, pin=pin) for _ in range(self._num_buffers)]
         with self._cond:
@@ -318,9 +330,18 @@ class Publisher:
             with writing(tmp):
                 for extra in self._extra:
                     shutil.copyfile(extra, tmp / extra.name)
+                if self._adapter is not None:  # peft's names for the same file, and its config
+                    adapter_format.write_peft_files(tmp, self._adapter, self._base_name)
                 num_bytes = host.table.num_bytes
                 manifest = snap.Manifest(
-                    job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id()
+                    version=job.version,
+                    step=job.step,
+                    hash=digest,
+                    num_bytes=num_bytes,
+                    dtype=job.dtype,
+                    created_unix=time.time(),
+                    writer=snap.host_id(),
+                    base_hash=self._adapter.base_hash if self._adapter else "",
                 )
                 snap.finalize(tmp, final, manifest, fsync=durable_first)
         except OSError:

@@ -5,9 +5,10 @@ What it owns: the `Trainer` protocol (consumer/train/protocol.py) and its implem
 device: trainer.py; FSDP2: sharded.py with ranks.py; no model: simulated.py), the loss and the
 advantages (pure tensor functions: loss.py, advantages.py), batching.py, the forward over
 completion tokens (forward.py) with its LM head (lm_head.py) and attention choice (attention.py),
-the learning-rate schedule (schedule.py), and checkpoints (checkpoint.py; sharded:
-sharded_checkpoint.py). What it does not do: sockets, leases or snapshots on disk
-(consumer/server/, consumer/snapshots/); only the learner (consumer/learner.py) calls it.
+the learning-rate schedule (schedule.py), a LoRA adapter on the frozen base (adapter.py), and
+checkpoints (checkpoint.py; sharded: sharded_checkpoint.py). What it does not do: sockets, leases
+or snapshots on disk (consumer/server/, consumer/snapshots/); only the learner
+(consumer/learner.py) calls it.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import os
 import random
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -90,10 +90,14 @@ def save_plain(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler,
+    *,
+    weights: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
-    """One process's part of a checkpoint: `model.safetensors` (fp32, tied tensors once) and
-    `trainer.pt` (optimizer, scheduler, RNG states)."""
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    """One process's part of a checkpoint: `model.safetensors` (fp32, tied tensors once: the
+    model's state, or `weights`, e.g. a LoRA adapter's tensors only) and `trainer.pt`
+    (optimizer, scheduler, RNG states)."""
+    source = model.state_dict() if weights is None else weights
+    state = {k: v.detach().cpu().contiguous() for k, v in source.items()}
     with _library_errors(directory / "model.safetensors"):
         save_file(_dedup(state), directory / "model.safetensors")
     with _library_errors(directory / "trainer.pt"):
@@ -182,12 +186,16 @@ def load_plain(
     scheduler: LRScheduler,
     *,
     device: torch.device,
+    restore: Callable[[dict[str, torch.Tensor]], None] | None = None,
 ) -> None:
-    """Restore what `save_plain` wrote into one process's model (on `device`), optimizer,
-    scheduler and RNGs."""
+    """Restore what `save_plain` wrote into one process's model (on `device`; `restore` takes
+    the saved tensors instead, e.g. into a LoRA adapter), optimizer, scheduler and RNGs."""
     weights = load_file(directory / "model.safetensors", device=str(device))
-    _missing, unexpected = model.load_state_dict(weights, strict=False)
-    assert not unexpected, unexpected
+    if restore is not None:
+        restore(weights)
+    else:
+        _missing, unexpected = model.load_state_dict(weights, strict=False)
+        assert not unexpected, unexpected
     extra = torch.load(directory / "trainer.pt", weights_only=False)
     optimizer.load_state_dict(extra["optimizer"])
     scheduler.load_state_dict(extra["scheduler"])
