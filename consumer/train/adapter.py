@@ -51,14 +51,31 @@ def check_targets(lora: LoraConfig, available: set[str]) -> None:
         )
 
 
-def attach(model: Any, lora: LoraConfig, model_dir: Path) -> fmt.AdapterHeader:
-    """Put a LoRA adapter on `model` in place and freeze the rest; the adapter's header."""
+def check_model(lora: LoraConfig, model_dir: Path) -> None:
+    """Before anything starts: peft is installed and every target names a linear module of the
+    model in `model_dir` (built on the meta device: no weight is read). `ConfigError` if not."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _peft()
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    check_targets(lora, linear_names(model))
+
+
+def _peft() -> Any:
     try:
         import peft
     except ImportError:
         raise ConfigError(
             "model.lora.enabled needs peft: pip install -c .ci/lock.txt -e '.[lora]'"
         ) from None
+    return peft
+
+
+def attach(model: Any, lora: LoraConfig, model_dir: Path) -> fmt.AdapterHeader:
+    """Put a LoRA adapter on `model` in place and freeze the rest; the adapter's header."""
+    peft = _peft()
     check_targets(lora, linear_names(model))
     decoder_prefix = _decoder_prefix(model)
     # peft matches a name's last part anywhere; anchored to the decoder, never the LM head
@@ -105,12 +122,13 @@ def adapted_modules(model: Any) -> dict[str, Any]:
 
 
 def tensors(model: Any) -> dict[str, torch.Tensor]:
-    """The adapter's live tensors by file name (peft's saved names), A before B per module."""
+    """The adapter's live tensors (detached views) by file name (peft's saved names), A before
+    B per module."""
     out: dict[str, torch.Tensor] = {}
     for name, module in adapted_modules(model).items():
         a_name, b_name = fmt.tensor_names(name)
-        out[a_name] = module.lora_A["default"].weight
-        out[b_name] = module.lora_B["default"].weight
+        out[a_name] = module.lora_A["default"].weight.detach()
+        out[b_name] = module.lora_B["default"].weight.detach()
     return out
 
 

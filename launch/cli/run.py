@@ -60,6 +60,10 @@ def prepare_run(cfg: C.Config, out: Path, values: dict[str, object] | None = Non
     if not cfg.train.simulate_step_s:
         resolved["model.path"] = resolve_model(cfg.model.path)
     cfg = C.override(cfg, resolved)
+    if cfg.model.lora.enabled and not cfg.train.simulate_step_s:  # a target it lacks: refused
+        from consumer.train.adapter import check_model
+
+        check_model(cfg.model.lora, Path(cfg.model.path))
     C.write(cfg, out / RF.CONFIG)
     return cfg
 

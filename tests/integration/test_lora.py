@@ -1,0 +1,241 @@
+"""LoRA end to end in one process: the learner trains the adapter only, publishes it as the
+snapshot, the hf engine samples with it (the learner's log-probs to float32 rounding), peft reads
+the snapshot directory as it is, and a checkpoint resumes exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from sharded_steps import batch
+
+from common import config as C
+from common import wire
+from common.errors import ConfigError
+from common.files import run_files as RF
+from common.weights import adapter as fmt
+from consumer.snapshots.publisher import Publisher
+from consumer.train import checkpoint
+from consumer.train.trainer import DeviceTrainer
+from producer.engines.base import SamplingParams
+from producer.engines.hf import HFEngine
+
+PROMPT = [5, 6, 7, 8, 9]
+
+
+def lora_config(model_dir: Path, **extra: object) -> C.Config:
+    values: dict[str, object] = {
+        "model.path": str(model_dir),
+        "model.device": "cpu",
+        "train.lr": 1e-2,
+        "model.lora.enabled": True,
+        "model.lora.rank": 4,
+        "sampling.max_new_tokens": 12,
+        "train.prompts_per_step": 3,
+        "sampling.group_size": 4,
+    }
+    return C.override(C.Config(), {**values, **extra})
+
+
+def publish(trainer: DeviceTrainer, root: Path, version: int, model_dir: Path) -> Path:
+    infos: list[wire.SnapshotInfo] = []
+    pub = Publisher(
+        root, model_dir, keep_last=3, on_published=infos.append, adapter=trainer.adapter
+    )
+    pub.submit(trainer.weights(), version=version, step=version, dtype=torch.float32)
+    pub.close()
+    return Path(infos[-1].path).parent
+
+
+def sample(model_dir: Path, snapshots: list[tuple[Path, int]]) -> list[list]:
+    """Completions of PROMPT after loading each snapshot in turn (one engine)."""
+
+    async def main() -> list[list]:
+        engine = HFEngine(model_dir, device="cpu")
+        out = []
+        try:
+            for directory, version in snapshots:
+                await engine.load_weights(directory, version)
+                params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=version)
+                out.append(await engine.generate(PROMPT, params))
+        finally:
+            await engine.close()
+        return out
+
+    return asyncio.run(main())
+
+
+def as_group(completions: list, version: int) -> wire.Group:
+    n = len(completions)
+    return wire.Group(
+        lease_id=0,
+        producer_id="t",
+        prompt_index=0,
+        behavior_version=version,
+        prompt_ids=np.array(PROMPT, np.int32),
+        completion_ids=np.concatenate([c.token_ids for c in completions]).astype(np.int32),
+        completion_lens=np.array([len(c.token_ids) for c in completions], np.int32),
+        behavior_logp=np.concatenate([c.logprobs for c in completions]).astype(np.float32),
+        token_versions=np.zeros(0, np.int32),
+        rewards=np.zeros(n, np.float32),
+        finish_reasons=tuple(c.finish_reason for c in completions),
+        temperature=1.0,
+        kept_counts=np.zeros(0, np.int32),
+        kept_ids=np.zeros(0, np.int32),
+        kept_unknown=np.zeros(0, np.int32),
+    )
+
+
+def test_the_learner_trains_the_adapter_only(tiny_model_dir):
+    trainer = DeviceTrainer(lora_config(tiny_model_dir), tiny_model_dir)
+    base = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_" not in k}
+    adapter = {k: v.detach().clone() for k, v in trainer.weights().items()}
+    assert adapter and all(k.startswith(fmt.PREFIX) for k in adapter)
+    held = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+    assert sum(p.numel() for p in held) == sum(v.numel() for v in adapter.values())
+    for step in (1, 2):
+        trainer.step(batch(step, vocab=trainer.vocab_size))
+    after = trainer.model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in base.items())  # the base never moves
+    moved = max(float((trainer.weights()[k] - v).abs().max()) for k, v in adapter.items())
+    assert moved > 1e-3
+    assert len(trainer.optimizer.state) == len(held)  # AdamW moments for the adapter only
+
+
+def test_the_engine_samples_with_the_learner_s_log_probs_after_two_updates(
+    tiny_model_dir, tmp_path
+):
+    """Exactness at max_staleness 0: the behaviour log-probs of a LoRA snapshot after 2 and 3
+    updates equal the learner's to 1e-5 (float32), so the importance ratio is 1."""
+    trainer = DeviceTrainer(lora_config(tiny_model_dir), tiny_model_dir)
+    published = []
+    for step in (1, 2, 3):
+        trainer.step(batch(step, vocab=trainer.vocab_size))
+        if step >= 2:
+            published.append((publish(trainer, tmp_path / "snaps", step, tiny_model_dir), step))
+    header = fmt.read_header(published[-1][0] / "model.safetensors")
+    assert header == trainer.adapter
+    assert header.base_hash == fmt.base_hash(tiny_model_dir)
+    # the adapter's bytes are a few percent of the model's (rank 4 of a 64-wide model)
+    full = sum(p.numel() * 4 for p in trainer.model.parameters() if not p.requires_grad)
+    assert (published[-1][0] / "model.safetensors").stat().st_size < 0.15 * full
+    completions = sample(tiny_model_dir, published)
+    # the learner's log-probs at version 3 (the last sampled), against the engine's
+    learner = trainer.logprobs([as_group(completions[-1], 3)])
+    gap = max(float(np.abs(a - c.logprobs).max()) for a, c in zip(learner, completions[-1]))
+    assert gap < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_peft_reads_the_snapshot_directory_as_it_is(tiny_model_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    trainer = DeviceTrainer(lora_config(tiny_model_dir), tiny_model_dir)
+    for step in (1, 2):
+        trainer.step(batch(step, vocab=trainer.vocab_size))
+    directory = publish(trainer, tmp_path / "snaps", 2, tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, directory).eval()
+    ids = torch.tensor([PROMPT])
+    trainer.model.eval()
+    with torch.no_grad():
+        want = trainer.model(ids).logits
+        got = model(ids).logits
+    assert float((want - got).abs().max()) < 1e-5
+
+
+def test_an_adapter_for_another_base_is_refused_and_nothing_changes(tiny_model_dir, tmp_path):
+    trainer = DeviceTrainer(lora_config(tiny_model_dir), tiny_model_dir)
+    trainer.step(batch(1, vocab=trainer.vocab_size))
+    good = publish(trainer, tmp_path / "snaps", 1, tiny_model_dir)
+    # the same adapter, its header naming another base
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    tensors = load_file(good / "model.safetensors")
+    header = fmt.read_header(good / "model.safetensors")
+    assert header is not None
+    save_file(tensors, bad / "model.safetensors", metadata=fmt.metadata(header.spec, "0" * 64))
+
+    async def main() -> None:
+        engine = HFEngine(tiny_model_dir, device="cpu")
+        try:
+            await engine.load_weights(good, 1)
+            before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+            with pytest.raises(fmt.AdapterBaseMismatch, match="another base model"):
+                await engine.load_weights(bad, 2)
+            assert engine.version == 1
+            after = engine.model.state_dict()
+            assert all(torch.equal(after[k], v) for k, v in before.items())
+        finally:
+            await engine.close()
+
+    asyncio.run(main())
+
+
+def test_a_whole_snapshot_then_an_adapter_applies_it_to_the_base(tiny_model_dir, tmp_path):
+    """An engine kept between runs (producer.follow): a whole model's snapshot, then a LoRA
+    run's version 0 (B = 0): the engine holds the base again, not the other run's weights."""
+    trainer = DeviceTrainer(lora_config(tiny_model_dir), tiny_model_dir)
+    adapter_v0 = publish(trainer, tmp_path / "snaps", 0, tiny_model_dir)
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    state = load_file(tiny_model_dir / "model.safetensors")
+    save_file({k: v + 0.5 for k, v in state.items()}, whole / "model.safetensors")
+
+    async def main() -> None:
+        engine = HFEngine(tiny_model_dir, device="cpu")
+        try:
+            await engine.load_weights(whole, 7)
+            await engine.load_weights(adapter_v0, 0)
+            own = engine.model.state_dict()
+            assert all(torch.equal(own[k], v) for k, v in state.items() if k in own)
+        finally:
+            await engine.close()
+
+    asyncio.run(main())
+
+
+def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_model_dir, tmp_path):
+    cfg = lora_config(tiny_model_dir)
+    first = DeviceTrainer(cfg, tiny_model_dir)
+    for step in (1, 2):
+        first.step(batch(step, vocab=first.vocab_size))
+    book = RF.BookState(book={})
+    saved = checkpoint.save(tmp_path, trainer=first, version=2, book_state=book)
+    stored = load_file(saved / "model.safetensors")
+    assert set(stored) == set(first.weights())  # the adapter, not the base model
+    for step in (3, 4):
+        first.step(batch(step, vocab=first.vocab_size))
+    second = DeviceTrainer(cfg, tiny_model_dir)
+    assert checkpoint.load(tmp_path, trainer=second)[0] == 2
+    for step in (3, 4):
+        second.step(batch(step, vocab=second.vocab_size))
+    a, b = first.weights(), second.weights()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_target_module_the_model_lacks_is_one_line_before_anything_starts(
+    tiny_model_dir, tmp_path
+):
+    from consumer.train.adapter import check_model
+
+    cfg = lora_config(tiny_model_dir, **{"model.lora.target_modules": ["q_proj", "attn_qkv"]})
+    with pytest.raises(ConfigError) as err:
+        check_model(cfg.model.lora, tiny_model_dir)
+    assert "no linear module named 'attn_qkv'" in str(err.value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="attn_qkv"):
+        DeviceTrainer(cfg, tiny_model_dir)
+    # lm_head is never a target (the chunked head reads its weight directly)
+    with pytest.raises(ConfigError, match="'lm_head'"):
+        check_model(
+            lora_config(tiny_model_dir, **{"model.lora.target_modules": ["lm_head"]}).model.lora,
+            tiny_model_dir,
+        )
+    shutil.rmtree(tmp_path, ignore_errors=True)
