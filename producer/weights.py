@@ -22,9 +22,10 @@ its weights, the failure is counted and logged, and a newer announcement is take
 snapshot superseded while it was fetched is skipped, not backed off from; a verified snapshot
 that does not fit the model (names, shapes) raises `ConfigError` (the producer exits 2): that
 cannot get better by retrying (a LoRA adapter trained on another base model than this
-producer's is one: counted as `adapters_wrong_base`, common/weights/adapter.py). Counters (`reloads`, `reload_s`, `fetch_s`, `snapshots_*`) go to
-`State.counters`; the fetcher's own go out through `counters`. At INFO, one line per snapshot
-loaded (`loaded weights vN (where it came from)`): never more than one per learner step.
+producer's is one: counted as `adapters_wrong_base`, common/weights/adapter.py). Counters
+(`reloads`, `reload_s`, `fetch_s`, `snapshots_*`) go to `State.counters`; the fetcher's own go
+out through `counters`. At INFO, one line per snapshot loaded (`loaded weights vN (where it came
+from)`): never more than one per learner step.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def check_model(lora: LoraConfig, model_dir: Path) -> None:
     _peft()
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     check_targets(lora, linear_names(model))
 
 

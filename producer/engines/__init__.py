@@ -1,6 +1,6 @@
 """Generation engines: the contract (`base`), the `fake`, `hf` (transformers, with its batch in
-`hf_batch` and its LoRA adapters in `hf_adapter`) and `vllm` engines (vLLM's outputs read by `vllm_outputs`, a token's kept set by
-`vllm_kept`), and the factory `make_engine`.
+`hf_batch` and its LoRA adapters in `hf_adapter`) and `vllm` engines (vLLM's outputs read by
+`vllm_outputs`, a token's kept set by `vllm_kept`), and the factory `make_engine`.
 
 The event loop of the producer process calls them (`generate`, `load_weights`); hf and vllm run
 their model work on threads or processes of their own. The heavy engines are imported only by

@@ -95,7 +95,8 @@ def test_the_learner_trains_the_adapter_only(tiny_model_dir):
     trainer = DeviceTrainer(lora_config(tiny_model_dir), tiny_model_dir)
     base = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_" not in k}
     adapter = {k: v.detach().clone() for k, v in trainer.weights().items()}
-    assert adapter and all(k.startswith(fmt.PREFIX) for k in adapter)
+    assert adapter
+    assert all(k.startswith(fmt.PREFIX) for k in adapter)
     held = [p for group in trainer.optimizer.param_groups for p in group["params"]]
     assert sum(p.numel() for p in held) == sum(v.numel() for v in adapter.values())
     for step in (1, 2):
@@ -127,7 +128,9 @@ def test_the_engine_samples_with_the_learner_s_log_probs_after_two_updates(
     completions = sample(tiny_model_dir, published)
     # the learner's log-probs at version 3 (the last sampled), against the engine's
     learner = trainer.logprobs([as_group(completions[-1], 3)])
-    gap = max(float(np.abs(a - c.logprobs).max()) for a, c in zip(learner, completions[-1]))
+    gap = max(
+        float(np.abs(a - c.logprobs).max()) for a, c in zip(learner, completions[-1], strict=True)
+    )
     assert gap < 1e-5
 
 

@@ -88,7 +88,8 @@ def test_the_file_header_is_read_without_the_tensors(tmp_path):
     tensors = {a: np.zeros((4, 8), np.float32), b: np.zeros((8, 4), np.float32)}
     save_file(tensors, path, metadata=fmt.metadata(SPEC, "cd" * 32))
     header = fmt.read_header(path)
-    assert header is not None and header.base_hash == "cd" * 32
+    assert header is not None
+    assert header.base_hash == "cd" * 32
     assert fmt.modules(tensors) == ["model.layers.0.self_attn.q_proj"]
 
 
