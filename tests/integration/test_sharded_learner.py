@@ -47,11 +47,12 @@ def _compare(model_dir: Path, tmp_path: Path, cases: list[str], steps: int) -> N
 
 
 def test_two_ranks_equal_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Two steps of the default loss and of the packed / checkpointed / two-update / KL case."""
+    """Two steps of the default loss, of the packed / checkpointed / two-update / KL case, of
+    kept sets and of a LoRA adapter."""
     _compare(
         tiny_model_dir,
         tmp_path,
-        ["token-mean", "packed-ckpt-2updates-kl", "top-k-kept-sets"],
+        ["token-mean", "packed-ckpt-2updates-kl", "top-k-kept-sets", "lora"],
         steps=2,
     )
 
