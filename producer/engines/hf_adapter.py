@@ -1,25 +1,24 @@
 """The hf engine's LoRA adapters: each version's adapter merged into its own copy of the base.
 
-A LoRA snapshot (common/weights/adapter.py) holds, for each adapted linear module, A
-(`rank x in`) and B (`out x rank`); the policy's weight is `W = W_base + (alpha / rank) B A`.
-`Adapters.load(f, header, path)` checks the adapter's base hash against this engine's model
-directory (`AdapterBaseMismatch`: refused, nothing changed), checks every name and shape, then
-writes `W_base + scaling * B @ A` (float32 arithmetic, cast to the model's dtype) into each
-adapted module's weight. The engine's model stays a plain transformers model: sampling costs
-what it costs without LoRA. `W_base` of each adapted module is kept aside the first time (the
+A LoRA snapshot (common/weights/adapter.py) holds, for each adapted linear module, A (`rank x in`)
+and B (`out x rank`); the policy's weight is `W = W_base + (alpha / rank) B A`. `Adapters.load(f,
+header, path)` checks the adapter's base hash against this engine's model directory
+(`AdapterBaseMismatch`: refused, nothing changed), checks every name and shape, then writes `W_base
++ scaling * B @ A` (common/weights/adapter_merge.py: float32 arithmetic, cast to the model's dtype)
+into each adapted module's weight. The engine's model stays a plain transformers model: sampling
+costs what it costs without LoRA. `W_base` of each adapted module is kept aside the first time (the
 only extra memory: the adapted modules' base weights, once), so every version is applied to the
 base, never on top of the previous version.
 
-Why merged (measured with bench/lora.py, `engine_*` keys: docs/lora.md): the alternative,
-peft's LoRA layers in the engine's model with each version's A and B copied in, adds two small
-matrix products per adapted module to every token step; merging costs one `B @ A` per module
-per version (milliseconds) and nothing per token. Both give the learner's log-probs to float32
-rounding.
+Why merged (measured with bench/lora.py, `engine_*` keys: docs/lora.md): the alternative, peft's
+LoRA layers in the engine's model with each version's A and B copied in, adds two small matrix
+products per adapted module to every token step; merging costs one `B @ A` per module per version
+(milliseconds) and nothing per token. Both give the learner's log-probs to float32 rounding.
 
-A whole-model snapshot loaded after adapters (`forget`) overwrites every weight, merged or not:
-the kept base weights no longer describe the model and are dropped, and the next adapter
-restores the base from the model directory first (`restore_base`), so an engine kept between
-runs (`producer.follow`) never applies an adapter on top of another run's weights.
+A whole-model snapshot loaded after adapters (`forget`) overwrites every weight, merged or not: the
+kept base weights no longer describe the model and are dropped, and the next adapter restores the
+base from the model directory first (`restore_base`), so an engine kept between runs
+(`producer.follow`) never applies an adapter on top of another run's weights.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from typing import Any
 
 import torch
 
-from common.errors import SnapshotError
 from common.weights import adapter as fmt
+from common.weights import adapter_merge as merge
 
 
 class Adapters:
@@ -54,35 +53,15 @@ class Adapters:
     def load(self, f: Any, header: fmt.AdapterHeader, path: Path) -> None:
         """Apply the adapter in the open safetensors file `f` (see the module doc)."""
         fmt.check_base(header, self.base_hash(), path)
-        names = fmt.modules(f.keys())
-        linears = dict(self.model.named_modules())
-        pairs = {}
-        for name in names:
-            module = linears.get(name)
-            if not isinstance(module, torch.nn.Linear):
-                raise fmt.AdapterBaseMismatch(f"adapter {path}: the model has no linear {name}")
-            a_name, b_name = fmt.tensor_names(name)
-            a, b = f.get_tensor(a_name), f.get_tensor(b_name)
-            out_f, in_f = module.weight.shape
-            r = header.spec.rank
-            if tuple(a.shape) != (r, in_f) or tuple(b.shape) != (out_f, r):
-                raise SnapshotError(
-                    f"adapter {path}: {name} has A {list(a.shape)} and B {list(b.shape)}, "
-                    f"not [{r}, {in_f}] and [{out_f}, {r}]"
-                )
-            pairs[name] = (module, a, b)
+        pairs = merge.pairs(self.model, f, header, path)  # every check before any change
         if self._dirty:
             self.restore_base()
+        linears = dict(self.model.named_modules())
         for name in [n for n in self._base if n not in pairs]:  # adapted before, not now
             linears[name].weight.copy_(self._base.pop(name))
-        scaling = header.spec.scaling
         for name, (module, a, b) in pairs.items():
-            weight = module.weight
-            base = self._base.setdefault(name, weight.detach().clone())
-            delta = (b.to(weight.device, torch.float32) @ a.to(weight.device, torch.float32)).mul_(
-                scaling
-            )
-            weight.copy_((base.float() + delta).to(weight.dtype))
+            base = self._base.setdefault(name, module.weight.detach().clone())
+            module.weight.copy_(merge.merged(base, a, b, header.spec.scaling))
         self.applied = header
 
     def forget(self) -> None:

@@ -223,9 +223,7 @@ def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_model_dir,
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_target_module_the_model_lacks_is_one_line_before_anything_starts(
-    tiny_model_dir, tmp_path
-):
+def test_a_target_module_the_model_lacks_is_one_line_before_anything_starts(tiny_model_dir):
     from consumer.train.adapter import check_model
 
     cfg = lora_config(tiny_model_dir, **{"model.lora.target_modules": ["q_proj", "attn_qkv"]})
@@ -241,4 +239,67 @@ def test_a_target_module_the_model_lacks_is_one_line_before_anything_starts(
             lora_config(tiny_model_dir, **{"model.lora.target_modules": ["lm_head"]}).model.lora,
             tiny_model_dir,
         )
-    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def lora_run(model_dir: Path, run_dir: Path, steps: int = 2) -> DeviceTrainer:
+    """A run directory as a LoRA learner leaves it: config.toml, snapshots v0..v`steps`,
+    final.json."""
+    from common.weights import snapshot as snap
+
+    cfg = lora_config(model_dir, **{"run.dir": str(run_dir)})
+    run_dir.mkdir()
+    C.write(cfg, run_dir / RF.CONFIG)
+    trainer = DeviceTrainer(cfg, model_dir)
+    for step in range(1, steps + 1):
+        trainer.step(batch(step, vocab=trainer.vocab_size))
+        publish(trainer, run_dir / RF.SNAPSHOTS, step, model_dir)
+    snap.write_final(run_dir, steps)
+    trainer.model.eval()
+    return trainer
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_export_writes_a_merged_model_and_the_bare_adapter(tiny_model_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from consumer.evaluation.greedy import load_model
+    from launch.export import export
+
+    trainer = lora_run(tiny_model_dir, tmp_path / "run")
+    done = export(tmp_path / "run", tmp_path / "out")
+    assert (done.version, done.adapter) == (2, True)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        want = trainer.model(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        bare = PeftModel.from_pretrained(base, tmp_path / "out" / "adapter")
+        evaluated, _ = load_model(tiny_model_dir, tmp_path / "run" / "snapshots" / "v000002")
+        for model in (merged, bare, evaluated):
+            assert float((model.eval()(ids).logits - want).abs().max()) < 1e-5
+    assert (tmp_path / "out" / "tokenizer_config.json").exists()
+    # an earlier version on request; an existing --out and a version not on disk refused
+    assert export(tmp_path / "run", tmp_path / "v1", version=1).version == 1
+    with pytest.raises(ConfigError, match="already exists"):
+        export(tmp_path / "run", tmp_path / "out")
+    with pytest.raises(ConfigError, match="no snapshot v9 on disk"):
+        export(tmp_path / "run", tmp_path / "v9", version=9)
+
+
+def test_export_and_eval_refuse_an_adapter_of_another_base(tiny_model_dir, tmp_path):
+    from consumer.evaluation.greedy import load_model
+    from launch.export import export
+
+    lora_run(tiny_model_dir, tmp_path / "run", steps=1)
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    state = load_file(other / "model.safetensors")
+    save_file({k: v * 2 for k, v in state.items()}, other / "model.safetensors")
+    cfg = C.load(tmp_path / "run" / RF.CONFIG)
+    C.write(C.override(cfg, {"model.path": str(other)}), tmp_path / "run" / RF.CONFIG)
+    with pytest.raises(fmt.AdapterBaseMismatch, match="another base model"):
+        export(tmp_path / "run", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(fmt.AdapterBaseMismatch):
+        load_model(other, tmp_path / "run" / "snapshots" / "v000001")
