@@ -24,8 +24,12 @@ def test_a_stream_replays_to_the_same_hashes_and_a_replay_replays_itself(tmp_pat
     assert sorted(first) == list(range(STEPS + 1))
     assert replay(tiny_model_dir, source, tmp_path / "b") == first
     again = replay(tiny_model_dir, tmp_path / "a", tmp_path / "c")  # the replay's own stream
-    cmp = compare(R.index(tmp_path / "a" / STREAM).snapshots, again, source=tmp_path / "a",
-                  run_dir=tmp_path / "c")  # fmt: skip
+    cmp = compare(
+        R.index(tmp_path / "a" / STREAM).snapshots,
+        again,
+        source=tmp_path / "a",
+        run_dir=tmp_path / "c",
+    )
     assert cmp.compared == list(range(STEPS + 1))
     assert cmp.first_diff is None
     balance = RF.read_ledger(tmp_path / "a").balance
@@ -100,3 +104,27 @@ def test_a_replay_says_its_progress_while_it_trains(tmp_path, tiny_model_dir, mo
     recording = R.index(source / STREAM)
     cli._run(config(tiny_model_dir, out), out, source, recording, (None, None, False, True), [])
     assert watched == [("made", out, STEPS), ("start",), ("stop",)]
+
+
+def test_a_lora_run_replays_bit_for_bit(tmp_path, tiny_model_dir):
+    """With `model.lora.enabled` the snapshots are adapters, and a replay reproduces every one
+    of their hashes, its own stream too."""
+    from common.weights import adapter as fmt
+
+    lora = {"model.lora.enabled": True, "model.lora.rank": 4}
+    source = tmp_path / "run"
+    record(source)
+    first = replay(tiny_model_dir, source, tmp_path / "a", **lora)
+    assert replay(tiny_model_dir, source, tmp_path / "b", **lora) == first
+    again = replay(tiny_model_dir, tmp_path / "a", tmp_path / "c", **lora)
+    cmp = compare(
+        R.index(tmp_path / "a" / STREAM).snapshots,
+        again,
+        source=tmp_path / "a",
+        run_dir=tmp_path / "c",
+    )
+    assert cmp.compared == list(range(STEPS + 1))
+    assert cmp.first_diff is None
+    last = tmp_path / "a" / RF.SNAPSHOTS / f"v{STEPS:06d}" / "model.safetensors"
+    assert fmt.read_header(last) is not None  # an adapter, not the model
+    assert len(set(first.values())) == STEPS + 1  # every version's adapter differs
