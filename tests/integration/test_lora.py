@@ -303,3 +303,33 @@ def test_export_and_eval_refuse_an_adapter_of_another_base(tiny_model_dir, tmp_p
     assert not (tmp_path / "out").exists()
     with pytest.raises(fmt.AdapterBaseMismatch):
         load_model(other, tmp_path / "run" / "snapshots" / "v000001")
+
+
+@pytest.mark.parametrize(
+    ("command", "setting", "message"),
+    [
+        ("launch", 'model.lora.target_modules=["q_proj","attn_qkv"]', "no linear module named"),
+        ("stress", "model.lora.rank=-1", "model.lora.rank = -1: must be >= 1"),
+    ],
+)
+def test_bad_lora_input_is_one_line_and_nothing_starts(
+    tiny_model_dir, tmp_path, command, setting, message
+):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    where = ["--run-dir", str(out)] if command == "launch" else ["--out", str(out)]
+    sets = ["--set", f"model.path={tiny_model_dir}", "--set", "model.lora.enabled=true"]
+    done = subprocess.run(
+        [sys.executable, "-m", "launch.cli", command, *where, *sets, "--set", setting],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1
+    assert message in errors[0]
+    assert "Traceback" not in done.stderr
+    assert not out.exists()
