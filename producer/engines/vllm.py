@@ -389,17 +389,12 @@ class VLLMEngine:
                 "without LoRA: give the producer the run's model.lora settings (--config "
                 "RUN/config.toml, or --set model.lora.enabled=true --set model.lora.rank=R)"
             )
-        adapter_format.check_base(header, self._base_hash(), directory)
         if header.spec.rank > self._lora_kwargs["max_lora_rank"]:
             raise SnapshotMismatch(
                 f"adapter {directory}: rank {header.spec.rank} > this vLLM's max_lora_rank "
                 f"{self._lora_kwargs['max_lora_rank']} (model.lora.rank of the producer's config)"
             )
-        own = self._adapters / f"v{version:06d}"  # the engine's: kept while registered
-        shutil.rmtree(own, ignore_errors=True)
-        own.mkdir()
-        shutil.copyfile(directory / snap.WEIGHTS_FILE, own / snap.WEIGHTS_FILE)
-        adapter_format.write_peft_files(own, header, str(self._model_dir))
+        own = await asyncio.to_thread(self._stage, directory, version, header)
         request = self._make_lora(f"v{version}", vllm_lora.lora_id(version), str(own))
         t0 = time.perf_counter()
         if self._slots.add(version):
@@ -410,10 +405,19 @@ class VLLMEngine:
         self.last_mode, self.last_wait_s, self.last_pause_s = "lora", 0.0, 0.0
         for old in self._slots.retire(set(self._versions.values()) | {version}):
             await self._llm.remove_lora(vllm_lora.lora_id(old))
-            shutil.rmtree(self._adapters / f"v{old:06d}", ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, self._adapters / f"v{old:06d}", True)
 
-    def _base_hash(self) -> str:
-        return adapter_format.base_hash(self._model_dir)
+    def _stage(self, directory: Path, version: int, header: adapter_format.AdapterHeader) -> Path:
+        """Off the event loop: check the base (hashed once), then copy the verified file into
+        a directory of the engine's own with peft's names (kept while registered)."""
+        adapter_format.check_base(header, adapter_format.base_hash(self._model_dir), directory)
+        assert self._adapters is not None
+        own = self._adapters / f"v{version:06d}"
+        shutil.rmtree(own, ignore_errors=True)
+        own.mkdir()
+        shutil.copyfile(directory / snap.WEIGHTS_FILE, own / snap.WEIGHTS_FILE)
+        adapter_format.write_peft_files(own, header, str(self._model_dir))
+        return own
 
     async def _switch(self, directory: Path, version: int) -> None:
         llm = self._llm

@@ -63,11 +63,11 @@ class FakeLoraLLM(FakeAsyncLLM):
     added: list[str] = field(default_factory=list)
     removed: list[int] = field(default_factory=list)
     lora_of: dict[str, Any] = field(default_factory=dict)
+    files: list[list[str]] = field(default_factory=list)  # each added adapter's directory
 
     async def add_lora(self, request: Any) -> bool:
-        assert Path(request["path"], fmt.PEFT_CONFIG_FILE).exists()
-        assert Path(request["path"], fmt.PEFT_WEIGHTS_FILE).exists()
         self.added.append(request["name"])
+        self.files.append(sorted(p.name for p in Path(request["path"]).iterdir()))  # noqa: ASYNC240
         return True
 
     async def remove_lora(self, lora_id: int) -> bool:
@@ -125,6 +125,8 @@ async def test_in_flight_requests_finish_under_their_own_adapter(tmp_path: Path)
         for v in (1, 2, 3):  # published while the v0 request samples
             await engine.load_weights(write_adapter(tmp_path, v, own), v)
         assert llm.added == ["v0", "v1", "v2", "v3"]
+        peft_files = [fmt.PEFT_CONFIG_FILE, fmt.PEFT_WEIGHTS_FILE, "model.safetensors"]
+        assert llm.files == [peft_files] * 4
         assert llm.removed == [1]  # not v0: its request is still in flight
         short = await engine.generate([3], SamplingParams(2, 1.0, 3))
         first = await long
