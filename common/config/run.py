@@ -87,8 +87,8 @@ class LoraConfig:
         "snapshots are the adapter's file (megabytes) and producers apply it to their copy of "
         "the base (peft: pip install -e '.[lora]').",
     )
-    rank: int = _f(16, "LoRA rank r (the adapter's inner dimension).")
-    alpha: int = _f(32, "LoRA alpha: the adapter's update is scaled by alpha / rank.")
+    rank: int = _f(8, "LoRA rank r (the adapter's inner dimension).")
+    alpha: int = _f(16, "LoRA alpha: the adapter's update is scaled by alpha / rank.")
     dropout: float = _f(
         0.0,
         "Dropout on the adapter's input while training (0 keeps the learner's log-probs those "

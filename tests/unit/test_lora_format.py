@@ -19,7 +19,7 @@ SPEC = fmt.AdapterSpec(rank=4, alpha=8, target_modules=["q_proj", "v_proj"], dro
 def test_lora_is_off_by_default_and_its_keys_are_set_one_by_one():
     assert C.Config().model.lora.enabled is False
     cfg = C.load(None, ["model.lora.enabled=true", "model.lora.rank=8"])
-    assert (cfg.model.lora.enabled, cfg.model.lora.rank, cfg.model.lora.alpha) == (True, 8, 32)
+    assert (cfg.model.lora.enabled, cfg.model.lora.rank, cfg.model.lora.alpha) == (True, 8, 16)
     typed = C.override(cfg, {"model.lora.target_modules": ["q_proj"]})
     assert typed.model.lora.rank == 8  # a nested key changes only itself
     assert typed.model.lora.target_modules == ["q_proj"]
@@ -29,7 +29,7 @@ def test_a_lora_table_in_a_file_round_trips_through_config_toml(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[model.lora]\nenabled = true\nrank = 2\ntarget_modules = ["q_proj"]\n')
     cfg = C.load(path)
-    assert (cfg.model.lora.rank, cfg.model.lora.alpha) == (2, 32)
+    assert (cfg.model.lora.rank, cfg.model.lora.alpha) == (2, 16)
     C.write(cfg, tmp_path / "again.toml")
     assert C.load(tmp_path / "again.toml").model.lora == cfg.model.lora
 
