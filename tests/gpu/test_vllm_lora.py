@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,21 +23,14 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # conftest's check: no CUDA init
-if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("peft") is None:
-    pytest.skip("vllm or peft is not installed", allow_module_level=True)
+if importlib.util.find_spec("peft") is None:
+    pytest.skip("peft is not installed", allow_module_level=True)
+# vLLM's marks (gpu, the module's event loop, its start-up warnings), its skip, bf16's tolerance
+from test_vllm_engine import TOL, pytestmark  # noqa: F401
 
 from common.config import VllmConfig
 from producer.engines.base import Completion, SamplingParams
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::FutureWarning"),
-    pytest.mark.filterwarnings("ignore::UserWarning"),
-]
-TOL = 0.02
 MAX_STALENESS = 1
 
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from procs import cli, endpoint, read_jsonl, stop
-from test_pipeline import consumer_args, write_prompts
+from procs import read_jsonl
+from test_pipeline import synchronous_hf_run
 
 from common.files import run_files as RF
 from common.weights import adapter as fmt
@@ -22,30 +22,10 @@ def test_a_lora_run_samples_exactly_its_adapter_and_exports_a_model(tmp_path, ti
     """Every step's groups were sampled with the learner's adapter of that version: behaviour
     and learner log-probs agree to 1e-5 (float32) after every update; snapshots are adapters
     a few percent of the model's size; the run exports and evaluates."""
-    run_dir = tmp_path / "run"
-    prompts = write_prompts(tmp_path / "prompts.jsonl")
-    length_reward = 'rewards.fns=[{fn="reward_fixtures:length", weight=1.0}]'
-    args = consumer_args(
-        run_dir,
-        tiny_model_dir,
-        prompts,
-        "staleness.max_staleness=0",
-        "train.lr=0.02",
-        length_reward,
-        "model.lora.enabled=true",
-        "model.lora.rank=4",
+    run_dir = synchronous_hf_run(
+        tmp_path, tiny_model_dir, "model.lora.enabled=true", "model.lora.rank=4", steps=3
     )
-    args[args.index("--steps") + 1] = "3"
-    consumer = cli(*args, log=tmp_path / "consumer.log")
-    ep = endpoint(run_dir, [consumer])
-    producer = cli(
-        "producer", "--connect", ep, "--engine", "hf", "--id", "hf1", log=tmp_path / "hf1.log"
-    )
-    try:
-        assert consumer.wait(240) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
-        producer.wait(60)
-    finally:
-        stop(consumer, producer)
+    prompts = tmp_path / "prompts.jsonl"
     metrics = read_jsonl(run_dir / RF.METRICS)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for m in metrics:
@@ -56,7 +36,7 @@ def test_a_lora_run_samples_exactly_its_adapter_and_exports_a_model(tmp_path, ti
     assert header is not None
     assert header.base_hash == fmt.base_hash(tiny_model_dir)
     assert weights.stat().st_size < 0.15 * (tiny_model_dir / "model.safetensors").stat().st_size
-    assert "adapters_wrong_base" not in (tmp_path / "hf1.log").read_text()
+    assert "adapters_wrong_base" not in (tmp_path / "run-hf1.log").read_text()
 
     exported = subprocess.run(
         [sys.executable, "-m", "launch.cli", "export", str(run_dir), "--out", str(tmp_path / "m")],
