@@ -30,7 +30,8 @@ Invariants:
 - The directory is a complete HF model directory: the base model's config and tokenizer files are
   copied next to `model.safetensors`, so `from_pretrained(snapshot_dir)` and vLLM load it as is.
   With `adapter` (LoRA) it is a peft adapter directory instead: the file's header names the
-  adapter and its base (common/weights/adapter.py), `adapter_config.json` sits beside it.
+  adapter and its base (common/weights/adapter.py), `adapter_config.json` sits beside it; every
+  version is an anchor (no delta: common/weights/adapter.py says why), chunk hashes as ever.
 - The manifest records this host's id (`common.weights.snapshot.host_id`), so a producer on the same
   host may take the hash instead of reading the whole file again.
 - An exception in the writer thread is re-raised by the next `submit`/`wait` (never swallowed).
@@ -180,6 +181,8 @@ class Publisher:
         self.fetch_files = fetch_files or FetchFiles(
             chunk_bytes=4 << 20, anchor_every=0, max_ratio=0.5
         )
+        if adapter is not None:  # every element of an adapter changes each step: no deltas
+            self.fetch_files.anchor_every = 0
         self._copier = HostCopier()
         self._hosts: list[HostWeights] = []
         self._num_buffers = num_buffers
