@@ -15,14 +15,19 @@ unless `--rank`), each figure measured for both in the same process run:
 - memory (`mem_*`): the peak RSS (ru_maxrss) of a fresh process that builds the learner
   (`DeviceTrainer`), takes `--steps` optimizer steps on groups shaped like the capitals task
   (8 prompts x G 4, 40 prompt tokens, 8 completion tokens) and publishes each version as the
-  learner does. Each mode in its own process.
+  learner does. Each mode in its own process; with the task's settings (`mem_*`) and with
+  `model.gradient_checkpointing` on for both (`mem_ckpt_*`): the activations of a step are the
+  same with or without LoRA (the input gradient runs through every layer either way), so
+  LoRA saves the optimizer state, the gradients and the snapshot buffers, and the ratio
+  depends on how much of the peak the activations are.
 - engine (`engine_*`): the hf engine's two ways to sample with an adapter, on the same prompts
   and seeds: merged into the weights (what the engine does: producer/engines/hf_adapter.py) and
   peft's LoRA layers in the engine's model (the adapter applied at every token). Wall time of
   one round of `--prompts` groups of G 4, medians over rounds run alternately.
 
 JSON keys (stable): pub_full_bytes, pub_lora_bytes, pub_bytes_ratio, pub_full_s, pub_lora_s,
-pub_latency_ratio, mem_full_mib, mem_lora_mib, mem_ratio, engine_merged_s, engine_unmerged_s,
+pub_latency_ratio, mem_full_mib, mem_lora_mib, mem_ratio, mem_ckpt_full_mib, mem_ckpt_lora_mib,
+mem_ckpt_ratio, engine_merged_s, engine_unmerged_s,
 engine_unmerged_over_merged, rank, trainable_params, total_params, threads, load_avg_1min.
 """
 
@@ -58,7 +63,7 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def config(model: Path, lora: bool, rank: int) -> C.Config:
+def config(model: Path, lora: bool, rank: int, *, checkpointing: bool = False) -> C.Config:
     values: dict[str, object] = {
         "model.path": str(model),
         "model.device": "cpu",
@@ -69,6 +74,7 @@ def config(model: Path, lora: bool, rank: int) -> C.Config:
         "snapshot.dtype": "float32",
         "model.lora.enabled": lora,
         "model.lora.rank": rank,
+        "model.gradient_checkpointing": checkpointing,
     }
     return C.override(C.Config(), values)
 
@@ -161,12 +167,12 @@ def publication(model: Path, lora: bool, rank: int, versions: int) -> tuple[int,
 
 
 # ------------------------------------------------------------------------------ memory
-def memory_child(model: Path, lora: bool, rank: int, steps: int) -> None:
+def memory_child(model: Path, lora: bool, rank: int, steps: int, checkpointing: bool) -> None:
     """In a fresh process: build the learner, train and publish; print peak RSS in MiB."""
     from consumer.snapshots.publisher import Publisher
     from consumer.train.trainer import DeviceTrainer
 
-    trainer = DeviceTrainer(config(model, lora, rank), model)
+    trainer = DeviceTrainer(config(model, lora, rank, checkpointing=checkpointing), model)
     root = Path(tempfile.mkdtemp(prefix="bench-lora-mem-"))
     pub = Publisher(root, model, keep_last=1, on_published=lambda _: None, adapter=trainer.adapter)
     for step in range(1, steps + 1):
@@ -176,10 +182,13 @@ def memory_child(model: Path, lora: bool, rank: int, steps: int) -> None:
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def memory(model: Path, lora: bool, rank: int, steps: int, threads: int) -> float:
+def memory(
+    model: Path, lora: bool, rank: int, steps: int, threads: int, checkpointing: bool
+) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     args = [sys.executable, __file__, "--model", str(model), "--rank", str(rank)]
     args += ["--steps", str(steps), "--memory-child", "lora" if lora else "full"]
+    args += ["--checkpointing"] if checkpointing else []
     done = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
     return float(done.stdout.strip().splitlines()[-1])
 
@@ -269,10 +278,12 @@ def main() -> None:
     ap.add_argument("--parts", default="publication,memory,engine")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--memory-child", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_child:
-        memory_child(args.model, args.memory_child == "lora", args.rank, args.steps)
+        lora = args.memory_child == "lora"
+        memory_child(args.model, lora, args.rank, args.steps, args.checkpointing)
         return
     parts = set(args.parts.split(","))
     loads = [load()]
@@ -299,13 +310,23 @@ def main() -> None:
             f"step -> sampling {lora_s:.3f} s vs {full_s:.3f} s ({lora_s / full_s:.3f}x)"
         )
     if "memory" in parts:
-        full_mib = memory(args.model, False, args.rank, args.steps, args.threads)
-        loads.append(load())
-        lora_mib = memory(args.model, True, args.rank, args.steps, args.threads)
-        loads.append(load())
-        out.update(mem_full_mib=full_mib, mem_lora_mib=lora_mib, mem_ratio=lora_mib / full_mib)
-        ratio = lora_mib / full_mib
-        print(f"learner peak RSS: {lora_mib:.0f} MiB vs {full_mib:.0f} MiB ({ratio:.3f}x)")
+        for prefix, ckpt in (("mem", False), ("mem_ckpt", True)):
+            full_mib = memory(args.model, False, args.rank, args.steps, args.threads, ckpt)
+            loads.append(load())
+            lora_mib = memory(args.model, True, args.rank, args.steps, args.threads, ckpt)
+            loads.append(load())
+            ratio = lora_mib / full_mib
+            out.update(
+                {
+                    f"{prefix}_full_mib": full_mib,
+                    f"{prefix}_lora_mib": lora_mib,
+                    f"{prefix}_ratio": ratio,
+                }
+            )
+            how = "gradient checkpointing" if ckpt else "the task's settings"
+            print(
+                f"learner peak RSS ({how}): {lora_mib:.0f} MiB vs {full_mib:.0f} MiB ({ratio:.3f}x)"
+            )
     if "engine" in parts:
         merged_s, layered_s = engine_rounds(args.model, args.rank, args.prompts, args.rounds)
         loads.append(load())
