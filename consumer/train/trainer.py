@@ -158,9 +158,8 @@ class DeviceTrainer:
         log.info("learner attention: %s", self.attention.describe())
         self.policy = self._forward_module(self.model)
         if cfg.model.gradient_checkpointing:  # the name transformers 5 gave it, else the old one
-            getattr(self.model, "activation_checkpointing_enable", None) or (
-                self.model.gradient_checkpointing_enable
-            )()  # type: ignore[no-untyped-call]
+            enable = getattr(self.model, "activation_checkpointing_enable", None)
+            (enable or self.model.gradient_checkpointing_enable)()
             if self.adapter:  # frozen embeddings: the checkpointed layers' input needs a grad
                 self.model.enable_input_require_grads()  # type: ignore[no-untyped-call]
         self.model.config.use_cache = False

@@ -333,3 +333,21 @@ def test_bad_lora_input_is_one_line_and_nothing_starts(
     assert message in errors[0]
     assert "Traceback" not in done.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_is_on_when_asked_and_changes_no_number(tiny_model_dir, lora):
+    """`model.gradient_checkpointing` really recomputes (transformers 5 names the switch
+    `activation_checkpointing_enable`), with or without an adapter, and the step is the same."""
+    cfg = lora_config(tiny_model_dir, **{"model.lora.enabled": lora})
+    plain = DeviceTrainer(cfg, tiny_model_dir)
+    ckpt = DeviceTrainer(C.override(cfg, {"model.gradient_checkpointing": True}), tiny_model_dir)
+    layers = ckpt.model.get_decoder().layers
+    assert all(layer.gradient_checkpointing for layer in layers)
+    assert not any(layer.gradient_checkpointing for layer in plain.model.get_decoder().layers)
+    a = plain.step(batch(1, vocab=plain.vocab_size))
+    b = ckpt.step(batch(1, vocab=ckpt.vocab_size))
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    assert b["grad_norm"] > 0
+    wa, wb = plain.weights(), ckpt.weights()
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
