@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from sharded_steps import batch
+from sharded_steps import CASES, batch
 
 from common import config as C
 from common import wire
@@ -106,6 +106,26 @@ def test_the_learner_trains_the_adapter_only(tiny_model_dir):
     moved = max(float((trainer.weights()[k] - v).abs().max()) for k, v in adapter.items())
     assert moved > 1e-3
     assert len(trainer.optimizer.state) == len(held)  # AdamW moments for the adapter only
+
+
+LOSS_CASES = [case for case in CASES if case[0] != "lora"]
+
+
+@pytest.mark.parametrize(("name", "overrides"), LOSS_CASES, ids=[c[0] for c in LOSS_CASES])
+def test_every_loss_mode_trains_the_adapter_only(tiny_model_dir, name, overrides):
+    """Each case of the sharded equality test (every aggregation, packing with checkpointing
+    and a reference model, schedules, kept sets, GSPO, GMPO, CISPO) runs with an adapter: the
+    base stays put, the adapter moves, the metrics are finite."""
+    cfg = C.override(lora_config(tiny_model_dir), overrides)
+    trainer = DeviceTrainer(cfg, tiny_model_dir)
+    base = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_" not in k}
+    adapter = {k: v.detach().clone() for k, v in trainer.weights().items()}
+    for step in (1, 2):
+        metrics = trainer.step(batch(step, vocab=trainer.vocab_size, kept=cfg.sampling.top_k))
+        assert all(np.isfinite(v) for v in metrics.values() if isinstance(v, float)), name
+    after = trainer.model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in base.items()), name
+    assert max(float((trainer.weights()[k] - v).abs().max()) for k, v in adapter.items()) > 0
 
 
 def test_the_engine_samples_with_the_learner_s_log_probs_after_two_updates(
