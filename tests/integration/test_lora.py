@@ -371,3 +371,18 @@ def test_gradient_checkpointing_is_on_when_asked_and_changes_no_number(tiny_mode
     assert b["grad_norm"] > 0
     wa, wb = plain.weights(), ckpt.weights()
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
+
+
+def test_a_one_process_lora_checkpoint_is_refused_on_several_ranks(tiny_model_dir, tmp_path):
+    """Resuming a one-process LoRA checkpoint sharded is not built: one line, before any read."""
+    from consumer.train import sharded_checkpoint
+
+    trainer = DeviceTrainer(lora_config(tiny_model_dir), tiny_model_dir)
+    trainer.step(batch(1, vocab=trainer.vocab_size))
+    book = RF.BookState(book={})
+    saved = checkpoint.save(tmp_path, trainer=trainer, version=1, book_state=book)
+    assert not sharded_checkpoint.is_sharded(saved)
+    with pytest.raises(ConfigError, match="resumes in one process"):
+        sharded_checkpoint.load_full(
+            trainer.model, trainer.optimizer, trainer.scheduler, saved, main=True
+        )
