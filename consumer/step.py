@@ -96,6 +96,7 @@ class Steps:
             fsync=snapshot.fsync,
             fetch_files=fetch_files if for_network else None,
             on_published=self._published,
+            adapter=trainer.adapter,
         )
         self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
         self.version = version  # the policy version: optimizer steps taken

@@ -7,7 +7,13 @@ model's config and tokenizer files, and `manifest.json`:
 
     {"version": int, "step": int, "hash": "<blake3 hex of model.safetensors>",
      "num_bytes": int, "dtype": "bfloat16" | "float32", "created_unix": float,
-     "writer": "<hostname>/<boot id> of the process that wrote and hashed the file"}
+     "writer": "<hostname>/<boot id> of the process that wrote and hashed the file",
+     "base_hash": "" for a whole model, else the hash of the base model an adapter applies to}
+
+With `model.lora.enabled` the snapshot is a LoRA adapter instead (common/weights/adapter.py):
+`model.safetensors` holds the adapter's matrices and says so in its header, and peft's
+`adapter_config.json` and `adapter_model.safetensors` (a link to the same file) replace the base
+model's config and tokenizer files; everything below holds for it alike.
 
 and, added just after the announcement for network fetchers, `chunks.json` (per-chunk hashes,
 common/weights/chunk_manifest.py) and, unless the version is an anchor, `weights.delta`
@@ -80,6 +86,7 @@ class Manifest:
     dtype: str
     created_unix: float
     writer: str = ""  # host_id() of the writing process; "" = unknown (never trusted)
+    base_hash: str = ""  # an adapter's base (common/weights/adapter.py); "" = a whole model
 
 
 def snapshot_dir(root: Path, version: int) -> Path:

@@ -32,6 +32,9 @@ Invariants:
   is always written (only older waiting ones are superseded); `wait()` returns when it is.
 - The directory is a complete HF model directory: the base model's config and tokenizer files are
   copied next to `model.safetensors`, so `from_pretrained(snapshot_dir)` and vLLM load it as is.
+  With `adapter` (LoRA) it is a peft adapter directory instead: the file's header names the
+  adapter and its base (common/weights/adapter.py), `adapter_config.json` sits beside it; every
+  version is an anchor (no delta: common/weights/adapter.py says why), chunk hashes as ever.
 - The manifest records this host's id (`common.weights.snapshot.host_id`), so a producer on the same
   host may take the hash instead of reading the whole file again.
 - An exception in the writer thread is re-raised by the next `submit`/`wait` (never swallowed).
@@ -62,7 +65,9 @@ import torch
 
 from common.config import SnapshotFsync, choices
 from common.files.disk import writing
+from common.weights import adapter as adapter_format
 from common.weights import snapshot as snap
+from common.weights.adapter import AdapterHeader
 from common.wire import SnapshotInfo
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.weights_buffer import (
@@ -165,12 +170,15 @@ class Publisher:
         fsync: SnapshotFsync = "before_announce",
         num_buffers: int = 2,
         fetch_files: FetchFiles | None = None,
+        adapter: AdapterHeader | None = None,
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        self._adapter = adapter  # the versions are this LoRA adapter's (common/weights/adapter.py)
+        self._base_name = str(base_model_dir or "")
         self._extra = [
             p
-            for p in (sorted(base_model_dir.iterdir()) if base_model_dir else [])
+            for p in (sorted(base_model_dir.iterdir()) if base_model_dir and not adapter else [])
             if p.is_file()
             and not p.name.endswith(_WEIGHT_SUFFIXES)
             and not p.name.endswith(".index.json")
@@ -185,6 +193,8 @@ class Publisher:
         self.fetch_files = fetch_files or FetchFiles(
             chunk_bytes=4 << 20, anchor_every=0, max_ratio=0.5
         )
+        if adapter is not None:  # every element of an adapter changes each step: no deltas
+            self.fetch_files.anchor_every = 0
         self._copier = HostCopier()
         self._hosts: list[HostWeights] = []  # made as `Buffers` needs them
         self._buffers = Buffers(num_buffers)
@@ -243,7 +253,15 @@ class Publisher:
         return self._hosts[0].table.num_bytes if self._hosts else 0
 
     def _add_buffer(self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> None:
-        table = self._hosts[0].table if self._hosts else table_for(tensors, dtype)
+        if self._hosts:
+            table = self._hosts[0].table
+        else:
+            meta = (
+                adapter_format.metadata(self._adapter.spec, self._adapter.base_hash)
+                if self._adapter
+                else None
+            )
+            table = table_for(tensors, dtype, metadata=meta)
         pin = next(iter(tensors.values())).is_cuda and torch.cuda.is_available()
         if self._hosts:
             log.info(
@@ -348,9 +366,18 @@ class Publisher:
             with writing(tmp):
                 for extra in self._extra:
                     shutil.copyfile(extra, tmp / extra.name)
+                if self._adapter is not None:  # peft's names for the same file, and its config
+                    adapter_format.write_peft_files(tmp, self._adapter, self._base_name)
                 num_bytes = host.table.num_bytes
                 manifest = snap.Manifest(
-                    job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id()
+                    version=job.version,
+                    step=job.step,
+                    hash=digest,
+                    num_bytes=num_bytes,
+                    dtype=job.dtype,
+                    created_unix=time.time(),
+                    writer=snap.host_id(),
+                    base_hash=self._adapter.base_hash if self._adapter else "",
                 )
                 snap.finalize(tmp, final, manifest, fsync=durable_first)
         except OSError:

@@ -46,7 +46,7 @@ import os
 import random
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -114,13 +114,16 @@ def save_plain(
     scheduler: LRScheduler,
     *,
     published: SnapshotInfo | None = None,
+    weights: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
-    """One process's part of a checkpoint: `model.safetensors` (fp32, tied tensors once; a
-    hard link to `published` when given and possible) and `trainer.pt` (optimizer, scheduler,
-    RNG states, and the linked file's hash)."""
+    """One process's part of a checkpoint: `model.safetensors` (fp32, tied tensors once: the
+    model's state, or `weights`, e.g. a LoRA adapter's tensors only; a hard link to `published`
+    when given and possible) and `trainer.pt` (optimizer, scheduler, RNG states, and the linked
+    file's hash)."""
     linked = published is not None and _link(Path(published.path), directory / WEIGHTS_FILE)
     if not linked:
-        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        source = model.state_dict() if weights is None else weights
+        state = {k: v.detach().cpu().contiguous() for k, v in source.items()}
         with _library_errors(directory / WEIGHTS_FILE):
             save_file(_dedup(state), directory / WEIGHTS_FILE)
     with _library_errors(directory / "trainer.pt"):
@@ -225,9 +228,11 @@ def load_plain(
     scheduler: LRScheduler,
     *,
     device: torch.device,
+    restore: Callable[[dict[str, torch.Tensor]], None] | None = None,
 ) -> None:
-    """Restore what `save_plain` wrote into one process's model (on `device`), optimizer,
-    scheduler and RNGs; weights linked from a snapshot are checked against its hash first."""
+    """Restore what `save_plain` wrote into one process's model (on `device`; `restore` takes
+    the saved tensors instead, e.g. into a LoRA adapter), optimizer, scheduler and RNGs; weights
+    linked from a snapshot are checked against its hash first."""
     extra = torch.load(directory / "trainer.pt", weights_only=False)
     path = directory / WEIGHTS_FILE
     if extra.get("weights_hash"):
@@ -238,8 +243,11 @@ def load_plain(
         except SnapshotError as exc:
             raise ConfigError(f"run.resume: the checkpoint's weights changed: {exc}") from None
     weights = load_file(path, device=str(device))
-    _missing, unexpected = model.load_state_dict(weights, strict=False)
-    assert not unexpected, unexpected
+    if restore is not None:
+        restore(weights)
+    else:
+        _missing, unexpected = model.load_state_dict(weights, strict=False)
+        assert not unexpected, unexpected
     optimizer.load_state_dict(extra["optimizer"])
     scheduler.load_state_dict(extra["scheduler"])
     torch.set_rng_state(extra["torch_rng"])

@@ -11,7 +11,8 @@ Conventions:
 - `step` consumes one batch of groups (one optimizer step, or `train.updates_per_batch`) and
   returns that step's metrics, fields of `common.files.metrics.StepRecord` by name.
 - `weights()` are the policy's tensors by Hugging Face parameter name (tied names share one
-  tensor), for publication; they stay as they are until the next `step`, which first waits
+  tensor), for publication (with LoRA, `adapter` set: the adapter's tensors only, by peft's
+  file names); they stay as they are until the next `step`, which first waits
   for the fence `hold_weights` was given (a copy of them still in flight).
 - `save_checkpoint(directory, weights=info)` / `load_checkpoint(directory)` write and read the
   model, optimizer, scheduler and RNG states inside a checkpoint directory the caller owns (its
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from common.host.core_board import Share
+from common.weights.adapter import AdapterHeader
 from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
 
@@ -37,6 +39,7 @@ class Trainer(Protocol):
     """The learner's model and optimizer step, whatever runs them."""
 
     vocab_size: int  # rows of the input embeddings: token ids a group may hold
+    adapter: AdapterHeader | None  # LoRA: what `weights()` are an adapter of; None: the model
 
     @property
     def world_size(self) -> int:

@@ -45,6 +45,7 @@ from torch.distributed.tensor import DTensor
 from common.config import Config
 from common.host.core_board import Share
 from common.wire import Group, SnapshotInfo
+from consumer.train import adapter as LA
 from consumer.train import ranks as D
 from consumer.train import sharded_checkpoint
 from consumer.train import shared_prompt as SP
@@ -163,6 +164,12 @@ class ShardedTrainer(DeviceTrainer):
         return state
 
     def _gather(self) -> dict[str, torch.Tensor]:
+        if self.adapter:  # LoRA: the adapter's tensors only, each gathered in the same order
+            with D.failures("gathering the adapter"):
+                return {
+                    name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+                    for name, t in LA.tensors(self.model).items()
+                }
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         with D.failures("gathering the weights"):
             # full and offloaded: every value is a CPU tensor
@@ -181,7 +188,12 @@ class ShardedTrainer(DeviceTrainer):
             self._eval_model = AutoModelForCausalLM.from_pretrained(
                 self.model_dir, dtype=torch.float32
             ).to(self.device)  # type: ignore[arg-type]  # transformers' wrapped `to`
-        self._eval_model.load_state_dict(state, strict=False)
+            if self.adapter:
+                LA.attach(self._eval_model, self.cfg.model.lora, self.model_dir)
+        if self.adapter:
+            LA.restore(self._eval_model, state)
+        else:
+            self._eval_model.load_state_dict(state, strict=False)
         return self._eval_model
 
     # -- checkpoints ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 
 from common.config import Config
 from common.host.core_board import Share
+from common.weights.adapter import AdapterHeader
 from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
 
@@ -31,6 +32,7 @@ class SimulatedTrainer:
     def __init__(self, cfg: Config) -> None:
         self.step_s = cfg.train.simulate_step_s
         self.vocab_size = VOCAB_SIZE
+        self.adapter: AdapterHeader | None = None  # whole-model snapshots (a tiny stand-in)
         self.version = 0
 
     def step(self, groups: list[Group]) -> dict[str, Any]:

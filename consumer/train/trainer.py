@@ -19,6 +19,9 @@ Conventions:
   unknown is not trained. Per step:
   `kept_mass_mean` (the policy's mass on the kept sets, before the update), `kept_size_mean`
   (|K|; the vocabulary size without truncation), `tokens_kept_unknown`.
+- `model.lora.enabled`: a LoRA adapter on the frozen base (consumer/train/adapter.py) is the
+  trainable state: the optimizer, `weights()` (what is published) and the checkpoint hold the
+  adapter only; `adapter` is its header (spec, base hash), None for a whole model.
 - `model.dtype = "bfloat16"` runs forward/backward under CUDA autocast in bf16 with fp32 master
   weights and optimizer state (CPU runs stay fp32).
 - `updates_per_batch = 1` (default): one optimizer step consumes the batch, `old_logp` is
@@ -41,6 +44,7 @@ import contextlib
 import logging
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -52,6 +56,7 @@ from common.host.core_board import Share
 from common.host.device import resolve_device
 from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
+from consumer.train import adapter as LA
 from consumer.train import advantages as ADV
 from consumer.train import attention as A
 from consumer.train import checkpoint, sharded_checkpoint
@@ -141,6 +146,9 @@ class DeviceTrainer:
         torch.manual_seed(cfg.run.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.to(self.device)  # type: ignore[arg-type]  # transformers' wrapped `to`
+        # LoRA: the adapter is the trainable state, published and checkpointed (adapter.py)
+        lora = cfg.model.lora
+        self.adapter = LA.attach(self.model, lora, model_dir) if lora.enabled else None
         self._autocast = cfg.model.dtype == "bfloat16" and self.device.type == "cuda"
         self.attention = A.choose_attention(
             cfg.model.attention,
@@ -154,9 +162,10 @@ class DeviceTrainer:
         log.info("learner attention: %s", self.attention.describe())
         self.policy = self._forward_module(self.model)
         if cfg.model.gradient_checkpointing:  # the name transformers 5 gave it, else the old one
-            getattr(self.model, "activation_checkpointing_enable", None) or (
-                self.model.gradient_checkpointing_enable
-            )()  # type: ignore[no-untyped-call]
+            enable = getattr(self.model, "activation_checkpointing_enable", None)
+            (enable or self.model.gradient_checkpointing_enable)()
+            if self.adapter:  # frozen embeddings: the checkpointed layers' input needs a grad
+                self.model.enable_input_require_grads()  # type: ignore[no-untyped-call]
         self.model.config.use_cache = False
         self.model.train()
         embeddings = cast(torch.nn.Embedding, self.model.get_input_embeddings())
@@ -164,7 +173,7 @@ class DeviceTrainer:
         self.pad_id = _pad_id(self.model.config)
         t = cfg.train
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            LA.trainable(self.model) if self.adapter else self.model.parameters(),
             lr=t.lr,
             betas=(t.betas[0], t.betas[1]),
             weight_decay=t.weight_decay,
@@ -295,7 +304,8 @@ class DeviceTrainer:
 
     def _clip_grad_norm(self, clip: float) -> float:
         """Clip the gradients to a global norm of `clip`; the norm before clipping."""
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return float(torch.nn.utils.clip_grad_norm_(params, clip))
 
     def eval_model(self) -> Any:
         """A model with the current weights that `generate` can run in this process alone."""
@@ -408,8 +418,9 @@ class DeviceTrainer:
         ]
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The policy's live weights by HF name (tied names share a tensor), for publication."""
-        return dict(self.model.state_dict())
+        """The policy's live weights by HF name (tied names share a tensor), for publication;
+        with LoRA the adapter's tensors only (consumer/train/adapter.py)."""
+        return LA.tensors(self.model) if self.adapter else dict(self.model.state_dict())
 
     def hold_weights(self, fence: Fence) -> None:
         """Keep the weights as they are until `fence` (a copy of them) completes."""
@@ -417,9 +428,15 @@ class DeviceTrainer:
 
     # -- checkpoints (the directory around them: consumer/train/checkpoint.py) ------------------
     def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:
-        """`model.safetensors` (a link to `weights` if given) and `trainer.pt` in `directory`."""
+        """`model.safetensors` (a link to `weights` if given; a LoRA run's adapter tensors only)
+        and `trainer.pt` in `directory`."""
         checkpoint.save_plain(
-            directory, self.model, self.optimizer, self.scheduler, published=weights
+            directory,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            published=weights,
+            weights=LA.tensors(self.model) if self.adapter else None,
         )
 
     def load_checkpoint(self, directory: Path) -> None:
@@ -428,7 +445,12 @@ class DeviceTrainer:
             sharded_checkpoint.load(self.model, self.optimizer, self.scheduler, directory, rank=0)
         else:
             checkpoint.load_plain(
-                directory, self.model, self.optimizer, self.scheduler, device=self.device
+                directory,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                device=self.device,
+                restore=partial(LA.restore, self.model) if self.adapter else None,
             )
 
 

@@ -61,6 +61,14 @@ def prepare_run(cfg: C.Config, out: Path, values: dict[str, object] | None = Non
     if not cfg.train.simulate_step_s:
         resolved["model.path"] = resolve_model(cfg.model.path)
     cfg = C.override(cfg, resolved)
+    if cfg.model.lora.enabled and not cfg.train.simulate_step_s:  # a target it lacks: refused
+        from common.errors import ConfigError
+        from consumer.train.adapter import check_model
+
+        try:
+            check_model(cfg.model.lora, Path(cfg.model.path))
+        except ConfigError as exc:
+            fail(str(exc))
     C.write(cfg, out / RF.CONFIG)
     return cfg
 

@@ -46,6 +46,9 @@ Invariants (besides the contract in producer/engines/base.py):
   batch at the next token step, the other rows go on unchanged, nothing of it stays behind.
 - An exception in a forward fails the requests in that batch (raised to their callers); the
   thread goes on serving the next ones.
+- A LoRA snapshot (its header says so: common/weights/adapter.py) is merged into the engine's
+  own copy of the base (producer/engines/hf_adapter.py); one trained on another base raises
+  `AdapterBaseMismatch` and changes nothing.
 - `load_weights` checks every tensor's name and shape before copying anything: a file that does
   not fit raises `SnapshotError` and leaves weights and version untouched. Tied parameters
   (`lm_head.weight` sharing storage with `model.embed_tokens.weight`) may be absent from the file,
@@ -72,8 +75,10 @@ from safetensors import SafetensorError, safe_open
 from common.errors import SnapshotError
 from common.host.core_board import Seat
 from common.host.device import resolve_device
+from common.weights import adapter as adapter_format
 from common.weights import snapshot as snap
 from producer.engines.base import Completion, SamplingParams
+from producer.engines.hf_adapter import Adapters
 from producer.engines.hf_batch import Batch, Request
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -140,6 +145,7 @@ class HFEngine:
         self.device = resolve_device(device)
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
         self.model = model.to(self.device).eval()
+        self.adapters = Adapters(self.model, model_dir)  # LoRA snapshots (hf_adapter.py)
         self._eos = eos_ids(self.model)
         pad = getattr(self.model.config, "pad_token_id", None)
         self.batch = Batch(self.model, self.device, pad_id=int(pad) if pad is not None else 0)
@@ -347,9 +353,15 @@ class HFEngine:
         own = self.model.state_dict()
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
+                header = adapter_format.from_metadata(f.metadata())
+                if header is not None:  # a LoRA adapter: merged into the base (hf_adapter.py)
+                    self.adapters.load(f, header, path)
+                    self._version = version
+                    return
                 shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
                 check_fits(shapes, own, path)
                 first = check_tied_agree(f, own, path)
+                self.adapters.forget()
                 for name in first:
                     own[name].copy_(f.get_tensor(name).to(own[name].dtype))
         except (OSError, SafetensorError) as exc:
