@@ -62,6 +62,7 @@ from consumer.train import attention as A
 from consumer.train import checkpoint, sharded_checkpoint
 from consumer.train import loss as L
 from consumer.train import shared_prompt as SP
+from consumer.train import step_metrics as SM
 from consumer.train.batching import (
     MicroBatch,
     Row,
@@ -232,7 +233,7 @@ class DeviceTrainer:
             passes.extend(part_passes)
             grad_norms.append(grad_norm)
         metrics = self._all_metrics(passes)
-        out: dict[str, Any] = _combine(metrics)
+        out: dict[str, Any] = SM.combine(metrics)
         positions, real = out.pop("forward_positions_sum"), out.pop("forward_real_sum")
         row_tokens, shared = out.pop("forward_tokens_sum"), out.pop("shared_prompt_passes_sum")
         out["learner_threads"] = out.pop("torch_threads_sum") / max(len(metrics), 1)
@@ -242,7 +243,7 @@ class DeviceTrainer:
         out["tokens_kept_unknown"] = int(out.pop("tokens_kept_unknown_sum", 0))
         out["loss"] = out.pop("loss_sum", 0.0) / updates  # the mean update's full-batch loss
         out.update(
-            attention=_layouts(self.attention.path, shared, len(metrics)),
+            attention=SM.layouts(self.attention.path, shared, len(metrics)),
             padding_frac=1.0 - real / max(positions, 1.0),
             positions_saved_frac=1.0 - real / max(row_tokens, 1.0),
             micro_batches=len(metrics),
@@ -390,7 +391,7 @@ class DeviceTrainer:
         assert head.entropy_N is not None
         metrics["loss_sum"] = float(loss.detach())  # global normalisers: passes add up
         metrics["entropy"] = float(head.entropy_N.sum()) / max(mb.num_tokens, 1)
-        metrics.update(kept_metrics(mb, head, self.vocab_size))
+        metrics.update(SM.kept_metrics(mb, head, self.vocab_size))
         return loss, metrics
 
     @torch.no_grad()
@@ -466,17 +467,6 @@ def use_deterministic_kernels() -> None:
     torch.backends.cudnn.benchmark = False
 
 
-@torch.no_grad()
-def kept_metrics(mb: MicroBatch, head: HeadOut, vocab_size: int) -> dict[str, float]:
-    """Means over the micro-batch's trained tokens of the kept mass S and of |K| (the whole
-    vocabulary without kept sets), and the tokens left out for an unknown kept set."""
-    n = max(mb.num_tokens, 1)
-    mass = float(head.log_kept_mass_N.detach().float().exp().sum()) / n
-    size = float(mb.kept_valid_NK.sum()) / n if mb.kept_valid_NK is not None else vocab_size
-    unknown = float(mb.num_unknown)
-    return {"kept_mass_mean": mass, "kept_size_mean": size, "tokens_kept_unknown_sum": unknown}
-
-
 def _stack_old(old: dict[int, torch.Tensor], ids: list[int], mb: MicroBatch) -> torch.Tensor:
     T = mb.mask_BT.shape[1]
     out = torch.zeros(len(ids), T, device=mb.mask_BT.device)
@@ -484,32 +474,6 @@ def _stack_old(old: dict[int, torch.Tensor], ids: list[int], mb: MicroBatch) -> 
         n = min(T, old[i].shape[0])
         out[b, :n] = old[i][:n]
     return out
-
-
-def _combine(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
-    """Token-weighted mean of micro-batch metrics; *_min / *_max combine as min / max."""
-    out: dict[str, float] = {}
-    parts = [(m, n) for m, n in parts if n > 0] or parts[:1]  # empty micro-batches say nothing
-    total = sum(n for _, n in parts) or 1
-    for key in parts[0][0]:
-        values = [m[key] for m, _ in parts if key in m]
-        if key.endswith("_min"):
-            out[key] = min(values)
-        elif key.endswith("_max"):
-            out[key] = max(values)
-        elif key == "num_tokens" or key.endswith("_sum"):
-            out[key] = float(sum(values))
-        else:
-            out[key] = sum(m[key] * n for m, n in parts if key in m) / total
-    return out
-
-
-def _layouts(path: str, shared_passes: float, passes: int) -> str:
-    """The step's `attention` metric: the path, or with `shared_prompt` the layouts its passes
-    took (`shared_prompt`, `padded`, or `shared_prompt+padded`)."""
-    if path != "shared_prompt" or shared_passes == passes:
-        return path
-    return "padded" if shared_passes == 0 else "shared_prompt+padded"
 
 
 def _pad_id(config: Any) -> int:
