@@ -26,7 +26,7 @@ from hostile_code import hostile_cases, plant, snapshot
 from common.config import RewardSpec
 from producer.rewards.runner import RewardRunner
 from producer.sandbox import Limits, mechanism, run_python
-from producer.sandbox.cgroups import PARENT, V1_ROOTS, ExecutionGroups
+from producer.sandbox.cgroups import PREFIX, V1_ROOTS, ExecutionGroups
 from producer.sandbox.runner import UID_BASE, UID_SPAN
 
 QUICK = Limits(wall_s=1.0, cpu_s=1, memory_mib=128, max_processes=8, max_output_bytes=256 << 10)
@@ -172,9 +172,9 @@ def test_an_execution_runs_in_cgroups_of_its_own_removed_after_it():
     run = run_python("print(open('/proc/self/cgroup').read())", limits=Limits(cpu_share=0.5))
     lines = dict(line.split(":", 2)[1:] for line in run.stdout.split())
     for kind in writable:
-        assert lines[kind].startswith(f"/{PARENT}/x{os.getpid()}-")
+        assert lines[kind].startswith(f"/{PREFIX}{os.getpid()}-")  # beside the producer
     for kind in writable:
-        assert not list((V1_ROOTS[kind] / PARENT).glob(f"x{os.getpid()}-*"))
+        assert not list(V1_ROOTS[kind].glob(f"{PREFIX}{os.getpid()}-*"))
 
 
 BURN = """import sys, time
