@@ -42,7 +42,9 @@ def listener() -> Iterator[socket.socket]:
 
 
 def sandbox_processes() -> list[int]:
-    """PIDs of live processes running as one of the sandbox's user ids."""
+    """PIDs of live processes running as a user id of this process's executions (another
+    process's sandboxes, another suite's included, have user ids of their own)."""
+    first = UID_BASE + (os.getpid() * 4096) % UID_SPAN
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -51,7 +53,7 @@ def sandbox_processes() -> list[int]:
             uid = entry.stat().st_uid
         except FileNotFoundError:
             continue
-        if UID_BASE <= uid < UID_BASE + UID_SPAN:
+        if first <= uid < first + 4096:
             out.append(int(entry.name))
     return out
 
