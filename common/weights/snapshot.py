@@ -58,6 +58,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Collection, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -384,10 +385,15 @@ def prune(root: Path, keep_last: int, *, protect: tuple[int, ...] = ()) -> list[
 
 
 def remove_newer(root: Path, version: int) -> list[int]:
-    """Delete the snapshots above `version` (and leftover temporaries); returns the removed."""
+    """Delete the snapshots above `version` (and leftover temporaries); returns the removed.
+
+    Each leaves the timeline at once, by a rename to a temporary name, before its files are
+    deleted: a file that cannot be deleted now stays under that name (the next `prune` or
+    resume tries again), never under a version number the new timeline will publish."""
     removed = [v for v in list_versions(root) if v > version]
     for v in removed:
-        shutil.rmtree(snapshot_dir(root, v), ignore_errors=True)
+        final = snapshot_dir(root, v)
+        os.replace(final, final.with_name(f"{final.name}.tmp-removed-{time.time_ns()}"))
     for stale in root.glob("*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return removed
