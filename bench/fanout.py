@@ -60,7 +60,8 @@ from common import config as C
 from common import wire
 from common.weights import snapshot as snap
 from consumer.data.prompts import make_source
-from consumer.server.server import Server, run_spec
+from consumer.server.server import Server
+from consumer.server.wire_terms import run_spec
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.publisher import Publisher
 from producer.control import ControlClient

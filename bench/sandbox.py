@@ -1,6 +1,6 @@
 """The code sandbox: its start-up cost per execution, and honest groups beside hostile ones.
 
-    python bench/sandbox.py [--repeats 40] [--groups 12] [--json PATH]
+    python bench/sandbox.py [--repeats 40] [--groups 30] [--rounds 5] [--busy 0] [--json PATH]
 
 - `start_overhead_ms`: the median wall time of `run_python("pass")` (the sandbox of this host's
   mechanism: bwrap's namespaces, the prelude's rlimits and user id, the interpreter) less the
@@ -10,9 +10,12 @@
 - `honest_ratio`: honest groups (G=4 completions of a correct or wrong `add`, 4 tests each)
   scored one after another through `RewardRunner` with the built-in `code_tests` reward and two
   reward workers, groups per second while a second stream scores the ten attacks of
-  tests/hostile_code.py once each, back to back, over the rate of as many honest groups (at
-  least `--groups`) with no hostile stream. Target >= 0.9. `hostile_contained` counts the
-  hostile completions scored 0 with their reason counted (must equal `hostile_scored`).
+  tests/hostile_code.py once each, back to back, over the rate of as many honest groups with no
+  hostile stream. Target >= 0.9. `--rounds` rounds, each one of both, their order alternating
+  (a change in the machine's load hits both sides); the median, with `honest_ratio_min` and
+  `_max` over the rounds. `--busy N` keeps N processes computing throughout (a producer host
+  whose cores also run other work). `hostile_contained` counts the hostile completions scored
+  0 with their reason counted (must equal `hostile_scored`).
 """
 
 from __future__ import annotations
@@ -99,36 +102,64 @@ async def _hostile_stream(runner: RewardRunner, programs: list[str]) -> int:
     return len(programs)
 
 
-async def honest_beside_hostile(groups: int) -> dict[str, float]:
+async def honest_beside_hostile(groups: int, rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         plant(Path(tmp))
         programs = [p for p, _ in hostile_cases(Path(tmp), 9, os.getpid()).values()]
         spec = [RewardSpec("code_tests")]
+        rows: dict[str, list[float]] = {"beside": [], "clean": [], "ratio": []}
+        hostile_n, size = 0, groups
         async with RewardRunner(spec, timeout_s=10, workers=2) as runner:
-            await runner.score(["pass"], "", columns=TESTS)  # workers started
-            hostile = asyncio.create_task(_hostile_stream(runner, programs))
-            n, beside = await _honest_stream(runner, 0, hostile)
-            hostile_n = await hostile
+            await _honest_stream(runner, 4, None)  # workers started, interpreters warm
+            for r in range(rounds):
+                if r % 2:  # clean first: as many groups as the last round scored beside
+                    _, clean = await _honest_stream(runner, size, None)
+                hostile = asyncio.create_task(_hostile_stream(runner, programs))
+                n, beside = await _honest_stream(runner, 0, hostile)
+                hostile_n += await hostile
+                if not r % 2:
+                    _, clean = await _honest_stream(runner, max(n, groups), None)
+                size = max(n, groups)
+                for key, value in zip(rows, (beside, clean, beside / clean), strict=True):
+                    rows[key].append(value)
+                print(f"round {r}: honest {beside:.2f}/s beside, {clean:.2f}/s clean", flush=True)
             contained = sum(runner.contained.values())
-            _, clean = await _honest_stream(runner, max(n, groups), None)
     return {
-        "honest_groups_per_s_clean": clean,
-        "honest_groups_per_s_beside_hostile": beside,
-        "honest_ratio": beside / clean,
+        "honest_groups_per_s_clean": statistics.median(rows["clean"]),
+        "honest_groups_per_s_beside_hostile": statistics.median(rows["beside"]),
+        "honest_ratio": statistics.median(rows["ratio"]),
+        "honest_ratio_min": min(rows["ratio"]),
+        "honest_ratio_max": max(rows["ratio"]),
+        "honest_ratios": [round(x, 3) for x in rows["ratio"]],
         "hostile_scored": hostile_n,
         "hostile_contained": contained,
     }
 
 
+def busy_processes(n: int) -> list[subprocess.Popen[bytes]]:
+    """`n` processes that compute until killed (the host's other work)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=40)
-    parser.add_argument("--groups", type=int, default=12)
+    parser.add_argument("--groups", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--busy", type=int, default=0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     out: dict[str, Any] = {"mechanism": mechanism(), "load_1m": os.getloadavg()[0]}
-    out.update(start_costs(args.repeats))
-    out.update(asyncio.run(honest_beside_hostile(args.groups)))
+    out["busy"] = args.busy
+    busy = busy_processes(args.busy)
+    try:
+        out.update(start_costs(args.repeats))
+        out.update(asyncio.run(honest_beside_hostile(args.groups, args.rounds)))
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    out["load_1m_end"] = os.getloadavg()[0]
     for key, value in out.items():
         print(f"{key:36s} {value:.3f}" if isinstance(value, float) else f"{key:36s} {value}")
     if args.json:

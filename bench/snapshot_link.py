@@ -52,7 +52,8 @@ def serve(directory: Path, host: str, mib: float, chunk_mib: float, keys: str) -
     from common.weights import snapshot as snap
     from consumer.data.prompts import make_source
     from consumer.key_gate import start_key_gate
-    from consumer.server.server import Server, run_spec
+    from consumer.server.server import Server
+    from consumer.server.wire_terms import run_spec
 
     chunk = int(chunk_mib * (1 << 20))
     data = os.urandom(int(mib * (1 << 20)))

@@ -1,7 +1,10 @@
-"""TRL's `GRPOTrainer` on the demo with the demo's settings: the trainer most users would pick.
+"""TRL's `GRPOTrainer` with a run's own settings (the demo's by default): the trainer most users
+would pick.
 
     python bench/trl_grpo.py --out steps.jsonl [--config launch/configs/demo.toml] [--seed 0]
-        [--steps N] [--threads 0]
+        [--steps N] [--threads 0] [--save-weights DIR]
+    PYTHONPATH=docs/real_model python bench/trl_grpo.py --config docs/real_model/smollm2.toml \
+        --out steps.jsonl --save-weights weights/
 
 Needs `trl` (an optional bench dependency: `pip install -e '.[bench]'`; never a runtime one).
 Settings taken from the config: model (the demo model, float32, CPU), prompts in the run's own order
@@ -15,6 +18,16 @@ needed: it samples with the weights it trains). Rewards: the config's reward fun
 evaluation (`consumer.evaluation.greedy`, same held-out problems). Writes the same JSON lines as
 bench/grpo_loop.py: step, unix_time (end of the step, before evaluation), heldout_accuracy and
 eval_s.
+
+Any config's task works the same way: a model directory (`model.path`), the task's rows in
+the run's order (chat rows, or `task.prompt_format = "chat"`, as TRL's conversational prompts:
+the same chat template, so the same prompt ids as our producers'), its reward functions
+(`module:function` found through PYTHONPATH), and the same stop tokens as our engines (the
+tokenizer's EOS and the chat template's special tokens, set as the model's generation EOS, which
+TRL samples to). `--save-weights DIR` writes the starting weights and each step's as
+`DIR/v000000.safetensors`, `DIR/v000001.safetensors`, ... (after the step's `unix_time`; the
+seconds it took are in `save_s`, so a caller can take them out of TRL's clock) for a held-out
+evaluation afterwards, the same one for every trainer (bench/real_model_vs_trl.py).
 """
 
 from __future__ import annotations
@@ -36,28 +49,39 @@ from consumer.data.prompts import PromptOrder, make_source
 from consumer.evaluation.greedy import accuracy_of
 from launch.demo_model import ensure_demo_model
 from producer.rewards.calls import resolve
+from producer.tokenizer import PromptCodec
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "launch" / "configs" / "demo.toml"
 PROMPTS_PER_STEP_MARGIN = 2  # TRL does not refill dropped groups: steps x prompts suffice
 
 
-def prompts_in_order(cfg: C.Config, count: int) -> list[dict[str, str]]:
-    """The first `count` prompts of the run's prompt order, as a TRL dataset's rows."""
+def prompts_in_order(cfg: C.Config, count: int) -> list[dict[str, Any]]:
+    """The first `count` prompts of the run's prompt order, as a TRL dataset's rows (chat
+    prompts in TRL's conversational form)."""
     source = make_source(cfg.task, seed=cfg.run.seed)
     t = cfg.task
     order = PromptOrder(len(source), seed=cfg.run.seed, shuffle=t.shuffle, epochs=t.epochs)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for _ in range(count):
         index = order.next()
         if index is None:
             break
         row = source.get(index)
-        rows.append({"prompt": row.prompt, "answer": row.answer})
+        turns = [{"role": m.role, "content": m.content} for m in row.messages]
+        if not turns and t.prompt_format == "chat":
+            turns = [{"role": "user", "content": row.prompt}]
+        rows.append({"prompt": turns or row.prompt, "answer": row.answer})
     return rows
 
 
-def run(cfg: C.Config, out: Path, *, threads: int) -> None:
+def text_of(completion: Any) -> str:
+    """A TRL completion's text (conversational completions are message lists)."""
+    return str(completion[-1]["content"]) if isinstance(completion, list) else str(completion)
+
+
+def run(cfg: C.Config, out: Path, *, threads: int, save_weights: Path | None = None) -> None:
     from datasets import Dataset
+    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -66,22 +90,35 @@ def run(cfg: C.Config, out: Path, *, threads: int) -> None:
     model_dir = ensure_demo_model() if cfg.model.path == "demo" else Path(cfg.model.path)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    codec = PromptCodec(model_dir, cfg.task.prompt_format, vocab_size=model.config.vocab_size)
+    model.generation_config.eos_token_id = list(codec.stop_ids)  # our engines' stops
     fns = [(resolve(r.fn), r.weight) for r in cfg.rewards.fns]
 
-    def reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    def reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
         return [
-            sum(w * fn(c, a) for fn, w in fns) for c, a in zip(completions, answer, strict=True)
+            sum(w * fn(text_of(c), a) for fn, w in fns)
+            for c, a in zip(completions, answer, strict=True)
         ]
 
     s, t, loss = cfg.sampling, cfg.train, cfg.loss
-    examples = make_examples("heldout", cfg.eval.learner_prompts, seed=cfg.run.seed)
+    synthetic = cfg.task.source == "synthetic"
+    n_eval = cfg.eval.learner_prompts
+    examples = make_examples("heldout", n_eval, seed=cfg.run.seed) if synthetic else []
     every = cfg.eval.learner_every_steps
     f = out.open("w")
+    if save_weights is not None:
+        save_weights.mkdir(parents=True, exist_ok=True)
+        save_model(model, str(save_weights / "v000000.safetensors"))
 
     class Record(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             record: dict[str, Any] = {"step": state.global_step, "unix_time": time.time()}
-            if every and state.global_step % every == 0:
+            if save_weights is not None:
+                t0 = time.perf_counter()
+                path = save_weights / f"v{state.global_step:06d}.safetensors"
+                save_model(kw["model"], str(path))
+                record["save_s"] = time.perf_counter() - t0
+            if synthetic and every and state.global_step % every == 0:
                 t0 = time.perf_counter()
                 n = s.max_new_tokens
                 acc = accuracy_of(kw["model"], tokenizer, examples, max_new_tokens=n).accuracy
@@ -120,9 +157,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="run.seed")
     ap.add_argument("--steps", type=int, default=0, help="run.steps (0 = the config's)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument("--save-weights", type=Path, help="each step's weights here (safetensors)")
+    ap.add_argument("--set", action="append", default=[], help="section.key=value (repeatable)")
     a = ap.parse_args()
-    sets = [f"run.seed={a.seed}"] + ([f"run.steps={a.steps}"] if a.steps else [])
-    run(C.load(a.config, sets), a.out, threads=a.threads)
+    sets = [f"run.seed={a.seed}", *a.set] + ([f"run.steps={a.steps}"] if a.steps else [])
+    run(C.load(a.config, sets), a.out, threads=a.threads, save_weights=a.save_weights)
 
 
 if __name__ == "__main__":

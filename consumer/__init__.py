@@ -17,5 +17,6 @@ Rooms follow the threads that run them:
 - snapshots/: weights out (the publisher's writer thread, fetch plans, the data plane's thread);
 - stream/: the recorded stream (RUN/stream/) its recorder thread writes, read back for replay;
 - loggers/: trackers and completions samples on their own thread, never blocking training;
+- core_share.py: the learner's seat on its host's core board (torch threads per pass);
 - key_gate.py: the CurveZMQ authenticator's thread (which keys may connect at all).
 """

@@ -57,6 +57,7 @@ from common.host.model_dir import local_model_dir
 from common.net.endpoints import advertised_host, listening, tcp_endpoint
 from common.net.keys import load_keys
 from common.weights import snapshot as snap
+from consumer import core_share
 from consumer.data.prompts import make_source
 from consumer.evaluation import await_last_round, evaluate_in_learner
 from consumer.key_gate import start_key_gate
@@ -64,7 +65,8 @@ from consumer.loggers import make_loggers
 from consumer.model_checks import check_chat_template, load_trainer
 from consumer.no_signal import watch_signal
 from consumer.reward_tally import RewardTally
-from consumer.server.server import Server, run_spec
+from consumer.server.server import Server
+from consumer.server.wire_terms import run_spec
 from consumer.staleness import verdict
 from consumer.step import Batch, Steps
 from consumer.stream.recorder import resume_position
@@ -125,6 +127,7 @@ class Learner:
             refused_keys=(lambda: auth.refused) if auth is not None else None,
         )
         self.run_id = self.server.run_id
+        self.cores = core_share.join(cfg, self.run_id, self.trainer)  # None: not on this CPU
         if cfg.run.resume:
             checkpoint.record_incarnation(run_dir, self.server.incarnation)
             log.info("resumed at version %d (incarnation %d)", version, self.server.incarnation)
@@ -185,7 +188,8 @@ class Learner:
                 record = self.steps.train(
                     got, started=t_start, last=last, settle=self._settle, books=self._books
                 )
-                record.update(self.heldout(self.version, self.trainer.eval_model))
+                with core_share.busy(self.cores):
+                    record.update(self.heldout(self.version, self.trainer.eval_model))
                 if self.version >= steps:  # the last version's round, through the producers
                     await_last_round(self.cfg, self.server, self.steps, self.stop_event)
                 record.update(self.server.take_eval(last=self.version >= steps))
@@ -293,7 +297,9 @@ class Learner:
             out.tally.add(g)
             if len(out.sample) < c.log.completions_groups:
                 out.sample.append(g)
-            why = verdict(
+            arrived_settled = self.server.settled_on_arrival(g)  # its lease ended on arrival
+            why = "dropped_zero_variance" if arrived_settled else None
+            why = why or verdict(
                 g,
                 policy_version=self.version,
                 max_staleness=c.staleness.max_staleness,
@@ -370,7 +376,7 @@ class Learner:
         if self.steps.recorder is not None:  # the stream as far as this checkpoint (durable)
             name, size = self.steps.recorder.position()
             state = dataclasses.replace(state, log_sizes={**state.log_sizes, name: size})
-        checkpoint.save(self.run_dir, trainer=self.trainer, version=self.version, book_state=state)
+        self.steps.checkpoint(self.run_dir, state)
 
     def _let_producers_hear_the_end(self) -> None:
         """Keep answering so producers learn the run is over and exit, whether the run ended by
@@ -423,6 +429,8 @@ class Learner:
             self.ctx.term()
             self.steps.metrics.close()
             self.loggers.close()
+            if self.cores is not None:
+                self.cores.close()
         log.info("ledger: %s", balance.to_json())
         if not balance.ok:
             raise AssertionError(f"ledger does not balance: {balance.to_json()}")

@@ -37,11 +37,12 @@ from common.config import Config
 from common.config.run import reward_names
 from common.errors import ConfigError, StreamError
 from common.files import run_files as RF
+from common.host.core_board import Recorded
 from common.host.model_dir import local_model_dir
 from common.weights import snapshot as snap
 from consumer.evaluation import evaluate_beside_replay
 from consumer.reward_tally import RewardTally
-from consumer.server.server import group_limits
+from consumer.server.wire_terms import group_limits
 from consumer.step import Batch, Steps
 from consumer.stream.reader import Recording, Step, load_group
 from consumer.train import checkpoint
@@ -154,6 +155,11 @@ class Replay:
 
         def check(metrics: dict[str, Any]) -> None:
             _check_like_recorded(step, metrics, self.cfg, passes=self.check_passes)
+
+        # the passes' threads as recorded (they change a CPU step's rounding); an older
+        # recording without them: the config's model.torch_threads
+        threads = step.entry.threads
+        self.trainer.share_cores(Recorded(threads) if threads else None)
 
         record = self.steps.train(
             batch, started=t_start, last=last, settle=self._settle, books=self._books, check=check

@@ -37,6 +37,7 @@ from consumer.snapshots.publisher import Publisher
 from consumer.staleness import lag
 from consumer.stream.recorder import Recorder
 from consumer.stream.records import StepEntry
+from consumer.train import checkpoint
 from consumer.train.protocol import Trainer
 
 
@@ -95,17 +96,39 @@ class Steps:
             fsync=snapshot.fsync,
             fetch_files=fetch_files if for_network else None,
             on_published=self._published,
+            adapter=trainer.adapter,
         )
         self.metrics = M.JsonlWriter(run_dir / RF.METRICS)
         self.version = version  # the policy version: optimizer steps taken
         self.published = -1  # the newest version submitted to the publisher
+        self.last_published: wire.SnapshotInfo | None = None  # set on the publisher's thread
         self.step_end: float | None = None  # perf_counter when the last optimizer step ended
 
     def _published(self, info: wire.SnapshotInfo) -> None:
         """The publisher's thread: a snapshot is ready; record its hash, then tell the owner."""
+        self.last_published = info
         if self.recorder is not None:
             self.recorder.snapshot(info)
         self._on_published(info)
+
+    def weights_file(self) -> wire.SnapshotInfo | None:
+        """The published snapshot of the current version when its file holds exactly the
+        learner's weights (float32): a checkpoint links it instead of writing them again."""
+        info = self.last_published
+        same = info is not None and info.version == self.version
+        return info if same and self.cfg.snapshot.dtype == "float32" else None
+
+    def checkpoint(self, run_dir: Path, book_state: RF.BookState) -> None:
+        """A checkpoint of the current version (consumer/train/checkpoint.py), its weights
+        linked from the published snapshot when that file holds them (`weights_file`)."""
+        published = self.weights_file()
+        checkpoint.save(
+            run_dir,
+            trainer=self.trainer,
+            version=self.version,
+            book_state=book_state,
+            published=published,
+        )
 
     def publish(self, *, wait: bool = False) -> None:
         """Hand the current version's weights to the publisher (one copy); `wait`: until it is
@@ -160,6 +183,7 @@ class Steps:
                 micro_batches=metrics.get("micro_batches"),
                 lr=metrics.get("lr"),
                 tokens=tokens,
+                threads=tuple(metrics.get("pass_threads") or ()),
             )
             self.recorder.step(entry)
         self.step_end = step_end

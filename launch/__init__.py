@@ -8,5 +8,6 @@
 - dashboard.py: the live view and `asyncgrpo status`; report.py: summary.md and plots;
   headline.py: the headline numbers every view shows; compare.py: several runs overlaid;
 - run_dir.py: claiming a run directory (resume, force);
-- demo_model.py: the embedded demo model; gguf_model.py: `make-model --from-gguf`.
+- demo_model.py: the embedded demo model; gguf_model.py: `make-model --from-gguf`;
+- export.py: `asyncgrpo export`, a run's policy as a model directory (a LoRA adapter merged).
 """

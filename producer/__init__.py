@@ -12,6 +12,7 @@ time.
 - weights.py: keep the newest verified snapshot loaded; pins.py: eval leases pin it;
 - groups.py: a lease's sampling parameters and the group message it becomes;
 - tokenizer.py: prompt text to ids, completion ids to text;
+- core_share.py: an hf producer's seat on its host's core board (torch threads per token step);
 - backoff.py: pauses between lease requests that got nothing; endpoint_file.py: a consumer's
   endpoints.json; stall.py: a stress-test fault;
 - engines/: generation engines (fake, hf, vllm) behind one contract, made by a lazy factory;

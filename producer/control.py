@@ -181,3 +181,12 @@ class ControlClient:
         self.sock.disable_monitor()
         self._monitor.close(linger=0)
         self.sock.close(linger=0)
+
+
+def waits_line(follow: bool, wait_s: float) -> str:
+    """How long a producer waits for its consumer's welcome, for the log."""
+    if not follow:
+        return f"gives up after net.handshake_timeout_s = {wait_s:g} s"
+    if wait_s == float("inf"):
+        return "producer.follow: waits for ever, by design"
+    return f"producer.follow: waits up to net.consumer_timeout_s = {wait_s:g} s"

@@ -87,6 +87,7 @@ async def open_session(
                 vocab_size=spec.vocab_size,
                 seed=rng.randrange(1 << 30),
                 truncation=truncation,
+                max_staleness=spec.max_staleness,
             )
     except (OSError, ValueError, RuntimeError, ImportError) as exc:  # a model that won't load
         raise ConfigError(

@@ -21,9 +21,11 @@ reload (`State.loading`); a snapshot that fails verification is never loaded (th
 its weights, the failure is counted and logged, and a newer announcement is taken at once); a
 snapshot superseded while it was fetched is skipped, not backed off from; a verified snapshot
 that does not fit the model (names, shapes) raises `ConfigError` (the producer exits 2): that
-cannot get better by retrying. Counters (`reloads`, `reload_s`, `fetch_s`, `snapshots_*`) go to
-`State.counters`; the fetcher's own go out through `counters`. At INFO, one line per snapshot
-loaded (`loaded weights vN (where it came from)`): never more than one per learner step.
+cannot get better by retrying (a LoRA adapter trained on another base model than this
+producer's is one: counted as `adapters_wrong_base`, common/weights/adapter.py). Counters
+(`reloads`, `reload_s`, `fetch_s`, `snapshots_*`) go to `State.counters`; the fetcher's own go
+out through `counters`. At INFO, one line per snapshot loaded (`loaded weights vN (where it came
+from)`): never more than one per learner step.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from common.config import Config
 from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from common.net.keys import Keys
 from common.weights import snapshot as snap
+from common.weights.adapter import AdapterBaseMismatch
 from producer.control import ControlClient, Rejected
 from producer.engines.base import Engine
 from producer.fetch.fetcher import Fetcher, Held, Report
@@ -118,6 +121,8 @@ class Weights:
                 log.info("loaded weights v%d (%s)", target.version, self.source)
                 self.state.changed.bump()
             except SnapshotMismatch as exc:  # the model is wrong: retrying can never help
+                if isinstance(exc, AdapterBaseMismatch):  # a LoRA adapter of another base
+                    self.state.count("adapters_wrong_base")
                 raise ConfigError(
                     f"the learner's weights can never load into this producer's model ({exc}): "
                     + self._whose_model()

@@ -54,13 +54,15 @@ from common import wire
 from common.config import Config
 from common.config.evaluation import eval_slots
 from common.errors import ConfigError
+from common.host.core_board import Seat
 from common.net.heartbeat import GOODBYE_WAIT_S, lease_wait_s, silence_limit_s
 from common.net.keys import load_keys
 from common.net.sockets import client_socket, endpoint_with_port
+from producer import core_share
 from producer.announcements import announcements
 from producer.backoff import Backoff
 from producer.base_model import fetch_model
-from producer.control import ControlClient, Rejected
+from producer.control import ControlClient, Rejected, waits_line
 from producer.endpoint_file import NoConsumer
 from producer.fetch.relay import Relay
 from producer.lease_task import LeaseRunner
@@ -74,15 +76,6 @@ from producer.weights import Weights
 log = logging.getLogger("asyncgrpo.producer")
 _REQUEST_TIMEOUT_S = 10.0
 _BACKOFF_FIRST_S, _BACKOFF_CAP_S = 0.05, 1.0  # pauses between lease requests that got nothing
-
-
-def _waits(follow: bool, wait_s: float) -> str:
-    """How long a producer waits for its consumer's welcome, for the log."""
-    if not follow:
-        return f"gives up after net.handshake_timeout_s = {wait_s:g} s"
-    if wait_s == float("inf"):
-        return "producer.follow: waits for ever, by design"
-    return f"producer.follow: waits up to net.consumer_timeout_s = {wait_s:g} s"
 
 
 class ConsumerLost(Exception):
@@ -147,6 +140,7 @@ class Producer:
             self.state, run_seed=cfg.run.seed, stall=self.stall, started=self.started
         )
         self._registering = asyncio.Lock()
+        self.cores: Seat | None = None  # on this host's core board (hf engine on a CPU)
 
     # -- setup ---------------------------------------------------------------------------------
     async def register(self) -> wire.Welcome:
@@ -175,7 +169,7 @@ class Producer:
                         self.cfg.net.connect,
                         self.control.link,
                         time.monotonic() - started,
-                        _waits(follow, wait_s),
+                        waits_line(follow, wait_s),
                     )
                     said = time.monotonic() + 10.0
                 if time.monotonic() > deadline:
@@ -235,6 +229,7 @@ class Producer:
                 max_message_bytes=self.max_bytes,
             ),
         )
+        self.cores = core_share.rejoin(self.cores, self.cfg, self.state, self.session.engine)
         limit = self.cfg.producer.max_in_flight  # grants of eval leases beside them decode
         slots = eval_slots(limit, spec.group_size, spec.eval_samples)
         self.control.limits = wire.reply_limits(self.max_bytes, limit + slots)
@@ -464,6 +459,7 @@ class Producer:
             if self.session.episodes is not None:
                 out.update(self.session.episodes.counters)
         out.update(self.weights.counters)
+        out.update(core_share.counters(self.cores, self.session))
         if self.relay is not None:
             out.update(self.relay.counters)
         out["uptime_s"] = time.monotonic() - self.started
@@ -490,6 +486,8 @@ class Producer:
             self.session.rewards.close()
             if self.session.episodes is not None:
                 self.session.episodes.close()
+            core_share.leave(self.cores, self.session.engine)
+            self.cores = None
             if keep_engine and self.engine_key is not None:
                 kept = (self.engine_key, self.session.engine)
             else:

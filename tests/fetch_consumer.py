@@ -1,6 +1,7 @@
 """A consumer's network thread and publisher, and registered producers' fetchers (with relays),
 on real loopback sockets and real files: what the fan-out tests (tests/integration/test_fanout.py,
-tests/integration/test_relay_pipelined.py) start from. Snapshots of 13 chunks of `CHUNK` bytes.
+tests/integration/test_relay_pipelined.py) start from. Snapshots of 13 chunks of `CHUNK` bytes
+(with `adapter`: files in a LoRA adapter's format).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from served import started_server
 from common import config as C
 from common import wire
 from common.weights import snapshot as snap
+from common.weights.adapter import AdapterHeader
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.publisher import Publisher
 from producer.control import ControlClient
@@ -33,7 +35,7 @@ MAX_MESSAGE = 1 << 20
 class Consumer:
     """A consumer's network thread and a publisher announcing to it (anchors every 10)."""
 
-    def __init__(self, run_dir: Path, *, fanout: int) -> None:
+    def __init__(self, run_dir: Path, *, fanout: int, adapter: AdapterHeader | None = None) -> None:
         self.cfg = C.override(
             C.Config(),
             {
@@ -48,7 +50,7 @@ class Consumer:
         dist = FetchFiles(chunk_bytes=CHUNK, anchor_every=10, max_ratio=0.5)
         self.publisher = Publisher(
             run_dir / "snapshots", None, keep_last=10, fetch_files=dist,
-            on_published=self._published,
+            on_published=self._published, adapter=adapter,
         )  # fmt: skip
         g = torch.Generator().manual_seed(0)
         self.weights = torch.randn(400_000, generator=g) * 0.02  # 800 kB in bf16: 13 chunks

@@ -22,7 +22,8 @@ from common.config import Config, apply_overrides
 from common.net.keys import Keys
 from consumer.data.prompts import make_source
 from consumer.key_gate import start_key_gate
-from consumer.server.server import Server, run_spec
+from consumer.server.server import Server
+from consumer.server.wire_terms import run_spec
 from producer.engines.fake import FakeEngine
 from producer.outbox import Outbox
 from producer.rewards.scoring import FakeRewards

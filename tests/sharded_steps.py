@@ -83,6 +83,18 @@ CASES: list[tuple[str, dict[str, object]]] = [
         },
     ),
     ("cispo", {"loss.objective": "cispo", "loss.clip_high": 1.0, "train.updates_per_batch": 2}),
+    # a LoRA adapter on the frozen base: packed, checkpointed, two updates (weights = adapter)
+    (
+        "lora",
+        {
+            "model.lora.enabled": True,
+            "model.lora.rank": 4,
+            "model.attention": "sdpa_packed",
+            "model.gradient_checkpointing": True,
+            "train.updates_per_batch": 2,
+            "loss.agg": "seq-mean-token-mean",
+        },
+    ),
 ]
 
 
@@ -162,6 +174,7 @@ def run(
     """`steps` steps per case (from the checkpoint's step + 1 with `resume`, a run directory);
     with `save_at`, a checkpoint of each case after that step in `out/<case>/run`; `sets`
     override every case's config (`model.device`, `model.dtype`, ...)."""
+    from consumer.train import adapter as LA
     from consumer.train import checkpoint, make_trainer
     from consumer.train.ranks import World
 
@@ -188,7 +201,8 @@ def run(
                 )
                 (out / name / f"step{step}.json").write_text(json.dumps(metrics))
                 if step == steps:  # evaluation's copy (rank 0, plain) holds the same weights
-                    plain = trainer.eval_model().state_dict()
+                    model = trainer.eval_model()
+                    plain = LA.tensors(model) if trainer.adapter else model.state_dict()
                     assert all(plain[k].equal(v) for k, v in weights.items()), name
             if step == save_at:
                 book = RF.BookState(book={})

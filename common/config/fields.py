@@ -17,7 +17,7 @@ from typing import Any, Literal
 # The modes: each declared once, used by the config fields and by the code they select.
 ModelDtype = Literal["float32", "bfloat16"]
 ReduceDtype = Literal["float32", "bfloat16"]
-LearnerAttention = Literal["auto", "flash", "flex", "sdpa_packed", "padded"]
+LearnerAttention = Literal["auto", "flash", "flex", "sdpa_packed", "padded", "shared_prompt"]
 TaskSource = Literal["synthetic", "jsonl", "parquet", "hf"]
 LRSchedule = Literal["constant", "linear", "cosine"]
 PromptFormat = Literal["raw", "chat"]

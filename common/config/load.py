@@ -57,10 +57,42 @@ def from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
             raise ConfigError(f"unknown section [{name}]{_suggest(name, sections)}")
         if not isinstance(values, dict):
             raise ConfigError(f"[{name}] must be a table")
-        current = getattr(base, name)
-        changes = {k: _coerce(sections[name], k, v, f"{name}.{k}") for k, v in values.items()}
-        updates[name] = dataclasses.replace(current, **changes)
+        updates[name] = _merged(getattr(base, name), values, name)
     return dataclasses.replace(base, **updates)
+
+
+def _merged(current: Any, values: dict[str, Any], where: str) -> Any:
+    """The section (or nested table: `[model.lora]`) `current` with `values` over it: a
+    nested table given as a TOML table changes only the keys it names."""
+    changes = {}
+    for k, v in values.items():
+        inner = getattr(current, k, None)
+        if dataclasses.is_dataclass(inner) and isinstance(v, dict) and k in _names(current):
+            changes[k] = _merged(inner, v, f"{where}.{k}")
+        else:
+            changes[k] = _coerce(type(current), k, v, f"{where}.{k}")
+    return dataclasses.replace(current, **changes)
+
+
+def _names(section: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(section)}
+
+
+def _nested(path: str, value: Any) -> Any:
+    """`"lora.rank", 8` -> `{"lora": {"rank": 8}}` (a key inside a nested table)."""
+    for part in reversed(path.split(".")[1:]):
+        value = {part: value}
+    return {path.split(".")[0]: value}
+
+
+def _field_type(section_cls: type[Any], path: str) -> Any:
+    """The type of `path` (`rank`, or `lora.rank` inside a nested table); None if unknown."""
+    tp: Any = section_cls
+    for part in path.split("."):
+        if not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+            return None
+        tp = typing.get_type_hints(tp).get(part)
+    return tp
 
 
 def _moved(data: dict[str, Any]) -> dict[str, Any]:
@@ -170,15 +202,13 @@ def override(cfg: Config, values: Mapping[str, object]) -> Config:
     """`cfg` with `{"section.key": value}` replaced, typed: the values are Python values (paths
     become strings), checked like a TOML file's (type, choices, unknown keys), never turned into
     text and parsed back. Not validated as a whole (`validate` does that)."""
-    nested: dict[str, dict[str, Any]] = {}
     for key, value in values.items():
         section, dot, name = key.partition(".")
         if not dot or not section or not name:
             raise ConfigError(f"a config key is section.key, got {key!r}")
-        nested.setdefault(section, {})[name] = (
-            os.fspath(value) if isinstance(value, os.PathLike) else value
-        )
-    return from_dict(nested, cfg)
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
+        cfg = from_dict({section: _nested(name, value)}, cfg)
+    return cfg
 
 
 def apply_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
@@ -200,12 +230,12 @@ def apply_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
-        tp = typing.get_type_hints(sections[section]).get(name) if section in sections else None
+        tp = _field_type(sections[section], name) if section in sections else None
         if choices(tp):
             tp = str
         if tp in (str, bool) and not isinstance(value, str | tp):
             value = raw.strip()
-        cfg = from_dict({section: {name: value}}, cfg)
+        cfg = from_dict({section: _nested(name, value)}, cfg)
     return cfg
 
 

@@ -23,7 +23,12 @@ class ProducerConfig:
         "at start.",
     )
     device: str = _f("auto", "hf engine device: auto, cpu, cuda, cuda:N.")
-    torch_threads: int = _f(1, "torch intra-op threads in an hf producer (0 = torch default).")
+    torch_threads: int = _f(
+        0,
+        "torch intra-op threads in an hf producer; 0 = on a CPU, shared with the run's learner "
+        "and producers on this host by who has work, token step by token step "
+        "(common/host/core_board.py).",
+    )
     trust_local_hash: bool = _f(
         True,
         "Load a snapshot written on this very host (same boot) without hashing it again: its "

@@ -73,6 +73,46 @@ class RunConfig:
         )
 
 
+# The linear layers of a Llama / Qwen2 / Mistral decoder layer (what LoRA adapts by default)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoraConfig:
+    """`[model.lora]`: train a LoRA adapter instead of every weight (docs/lora.md)."""
+
+    enabled: bool = _f(
+        False,
+        "Train a LoRA adapter on the frozen base model: the optimizer holds the adapter only, "
+        "snapshots are the adapter's file (megabytes) and producers apply it to their copy of "
+        "the base (peft: pip install -e '.[lora]').",
+    )
+    rank: int = _f(8, "LoRA rank r (the adapter's inner dimension).")
+    alpha: int = _f(16, "LoRA alpha: the adapter's update is scaled by alpha / rank.")
+    dropout: float = _f(
+        0.0,
+        "Dropout on the adapter's input while training (0 keeps the learner's log-probs those "
+        "the producers sampled with: ratio 1 at lag 0).",
+    )
+    target_modules: list[str] = _f(
+        LORA_TARGETS,
+        "Names of the linear modules to adapt (the last part of a module's name, as peft "
+        "matches them, e.g. q_proj); a name no module of the model has is refused at start.",
+    )
+
+    def problems(self) -> list[str]:
+        """This section's impossible settings (messages name the key)."""
+        return failed(
+            (self.rank >= 1, f"model.lora.rank = {self.rank}: must be >= 1"),
+            (self.alpha >= 1, f"model.lora.alpha = {self.alpha}: must be >= 1"),
+            (0 <= self.dropout < 1, f"model.lora.dropout = {self.dropout:g}: must be in [0, 1)"),
+            (
+                bool(self.target_modules) and all(self.target_modules),
+                "model.lora.target_modules must name at least one module (no empty names)",
+            ),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """`[model]`: the policy the learner trains and how it holds it."""
@@ -90,13 +130,20 @@ class ModelConfig:
         "auto",
         "Learner attention: rows packed without padding (flash = flash-attn varlen, flex = "
         "torch flex_attention with a document mask, sdpa_packed = a dense block mask: exact but "
-        "O(S^2), for small batches and tests) or padded (SDPA, no mask for equal-length rows). "
-        "auto: flash if installed, else flex, on CUDA; padded on a CPU.",
+        "O(S^2), for small batches and tests), padded (SDPA, no mask for equal-length rows) or "
+        "shared_prompt (each group's prompt once, its completions after it; padded where that "
+        "saves too little). auto: flash if installed, else flex, else padded on CUDA; "
+        "shared_prompt on a CPU.",
     )
     compile: bool = _f(
         False, "torch.compile each decoder layer of the learner (in place; off until measured)."
     )
-    torch_threads: int = _f(0, "torch intra-op threads for the learner (0 = torch default).")
+    torch_threads: int = _f(
+        0,
+        "torch intra-op threads for the learner; 0 = on a CPU, shared with the run's hf "
+        "producers on this host by who has work, pass by pass (common/host/core_board.py), else "
+        "torch's default.",
+    )
     deterministic: bool = _f(
         False,
         "Deterministic learner kernels on a GPU (torch.use_deterministic_algorithms, cuBLAS "
@@ -104,9 +151,14 @@ class ModelConfig:
         "runs are deterministic without it.",
     )
 
+    lora: LoraConfig = field(
+        default_factory=LoraConfig,
+        metadata=_meta("LoRA: train an adapter instead of every weight ([model.lora])."),
+    )
+
     def problems(self) -> list[str]:
-        """None beyond the field types (the model directory is checked where it is loaded)."""
-        return []
+        """The adapter's settings (the model directory is checked where it is loaded)."""
+        return self.lora.problems()
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,18 +159,24 @@ def _message_problems(cfg: Config) -> list[str]:
 
 def field_help() -> list[tuple[str, str, Any, str]]:
     """(key, type, default, help) for every field, in declaration order."""
-    rows = []
     defaults = Config()
-    for name, cls in _section_types().items():
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            help_text = f.metadata.get("help", "")
-            allowed = choices(hints[f.name])
-            if allowed:
-                help_text += " One of: " + ", ".join(map(str, allowed)) + "."
-            tp = type(allowed[0]) if allowed else hints[f.name]
-            tname = getattr(tp, "__name__", str(tp))
-            rows.append(
-                (f"{name}.{f.name}", tname, getattr(getattr(defaults, name), f.name), help_text)
-            )
+    return [row for name in _section_types() for row in _rows(name, getattr(defaults, name))]
+
+
+def _rows(prefix: str, section: Any) -> list[tuple[str, str, Any, str]]:
+    """The help rows of one section; a nested table's keys as `prefix.table.key`."""
+    rows = []
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):  # a nested table: [model.lora]
+            rows += _rows(f"{prefix}.{f.name}", value)
+            continue
+        help_text = f.metadata.get("help", "")
+        allowed = choices(hints[f.name])
+        if allowed:
+            help_text += " One of: " + ", ".join(map(str, allowed)) + "."
+        tp = type(allowed[0]) if allowed else hints[f.name]
+        tname = getattr(tp, "__name__", str(tp))
+        rows.append((f"{prefix}.{f.name}", tname, value, help_text))
     return rows

@@ -7,7 +7,13 @@ model's config and tokenizer files, and `manifest.json`:
 
     {"version": int, "step": int, "hash": "<blake3 hex of model.safetensors>",
      "num_bytes": int, "dtype": "bfloat16" | "float32", "created_unix": float,
-     "writer": "<hostname>/<boot id> of the process that wrote and hashed the file"}
+     "writer": "<hostname>/<boot id> of the process that wrote and hashed the file",
+     "base_hash": "" for a whole model, else the hash of the base model an adapter applies to}
+
+With `model.lora.enabled` the snapshot is a LoRA adapter instead (common/weights/adapter.py):
+`model.safetensors` holds the adapter's matrices and says so in its header, and peft's
+`adapter_config.json` and `adapter_model.safetensors` (a link to the same file) replace the base
+model's config and tokenizer files; everything below holds for it alike.
 
 and, added just after the announcement for network fetchers, `chunks.json` (per-chunk hashes,
 common/weights/chunk_manifest.py) and, unless the version is an anchor, `weights.delta`
@@ -52,6 +58,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Collection, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -80,6 +87,7 @@ class Manifest:
     dtype: str
     created_unix: float
     writer: str = ""  # host_id() of the writing process; "" = unknown (never trusted)
+    base_hash: str = ""  # an adapter's base (common/weights/adapter.py); "" = a whole model
 
 
 def snapshot_dir(root: Path, version: int) -> Path:
@@ -377,10 +385,15 @@ def prune(root: Path, keep_last: int, *, protect: tuple[int, ...] = ()) -> list[
 
 
 def remove_newer(root: Path, version: int) -> list[int]:
-    """Delete the snapshots above `version` (and leftover temporaries); returns the removed."""
+    """Delete the snapshots above `version` (and leftover temporaries); returns the removed.
+
+    Each leaves the timeline at once, by a rename to a temporary name, before its files are
+    deleted: a file that cannot be deleted now stays under that name (the next `prune` or
+    resume tries again), never under a version number the new timeline will publish."""
     removed = [v for v in list_versions(root) if v > version]
     for v in removed:
-        shutil.rmtree(snapshot_dir(root, v), ignore_errors=True)
+        final = snapshot_dir(root, v)
+        os.replace(final, final.with_name(f"{final.name}.tmp-removed-{time.time_ns()}"))
     for stale in root.glob("*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return removed

@@ -2,6 +2,8 @@
 
 - messages.py: every message kind as a frozen dataclass (the table of kinds, sockets and fields),
   `SCHEMA_VERSION`, the finish reasons, the lease outcomes and the backpressure acks;
+- fetch.py: the data path's messages (a producer fetching a snapshot's or the model's files,
+  chunk by chunk, from the consumer or a relay);
 - spec.py: the run spec a producer takes from the consumer in its welcome (`RunSpec`, its
   `RewardWeight`s and the model directory's `ModelFile`s);
 - codec.py: `encode(msg) -> bytes` (deterministic) and `decode(data, limits) -> Message`, which
@@ -35,8 +37,18 @@ from common.wire.codec import (
     encode,
     encode_chunk,
 )
-from common.wire.messages import (
+from common.wire.fetch import (
     BAD_SOURCE_REASONS,
+    BadSource,
+    Chunk,
+    ChunkHead,
+    FetchDone,
+    FetchPlan,
+    FetchRequest,
+    FileChunkRequest,
+    Source,
+)
+from common.wire.messages import (
     EVALUATED,
     FINISH_REASONS,
     HOLD,
@@ -47,14 +59,7 @@ from common.wire.messages import (
     SEND,
     Ack,
     Announce,
-    BadSource,
     ChatTurn,
-    Chunk,
-    ChunkHead,
-    FetchDone,
-    FetchPlan,
-    FetchRequest,
-    FileChunkRequest,
     Goodbye,
     Group,
     Heartbeat,
@@ -65,7 +70,6 @@ from common.wire.messages import (
     Register,
     Reject,
     SnapshotInfo,
-    Source,
     Status,
     StatusReply,
     Welcome,

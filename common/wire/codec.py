@@ -67,14 +67,13 @@ import numpy as np
 from common.errors import WireError
 from common.sampling.kept_set import encoding_problem
 from common.wire import reader as mp
+from common.wire.fetch import Chunk, ChunkHead
 from common.wire.messages import (
     FINISH_REASONS,
     MAX_LEASE_WAIT_S,
     MAX_REWARD_ERROR_CHARS,
     SCHEMA_VERSION,
     Ack,
-    Chunk,
-    ChunkHead,
     Goodbye,
     Group,
     Heartbeat,

@@ -113,6 +113,13 @@ from typing import Any, ClassVar, Union
 import numpy as np
 
 from common.sampling.kept_set import KeptSets, from_counts
+from common.wire.fetch import (
+    ChunkHead,
+    FetchDone,
+    FetchPlan,
+    FetchRequest,
+    FileChunkRequest,
+)
 from common.wire.spec import RunSpec
 
 SCHEMA_VERSION = 9  # 9: episodes: Group.sampled_bits (sampled vs inserted tokens), arrays of
@@ -153,7 +160,6 @@ HOLD, SEND = "hold", "send"
 EVALUATED = "evaluated"
 # Why a fetcher dropped a relay (`BadSource.reason`); the consumer counts any other reason as
 # `other` (consumer/snapshots/fanout.py)
-BAD_SOURCE_REASONS = ("wrong_bytes", "truncated", "stalled", "refused")
 _ARRAY_DTYPES: dict[str, np.dtype[Any]] = {  # fields of `Group` only
     "prompt_ids": np.dtype("<i4"),
     "completion_ids": np.dtype("<i4"),
@@ -267,71 +273,6 @@ class LeaseRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class Source:
-    """Where a fetcher may take chunks: "" = the consumer's data socket, else a relay's
-    endpoint (`tcp://host:port`) and its CurveZMQ public key (z85; "" without keys)."""
-
-    endpoint: str
-    server_key: str
-
-
-@dataclass(frozen=True, slots=True)
-class BadSource:
-    endpoint: str
-    reason: str  # one of BAD_SOURCE_REASONS
-
-
-@dataclass(frozen=True, slots=True)
-class FetchRequest:
-    KIND: ClassVar[str] = "fetch_req"
-    req: int
-    producer_id: str
-    version: int
-    held_version: int  # the snapshot whose verified file this producer holds (-1: none)
-    held_hash: str
-    relay: Source | None  # where this producer serves what it holds (None: it does not)
-
-
-@dataclass(frozen=True, slots=True)
-class FetchDone:
-    KIND: ClassVar[str] = "fetch_done"
-    req: int
-    producer_id: str
-    version: int
-    file: str  # "weights" | "delta"
-    ok: bool
-    num_bytes: int
-    bad_sources: tuple[BadSource, ...]
-    serving: bool  # the producer now serves this version from its relay
-
-
-@dataclass(frozen=True, slots=True)
-class FileChunkRequest:
-    KIND: ClassVar[str] = "file_chunk_req"
-    req: int
-    version: int
-    file: str  # "weights" | "delta" | "model/NAME" (a file of RunSpec.model_files; version -1)
-    offset: int
-    max_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class FetchPlan:
-    KIND: ClassVar[str] = "fetch_plan"
-    req: int
-    version: int
-    file: str  # "weights" | "delta"
-    base_version: int  # the version a delta applies to (-1 for weights)
-    num_bytes: int
-    hash: str  # blake3 hex of the file
-    result_hash: str  # blake3 hex of the snapshot's weights (== hash for weights)
-    chunk_bytes: int
-    chunk_hashes: bytes  # 32 raw bytes (BLAKE3) per chunk
-    sources: tuple[Source, ...]
-    wait_s: float  # > 0: every source is busy; ask again after this long
-
-
-@dataclass(frozen=True, slots=True)
 class Goodbye:
     KIND: ClassVar[str] = "goodbye"
     req: int
@@ -360,30 +301,6 @@ class LeaseGrant:
     req: int
     leases: tuple[Lease, ...]
     status: Status
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkHead:
-    """The first frame of a chunk reply; the second frame holds exactly `num_bytes` bytes."""
-
-    KIND: ClassVar[str] = "chunk_head"
-    req: int
-    version: int
-    offset: int
-    total_bytes: int  # size of the whole file
-    num_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """A chunk reply as its reader sees it (not a message kind: `ChunkHead` + the data frame).
-    `data` is whatever buffer the transport gave (a zero-copy view of a received frame)."""
-
-    req: int
-    version: int
-    offset: int
-    total_bytes: int
-    data: bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,13 +80,19 @@ def _greedy(
     return list(tokenizer.batch_decode(new, skip_special_tokens=True))
 
 
-def load_snapshot(model: Any, snapshot: Path) -> None:
-    """Load a snapshot file (or a directory holding `model.safetensors`) over `model`."""
+def load_snapshot(model: Any, snapshot: Path, base_dir: Path) -> None:
+    """Load a snapshot file (or a directory holding `model.safetensors`) over `model`, whose
+    weights are `base_dir`'s; a LoRA run's snapshot (an adapter) is merged into them
+    (common/weights/adapter_merge.py; one of another base is refused)."""
     from safetensors.torch import load_file
+
+    from common.weights.adapter_merge import merge_file
 
     path = Path(snapshot)
     if path.is_dir():
         path = path / snap.WEIGHTS_FILE
+    if merge_file(model, path, base_dir) is not None:
+        return
     own = model.state_dict()
     dtype = next(model.parameters()).dtype
     model_shapes = {k: tuple(v.shape) for k, v in own.items()}
@@ -109,7 +115,7 @@ def load_model(model_dir: Path, snapshot: Path | None = None) -> tuple[Any, Any]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if snapshot is not None:
-        load_snapshot(model, snapshot)
+        load_snapshot(model, snapshot, Path(model_dir))
     model.eval()  # type: ignore[no-untyped-call]
     return model, tokenizer
 

@@ -6,7 +6,8 @@ admission queue that hands validated groups to the training thread, parked lease
 the run-directory files of that bookkeeping (leases.jsonl, ledger.json, producers.json/jsonl).
 Leases are cut from the prompt order of consumer/data/, read at start.
 
-- server.py: `Server`, the typed handle other threads hold; the run spec; the sockets;
+- server.py: `Server`, the typed handle other threads hold; the sockets; wire_terms.py: the run
+  spec producers are welcomed with and the limits a group is decoded within;
 - loop.py: the thread itself (one poller, handlers, housekeeping); calls.py: work other threads
   queue to it, answered by futures;
 - state.py: what the thread knows (`NetState`: each attribute written by one module) and the

@@ -57,6 +57,7 @@ from consumer.server.intake import Intake
 from consumer.server.leases import LeaseBook
 from consumer.server.loop import Loop
 from consumer.server.state import NetState
+from consumer.server.wire_terms import group_limits
 from consumer.snapshots import base_model
 from consumer.snapshots.dataplane import DataPlane
 from consumer.snapshots.fanout import FanOut
@@ -64,34 +65,6 @@ from consumer.snapshots.fetch_files import snapshot_chunk_bytes
 
 log = logging.getLogger("asyncgrpo.consumer")
 T = TypeVar("T")
-
-
-def run_spec(cfg: Config, *, vocab_size: int, model: str) -> wire.RunSpec:
-    """What every producer is told at registration; ports stay 0 until the server has bound."""
-    s = cfg.sampling
-    return wire.RunSpec(
-        group_size=s.group_size,
-        vocab_size=vocab_size,
-        max_staleness=cfg.staleness.max_staleness,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        min_p=s.min_p,
-        max_kept=s.max_kept,
-        max_new_tokens=s.max_new_tokens,
-        prompt_format=cfg.task.prompt_format,
-        model=model,
-        rollouts_port=0,
-        announce_port=0,
-        heartbeat_s=cfg.net.heartbeat_s,
-        max_message_bytes=int(cfg.net.max_message_mib * (1 << 20)),
-        reward_fns=tuple(wire.RewardWeight(r.fn, r.weight) for r in cfg.rewards.fns),
-        reward_timeout_s=cfg.rewards.timeout_s,
-        data_port=0,
-        eval_samples=cfg.eval.samples_per_prompt,
-        eval_temperature=cfg.eval.temperature,
-        episodes=cfg.episodes.spec(),
-    )
 
 
 class Server:
@@ -223,8 +196,13 @@ class Server:
         granted again as soon as the network thread gets to it. A failure (a lease-book bug)
         stops the network thread and reaches the caller through `check`."""
         info = {"behavior_version": group.behavior_version, "num_tokens": group.num_tokens}
-        fut = self._call(lambda: self._state.book.finalize(group.lease_id, outcome, **info))
+        fut = self._call(lambda: self._state.finalize(group.lease_id, outcome, **info))
         fut.add_done_callback(self._fail_on_error)
+
+    def settled_on_arrival(self, group: wire.Group) -> bool:
+        """Whether `group`'s lease already ended when it arrived (zero variance, fresh): the
+        learner drops it as `dropped_zero_variance` whatever its lag is by now."""
+        return self._state.is_settled(group.lease_id)
 
     def settle_trained(self, groups: Sequence[wire.Group], *, trained_step: int) -> None:
         """The optimizer step `trained_step` consumed `groups`: end their leases as trained,
@@ -460,40 +438,4 @@ def _restored_state(
         run_id=f"{uuid.uuid4().hex[:8]}-{book.incarnation}",
         policy_version=policy_version,
         granting=not hold_grants,
-    )
-
-
-def group_limits(cfg: Config, max_bytes: int, *, vocab_size: int) -> wire.Limits:
-    """What a group message may hold: the run's G, vocabulary, temperature, lengths and kept
-    sets (required, of at most max_kept ids, exactly when the run samples truncated)."""
-    s = cfg.sampling
-    # per token: id, log-prob, version (when the weights changed mid-group), set size, and the
-    # other max_kept - 1 kept ids
-    worst = s.group_size * s.max_new_tokens * (9 + 4 * s.max_kept)
-    if s.truncation.active and worst > max_bytes:
-        log.warning(
-            "truncated sampling: a group of %d x %d tokens with full kept sets of "
-            "sampling.max_kept = %d ids takes %.0f MiB > net.max_message_mib = %.0f and would "
-            "be refused (too_large); typical top-p sets are far smaller (kept_size_mean in "
-            "metrics.jsonl), else raise net.max_message_mib or lower sampling.max_kept",
-            s.group_size,
-            s.max_new_tokens,
-            s.max_kept,
-            worst / 2**20,
-            max_bytes / 2**20,
-        )
-    return wire.Limits(
-        max_message_bytes=max_bytes,
-        vocab_size=vocab_size,
-        group_size=s.group_size,
-        temperature=s.temperature,
-        eval_group_size=cfg.eval.samples_per_prompt,
-        eval_temperature=cfg.eval.temperature,
-        max_prompt_tokens=s.max_prompt_tokens,
-        # an episode's completion is all of it after the prompt, the environment's tokens too
-        max_completion_tokens=(
-            cfg.episodes.max_episode_tokens if cfg.episodes.on else s.max_new_tokens
-        ),
-        max_kept=s.max_kept if s.truncation.active else 0,
-        num_reward_fns=len(cfg.rewards.fns),
     )

@@ -35,6 +35,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 
@@ -80,6 +81,7 @@ WRITTEN_BY = {  # NetState attribute -> the one module that sets it or changes i
     "granting": _SERVER,
     "evals": _SERVER,
     "eval_rows": _SERVER,
+    "settled_on_arrival": _HERE,
 }
 
 
@@ -145,6 +147,9 @@ class NetState:
         # evaluation during training (`[eval]`): its rounds and held-out rows; None when off
         self.evals: EvalBook | None = None
         self.eval_rows: list[PromptRow] = []
+        # leases of zero-variance groups ended on arrival (consumer/server/intake.py), until the
+        # learner takes their group; read by the learner's thread under `lock`
+        self.settled_on_arrival: set[int] = set()
 
     def register(self, producer_id: str, view: ProducerView) -> None:
         """A producer (re-)registered: its view, its host, noted for the roster."""
@@ -179,6 +184,37 @@ class NetState:
         """`producer_id`'s view changed (or it was forgotten): the roster writes it next."""
         view = self.producers.get(producer_id)
         self.roster_changes[producer_id] = None if view is None else status_of(view)
+
+    def settle_on_arrival(self, lease_id: int) -> None:
+        """`lease_id`'s group ends as it arrives (consumer/server/intake.py), the learner told."""
+        with self.lock:
+            self.settled_on_arrival.add(lease_id)
+
+    def unsettle(self, lease_id: int) -> None:
+        """`lease_id`'s group was not admitted after all: its lease stays open."""
+        with self.lock:
+            self.settled_on_arrival.discard(lease_id)
+
+    def took_settled(self, lease_id: int) -> bool:
+        """The learner took `lease_id`'s group from its queue: whether its lease already ended
+        on arrival (then forgotten here)."""
+        with self.lock:
+            early = lease_id in self.settled_on_arrival
+            self.settled_on_arrival.discard(lease_id)
+        return early
+
+    def finalize(self, lease_id: int, outcome: str, **info: Any) -> None:
+        """End the lease with `outcome` (the network thread), unless it ended when its group
+        arrived (zero variance, intake.py)."""
+        if self.took_settled(lease_id):
+            assert outcome == "dropped_zero_variance", outcome
+            return
+        self.book.finalize(lease_id, outcome, **info)
+
+    def is_settled(self, lease_id: int) -> bool:
+        """Whether `lease_id`'s lease ended when its group arrived (any thread)."""
+        with self.lock:
+            return lease_id in self.settled_on_arrival
 
     def count(self, key: str, n: int = 1) -> None:
         """Add `n` to counter `key` (other threads copy the counters under `lock`)."""

@@ -11,11 +11,14 @@ adds what network fetchers need (chunk hashes and, between anchors, a sparse del
 previous version: consumer/snapshots/fetch_files.py), and only then prunes old snapshots (deleting a
 large file takes a while and nobody waits for it).
 
-Never queue behind a slow writer: there are two buffers (`Buffers`, a small state machine). A
-copy goes to a free buffer; while one buffer is being written and the other holds a version
-still waiting for the writer, the next copy replaces that waiting version, which is then
-*superseded*: never written, never announced, counted in `num_superseded`. A buffer is free
-again as soon as its bytes are in the file (before the fsyncs and the rename).
+Never queue behind a slow writer: there are up to two buffers (`Buffers`, a small state
+machine). A copy goes to a free buffer; while one buffer is being written and the other holds a
+version still waiting for the writer, the next copy replaces that waiting version, which is
+then *superseded*: never written, never announced, counted in `num_superseded`. A buffer is
+free again as soon as its bytes are in the file (before the fsyncs and the rename). The second
+buffer is allocated only the first time a copy finds the first one still in use (logged): a
+writer that keeps up with the steps, as on a CPU where a step takes seconds and a write a
+fraction of one, costs one buffer of host memory, not two (on SmolLM2-135M in float32, 538 MB).
 
 What superseding means for staleness: nothing for the bound. Leases for step s are granted only
 while s - max_staleness <= the newest *published* version (consumer/server/leases.py), so a skipped
@@ -29,6 +32,9 @@ Invariants:
   is always written (only older waiting ones are superseded); `wait()` returns when it is.
 - The directory is a complete HF model directory: the base model's config and tokenizer files are
   copied next to `model.safetensors`, so `from_pretrained(snapshot_dir)` and vLLM load it as is.
+  With `adapter` (LoRA) it is a peft adapter directory instead: the file's header names the
+  adapter and its base (common/weights/adapter.py), `adapter_config.json` sits beside it; every
+  version is an anchor (no delta: common/weights/adapter.py says why), chunk hashes as ever.
 - The manifest records this host's id (`common.weights.snapshot.host_id`), so a producer on the same
   host may take the hash instead of reading the whole file again.
 - An exception in the writer thread is re-raised by the next `submit`/`wait` (never swallowed).
@@ -59,7 +65,9 @@ import torch
 
 from common.config import SnapshotFsync, choices
 from common.files.disk import writing
+from common.weights import adapter as adapter_format
 from common.weights import snapshot as snap
+from common.weights.adapter import AdapterHeader
 from common.wire import SnapshotInfo
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.weights_buffer import (
@@ -87,22 +95,31 @@ class Job:
 class Buffers:
     """Which buffer a copy goes to and which one the writer takes (no threads, no I/O).
 
-    Each buffer is free, being filled, pending (holds a `Job`) or being written. With one writer
-    and at least two buffers, `claim` always finds a free or pending buffer: the copy never waits.
+    Each buffer is free, being filled, pending (holds a `Job`) or being written. Buffers are
+    made when first needed, at most `limit`: `claim` takes a free one, else makes one, else
+    supersedes the oldest pending. With one writer and a limit of at least two, it always
+    finds one: the copy never waits.
     """
 
-    def __init__(self, count: int) -> None:
-        assert count >= 2
-        self.free = list(range(count))
+    def __init__(self, limit: int) -> None:
+        assert limit >= 2
+        self.limit = limit
+        self.count = 0  # buffers made so far
+        self.free: list[int] = []
         self.pending: dict[int, Job] = {}
         self.filling: int | None = None
         self.writing: int | None = None
 
     def claim(self) -> tuple[int, Job | None]:
-        """A buffer for the next copy, and the job it supersedes (the oldest pending) if any."""
+        """A buffer for the next copy (`count` grows when it is a new one), and the job it
+        supersedes (the oldest pending) if any."""
         assert self.filling is None, "one copy at a time"
         if self.free:
             self.filling = self.free.pop(0)
+            return self.filling, None
+        if self.count < self.limit:
+            self.filling = self.count
+            self.count += 1
             return self.filling, None
         assert self.pending, "every buffer is being written"
         index = min(self.pending, key=lambda i: self.pending[i].version)
@@ -153,12 +170,15 @@ class Publisher:
         fsync: SnapshotFsync = "before_announce",
         num_buffers: int = 2,
         fetch_files: FetchFiles | None = None,
+        adapter: AdapterHeader | None = None,
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        self._adapter = adapter  # the versions are this LoRA adapter's (common/weights/adapter.py)
+        self._base_name = str(base_model_dir or "")
         self._extra = [
             p
-            for p in (sorted(base_model_dir.iterdir()) if base_model_dir else [])
+            for p in (sorted(base_model_dir.iterdir()) if base_model_dir and not adapter else [])
             if p.is_file()
             and not p.name.endswith(_WEIGHT_SUFFIXES)
             and not p.name.endswith(".index.json")
@@ -173,9 +193,10 @@ class Publisher:
         self.fetch_files = fetch_files or FetchFiles(
             chunk_bytes=4 << 20, anchor_every=0, max_ratio=0.5
         )
+        if adapter is not None:  # every element of an adapter changes each step: no deltas
+            self.fetch_files.anchor_every = 0
         self._copier = HostCopier()
-        self._hosts: list[HostWeights] = []
-        self._num_buffers = num_buffers
+        self._hosts: list[HostWeights] = []  # made as `Buffers` needs them
         self._buffers = Buffers(num_buffers)
         self._cond = threading.Condition()
         self._announcing = False  # the writer is past the buffer: fsync, rename, announce
@@ -201,15 +222,13 @@ class Publisher:
         returned fence (`Fence.hold_stream`) before changing the weights."""
         self._raise()
         tensors = unique_tensors(state)
-        if not self._hosts:
-            table = table_for(tensors, dtype)
-            pin = next(iter(tensors.values())).is_cuda and torch.cuda.is_available()
-            self._hosts = [HostWeights(table, pin=pin) for _ in range(self._num_buffers)]
         with self._cond:
             index, superseded = self._buffers.claim()
         if superseded is not None:
             self._superseded(superseded, version)
         try:
+            if index == len(self._hosts):
+                self._add_buffer(tensors, dtype)
             fence = self._copier.copy(tensors, self._hosts[index])
         except BaseException:
             with self._cond:
@@ -222,6 +241,35 @@ class Publisher:
             self._buffers.fill(index, job)
             self._cond.notify_all()
         return fence
+
+    @property
+    def num_buffers(self) -> int:
+        """Host buffers made so far (each a whole snapshot file in memory)."""
+        return len(self._hosts)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """The size of one host buffer (0 before the first submit)."""
+        return self._hosts[0].table.num_bytes if self._hosts else 0
+
+    def _add_buffer(self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> None:
+        if self._hosts:
+            table = self._hosts[0].table
+        else:
+            meta = (
+                adapter_format.metadata(self._adapter.spec, self._adapter.base_hash)
+                if self._adapter
+                else None
+            )
+            table = table_for(tensors, dtype, metadata=meta)
+        pin = next(iter(tensors.values())).is_cuda and torch.cuda.is_available()
+        if self._hosts:
+            log.info(
+                "a second snapshot host buffer (%d MB): the writer still held the first when the "
+                "next version was copied (it is slower than publish_every steps)",
+                table.num_bytes >> 20,
+            )
+        self._hosts.append(HostWeights(table, pin=pin))
 
     def wait(self) -> None:
         """Block until every submitted snapshot is published or superseded (or raise its error)."""
@@ -318,9 +366,18 @@ class Publisher:
             with writing(tmp):
                 for extra in self._extra:
                     shutil.copyfile(extra, tmp / extra.name)
+                if self._adapter is not None:  # peft's names for the same file, and its config
+                    adapter_format.write_peft_files(tmp, self._adapter, self._base_name)
                 num_bytes = host.table.num_bytes
                 manifest = snap.Manifest(
-                    job.version, job.step, digest, num_bytes, job.dtype, time.time(), snap.host_id()
+                    version=job.version,
+                    step=job.step,
+                    hash=digest,
+                    num_bytes=num_bytes,
+                    dtype=job.dtype,
+                    created_unix=time.time(),
+                    writer=snap.host_id(),
+                    base_hash=self._adapter.base_hash if self._adapter else "",
                 )
                 snap.finalize(tmp, final, manifest, fsync=durable_first)
         except OSError:

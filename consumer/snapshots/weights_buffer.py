@@ -65,14 +65,19 @@ def stored_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype
     return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
 
 
-def table_for(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> TensorTable:
+def table_for(
+    state: Mapping[str, torch.Tensor],
+    dtype: torch.dtype | None,
+    *,
+    metadata: Mapping[str, str] | None = None,
+) -> TensorTable:
     """The file layout of `state` (already without tied duplicates), floating-point tensors
-    stored in `dtype` (None: each in its own)."""
+    stored in `dtype` (None: each in its own); `metadata` in the header (default: format pt)."""
     specs = [
         TensorSpec(name, DTYPE_CODES[stored_dtype(t, dtype)], tuple(t.shape))
         for name, t in state.items()
     ]
-    return plan(specs, metadata={"format": "pt"})
+    return plan(specs, metadata=metadata or {"format": "pt"})
 
 
 class HostWeights:

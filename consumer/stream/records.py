@@ -5,7 +5,8 @@ A step's result is a function of the learner's state before it, the config and t
 trained in their order; a `StepEntry` holds the last of these (lease ids: common.wire.Group's
 `lease_id`, unique over a run and its resumes) and what a replay checks the first two against:
 the seed, the micro-batch passes the trainer made (`train.micro_batch_tokens` and the attention
-path decide them) and the learning rate it used. The groups dropped while collecting the step
+path decide them), the torch threads of each pass (what a replay runs them with) and the
+learning rate it used. The groups dropped while collecting the step
 are listed with why (common.wire.OUTCOMES names), so a replay's ledger counts them too.
 """
 
@@ -27,6 +28,9 @@ class StepEntry:
     micro_batches: int | None = None  # forward/backward passes the trainer made
     lr: float | None = None  # the learning rate the step (its first update) used
     tokens: int = 0  # completion tokens of the kept groups (the stream's bytes per token)
+    # torch threads of each forward/backward pass in order (a CPU learner's threads follow its
+    # host's cores and change the float rounding: a replay runs its passes with the same)
+    threads: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # fields of later formats, kept as is
 
     def to_bytes(self) -> bytes:
@@ -39,6 +43,7 @@ class StepEntry:
                 "micro_batches": self.micro_batches,
                 "lr": self.lr,
                 "tokens": self.tokens,
+                **({"threads": list(self.threads)} if self.threads else {}),
                 **self.extra,
             },
             separators=(",", ":"),
@@ -48,7 +53,7 @@ class StepEntry:
     def from_bytes(cls, data: bytes) -> StepEntry:
         """Parse; `ValueError` (or KeyError, TypeError) when `data` is not a step entry."""
         d = json.loads(data)
-        known = {"version", "kept", "dropped", "seed", "micro_batches", "lr", "tokens"}
+        known = {"version", "kept", "dropped", "seed", "micro_batches", "lr", "tokens", "threads"}
         return cls(
             version=int(d["version"]),
             kept=tuple(int(i) for i in d["kept"]),
@@ -57,6 +62,7 @@ class StepEntry:
             micro_batches=d.get("micro_batches"),
             lr=d.get("lr"),
             tokens=int(d.get("tokens", 0)),
+            threads=tuple(int(n) for n in d.get("threads", [])),
             extra={k: v for k, v in d.items() if k not in known},
         )
 

@@ -3,11 +3,13 @@ rank of an FSDP2 learner under torchrun (ranks > 0 run nothing else).
 
 What it owns: the `Trainer` protocol (consumer/train/protocol.py) and its implementations (one
 device: trainer.py; FSDP2: sharded.py with ranks.py; no model: simulated.py), the loss and the
-advantages (pure tensor functions: loss.py, advantages.py), batching.py, the forward over
-completion tokens (forward.py) with its LM head (lm_head.py) and attention choice (attention.py),
-the learning-rate schedule (schedule.py), and checkpoints (checkpoint.py; sharded:
-sharded_checkpoint.py). What it does not do: sockets, leases or snapshots on disk
-(consumer/server/, consumer/snapshots/); only the learner (consumer/learner.py) calls it.
+advantages (pure tensor functions: loss.py, advantages.py; a batch's: batch_advantages.py),
+batching.py, the forward over completion tokens (forward.py) with its LM head (lm_head.py) and
+attention choice (attention.py; a group's prompt once: shared_prompt.py), a step's metrics
+(step_metrics.py), the learning-rate schedule (schedule.py), a LoRA adapter on the frozen base
+(adapter.py), how its process gives freed memory back (host_memory.py), and checkpoints
+(checkpoint.py; sharded: sharded_checkpoint.py). What it does not do: sockets, leases or snapshots
+on disk (consumer/server/, consumer/snapshots/); only the learner (consumer/learner.py) calls it.
 """
 
 from __future__ import annotations

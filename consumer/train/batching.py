@@ -51,6 +51,7 @@ import torch
 
 from common.sampling.kept_set import KeptSets
 from common.wire import Group
+from consumer.train import shared_prompt as SP
 
 ENV_ERROR = "env_error"  # an episode its environment failed: never trained
 
@@ -82,8 +83,10 @@ class Row:
 class MicroBatch:
     # -- model inputs (see the module docstring for the two layouts) ---------------------------
     input_ids_BL: torch.Tensor  # int64: padded [B, L] (right-padded with pad_id) | packed [1, S]
+    # | shared prompt [K groups, L] (consumer/train/shared_prompt.py)
     attention_mask_BL: torch.Tensor | None  # int64 [B, L], 1 = real token; padded, unequal rows
-    position_ids_BL: torch.Tensor | None  # int64 [1, S], 0.. per row; packed only
+    # | bool [K, 1, L, L] (query, key) in the shared-prompt layout
+    position_ids_BL: torch.Tensor | None  # int64 [1, S], 0.. per row (packed) | [K, L] (shared)
     cu_seqlens: torch.Tensor | None  # int32 [B + 1], row starts in the packed sequence, then S
     max_seqlen: int  # longest row
     hidden_index_N: torch.Tensor  # int64 [N], flat output position predicting each token
@@ -95,6 +98,8 @@ class MicroBatch:
     advantages_B: torch.Tensor  # float32
     rows: tuple[int, ...]  # indices into the batch's row list
     num_tokens: int  # N: completion tokens that are trained
+    num_real: int  # model input positions that are not padding
+    layout: str  # "padded" | "packed" | "shared_prompt"
     num_unknown: int = 0  # completion tokens left out: their kept set is unknown
     # -- kept sets of truncated sampling (None without): see the module docstring --------------
     kept_NK: torch.Tensor | None = None  # int64 [N, K]: the token, then its other kept ids
@@ -110,7 +115,7 @@ class MicroBatch:
 
     @property
     def packed(self) -> bool:
-        return self.position_ids_BL is not None
+        return self.layout == "packed"
 
     @property
     def num_positions(self) -> int:
@@ -213,8 +218,13 @@ def collate(
     pad_id: int,
     device: torch.device,
     packed: bool = False,
+    shared_prompt: bool = False,
+    one_sequence: bool = False,
 ) -> MicroBatch:
-    """The rows `indices` as one micro-batch in the padded or the packed layout."""
+    """The rows `indices` as one micro-batch in the padded, the packed or the shared-prompt
+    layout (consumer/train/shared_prompt.py: whole groups; a sequence per group, or with
+    `one_sequence` all of them in one)."""
+    assert not (packed and shared_prompt)
     picked = [rows[i] for i in indices]
     lengths = np.array([len(r.ids) for r in picked], np.int64)
     L = int(lengths.max())
@@ -233,30 +243,21 @@ def collate(
         behavior[b, at] = r.behavior_logp
     row_N, pos_N = np.nonzero(mask)  # row-major: the order of tokens_BT[mask_BT]
     kept_NK, valid_NK = _kept_layout(picked, tokens[mask])
-    starts = np.concatenate([[0], np.cumsum(lengths)])
-    position_ids = attention_mask = cu_seqlens = None
-    if packed:
-        ids = np.concatenate([r.ids for r in picked]).astype(np.int64)[None]
-        positions = np.concatenate([np.arange(n) for n in lengths])[None]
-        position_ids = torch.from_numpy(positions).to(device)
-        cu_seqlens = torch.from_numpy(starts.astype(np.int32)).to(device)
-        hidden_index = starts[row_N] + pos_N
-    else:
-        ids = np.full((B, L), pad_id, np.int64)
-        for b, r in enumerate(picked):
-            ids[b, : len(r.ids)] = r.ids
-        if (lengths != L).any():
-            attention_mask = torch.from_numpy(
-                (np.arange(L)[None] < lengths[:, None]).astype(np.int64)
-            ).to(device)
-        hidden_index = row_N * L + pos_N
+    layout = "shared_prompt" if shared_prompt else "packed" if packed else "padded"
+    inputs = _model_inputs(
+        picked, lengths, row_N, pos_N, pad_id=pad_id, layout=layout, one_sequence=one_sequence
+    )
+
+    def on_device(a: np.ndarray | None) -> torch.Tensor | None:
+        return None if a is None else torch.from_numpy(a).to(device)
+
     return MicroBatch(
-        input_ids_BL=torch.from_numpy(ids).to(device),
-        attention_mask_BL=attention_mask,
-        position_ids_BL=position_ids,
-        cu_seqlens=cu_seqlens,
+        input_ids_BL=torch.from_numpy(inputs.ids).to(device),
+        attention_mask_BL=on_device(inputs.attention_mask),
+        position_ids_BL=on_device(inputs.position_ids),
+        cu_seqlens=on_device(inputs.cu_seqlens),
         max_seqlen=L,
-        hidden_index_N=torch.from_numpy(hidden_index.astype(np.int64)).to(device),
+        hidden_index_N=torch.from_numpy(inputs.hidden_index.astype(np.int64)).to(device),
         tokens_N=torch.from_numpy(tokens[mask]).to(device),
         tokens_BT=torch.from_numpy(tokens).to(device),
         mask_BT=torch.from_numpy(mask).to(device),
@@ -266,10 +267,61 @@ def collate(
         ),
         rows=tuple(indices),
         num_tokens=int(mask.sum()),
+        num_real=inputs.num_real,
+        layout=layout,
         num_unknown=sum(len(r.kept.unknown) for r in picked),
         kept_NK=None if kept_NK is None else torch.from_numpy(kept_NK).to(device),
         kept_valid_NK=None if valid_NK is None else torch.from_numpy(valid_NK).to(device),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    ids: np.ndarray  # int64
+    attention_mask: np.ndarray | None
+    position_ids: np.ndarray | None
+    cu_seqlens: np.ndarray | None  # int32
+    hidden_index: np.ndarray
+    num_real: int
+
+
+def _model_inputs(
+    picked: list[Row],
+    lengths: np.ndarray,
+    row_N: np.ndarray,
+    pos_N: np.ndarray,
+    *,
+    pad_id: int,
+    layout: str,
+    one_sequence: bool = False,
+) -> _Inputs:
+    """The decoder's inputs for `picked` in `layout` (see the module docstring), and where the
+    output predicting each trained token (`row_N`, `pos_N` in the loss frame) is."""
+    if layout == "shared_prompt":
+        lay = SP.one_sequence if one_sequence else SP.inputs
+        laid = lay(picked, row_N, pos_N, pad_id=pad_id)
+        return _Inputs(
+            ids=laid.input_ids_KL,
+            attention_mask=laid.mask_KLL[:, None],
+            position_ids=laid.position_ids_KL,
+            cu_seqlens=None,
+            hidden_index=laid.hidden_index_N,
+            num_real=laid.num_real,
+        )
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    if layout == "packed":
+        ids = np.concatenate([r.ids for r in picked]).astype(np.int64)[None]
+        positions = np.concatenate([np.arange(n) for n in lengths])[None]
+        cu = starts.astype(np.int32)
+        return _Inputs(ids, None, positions, cu, starts[row_N] + pos_N, int(lengths.sum()))
+    L = int(lengths.max())
+    ids = np.full((len(picked), L), pad_id, np.int64)
+    for b, r in enumerate(picked):
+        ids[b, : len(r.ids)] = r.ids
+    mask = None
+    if (lengths != L).any():
+        mask = (np.arange(L)[None] < lengths[:, None]).astype(np.int64)
+    return _Inputs(ids, mask, None, None, row_N * L + pos_N, int(lengths.sum()))
 
 
 def _kept_layout(

@@ -25,17 +25,28 @@ trainer writes nothing but `state.json`.
 `--resume` (run.resume) restores all of it: the learner continues with the same weights,
 optimizer moments and RNG streams; producers notice the new incarnation and re-register by
 themselves. A run directory of the earlier layout (`<run>/checkpoint/`) still resumes.
+
+Weights written once: when the snapshot of the checkpoint's version was published in float32
+(`snapshot.dtype = "float32"`, what the learner holds), its `model.safetensors` already is the
+checkpoint's weights, so `save_plain` hard-links it (`published=`) instead of writing the same
+bytes again, and records the snapshot's BLAKE3 hash and size in `trainer.pt`; `load_plain`
+checks the file against them before loading (a `ConfigError` naming the file if it changed).
+The link keeps the bytes when the snapshot is pruned later. Where a link is impossible (another
+filesystem) or the snapshot is bfloat16, the weights are written as before. So a run on
+SmolLM2-135M in float32 keeps `snapshot.keep_last` snapshot files and one optimizer state
+(1.08 GB), not a third copy of the weights (538 MB) in the checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -43,19 +54,30 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.optim.lr_scheduler import LRScheduler
 
-from common.errors import ConfigError
+from common.errors import ConfigError, SnapshotError
 from common.files import run_files as RF
 from common.files.disk import from_library, writing
-from common.weights.snapshot import fsync_path, sync_dir
+from common.weights.snapshot import WEIGHTS_FILE, fsync_path, sync_dir, verify_file
+from common.wire import SnapshotInfo
 from consumer.train.protocol import Trainer
 
+log = logging.getLogger("asyncgrpo.consumer")
 ROOT = RF.CHECKPOINTS
 POINTER = "LATEST"
 LEGACY_DIR = RF.LEGACY_CHECKPOINT  # before LATEST: one directory, replaced by two renames
 
 
-def save(run_dir: Path, *, trainer: Trainer, version: int, book_state: RF.BookState) -> Path:
-    """Write a checkpoint and make it the current one (crash-safe; see the module doc)."""
+def save(
+    run_dir: Path,
+    *,
+    trainer: Trainer,
+    version: int,
+    book_state: RF.BookState,
+    published: SnapshotInfo | None = None,
+) -> Path:
+    """Write a checkpoint and make it the current one (crash-safe; see the module doc).
+    `published`: the snapshot file of this version if it holds exactly the weights (float32)."""
+    assert published is None or published.version == version
     root = run_dir / ROOT
     root.mkdir(exist_ok=True)
     name = f"v{version:06d}-{uuid.uuid4().hex[:8]}"
@@ -63,7 +85,7 @@ def save(run_dir: Path, *, trainer: Trainer, version: int, book_state: RF.BookSt
     tmp.mkdir()
     try:
         with writing(tmp):
-            trainer.save_checkpoint(tmp)  # a sharded learner: every rank writes its shards
+            trainer.save_checkpoint(tmp, weights=published)  # sharded: every rank's shards
             state = json.dumps({"version": version, "book": book_state.to_json()})
             (tmp / "state.json").write_text(state)
             sync_dir(tmp)
@@ -90,14 +112,32 @@ def save_plain(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler,
+    *,
+    published: SnapshotInfo | None = None,
+    weights: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
-    """One process's part of a checkpoint: `model.safetensors` (fp32, tied tensors once) and
-    `trainer.pt` (optimizer, scheduler, RNG states)."""
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    with _library_errors(directory / "model.safetensors"):
-        save_file(_dedup(state), directory / "model.safetensors")
+    """One process's part of a checkpoint: `model.safetensors` (fp32, tied tensors once: the
+    model's state, or `weights`, e.g. a LoRA adapter's tensors only; a hard link to `published`
+    when given and possible) and `trainer.pt` (optimizer, scheduler, RNG states, and the linked
+    file's hash)."""
+    linked = published is not None and _link(Path(published.path), directory / WEIGHTS_FILE)
+    if not linked:
+        source = model.state_dict() if weights is None else weights
+        state = {k: v.detach().cpu().contiguous() for k, v in source.items()}
+        with _library_errors(directory / WEIGHTS_FILE):
+            save_file(_dedup(state), directory / WEIGHTS_FILE)
     with _library_errors(directory / "trainer.pt"):
-        _save_trainer(directory, optimizer, scheduler)
+        _save_trainer(directory, optimizer, scheduler, published if linked else None)
+
+
+def _link(source: Path, target: Path) -> bool:
+    """Hard-link `source` as `target`; False (and a log line) where the filesystem cannot."""
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        log.info("checkpoint: writing the weights (cannot link %s: %s)", source, exc)
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -113,7 +153,10 @@ def _library_errors(path: Path) -> Iterator[None]:
 
 
 def _save_trainer(
-    directory: Path, optimizer: torch.optim.Optimizer, scheduler: LRScheduler
+    directory: Path,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    linked: SnapshotInfo | None,
 ) -> None:
     torch.save(
         {
@@ -123,6 +166,9 @@ def _save_trainer(
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "python_rng": random.getstate(),
             "numpy_rng": np.random.get_state(),
+            # the weights file's BLAKE3 hash and size when it is a published snapshot's
+            "weights_hash": linked.hash if linked else None,
+            "weights_bytes": linked.num_bytes if linked else None,
         },
         directory / "trainer.pt",
     )
@@ -182,13 +228,26 @@ def load_plain(
     scheduler: LRScheduler,
     *,
     device: torch.device,
+    restore: Callable[[dict[str, torch.Tensor]], None] | None = None,
 ) -> None:
-    """Restore what `save_plain` wrote into one process's model (on `device`), optimizer,
-    scheduler and RNGs."""
-    weights = load_file(directory / "model.safetensors", device=str(device))
-    _missing, unexpected = model.load_state_dict(weights, strict=False)
-    assert not unexpected, unexpected
+    """Restore what `save_plain` wrote into one process's model (on `device`; `restore` takes
+    the saved tensors instead, e.g. into a LoRA adapter), optimizer, scheduler and RNGs; weights
+    linked from a snapshot are checked against its hash first."""
     extra = torch.load(directory / "trainer.pt", weights_only=False)
+    path = directory / WEIGHTS_FILE
+    if extra.get("weights_hash"):
+        try:
+            verify_file(
+                path, expected_hash=extra["weights_hash"], expected_bytes=extra["weights_bytes"]
+            )
+        except SnapshotError as exc:
+            raise ConfigError(f"run.resume: the checkpoint's weights changed: {exc}") from None
+    weights = load_file(path, device=str(device))
+    if restore is not None:
+        restore(weights)
+    else:
+        _missing, unexpected = model.load_state_dict(weights, strict=False)
+        assert not unexpected, unexpected
     optimizer.load_state_dict(extra["optimizer"])
     scheduler.load_state_dict(extra["scheduler"])
     torch.set_rng_state(extra["torch_rng"])

@@ -43,9 +43,12 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from common.config import Config
-from common.wire import Group
+from common.host.core_board import Share
+from common.wire import Group, SnapshotInfo
+from consumer.train import adapter as LA
 from consumer.train import ranks as D
 from consumer.train import sharded_checkpoint
+from consumer.train import shared_prompt as SP
 from consumer.train.batching import Row, split_by_tokens
 from consumer.train.forward import CompletionForward
 from consumer.train.trainer import DeviceTrainer
@@ -112,7 +115,13 @@ class ShardedTrainer(DeviceTrainer):
 
     def _train_rows(self, rows: list[Row], t0: float) -> dict[str, Any]:
         rows = D.share_rows(rows if self.world.main else None)
-        self._owner = split_by_tokens([len(r.ids) for r in rows], self.world.size)
+        if self.attention.shared_prompt:  # whole groups, so each keeps its prompt shared
+            groups = list(dict.fromkeys(r.group for r in rows))
+            owner = split_by_tokens(SP.group_lengths(rows), self.world.size)
+            by_group = dict(zip(groups, owner, strict=True))
+            self._owner = [by_group[r.group] for r in rows]
+        else:
+            self._owner = split_by_tokens([len(r.ids) for r in rows], self.world.size)
         with D.failures("a training step"):  # FSDP's gathers and reductions inside
             return super()._train_rows(rows, t0)
 
@@ -155,6 +164,12 @@ class ShardedTrainer(DeviceTrainer):
         return state
 
     def _gather(self) -> dict[str, torch.Tensor]:
+        if self.adapter:  # LoRA: the adapter's tensors only, each gathered in the same order
+            with D.failures("gathering the adapter"):
+                return {
+                    name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+                    for name, t in LA.tensors(self.model).items()
+                }
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         with D.failures("gathering the weights"):
             # full and offloaded: every value is a CPU tensor
@@ -173,12 +188,18 @@ class ShardedTrainer(DeviceTrainer):
             self._eval_model = AutoModelForCausalLM.from_pretrained(
                 self.model_dir, dtype=torch.float32
             ).to(self.device)  # type: ignore[arg-type]  # transformers' wrapped `to`
-        self._eval_model.load_state_dict(state, strict=False)
+            if self.adapter:
+                LA.attach(self._eval_model, self.cfg.model.lora, self.model_dir)
+        if self.adapter:
+            LA.restore(self._eval_model, state)
+        else:
+            self._eval_model.load_state_dict(state, strict=False)
         return self._eval_model
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def save_checkpoint(self, directory: Path) -> None:
-        """Rank 0: every rank writes its shards into `directory` (sharded_checkpoint.py)."""
+    def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:
+        """Rank 0: every rank writes its shards into `directory` (sharded_checkpoint.py; a
+        published file is not reused: the shards are what resumes at any world size)."""
         self.channel.send(D.Op.SAVE, str(directory))
         self._save(directory)
 
@@ -205,6 +226,10 @@ class ShardedTrainer(DeviceTrainer):
                     self.model, self.optimizer, self.scheduler, directory, main=self.world.main
                 )
         self._gathered = None
+
+    def share_cores(self, seat: Share | None) -> None:
+        """Not taken: every rank keeps the threads torchrun gave it (the ranks compute together,
+        and only rank 0 is on the board)."""
 
     # -- the other ranks -----------------------------------------------------------------------
     def idle(self) -> None:

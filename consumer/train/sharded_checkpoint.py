@@ -40,9 +40,26 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim.lr_scheduler import LRScheduler
 
+from common.errors import ConfigError
 from common.weights.snapshot import sync_dir
 
 DCP_DIR = "dcp"
+
+
+# the weights a checkpoint holds: those trained (a LoRA adapter's; every weight otherwise)
+_TRAINED = StateDictOptions(ignore_frozen_params=True)
+_TRAINED_LOOSE = StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def _trained_state(model: torch.nn.Module) -> tuple[dict[str, Any], StateDictOptions]:
+    """The model's state dict as a checkpoint holds it, and the options to set it back: every
+    weight, or with frozen weights (LoRA) the trained ones only (a tied alias of a frozen
+    weight, `lm_head.weight`, would otherwise come along: the base's embeddings)."""
+    state = get_model_state_dict(model, options=_TRAINED)
+    if all(p.requires_grad for p in model.parameters()):
+        return state, _TRAINED
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state.items() if k in trained}, _TRAINED_LOOSE
 
 
 def is_sharded(directory: Path) -> bool:
@@ -61,7 +78,7 @@ def save(
     """Every rank: its shards of model and optimizer, and its own `rank<r>.pt`; rank 0 then
     fsyncs the DCP directory (the caller waits for every rank before renaming)."""
     state = {
-        "model": get_model_state_dict(model),
+        "model": _trained_state(model)[0],
         "optim": get_optimizer_state_dict(model, optimizer),
     }
     torch.save(_extra(scheduler), directory / f"rank{rank}.pt")
@@ -79,7 +96,7 @@ def load(
     rank: int,
 ) -> None:
     """Restore from a DCP checkpoint written by any number of ranks (here: any number too)."""
-    model_state = get_model_state_dict(model)
+    model_state, options = _trained_state(model)
     optim = get_optimizer_state_dict(model, optimizer)
     single = not torch.distributed.is_initialized()  # one process reads every rank's shards
     with warnings.catch_warnings():  # DCP warns that no process group means one process: it does
@@ -89,7 +106,7 @@ def load(
             checkpoint_id=directory / DCP_DIR,
             no_dist=single,
         )
-    set_model_state_dict(model, model_state)
+    set_model_state_dict(model, model_state, options=options)
     set_optimizer_state_dict(model, optimizer, optim)
     own = directory / f"rank{rank}.pt"
     _restore_extra(scheduler, own if own.exists() else directory / "rank0.pt")
@@ -107,6 +124,11 @@ def load_full(
     the sharded model; rank 0 reads the tensors and they are broadcast and sharded."""
     from safetensors.torch import load_file
 
+    if any(not p.requires_grad for p in model.parameters()):
+        raise ConfigError(
+            "run.resume: a LoRA checkpoint written by one process resumes in one process "
+            "(dist.nproc_per_node = 1); a sharded one resumes at any world size"
+        )
     extra = torch.load(directory / "trainer.pt", weights_only=False)
     weights: dict[str, Any] = {}
     optim: dict[str, Any] = {}

@@ -16,7 +16,9 @@ import numpy as np
 import torch
 
 from common.config import Config
-from common.wire import Group
+from common.host.core_board import Share
+from common.weights.adapter import AdapterHeader
+from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
 
 VOCAB_SIZE = 32_000
@@ -30,6 +32,7 @@ class SimulatedTrainer:
     def __init__(self, cfg: Config) -> None:
         self.step_s = cfg.train.simulate_step_s
         self.vocab_size = VOCAB_SIZE
+        self.adapter: AdapterHeader | None = None  # whole-model snapshots (a tiny stand-in)
         self.version = 0
 
     def step(self, groups: list[Group]) -> dict[str, Any]:
@@ -55,11 +58,14 @@ class SimulatedTrainer:
     def close(self) -> None:
         """Nothing to release."""
 
+    def share_cores(self, seat: Share | None) -> None:
+        """It sleeps: no threads to share."""
+
     def eval_model(self) -> Any:
         """Never called: the learner evaluates only a real model."""
         raise NotImplementedError("a simulated trainer has no model to evaluate")
 
-    def save_checkpoint(self, directory: Path) -> None:
+    def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:
         """Nothing to save: a checkpoint holds only the version and the lease book."""
 
     def load_checkpoint(self, directory: Path) -> None:

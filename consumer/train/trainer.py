@@ -19,6 +19,9 @@ Conventions:
   unknown is not trained. Per step:
   `kept_mass_mean` (the policy's mass on the kept sets, before the update), `kept_size_mean`
   (|K|; the vocabulary size without truncation), `tokens_kept_unknown`.
+- `model.lora.enabled`: a LoRA adapter on the frozen base (consumer/train/adapter.py) is the
+  trainable state: the optimizer, `weights()` (what is published) and the checkpoint hold the
+  adapter only; `adapter` is its header (spec, base hash), None for a whole model.
 - `model.dtype = "bfloat16"` runs forward/backward under CUDA autocast in bf16 with fp32 master
   weights and optimizer state (CPU runs stay fp32).
 - `updates_per_batch = 1` (default): one optimizer step consumes the batch, `old_logp` is
@@ -41,6 +44,7 @@ import contextlib
 import logging
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -48,13 +52,18 @@ import numpy as np
 import torch
 
 from common.config import Config
+from common.host.core_board import Share
 from common.host.device import resolve_device
-from common.wire import Group
+from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
+from consumer.train import adapter as LA
 from consumer.train import advantages as ADV
 from consumer.train import attention as A
+from consumer.train import batch_advantages as BA
 from consumer.train import checkpoint, sharded_checkpoint
 from consumer.train import loss as L
+from consumer.train import shared_prompt as SP
+from consumer.train import step_metrics as SM
 from consumer.train.batching import (
     MicroBatch,
     Row,
@@ -62,7 +71,6 @@ from consumer.train.batching import (
     loss_normalisers,
     plan_micro_batches,
     rows_of,
-    trained_NG,
 )
 from consumer.train.forward import CompletionForward, check_plain_head, compile_layers
 from consumer.train.lm_head import HeadOut
@@ -102,47 +110,6 @@ def advantage_options(cfg: Config) -> ADV.AdvantageOptions:
     )
 
 
-def batch_advantages(groups: list[Group], options: ADV.AdvantageOptions) -> np.ndarray:
-    """float64 [N, G] advantages of the groups' completions (`advantages.advantages_of`): the
-    completions' sampled tokens for the overlong punishment (an episode's inserted tokens are
-    not the model's length), those less the ones with an unknown kept set for the whitened
-    baselines; episodes their environment failed do not count (`trained_NG`)."""
-    rewards_NG = torch.from_numpy(np.stack([np.asarray(g.rewards, np.float64) for g in groups]))
-    lengths_NG = tokens_NG = None
-    if options.overlong_window or options.needs_tokens:
-        lengths = np.stack([_sampled_per_completion(g) for g in groups])
-        lengths_NG = torch.from_numpy(lengths)
-        if options.needs_tokens:
-            unknown = np.stack(
-                [
-                    _unknown_per_completion(g, ends)
-                    for g, ends in zip(groups, np.cumsum(lengths, axis=1), strict=True)
-                ]
-            )
-            tokens_NG = torch.from_numpy(lengths - unknown)
-    valid_NG = torch.from_numpy(trained_NG(groups))  # episodes an environment failed: out
-    adv_NG = ADV.advantages_of(
-        rewards_NG, options, lengths_NG=lengths_NG, tokens_NG=tokens_NG, valid_NG=valid_NG
-    )
-    return adv_NG.numpy()
-
-
-def _sampled_per_completion(g: Group) -> np.ndarray:
-    """int64 [G]: the tokens of each completion the model sampled (all of a plain one)."""
-    lens = np.asarray(g.completion_lens, np.int64)
-    if not g.episodes:
-        return lens
-    owner = np.repeat(np.arange(len(lens)), lens)
-    return np.bincount(owner, weights=g.sampled_mask(), minlength=len(lens)).astype(np.int64)
-
-
-def _unknown_per_completion(g: Group, sampled_ends: np.ndarray) -> np.ndarray:
-    """int64 [G]: each completion's tokens with an unknown kept set (`kept_unknown` indexes the
-    sampled tokens)."""
-    at = np.searchsorted(sampled_ends, g.kept_unknown, side="right")
-    return np.bincount(at, minlength=len(sampled_ends))
-
-
 class DeviceTrainer:
     """The `Trainer` (consumer/train/protocol.py) of one process on one device."""
 
@@ -160,6 +127,9 @@ class DeviceTrainer:
         torch.manual_seed(cfg.run.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.to(self.device)  # type: ignore[arg-type]  # transformers' wrapped `to`
+        # LoRA: the adapter is the trainable state, published and checkpointed (adapter.py)
+        lora = cfg.model.lora
+        self.adapter = LA.attach(self.model, lora, model_dir) if lora.enabled else None
         self._autocast = cfg.model.dtype == "bfloat16" and self.device.type == "cuda"
         self.attention = A.choose_attention(
             cfg.model.attention,
@@ -167,13 +137,16 @@ class DeviceTrainer:
             half_precision=self._autocast,
             flash_impl=A.installed_flash(),
             flex_ok=A.flex_available(),
+            full_attention=SP.full_attention_only(self.model.config),
         )
+        self._shapes = SP.Shapes.of(self.model.config)
         log.info("learner attention: %s", self.attention.describe())
         self.policy = self._forward_module(self.model)
         if cfg.model.gradient_checkpointing:  # the name transformers 5 gave it, else the old one
-            getattr(self.model, "activation_checkpointing_enable", None) or (
-                self.model.gradient_checkpointing_enable
-            )()  # type: ignore[no-untyped-call]
+            enable = getattr(self.model, "activation_checkpointing_enable", None)
+            (enable or self.model.gradient_checkpointing_enable)()
+            if self.adapter:  # frozen embeddings: the checkpointed layers' input needs a grad
+                self.model.enable_input_require_grads()  # type: ignore[no-untyped-call]
         self.model.config.use_cache = False
         self.model.train()
         embeddings = cast(torch.nn.Embedding, self.model.get_input_embeddings())
@@ -181,7 +154,7 @@ class DeviceTrainer:
         self.pad_id = _pad_id(self.model.config)
         t = cfg.train
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            LA.trainable(self.model) if self.adapter else self.model.parameters(),
             lr=t.lr,
             betas=(t.betas[0], t.betas[1]),
             weight_decay=t.weight_decay,
@@ -195,6 +168,8 @@ class DeviceTrainer:
             self.ref_model.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
             self.ref_policy = self._forward_module(self.ref_model)
         self._weights_fence: Fence | None = None  # a copy of the weights still in flight
+        self._cores: Share | None = None  # the host's cores shared with the run's producers
+        self._pass_threads: list[int] = []  # the step's passes' torch threads, in order
 
     def _forward_module(self, model: Any) -> CompletionForward:
         A.use(model, self.attention)
@@ -217,8 +192,13 @@ class DeviceTrainer:
     def step(self, groups: list[Group]) -> dict[str, Any]:
         """One optimizer step (or `updates_per_batch` steps) on these groups; returns metrics."""
         t0 = time.perf_counter()
-        adv_NG = batch_advantages(groups, self.advantage_options)
-        return self._train_rows(rows_of(groups, adv_NG), t0)
+        self._pass_threads = []
+        cores = self._cores.describe() if self._cores is not None else None  # at the start
+        adv_NG = BA.batch_advantages(groups, self.advantage_options)
+        out = self._train_rows(rows_of(groups, adv_NG), t0)
+        if self._cores is not None:
+            self._cores.finished_step()  # idle until the next: the cores go to the producers
+        return out | {"cores": cores}
 
     def _train_rows(self, rows: list[Row], t0: float) -> dict[str, Any]:
         """The step on rows whose advantages are set (a sharded learner's ranks enter here)."""
@@ -233,13 +213,19 @@ class DeviceTrainer:
             passes.extend(part_passes)
             grad_norms.append(grad_norm)
         metrics = self._all_metrics(passes)
-        out: dict[str, Any] = _combine(metrics)
-        positions, real = out.pop("forward_positions_sum"), out.pop("forward_tokens_sum")
+        out: dict[str, Any] = SM.combine(metrics)
+        positions, real = out.pop("forward_positions_sum"), out.pop("forward_real_sum")
+        row_tokens, shared = out.pop("forward_tokens_sum"), out.pop("shared_prompt_passes_sum")
+        out["learner_threads"] = out.pop("torch_threads_sum") / max(len(metrics), 1)
+        # every pass's threads in order, old-log-prob passes included: they change the float
+        # rounding, so the stream records them for a replay
+        out["pass_threads"] = list(self._pass_threads)
         out["tokens_kept_unknown"] = int(out.pop("tokens_kept_unknown_sum", 0))
         out["loss"] = out.pop("loss_sum", 0.0) / updates  # the mean update's full-batch loss
         out.update(
-            attention=self.attention.path,
+            attention=SM.layouts(self.attention.path, shared, len(metrics)),
             padding_frac=1.0 - real / max(positions, 1.0),
+            positions_saved_frac=1.0 - real / max(row_tokens, 1.0),
             micro_batches=len(metrics),
         )
         if out.get("tis_weight_sq_sum"):  # effective sample size of the TIS weights, in (0, 1]
@@ -263,6 +249,7 @@ class DeviceTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         passes = []
         for plan, real in self._micro_batches(rows, row_ids):
+            threads = self._take_threads()
             mb = self._collate(rows, plan)
             old_BT = None if old is None else _stack_old(old, [row_ids[i] for i in plan], mb)
             loss, m = self._micro_loss(
@@ -270,7 +257,10 @@ class DeviceTrainer:
             )
             (loss if real else loss * 0.0).backward()  # type: ignore[no-untyped-call]
             m["forward_positions_sum"] = float(mb.num_positions)
+            m["forward_real_sum"] = float(mb.num_real)
             m["forward_tokens_sum"] = float(sum(len(rows[i].ids) for i in plan))
+            m["shared_prompt_passes_sum"] = float(mb.layout == "shared_prompt")
+            m["torch_threads_sum"] = float(threads)
             passes.append((m, mb.num_tokens, real))
         clip = c.train.grad_clip if c.train.grad_clip > 0 else math.inf
         grad_norm = self._clip_grad_norm(clip)
@@ -295,11 +285,25 @@ class DeviceTrainer:
 
     def _clip_grad_norm(self, clip: float) -> float:
         """Clip the gradients to a global norm of `clip`; the norm before clipping."""
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return float(torch.nn.utils.clip_grad_norm_(params, clip))
 
     def eval_model(self) -> Any:
         """A model with the current weights that `generate` can run in this process alone."""
         return self.model
+
+    def share_cores(self, seat: Share | None) -> None:
+        """Take the threads `seat` gives before each pass (the core board, or a replay's record)."""
+        self._cores = seat
+
+    def _take_threads(self) -> int:
+        """This pass's torch threads: the board's share, or as configured."""
+        if self._cores is not None:
+            threads = self._cores.work()
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
+        self._pass_threads.append(torch.get_num_threads())
+        return self._pass_threads[-1]
 
     def idle(self) -> None:
         """Called while the learner waits for groups (nothing to do on one device)."""
@@ -309,13 +313,26 @@ class DeviceTrainer:
 
     # ------------------------------------------------------------------------------------------
     def _plan(self, rows: list[Row]) -> list[list[int]]:
-        lengths = [len(r.ids) for r in rows]
         budget = self.cfg.train.micro_batch_tokens
+        if self.attention.shared_prompt and SP.worth_it(rows, self._shapes):
+            return SP.plan(rows, budget)  # whole groups per micro-batch
+        lengths = [len(r.ids) for r in rows]
         return plan_micro_batches(lengths, budget, packed=self.attention.packed)
 
     def _collate(self, rows: list[Row], plan: list[int]) -> MicroBatch:
+        shared = (
+            SP.layout_for([rows[i] for i in plan], self._shapes)
+            if self.attention.shared_prompt
+            else None
+        )
         return collate(
-            rows, plan, pad_id=self.pad_id, device=self.device, packed=self.attention.packed
+            rows,
+            plan,
+            pad_id=self.pad_id,
+            device=self.device,
+            packed=self.attention.packed,
+            shared_prompt=shared is not None,
+            one_sequence=shared == "one",
         )
 
     def _forward_logp(
@@ -354,7 +371,7 @@ class DeviceTrainer:
         assert head.entropy_N is not None
         metrics["loss_sum"] = float(loss.detach())  # global normalisers: passes add up
         metrics["entropy"] = float(head.entropy_N.sum()) / max(mb.num_tokens, 1)
-        metrics.update(kept_metrics(mb, head, self.vocab_size))
+        metrics.update(SM.kept_metrics(mb, head, self.vocab_size))
         return loss, metrics
 
     @torch.no_grad()
@@ -362,6 +379,7 @@ class DeviceTrainer:
         """Learner log-probs before any update of this batch, per row (completion positions)."""
         out: dict[int, torch.Tensor] = {}
         for plan, real in self._micro_batches(rows, list(range(len(rows)))):
+            self._take_threads()
             mb = self._collate(rows, plan)
             logp_BT, _ = self._forward_logp(self.policy, mb)
             for b, i in enumerate(plan):
@@ -383,17 +401,26 @@ class DeviceTrainer:
         ]
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The policy's live weights by HF name (tied names share a tensor), for publication."""
-        return dict(self.model.state_dict())
+        """The policy's live weights by HF name (tied names share a tensor), for publication;
+        with LoRA the adapter's tensors only (consumer/train/adapter.py)."""
+        return LA.tensors(self.model) if self.adapter else dict(self.model.state_dict())
 
     def hold_weights(self, fence: Fence) -> None:
         """Keep the weights as they are until `fence` (a copy of them) completes."""
         self._weights_fence = fence
 
     # -- checkpoints (the directory around them: consumer/train/checkpoint.py) ------------------
-    def save_checkpoint(self, directory: Path) -> None:
-        """`model.safetensors` and `trainer.pt` into `directory`."""
-        checkpoint.save_plain(directory, self.model, self.optimizer, self.scheduler)
+    def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:
+        """`model.safetensors` (a link to `weights` if given; a LoRA run's adapter tensors only)
+        and `trainer.pt` in `directory`."""
+        checkpoint.save_plain(
+            directory,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            published=weights,
+            weights=LA.tensors(self.model) if self.adapter else None,
+        )
 
     def load_checkpoint(self, directory: Path) -> None:
         """Restore from `directory`, written by one process or by a sharded learner's ranks."""
@@ -401,7 +428,12 @@ class DeviceTrainer:
             sharded_checkpoint.load(self.model, self.optimizer, self.scheduler, directory, rank=0)
         else:
             checkpoint.load_plain(
-                directory, self.model, self.optimizer, self.scheduler, device=self.device
+                directory,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                device=self.device,
+                restore=partial(LA.restore, self.model) if self.adapter else None,
             )
 
 
@@ -417,41 +449,12 @@ def use_deterministic_kernels() -> None:
     torch.backends.cudnn.benchmark = False
 
 
-@torch.no_grad()
-def kept_metrics(mb: MicroBatch, head: HeadOut, vocab_size: int) -> dict[str, float]:
-    """Means over the micro-batch's trained tokens of the kept mass S and of |K| (the whole
-    vocabulary without kept sets), and the tokens left out for an unknown kept set."""
-    n = max(mb.num_tokens, 1)
-    mass = float(head.log_kept_mass_N.detach().float().exp().sum()) / n
-    size = float(mb.kept_valid_NK.sum()) / n if mb.kept_valid_NK is not None else vocab_size
-    unknown = float(mb.num_unknown)
-    return {"kept_mass_mean": mass, "kept_size_mean": size, "tokens_kept_unknown_sum": unknown}
-
-
 def _stack_old(old: dict[int, torch.Tensor], ids: list[int], mb: MicroBatch) -> torch.Tensor:
     T = mb.mask_BT.shape[1]
     out = torch.zeros(len(ids), T, device=mb.mask_BT.device)
     for b, i in enumerate(ids):
         n = min(T, old[i].shape[0])
         out[b, :n] = old[i][:n]
-    return out
-
-
-def _combine(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
-    """Token-weighted mean of micro-batch metrics; *_min / *_max combine as min / max."""
-    out: dict[str, float] = {}
-    parts = [(m, n) for m, n in parts if n > 0] or parts[:1]  # empty micro-batches say nothing
-    total = sum(n for _, n in parts) or 1
-    for key in parts[0][0]:
-        values = [m[key] for m, _ in parts if key in m]
-        if key.endswith("_min"):
-            out[key] = min(values)
-        elif key.endswith("_max"):
-            out[key] = max(values)
-        elif key == "num_tokens" or key.endswith("_sum"):
-            out[key] = float(sum(values))
-        else:
-            out[key] = sum(m[key] * n for m, n in parts if key in m) / total
     return out
 
 

@@ -13,7 +13,7 @@ app, the shared options and helpers):
 - stress.py: `stress` (launch/stress/ runs the sweep);
 - replay.py: `replay` (consumer/replay.py trains on a recorded stream);
 - status.py: `status`, `report`;
-- model.py: `make-model`, `eval`;
+- model.py: `make-model`, `eval`, `export` (launch/export.py);
 - keys.py: `keys`;
 - config.py: `config show`, `config docs`.
 `python -m launch.cli` (launch/cli/__main__.py) and the `asyncgrpo` console script both run
@@ -38,6 +38,7 @@ app.command()(status.status)
 app.command(epilog=stress.EPILOG)(stress.stress)
 app.command("make-model")(model.make_model)
 app.command("eval")(model.eval_)
+app.command("export", epilog=model.EXPORT_EPILOG)(model.export)
 app.add_typer(config.config_app, name="config")
 
 __all__ = ["DEMO_CONFIG", "app", "load_config", "load_given", "main"]

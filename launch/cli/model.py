@@ -1,4 +1,5 @@
-"""`asyncgrpo make-model` and `asyncgrpo eval`: build the embedded demo model, score a model."""
+"""`asyncgrpo make-model`, `eval` and `export`: build the embedded demo model, score a model,
+write a run's policy as a model directory (launch/export.py)."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def eval_(
 ) -> None:
     """Score a snapshot on its run's own task and rewards (RUN/config.toml), or a model
     directory on the synthetic task's held-out split (greedy accuracy)."""
-    from common.errors import ConfigError
+    from common.errors import ConfigError, SnapshotError
     from consumer import evaluation
     from producer.rewards.judge import HeldOutJudge
 
@@ -113,6 +114,38 @@ def eval_(
         score = evaluation.score_model(
             target.cfg, target.model_dir, target.snapshot, judge=HeldOutJudge
         )
-    except ConfigError as exc:
+    except (ConfigError, SnapshotError) as exc:
         fail(str(exc))
     typer.echo(f"{evaluation.describe(target.cfg)}: {score.score:.4f} (n = {score.size})")
+
+
+EXPORT_EPILOG = (
+    "A LoRA run: DIR is the base with the adapter merged (transformers and vLLM load it) and "
+    "DIR/adapter the bare adapter (peft's layout). A whole-model run: DIR is a copy of its "
+    "snapshot. Example: asyncgrpo export runs/mine --out models/mine"
+)
+
+
+def export(
+    run: Annotated[Path, typer.Argument(help="A run directory.")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write (a new one).")],
+    version: Annotated[
+        int | None,
+        typer.Option(help="The snapshot version to export (default: the one the run ended with)."),
+    ] = None,
+) -> None:
+    """Write a run's policy as a Hugging Face model directory (a LoRA adapter merged into its
+    base, and the bare adapter beside it)."""
+    from common.errors import ConfigError, SnapshotError
+    from launch.export import export as write
+
+    try:
+        done = write(run, out, version=version)
+    except (ConfigError, SnapshotError) as exc:
+        fail(str(exc))
+    what = "the base with the adapter merged; the adapter in adapter/" if done.adapter else "a copy"
+    typer.echo(
+        f"wrote {done.out}: v{done.version}, {what} ({done.num_bytes / 1e6:.1f} MB of weights)",
+        err=True,
+    )
+    typer.echo(str(done.out))

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -61,6 +62,14 @@ def prepare_run(cfg: C.Config, out: Path, values: dict[str, object] | None = Non
     if not cfg.train.simulate_step_s:
         resolved["model.path"] = resolve_model(cfg.model.path)
     cfg = C.override(cfg, resolved)
+    if cfg.model.lora.enabled and not cfg.train.simulate_step_s:  # a target it lacks: refused
+        from common.errors import ConfigError
+        from consumer.train.adapter import check_model
+
+        try:
+            check_model(cfg.model.lora, Path(cfg.model.path))
+        except ConfigError as exc:
+            fail(str(exc))
     C.write(cfg, out / RF.CONFIG)
     return cfg
 
@@ -427,33 +436,27 @@ def check_rewards(cfg: C.Config) -> None:
 def _split_cores(
     cfg: C.Config, given: frozenset[str], producers: int | None
 ) -> tuple[C.Config, int]:
-    """Producers and torch threads by the cores rule (launch/cores.py) for hf producers, the
-    keys the user gave kept; prints the split. Other engines: 2 producers unless given."""
+    """Producers and their leases by the cores rule (launch/cores.py) for hf producers, the keys
+    the user gave kept; prints the plan (torch threads are shared on the host's core board
+    unless given). Other engines: 2 producers unless given."""
     if cfg.producer.engine != "hf":
         return cfg, producers or 2
     from launch import cores
 
-    kept = given & set(cores.KEYS)
     chosen = cores.plan(
         cores.usable_cores(),
         max_staleness=cfg.staleness.max_staleness,
         prompts_per_step=cfg.train.prompts_per_step,
         producers=producers,
+        step_costs=cores.estimate(cfg),
     )
-    values = {
-        "model.torch_threads": chosen.learner_threads,
-        "producer.torch_threads": chosen.producer_threads,
-        "producer.max_in_flight": chosen.max_in_flight,
+    if "producer.max_in_flight" not in given:
+        cfg = C.override(cfg, {"producer.max_in_flight": chosen.max_in_flight})
+    shown = replace(chosen, max_in_flight=cfg.producer.max_in_flight)
+    fixed = {
+        "model.torch_threads": cfg.model.torch_threads,
+        "producer.torch_threads": cfg.producer.torch_threads,
     }
-    cfg = C.override(cfg, {k: v for k, v in values.items() if k not in kept})
-    shown = cores.CorePlan(
-        chosen.cores,
-        chosen.producers,
-        cfg.model.torch_threads,
-        cfg.producer.torch_threads,
-        cfg.producer.max_in_flight,
-    )
-    typer.echo(
-        cores.describe(shown, given=kept | ({"producers"} if producers else set())), err=True
-    )
+    kept = (given & set(cores.KEYS)) | ({"producers"} if producers else set())
+    typer.echo(cores.describe(shown, given=kept, fixed=fixed), err=True)
     return cfg, chosen.producers

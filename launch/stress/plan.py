@@ -178,13 +178,13 @@ def build_config(
     open_ended: bool = False,
     wait_for: int = 0,
     bind: str = "",
-    threads: dict[str, int] | None = None,
     variant: str = "config",
 ) -> C.Config:
     """One setting's config. `open_ended`: no step limit (the sweep stops the run once it has
     taken `steps` steps and run as long as the synchronous setting); `wait_for`: producers the
     consumer waits for before its first lease; `bind`: a fixed host:port (external producers);
-    `threads`: torch thread counts (`threads_for`); `variant`: a `VARIANTS` entry."""
+    `variant`: a `VARIANTS` entry. Torch threads are left to the host's core board
+    (common/host/core_board.py) unless the user set them."""
     values: dict[str, object] = {
         "staleness.max_staleness": ms,
         "run.steps": 0 if open_ended else steps,
@@ -195,7 +195,6 @@ def build_config(
         "run.wait_for_producers": wait_for,
         "producer.engine": engine,
         **is_overrides(is_mode),
-        **(threads or {}),
         **variant_overrides(variant, base),
     }
     if base.staleness.publish_every > ms + 1:
@@ -204,26 +203,6 @@ def build_config(
         host, _, port = bind.removeprefix("tcp://").rpartition(":")
         values |= {"net.bind_host": host, "net.control_port": int(port)}
     return C.override(base, values)
-
-
-def threads_for(base: C.Config, sweep: Sweep, setting: Setting) -> dict[str, int]:
-    """hf engine: the learner's and producers' torch threads by the cores rule
-    (launch/cores.py) for the setting's producer count, except the keys the user set."""
-    if sweep.engine != "hf":
-        return {}
-    from launch import cores
-
-    split = cores.plan(
-        cores.usable_cores(),
-        max_staleness=setting.ms,
-        prompts_per_step=base.train.prompts_per_step,
-        producers=setting.producers,
-    )
-    rule = {
-        "model.torch_threads": split.learner_threads,
-        "producer.torch_threads": split.producer_threads,
-    }
-    return {k: v for k, v in rule.items() if k not in sweep.given}
 
 
 def producer_args(index: int, sc: Scenario) -> list[str]:
@@ -264,7 +243,6 @@ def check_settings(base: C.Config, sweep: Sweep, todo: list[Setting]) -> None:
                     sc=sweep.scenario,
                     run_dir=Path("."),
                     bind=sweep.bind,
-                    threads=threads_for(base, sweep, s),
                     variant=s.variant,
                 )
             )

@@ -27,7 +27,6 @@ from launch.stress.plan import (
     Sweep,
     build_config,
     producer_args,
-    threads_for,
 )
 from launch.stress.results import failed
 
@@ -69,7 +68,6 @@ def make_runner(base: C.Config, sweep: Sweep, *, live: bool) -> RunSetting:
                 open_ended=t_sync is not None,
                 wait_for=sweep.external or setting.producers,
                 bind=sweep.bind,
-                threads=threads_for(base, sweep, setting),
                 variant=setting.variant,
             )
             C.validate(cfg)

@@ -1,6 +1,7 @@
 """Generation engines: the contract (`base`), the `fake`, `hf` (transformers, with its batch in
-`hf_batch`) and `vllm` engines (vLLM's outputs read by `vllm_outputs`, a token's kept set by
-`vllm_kept`), and the factory `make_engine`.
+`hf_batch`, the prompts' common prefix in `hf_prefix`, its LoRA adapters in `hf_adapter`) and
+`vllm` engines (vLLM's outputs read by `vllm_outputs`, a token's kept set by `vllm_kept`, its
+LoRA adapters by `vllm_lora`), and the factory `make_engine`.
 
 The event loop of the producer process calls them (`generate`, `load_weights`); hf and vllm run
 their model work on threads or processes of their own. The heavy engines are imported only by
@@ -23,10 +24,12 @@ def make_engine(
     vocab_size: int,
     seed: int,
     truncation: Truncation = NO_TRUNCATION,
+    max_staleness: int = 0,
 ) -> Engine:
     """Build the engine `cfg.producer.engine` names. `model_dir` is unused by the fake engine;
     `truncation` (the run's) is what a vllm engine is started for (its max_logprobs, and the
-    release check); the others take it per request."""
+    release check); the others take it per request. A vllm engine for a LoRA run
+    (`model.lora.enabled`) keeps `max_staleness + 2` adapters (producer/engines/vllm_lora.py)."""
     name = cfg.producer.engine
     if name == "fake":
         from producer.engines.fake import FakeEngine
@@ -52,5 +55,12 @@ def make_engine(
     if name == "vllm":
         from producer.engines.vllm import VLLMEngine
 
-        return VLLMEngine(model_dir, cfg.vllm, seed=seed, truncation=truncation)
+        lora = cfg.model.lora
+        return VLLMEngine(
+            model_dir,
+            cfg.vllm,
+            seed=seed,
+            truncation=truncation,
+            lora=(lora.rank, max_staleness) if lora.enabled else None,
+        )
     raise AssertionError(f"unknown engine {name!r} (config validation lists the choices)")

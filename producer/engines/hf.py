@@ -46,6 +46,9 @@ Invariants (besides the contract in producer/engines/base.py):
   batch at the next token step, the other rows go on unchanged, nothing of it stays behind.
 - An exception in a forward fails the requests in that batch (raised to their callers); the
   thread goes on serving the next ones.
+- A LoRA snapshot (its header says so: common/weights/adapter.py) is merged into the engine's
+  own copy of the base (producer/engines/hf_adapter.py); one trained on another base raises
+  `AdapterBaseMismatch` and changes nothing.
 - `load_weights` checks every tensor's name and shape before copying anything: a file that does
   not fit raises `SnapshotError` and leaves weights and version untouched. Tied parameters
   (`lm_head.weight` sharing storage with `model.embed_tokens.weight`) may be absent from the file,
@@ -70,9 +73,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from common.errors import SnapshotError
+from common.host.core_board import Seat
 from common.host.device import resolve_device
+from common.weights import adapter as adapter_format
 from common.weights import snapshot as snap
 from producer.engines.base import Completion, SamplingParams
+from producer.engines.hf_adapter import Adapters
 from producer.engines.hf_batch import Batch, Request
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -139,6 +145,7 @@ class HFEngine:
         self.device = resolve_device(device)
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
         self.model = model.to(self.device).eval()
+        self.adapters = Adapters(self.model, model_dir)  # LoRA snapshots (hf_adapter.py)
         self._eos = eos_ids(self.model)
         pad = getattr(self.model.config, "pad_token_id", None)
         self.batch = Batch(self.model, self.device, pad_id=int(pad) if pad is not None else 0)
@@ -151,6 +158,8 @@ class HFEngine:
         self._inbox: queue.SimpleQueue[list[_Command]] = queue.SimpleQueue()
         self._failure: BaseException | None = None
         self._closed = False
+        self._seat: Seat | None = None  # this host's cores shared with the run (share_cores)
+        self.threads_used = 0  # torch threads of the last token step (0: none yet)
         self._thread = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
         self._thread.start()
 
@@ -171,6 +180,12 @@ class HFEngine:
     def num_rows(self) -> int:
         """Rows in the running batch (0 when idle: nothing of a finished request stays)."""
         return self.batch.num_rows
+
+    def share_cores(self, seat: Seat | None) -> None:
+        """Take the torch threads `seat` gives (common/host/core_board.py) before every token
+        step, busy while rows are in flight; None: keep the threads as they are. The torch
+        thread picks it up at its next step."""
+        self._seat = seat
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         """`params.n` completions of one prompt (see the module docstring for seeds and stops)."""
@@ -266,6 +281,9 @@ class HFEngine:
         """One token step (or one reload); False once closed."""
         batch = self.batch
         block = batch.empty and not pending
+        seat = self._seat
+        if block and seat is not None:
+            seat.rest()  # nothing to do: the cores go to whoever has work
         while True:  # take what has been handed over; wait only if there is nothing to do
             try:
                 pending.extend(self._inbox.get(block=block))
@@ -285,6 +303,11 @@ class HFEngine:
             if isinstance(command, _Reload):
                 self._reload(command)
             return True
+        if seat is not None:
+            threads = seat.work()
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
+        self.threads_used = torch.get_num_threads()
         try:
             if joining:
                 batch.admit(joining, self._version)
@@ -316,6 +339,8 @@ class HFEngine:
         return live
 
     def _reload(self, command: _Reload) -> None:
+        if self._seat is not None and self._version >= 0:  # work per version moved on by
+            self._seat.progress(command.version - self._version)
         try:
             self._load(command.path, command.version)
         except Exception as exc:  # raised to the caller of load_weights
@@ -328,13 +353,21 @@ class HFEngine:
         own = self.model.state_dict()
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
+                header = adapter_format.from_metadata(f.metadata())
+                if header is not None:  # a LoRA adapter: merged into the base (hf_adapter.py)
+                    self.adapters.load(f, header, path)
+                    self._version = version
+                    return
                 shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
                 check_fits(shapes, own, path)
                 first = check_tied_agree(f, own, path)
+                self.adapters.forget()
                 for name in first:
                     own[name].copy_(f.get_tensor(name).to(own[name].dtype))
         except (OSError, SafetensorError) as exc:
             raise SnapshotError(f"cannot read snapshot {path}: {exc}") from None
+        finally:
+            self.batch.prefix.invalidate()  # its KV cache belongs to the weights it was made with
         self._version = version
 
 

@@ -57,6 +57,7 @@ from common.sampling import kept_set
 from common.sampling.kept_set import NO_TRUNCATION, Truncation
 from common.sampling.logprobs import sampled_logprobs, truncated_logits
 from producer.engines.base import Completion
+from producer.engines.hf_prefix import PrefixCache
 
 
 @dataclass(eq=False)
@@ -144,6 +145,7 @@ class Batch:
         self.num_forwards = 0  # decode forwards (one per token step) plus prefills
         self.num_rows_forwarded = 0  # rows summed over those forwards
         self._next_tokens_B = self.pos_B  # the tokens `forward` feeds (set by `sample`)
+        self.prefix = PrefixCache()  # the prompts' common prefix (its cache: the weights')
         params = signature(model.forward).parameters
         self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         # The cache's name: `cache` since transformers 5.24 (`past_key_values` is deprecated
@@ -166,33 +168,72 @@ class Batch:
     # -- admission --------------------------------------------------------------------------
     @torch.inference_mode()
     def admit(self, requests: list[Request], version: int) -> None:
-        """Prefill `requests` (each prompt once) and add n rows per request to the batch."""
+        """Prefill `requests` (each prompt once; after the cached common prefix where it has it:
+        producer/engines/hf_prefix.py) and add n rows per request to the batch."""
         assert requests
         assert self.empty or self.mergeable, "the engine admits into a busy batch only if mergeable"
-        lengths = [len(r.prompt_ids) for r in requests]
-        width = max(lengths)
-        ids_kP = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        mask_kP = torch.zeros((len(requests), width), dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids_kP[i, width - lengths[i] :] = torch.tensor(r.prompt_ids)
-            mask_kP[i, width - lengths[i] :] = 1
+        for r in requests:
             r.start(version, self.device)
+        shared: list[Request] = []
+        if self.mergeable:  # a prefix cache joins caches too
+            self.prefix.observe([r.prompt_ids for r in requests])
+            shared = [r for r in requests if self.prefix.fits(r.prompt_ids)]
+        plain = [r for r in requests if not any(r is s for s in shared)]
+        for part, prefixed in ((shared, True), (plain, False)):
+            if part:
+                self._add(part, *self._prefill(part, prefixed=prefixed))
+
+    def _prefill(
+        self, requests: list[Request], *, prefixed: bool
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward of `requests`' prompts (their suffixes after the cached prefix when
+        `prefixed`); (cache, mask, next positions, next-token logits) of their n rows each."""
+        start = len(self.prefix.ids) if prefixed else 0
+        tails = [r.prompt_ids[start:] for r in requests]
+        width = max(len(t) for t in tails)
+        ids_kP = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask_kP = torch.zeros((len(requests), start + width), dtype=torch.long)
+        mask_kP[:, :start] = 1
+        for i, tail in enumerate(tails):
+            ids_kP[i, width - len(tail) :] = torch.tensor(tail)
+            mask_kP[i, start + width - len(tail) :] = 1
         ids_kP, mask_kP = ids_kP.to(self.device), mask_kP.to(self.device)
+        cached = (
+            {self._cache_kw: self.prefix.repeated(self._prefix_cache, len(requests))}
+            if prefixed
+            else {}
+        )
         out = self.model(
             input_ids=ids_kP,
             attention_mask=mask_kP,
-            position_ids=(mask_kP.cumsum(-1) - 1).clamp(min=0),
+            position_ids=(mask_kP.cumsum(-1) - 1).clamp(min=0)[:, start:],
             use_cache=True,
             **self._keep_last,
+            **cached,
         )
         self._count(len(requests))
         repeat = torch.tensor([r.n for r in requests], device=self.device)
         index = torch.repeat_interleave(torch.arange(len(requests), device=self.device), repeat)
         cache = _cache_of(out)
         cache.batch_select_indices(index)
-        logits = out.logits[:, -1][index]
-        mask = mask_kP[index]
-        pos = torch.tensor(lengths, device=self.device)[index]
+        pos = torch.tensor([len(r.prompt_ids) for r in requests], device=self.device)[index]
+        return cache, mask_kP[index], pos, out.logits[:, -1][index]
+
+    def _prefix_cache(self, ids: torch.Tensor) -> Any:
+        """The KV cache of a forward of the prefix `ids` [1, P] alone."""
+        out = self.model(input_ids=ids.to(self.device), use_cache=True, **self._keep_last)
+        self._count(1)
+        return _cache_of(out)
+
+    def _add(
+        self,
+        requests: list[Request],
+        cache: Any,
+        mask: torch.Tensor,
+        pos: torch.Tensor,
+        logits: torch.Tensor,
+    ) -> None:
+        """Put prefilled rows into the batch (merged into the rows already decoding)."""
         if self.empty:
             self.cache, self.mask_BS, self.pos_B, self.logits_BV = cache, mask, pos, logits
         else:

@@ -58,6 +58,9 @@ Invariants (besides the contract in producer/engines/base.py):
   reopens (vLLM copies tensor by tensor, so a file that fails halfway may have replaced some
   weights; the pre-check makes that rare).
 - vLLM is imported only when an engine is built, so this module imports without it.
+- A LoRA run's snapshots are adapters: each is registered as its own vLLM LoRA and requests
+  sample with the one the engine held when they started; nothing is reloaded or paused
+  (producer/engines/vllm_lora.py).
 """
 
 from __future__ import annotations
@@ -67,16 +70,19 @@ import itertools
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from common.config import VllmConfig
-from common.errors import ConfigError, SnapshotError
+from common.errors import ConfigError, SnapshotError, SnapshotMismatch
 from common.sampling.kept_set import NO_TRUNCATION, Truncation
+from common.weights import adapter as adapter_format
 from common.weights import snapshot as snap
-from producer.engines import vllm_kept
+from producer.engines import vllm_kept, vllm_lora
 from producer.engines.base import Completion, SamplingParams
 from producer.engines.vllm_outputs import (
     RequestTrack,
@@ -182,7 +188,12 @@ def close_client_context(llm: Any) -> None:
 
 
 def start_async_llm(
-    model_dir: Path, vcfg: VllmConfig, *, seed: int, truncation: Truncation = NO_TRUNCATION
+    model_dir: Path,
+    vcfg: VllmConfig,
+    *,
+    seed: int,
+    truncation: Truncation = NO_TRUNCATION,
+    lora: dict[str, Any] | None = None,
 ) -> Any:
     """Start vLLM's AsyncLLM on `model_dir` (forks the engine process unless CUDA is up here);
     `ConfigError` first when this vLLM cannot record the kept sets `truncation` needs."""
@@ -193,8 +204,16 @@ def start_async_llm(
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    kwargs = engine_kwargs(model_dir, vcfg, seed=seed, truncation=truncation)
+    kwargs = engine_kwargs(model_dir, vcfg, seed=seed, truncation=truncation) | (lora or {})
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+
+def lora_request(name: str, lora_int_id: int, path: str) -> Any:
+    """A `vllm.lora.request.LoRARequest` (one version's adapter)."""
+    import_vllm()
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=name, lora_int_id=lora_int_id, lora_path=path)
 
 
 def vllm_sampling_params(kwargs: dict[str, Any], stream: bool) -> Any:
@@ -224,8 +243,18 @@ class VLLMEngine:
         truncation: Truncation = NO_TRUNCATION,
         llm: Any = None,
         make_sampling: Callable[[dict[str, Any], bool], Any] = vllm_sampling_params,
+        lora: tuple[int, int] | None = None,
+        make_lora: Callable[[str, int, str], Any] | None = None,
     ) -> None:
         self._vcfg = vcfg
+        self._model_dir = Path(model_dir)
+        # LoRA (rank, max_staleness): one adapter per version, no reload (vllm_lora.py)
+        self._lora_kwargs = vllm_lora.engine_kwargs(*lora) if lora else None
+        self._slots = vllm_lora.Slots(keep=lora[1] + 1) if lora else None
+        self._make_lora = make_lora or lora_request
+        self._lora_request: Any = None  # the adapter new requests sample with
+        self._adapters = Path(tempfile.mkdtemp(prefix="asyncgrpo-vllm-lora-")) if lora else None
+        self._versions: dict[str, int] = {}  # request id -> the version it samples with
         self._truncation = truncation  # what the engine was started for (max_logprobs)
         self._make_sampling = make_sampling
         self._base_shapes = snap.tensor_shapes(Path(model_dir))
@@ -234,7 +263,9 @@ class VLLMEngine:
         self._llm = (
             llm
             if llm is not None
-            else start_async_llm(Path(model_dir), vcfg, seed=seed, truncation=truncation)
+            else start_async_llm(
+                Path(model_dir), vcfg, seed=seed, truncation=truncation, lora=self._lora_kwargs
+            )
         )
         self._vocab = int(self._llm.model_config.get_vocab_size())
         self._count = client_token_counter(self._llm)  # None: stream deltas
@@ -289,17 +320,20 @@ class VLLMEngine:
             params.n, self._version, children, truncation=trunc, vocab_size=self._vocab
         )
         self._active[request_id] = track
+        self._versions[request_id] = self._version
+        adapter = {"lora_request": self._lora_request} if self._lora_request is not None else {}
         self._idle.clear()
         try:
             if children is None:
                 kwargs = sampling_kwargs(params, vocab_size=self._vocab)
                 sampling = self._make_sampling(kwargs, True)
-                async for output in self._llm.generate(prompt, sampling, request_id):
+                async for output in self._llm.generate(prompt, sampling, request_id, **adapter):
                     track.add(output)
             else:
-                await self._final_outputs(prompt, params, children, track)
+                await self._final_outputs(prompt, params, children, track, adapter)
         finally:
             del self._active[request_id]
+            del self._versions[request_id]
             if not self._active:
                 self._idle.set()
         return track.completions()
@@ -310,12 +344,13 @@ class VLLMEngine:
         params: SamplingParams,
         children: list[str],
         track: RequestTrack,
+        adapter: dict[str, Any],
     ) -> None:
         async def one(index: int, child_id: str) -> None:
             kwargs = sampling_kwargs(params, index=index, vocab_size=self._vocab)
             sampling = self._make_sampling(kwargs, False)
             final = None
-            async for output in self._llm.generate(prompt, sampling, child_id):
+            async for output in self._llm.generate(prompt, sampling, child_id, **adapter):
                 final = output
             track.add(final, index)
 
@@ -329,6 +364,11 @@ class VLLMEngine:
     async def load_weights(self, directory: Path, version: int) -> None:
         """Switch to `directory`'s weights in place; mode and metrics as in the module doc."""
         directory = Path(directory)
+        header = adapter_format.read_header(directory / snap.WEIGHTS_FILE)
+        if header is not None:  # a LoRA run: a new adapter, no reload (vllm_lora.py)
+            async with self._switch_lock:
+                await self._add_adapter(directory, version, header)
+            return
         shapes = snap.tensor_shapes(directory)
         snap.check_fits(shapes, self._base_shapes, directory, optional=self._optional)
         async with self._switch_lock:
@@ -337,6 +377,47 @@ class VLLMEngine:
                 await self._switch(directory, version)
             finally:
                 self._open.set()
+
+    async def _add_adapter(
+        self, directory: Path, version: int, header: adapter_format.AdapterHeader
+    ) -> None:
+        """Register `directory`'s adapter as `version`'s; requests from now on sample with it,
+        those in flight keep theirs; adapters no longer needed are removed."""
+        if self._slots is None or self._adapters is None or self._lora_kwargs is None:
+            raise SnapshotMismatch(
+                "the learner publishes LoRA adapters and this producer's vLLM was started "
+                "without LoRA: give the producer the run's model.lora settings (--config "
+                "RUN/config.toml, or --set model.lora.enabled=true --set model.lora.rank=R)"
+            )
+        if header.spec.rank > self._lora_kwargs["max_lora_rank"]:
+            raise SnapshotMismatch(
+                f"adapter {directory}: rank {header.spec.rank} > this vLLM's max_lora_rank "
+                f"{self._lora_kwargs['max_lora_rank']} (model.lora.rank of the producer's config)"
+            )
+        own = await asyncio.to_thread(self._stage, directory, version, header)
+        request = self._make_lora(f"v{version}", vllm_lora.lora_id(version), str(own))
+        t0 = time.perf_counter()
+        if self._slots.add(version):
+            await self._llm.add_lora(request)
+        self.last_reload_s = time.perf_counter() - t0
+        self._lora_request = request
+        self._version = version
+        self.last_mode, self.last_wait_s, self.last_pause_s = "lora", 0.0, 0.0
+        for old in self._slots.retire(set(self._versions.values()) | {version}):
+            await self._llm.remove_lora(vllm_lora.lora_id(old))
+            await asyncio.to_thread(shutil.rmtree, self._adapters / f"v{old:06d}", True)
+
+    def _stage(self, directory: Path, version: int, header: adapter_format.AdapterHeader) -> Path:
+        """Off the event loop: check the base (hashed once), then copy the verified file into
+        a directory of the engine's own with peft's names (kept while registered)."""
+        adapter_format.check_base(header, adapter_format.base_hash(self._model_dir), directory)
+        assert self._adapters is not None
+        own = self._adapters / f"v{version:06d}"
+        shutil.rmtree(own, ignore_errors=True)
+        own.mkdir()
+        shutil.copyfile(directory / snap.WEIGHTS_FILE, own / snap.WEIGHTS_FILE)
+        adapter_format.write_peft_files(own, header, str(self._model_dir))
+        return own
 
     async def _switch(self, directory: Path, version: int) -> None:
         llm = self._llm
@@ -391,6 +472,7 @@ class VLLMEngine:
         for track in self._active.values():
             track.switch(version, track.counts(self._count))
         self._version = version
+        self._lora_request = None  # whole weights: new requests sample without an adapter
 
     async def close(self) -> None:
         """Shut the engine (and its process) down, its client's ZeroMQ context too. Idempotent."""
@@ -399,3 +481,5 @@ class VLLMEngine:
         self._closed = True
         self._llm.shutdown()
         close_client_context(self._llm)
+        if self._adapters is not None:
+            shutil.rmtree(self._adapters, ignore_errors=True)

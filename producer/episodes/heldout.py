@@ -58,7 +58,16 @@ async def heldout_rewards(
     greedy = cfg.eval.mode == "greedy"
 
     async def one(index: int, row: Row) -> float:
-        lease = wire.Lease(index, index, 0, 0, row.prompt, row.answer, row.messages, row.columns)
+        lease = wire.Lease(
+            lease_id=index,
+            prompt_index=index,
+            step=0,
+            min_version=0,
+            prompt=row.prompt,
+            answer=row.answer,
+            messages=row.messages,
+            columns=row.columns,
+        )
         params = SamplingParams(
             n=1,
             temperature=0.0 if greedy else cfg.sampling.temperature,

@@ -35,8 +35,18 @@ from typing import Any
 from producer.sandbox.limits import Limits
 from producer.sandbox.runner import run_python
 
+# A quarter CPU per execution (with the cgroup's start burst, producer/sandbox/cgroups.py): a
+# program that keeps computing, or a fork bomb's processes together, takes at most a quarter of a
+# core from the honest groups scored beside it (bench/sandbox.py `honest_ratio`), while an
+# honest program (~25 ms of CPU) is not slowed. The CPU a program gets is at most
+# wall_s x cpu_share = 0.5 s.
 LIMITS = Limits(
-    wall_s=2.0, cpu_s=1.0, memory_mib=256, max_processes=8, max_output_bytes=64 << 10, cpu_share=0.5
+    wall_s=2.0,
+    cpu_s=1.0,
+    memory_mib=256,
+    max_processes=8,
+    max_output_bytes=64 << 10,
+    cpu_share=0.25,
 )
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 HARNESS = """\

@@ -19,7 +19,7 @@ from served import started_server
 from common import config as C
 from common import wire
 from common.errors import ConfigError
-from consumer.server.server import run_spec
+from consumer.server.wire_terms import run_spec
 from consumer.snapshots.base_model import listing
 from producer import base_model as B
 from producer.session import open_session

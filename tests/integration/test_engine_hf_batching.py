@@ -398,3 +398,43 @@ async def test_temperature_0_is_greedy_for_evaluation_whatever_the_seed(
         ids.append(token)
     ref = full_forward_logprobs(model, [3, 4, 5], first, 1.0)  # log-probs at T = 1
     assert np.abs(first.logprobs - ref).max() < 1e-4
+
+
+PREFIX = [2, 9, 30, 31, 5, 6, 7, 8, 10, 11]  # a system turn every prompt begins with
+PREFIXED = [
+    ([*PREFIX, 12], SamplingParams(n=3, temperature=1.0, max_new_tokens=8, seed=21)),
+    ([*PREFIX, 13, 14, 15], SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=22)),
+    ([*PREFIX, 16, 17], SamplingParams(n=4, temperature=0.7, max_new_tokens=6, seed=23)),
+]
+
+
+async def test_prompts_with_a_common_prefix_prefill_it_once_and_sample_as_without(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """The prefix's KV cache is made once per weights version and shared: the same tokens and
+    log-probs as prefilling every whole prompt (an engine that never caches a prefix), and as an
+    unpadded forward of each completion; after a reload, the new weights' prefix."""
+    from producer.engines.hf_prefix import PrefixCache
+
+    cached = HFEngine(tiny_model_dir, device="cpu", seed=0)
+    whole = HFEngine(tiny_model_dir, device="cpu", seed=0)
+    whole.batch.prefix = PrefixCache(min_tokens=10**9)
+    new_dir = write_snapshot(cached.model.state_dict(), tmp_path / "v1", noise=0.05, seed=1)
+    async with asyncio.timeout(120):
+        for version, weights in ((0, tiny_model_dir), (1, new_dir)):
+            for engine in (cached, whole):
+                await engine.load_weights(weights, version)
+            got = await asyncio.gather(*(cached.generate(p, params) for p, params in PREFIXED))
+            want = await asyncio.gather(*(whole.generate(p, params) for p, params in PREFIXED))
+            one = await cached.generate(*PREFIXED[1])  # a request alone after the prefix
+            model = reference_model(tiny_model_dir, None if version == 0 else new_dir)
+            for (prompt, params), g, w in zip(PREFIXED, got, want, strict=True):
+                assert_same(g, w)
+                for c in g:
+                    ref = full_forward_logprobs(model, prompt, c, params.temperature)
+                    assert np.abs(c.logprobs - ref).max() < 1e-4
+            assert_same(one, want[1])
+            assert cached.batch.prefix.ids == PREFIX
+            assert cached.batch.prefix.num_computed == version + 1  # once per version
+    await cached.close()
+    await whole.close()

@@ -236,3 +236,32 @@ async def test_a_version_whose_chunk_hashes_are_not_written_yet_makes_fetchers_w
         chunks.write_bytes(kept)
         await a.fetch(info, tmp_path / "got", held=None)
     assert same_as(info, tmp_path / "got")
+
+
+async def test_lora_adapters_travel_and_relay_as_snapshots_do_without_deltas(tmp_path):
+    """An adapter (its file says so in its header) is fetched over the network and relayed
+    chunk by chunk like any snapshot; no version carries a delta."""
+    from common.weights import adapter as fmt
+
+    spec = fmt.AdapterSpec(rank=8, alpha=16, target_modules=["q_proj"])
+    consumer = Consumer(tmp_path / "run", fanout=4, adapter=fmt.AdapterHeader(spec, "ab" * 32))
+    try:
+        v0, v1 = consumer.publish(0), consumer.publish(1)
+        assert cm.read_chunks(Path(v1.path).parent).delta_base == -1  # no delta
+        assert not list((tmp_path / "run").rglob("weights.delta"))
+        async with (
+            fetcher_of(consumer, "a", relay=True) as a,
+            fetcher_of(consumer, "b", relay=True) as b,
+        ):
+            await a.fetch(v0, tmp_path / "a0", held=None)
+            outcome = await a.fetch(v1, tmp_path / "a1", held=held(v0, tmp_path / "a0"))
+            assert outcome.file == "weights"  # never a delta
+            await b.fetch(v1, tmp_path / "b1", held=None)
+            assert b.counters.get("chunks_from_relay") == 13
+        for directory in (tmp_path / "a1", tmp_path / "b1"):
+            assert same_as(v1, directory)
+            header = fmt.read_header(directory / "model.safetensors")
+            assert header is not None
+            assert header.base_hash == "ab" * 32
+    finally:
+        consumer.close()

@@ -14,6 +14,8 @@ import asyncio
 import dataclasses
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from hostile_code import hostile_cases, plant, snapshot
 from common.config import RewardSpec
 from producer.rewards.runner import RewardRunner
 from producer.sandbox import Limits, mechanism, run_python
-from producer.sandbox.cgroups import PARENT, V1_ROOTS
+from producer.sandbox.cgroups import PREFIX, V1_ROOTS, ExecutionGroups
 from producer.sandbox.runner import UID_BASE, UID_SPAN
 
 QUICK = Limits(wall_s=1.0, cpu_s=1, memory_mib=128, max_processes=8, max_output_bytes=256 << 10)
@@ -40,7 +42,9 @@ def listener() -> Iterator[socket.socket]:
 
 
 def sandbox_processes() -> list[int]:
-    """PIDs of live processes running as one of the sandbox's user ids."""
+    """PIDs of live processes running as a user id of this process's executions (another
+    process's sandboxes, another suite's included, have user ids of their own)."""
+    first = UID_BASE + (os.getpid() * 4096) % UID_SPAN
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -49,7 +53,7 @@ def sandbox_processes() -> list[int]:
             uid = entry.stat().st_uid
         except FileNotFoundError:
             continue
-        if UID_BASE <= uid < UID_BASE + UID_SPAN:
+        if first <= uid < first + 4096:
             out.append(int(entry.name))
     return out
 
@@ -170,6 +174,40 @@ def test_an_execution_runs_in_cgroups_of_its_own_removed_after_it():
     run = run_python("print(open('/proc/self/cgroup').read())", limits=Limits(cpu_share=0.5))
     lines = dict(line.split(":", 2)[1:] for line in run.stdout.split())
     for kind in writable:
-        assert lines[kind].startswith(f"/{PARENT}/x{os.getpid()}-")
+        assert lines[kind].startswith(f"/{PREFIX}{os.getpid()}-")  # beside the producer
     for kind in writable:
-        assert not list((V1_ROOTS[kind] / PARENT).glob(f"x{os.getpid()}-*"))
+        assert not list(V1_ROOTS[kind].glob(f"{PREFIX}{os.getpid()}-*"))
+
+
+BURN = """import sys, time
+open(sys.argv[1], "w").write("0")  # this process joins the group, then computes
+t0 = time.process_time()
+while time.process_time() - t0 < float(sys.argv[2]):
+    pass
+"""
+
+
+def _throttled_after_burning(groups: ExecutionGroups, cpu_s: float) -> int:
+    """Periods the group was held back, after a process in it computed for `cpu_s`."""
+    procs = groups.procs_files()["cpu"]
+    subprocess.run([sys.executable, "-I", "-S", "-c", BURN, str(procs), str(cpu_s)], check=True)
+    stat = dict(line.split() for line in (groups.dirs["cpu"] / "cpu.stat").read_text().splitlines())
+    return int(stat["nr_throttled"])
+
+
+def test_a_short_program_is_not_throttled_by_a_quarter_cpu_quota():
+    """code_tests' share (a quarter CPU: 25 ms of every 100 ms period) with its start burst:
+    a program's first 40 ms of CPU (an honest one takes ~25) run unthrottled."""
+    if os.geteuid() != 0 or not os.access(V1_ROOTS["cpu"], os.W_OK):
+        pytest.skip("no writable cgroup v1 cpu hierarchy")
+    groups = ExecutionGroups.make(cpu_share=0.25, max_processes=4)
+    try:
+        directory = groups.dirs["cpu"]
+        assert (directory / "cpu.cfs_quota_us").read_text().strip() == "25000"
+        if not (directory / "cpu.cfs_burst_us").exists():
+            pytest.skip("this kernel has no cpu.cfs_burst_us")
+        assert (directory / "cpu.cfs_burst_us").read_text().strip() == "25000"
+        assert _throttled_after_burning(groups, 0.04) == 0
+    finally:
+        groups.remove()
+    assert not directory.exists()

@@ -97,6 +97,56 @@ def test_log_probs_entropy_and_gradients_equal_the_full_logits_path(
         torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10)
 
 
+def _group_rows(spec: list[tuple[int, list[int]]], seed: int = 0) -> list[Row]:
+    """Rows of groups (prompt length, completion lengths): a group's rows share its prompt, and
+    the prompts their first two tokens."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    head = rng.integers(2, 40, 2)
+    for k, (p, lengths) in enumerate(spec):
+        prompt = np.concatenate([head, rng.integers(2, 40, p)])[:p]
+        rows += [
+            Row(
+                ids=np.concatenate([prompt, rng.integers(2, 40, c)]).astype(np.int32),
+                prompt_len=p,
+                behavior_logp=-rng.random(c).astype(np.float32),
+                advantage=float(rng.normal()),
+                group=k,
+            )
+            for c in lengths
+        ]
+    return rows
+
+
+@pytest.mark.parametrize("one", [False, True], ids=["per-group", "one-sequence"])
+def test_a_shared_prompt_gives_the_full_logits_paths_log_probs_and_gradients(tiny_model_dir, one):
+    """Each group's prompt once (consumer/train/shared_prompt.py): the same log-probs and
+    entropies as one forward per row, and the same gradients. The gradient agrees to float32's
+    rounding, not float64's, because transformers' RMSNorm computes in float32 whatever the
+    model's dtype: a prompt position's gradient is there summed over G completions before the
+    norm's backward, and after it in the per-row reference."""
+    shared = A.choose_attention(
+        "shared_prompt", device_type="cpu", half_precision=False, flash_impl=None, flex_ok=False
+    )
+    model = _model(tiny_model_dir, torch.float64, shared)
+    rows = _group_rows([(3, [4, 1, 6]), (5, [2, 2]), (2, [7, 3, 1, 2])])
+    order = [3, 0, 1, 2, 4, 5, 6, 7, 8]
+    mb = collate(rows, order, pad_id=0, device=CPU, shared_prompt=True, one_sequence=one)
+    assert mb.layout == "shared_prompt"
+    assert mb.num_real == (34 if one else 38) < 55
+    forward = CompletionForward(model, shared, temperature=0.7, chunk_mib=1)
+    logp, ent, _ = forward(mb)
+    ref_logp, ref_ent = _reference(model, [rows[i] for i in order], 0.7)
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-10, atol=1e-10)
+    upstream = torch.linspace(-1, 1, len(logp), dtype=torch.float64)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad((logp * upstream).sum(), params)
+    want = torch.autograd.grad((ref_logp * upstream).sum(), params)
+    for g, w in zip(got, want, strict=True):  # float32 rounding of the tensor's scale
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6 * float(w.abs().max()))
+
+
 def test_flex_attention_on_packed_rows_equals_the_padded_path(tiny_model_dir):
     """Forward only, float32: what flex_attention can do on a CPU (compiled by transformers)."""
     rows = _rows(MIXED, seed=1)
@@ -189,7 +239,7 @@ def _full_logits_gradients(model_dir: Path, cfg: C.Config, groups: list[wire.Gro
     return {n: p.grad for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("attention", ["padded", "sdpa_packed"])
+@pytest.mark.parametrize("attention", ["padded", "sdpa_packed", "shared_prompt"])
 def test_a_step_has_the_gradient_of_the_full_logits_path(tiny_model_dir, attention, caplog):
     cfg = _config(attention=attention)
     groups = _groups()
@@ -206,7 +256,9 @@ def test_a_step_has_the_gradient_of_the_full_logits_path(tiny_model_dir, attenti
     m = trainer.metrics
     assert m["attention"] == attention
     assert m["micro_batches"] > 1
-    assert (m["padding_frac"] == 0.0) == (attention == "sdpa_packed")
+    if attention != "shared_prompt":  # (one group per micro-batch here: no padding either)
+        assert (m["padding_frac"] == 0.0) == (attention == "sdpa_packed")
+    assert (m["positions_saved_frac"] > 0.2) == (attention == "shared_prompt")
 
 
 def test_packed_and_padded_steps_agree_and_packing_needs_fewer_passes(tiny_model_dir):

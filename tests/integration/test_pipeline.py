@@ -9,6 +9,7 @@ that balances, no group trained twice.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -79,6 +80,10 @@ def test_two_fake_producers_feed_a_real_learner_within_the_staleness_bound(
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     snapshots = sorted(p.name for p in (run_dir / "snapshots").iterdir())
     assert snapshots[-1] == f"v{STEPS:06d}"
+    # the final checkpoint's weights are the final float32 snapshot's file, not a second copy
+    (saved,) = (run_dir / "checkpoints").glob(f"v{STEPS:06d}-*")
+    final = run_dir / "snapshots" / snapshots[-1] / "model.safetensors"
+    assert os.path.samefile(saved / "model.safetensors", final)
 
     leases = RF.read_leases(run_dir)
     trained = [r for r in leases if r.state == "trained"]
@@ -111,23 +116,15 @@ def test_two_fake_producers_feed_a_real_learner_within_the_staleness_bound(
 def test_hf_producer_logprobs_equal_the_learners_after_every_reload(tmp_path, tiny_model_dir):
     """Synchronous mode: each step's groups were sampled with exactly the learner's weights, which
     change every step (large lr), so agreement to float32 rounding proves every reload took."""
-    run_dir = tmp_path / "run"
-    prompts = write_prompts(tmp_path / "prompts.jsonl")
-    length_reward = 'rewards.fns=[{fn="reward_fixtures:length", weight=1.0}]'  # varies: a signal
-    args = consumer_args(
-        run_dir,
-        tiny_model_dir,
-        prompts,
-        "staleness.max_staleness=0",
-        "train.lr=0.02",
-        length_reward,
-        "log.completions_every=2",
-        'log.report_to=["tensorboard"]',
-    )
     # 4 steps: by the 6th the large lr had made nearly every group's lengths equal (no signal),
     # and the run drew ~1,200 groups to fill it
-    args[args.index("--steps") + 1] = "4"
-    _run_with_one_hf_producer(tmp_path, run_dir, args)
+    run_dir = synchronous_hf_run(
+        tmp_path,
+        tiny_model_dir,
+        "log.completions_every=2",
+        'log.report_to=["tensorboard"]',
+        steps=4,
+    )
     metrics = read_jsonl(run_dir / RF.METRICS)
     assert len(metrics) == 4
     for m in metrics:
@@ -223,28 +220,36 @@ def _assert_observed(run_dir: Path, metrics: list[dict]) -> None:
     assert [e.step for e in events.Scalars("reward/reward_mean_seen")] == [1, 2, 3, 4]
 
 
-def synchronous_hf_run(tmp_path: Path, model: Path, name: str) -> Path:
-    """A 4-step synchronous run with two hf producers; returns its run directory."""
+def synchronous_hf_run(
+    tmp_path: Path,
+    model: Path,
+    *extra: str,
+    name: str = "run",
+    producers: tuple[str, ...] = ("hf1",),
+    steps: int = 4,
+) -> Path:
+    """A synchronous run (max_staleness 0, lr 0.02, a reward that varies: a signal) with hf
+    producers, to its end; returns its run directory (logs: NAME-consumer.log, NAME-ID.log)."""
     run_dir = tmp_path / name
     prompts = write_prompts(tmp_path / "prompts.jsonl")
-    length_reward = 'rewards.fns=[{fn="reward_fixtures:length", weight=1.0}]'  # varies: a signal
+    length_reward = 'rewards.fns=[{fn="reward_fixtures:length", weight=1.0}]'
     args = consumer_args(
-        run_dir, model, prompts, "staleness.max_staleness=0", "train.lr=0.02", length_reward
+        run_dir, model, prompts, "staleness.max_staleness=0", "train.lr=0.02", length_reward, *extra
     )
-    args[args.index("--steps") + 1] = "4"
+    args[args.index("--steps") + 1] = str(steps)
     consumer = cli(*args, log=tmp_path / f"{name}-consumer.log")
     ep = endpoint(run_dir, [consumer])
-    producers = [
+    procs = [
         cli("producer", "--connect", ep, "--engine", "hf", "--id", p,
             log=tmp_path / f"{name}-{p}.log")
-        for p in ("p1", "p2")
+        for p in producers
     ]  # fmt: skip
     try:
         assert consumer.wait(240) == 0, (tmp_path / f"{name}-consumer.log").read_text()[-3000:]
-        for p in producers:
-            p.wait(60)
+        for proc in procs:
+            proc.wait(60)
     finally:
-        stop(consumer, *producers)
+        stop(consumer, *procs)
     return run_dir
 
 
@@ -256,7 +261,10 @@ def test_a_synchronous_run_repeats_exactly_with_its_seed(tmp_path, tiny_model_di
     rewards, are the same; the behaviour log-probs come from batched forwards whose shapes depend
     on which leases a producer holds together, so they (and the weights) agree to float rounding.
     """
-    runs = [synchronous_hf_run(tmp_path, tiny_model_dir, name) for name in ("a", "b")]
+    runs = [
+        synchronous_hf_run(tmp_path, tiny_model_dir, name=name, producers=("p1", "p2"))
+        for name in ("a", "b")
+    ]
     metrics = [read_jsonl(run / RF.METRICS) for run in runs]
     keys = ("reward_mean", "reward_std", "num_completion_tokens")
     assert [[m[k] for k in keys] for m in metrics[0]] == [[m[k] for k in keys] for m in metrics[1]]

@@ -130,6 +130,19 @@ def test_a_slow_writer_is_superseded_never_waited_for(tmp_path, monkeypatch):
     assert [p.version for p in published] == [1, 4]
     assert snap.list_versions(tmp_path / "snaps") == [1, 4]
     assert torch.equal(load_file(published[1].path)["w"], torch.full((4,), 4.0))
+    assert publisher.num_buffers == 2  # the second one for the copy the stuck writer held up
+
+
+def test_a_writer_that_keeps_up_with_the_steps_costs_one_host_buffer(tmp_path):
+    publisher, published = make(tmp_path / "snaps", keep_last=10)
+    w = torch.zeros(4)
+    for v in range(1, 6):
+        w.fill_(v)
+        publisher.submit({"w": w}, version=v, step=v, dtype=torch.float32)
+        publisher.wait()  # the next step comes after the write (a CPU step takes seconds)
+    publisher.close()
+    assert [p.version for p in published] == [1, 2, 3, 4, 5]
+    assert publisher.num_buffers == 1
 
 
 def test_wait_queued_lets_every_version_be_written_while_one_is_in_writing(tmp_path, monkeypatch):

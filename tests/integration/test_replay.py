@@ -7,6 +7,8 @@ same hashes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from replay_streams import EPISODES, STEPS, P, config, record, replay
 
@@ -18,17 +20,28 @@ from consumer.stream.recorder import STREAM
 from consumer.train import checkpoint
 
 
-def test_a_stream_replays_to_the_same_hashes_and_a_replay_replays_itself(tmp_path, tiny_model_dir):
+def replays_itself(tmp_path: Path, model_dir: Path, **sets: object) -> dict[int, str]:
+    """Record a run, replay it twice (the same hashes) and replay the replay's own stream (no
+    difference at any version); the first replay's hashes."""
     source = tmp_path / "run"
     record(source)
-    first = replay(tiny_model_dir, source, tmp_path / "a")
+    first = replay(model_dir, source, tmp_path / "a", **sets)
     assert sorted(first) == list(range(STEPS + 1))
-    assert replay(tiny_model_dir, source, tmp_path / "b") == first
-    again = replay(tiny_model_dir, tmp_path / "a", tmp_path / "c")  # the replay's own stream
-    cmp = compare(R.index(tmp_path / "a" / STREAM).snapshots, again, source=tmp_path / "a",
-                  run_dir=tmp_path / "c")  # fmt: skip
+    assert replay(model_dir, source, tmp_path / "b", **sets) == first
+    again = replay(model_dir, tmp_path / "a", tmp_path / "c", **sets)  # the replay's own stream
+    cmp = compare(
+        R.index(tmp_path / "a" / STREAM).snapshots,
+        again,
+        source=tmp_path / "a",
+        run_dir=tmp_path / "c",
+    )
     assert cmp.compared == list(range(STEPS + 1))
     assert cmp.first_diff is None
+    return first
+
+
+def test_a_stream_replays_to_the_same_hashes_and_a_replay_replays_itself(tmp_path, tiny_model_dir):
+    replays_itself(tmp_path, tiny_model_dir)
     balance = RF.read_ledger(tmp_path / "a").balance
     assert (balance.trained, balance.dropped_stale) == (STEPS * P, STEPS)
 
@@ -111,3 +124,15 @@ def test_a_replay_says_its_progress_while_it_trains(tmp_path, tiny_model_dir, mo
     recording = R.index(source / STREAM)
     cli._run(config(tiny_model_dir, out), out, source, recording, (None, None, False, True), [])
     assert watched == [("made", out, STEPS), ("start",), ("stop",)]
+
+
+def test_a_lora_run_replays_bit_for_bit(tmp_path, tiny_model_dir):
+    """With `model.lora.enabled` the snapshots are adapters, and a replay reproduces every one
+    of their hashes, its own stream too."""
+    from common.weights import adapter as fmt
+
+    lora = {"model.lora.enabled": True, "model.lora.rank": 4}
+    first = replays_itself(tmp_path, tiny_model_dir, **lora)
+    last = tmp_path / "a" / RF.SNAPSHOTS / f"v{STEPS:06d}" / "model.safetensors"
+    assert fmt.read_header(last) is not None  # an adapter, not the model
+    assert len(set(first.values())) == STEPS + 1  # every version's adapter differs

@@ -19,7 +19,8 @@ from common import config as C
 from common import wire
 from common.files import run_files as RF
 from consumer.data.prompts import make_source
-from consumer.server.server import Server, run_spec
+from consumer.server.server import Server
+from consumer.server.wire_terms import run_spec
 
 G = 2
 
@@ -361,3 +362,44 @@ def test_a_few_producers_are_asked_for_the_configured_period_never_less(server):
     control = _connect(srv, ctx, "p")
     assert _request(control, wire.Heartbeat(2, "p", -1, "idle", 0)).status.heartbeat_s == 2.0
     control.close(linger=0)
+
+
+@pytest.mark.parametrize("server", [("train.prompts_per_step=2",)], indirect=True)
+def test_a_zero_variance_group_frees_its_lease_on_arrival_while_the_learner_is_busy(
+    server, tmp_path
+):
+    """Its lease ends as it arrives, so its slot is granted again before the learner (busy with
+    a step) takes the group from its queue; the learner's drop of it later changes nothing."""
+    srv, ctx = server
+    host = "tcp://127.0.0.1"
+    control = ctx.socket(zmq.DEALER)
+    control.connect(f"{host}:{srv.ports['control']}")
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"{host}:{srv.ports['rollouts']}")
+    assert isinstance(_request(control, wire.Register(1, "p", "h", 1, "fake", -1)), wire.Welcome)
+    srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))
+    grant = _request(control, wire.LeaseRequest(2, "p", 4, 0))
+    assert len(grant.leases) == 2  # every slot the bound allows
+    same, mixed = grant.leases
+    push.send(wire.encode(_group(same, [1.0, 1.0])))
+    push.send(wire.encode(_group(mixed, [1.0, 0.0])))
+    regrant = _wait(
+        lambda: _request(control, wire.LeaseRequest(3, "p", 4, 0)).leases, "a lease regranted"
+    )
+    assert len(regrant) == 1  # the zero-variance group's slot, the learner not having looked
+    first = srv.next_group(timeout_s=10)
+    assert first is not None
+    assert first.lease_id == same.lease_id
+    assert srv.settled_on_arrival(first)
+    srv.drop(first, "dropped_zero_variance")  # the learner's drop: already done
+    second = srv.next_group(timeout_s=10)
+    assert second is not None
+    assert not srv.settled_on_arrival(second)
+    srv.settle_trained([second], trained_step=0)
+    srv.stop_granting()
+    srv.expire_open("shutdown")
+    balance = srv.balance()
+    assert balance.ok
+    assert (balance.dropped_zero_variance, balance.trained) == (1, 1)
+    control.close(linger=0)
+    push.close(linger=0)

@@ -15,7 +15,7 @@ from sharded_steps import CASES, max_diff, run, torchrun
 
 TESTS = Path(__file__).resolve().parents[1]
 # metrics that depend on how rows were cut into micro-batches, not on the update
-LAYOUT_METRICS = {"padding_frac", "micro_batches", "step_s"}
+LAYOUT_METRICS = {"padding_frac", "micro_batches", "step_s", "positions_saved_frac", "pass_threads"}
 
 
 def _compare(model_dir: Path, tmp_path: Path, cases: list[str], steps: int) -> None:
@@ -47,11 +47,12 @@ def _compare(model_dir: Path, tmp_path: Path, cases: list[str], steps: int) -> N
 
 
 def test_two_ranks_equal_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Two steps of the default loss and of the packed / checkpointed / two-update / KL case."""
+    """Two steps of the default loss, of the packed / checkpointed / two-update / KL case, of
+    kept sets and of a LoRA adapter."""
     _compare(
         tiny_model_dir,
         tmp_path,
-        ["token-mean", "packed-ckpt-2updates-kl", "top-k-kept-sets"],
+        ["token-mean", "packed-ckpt-2updates-kl", "top-k-kept-sets", "lora"],
         steps=2,
     )
 
@@ -73,14 +74,18 @@ def test_two_ranks_equal_one_process_every_mode_five_steps(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("writer", "reader"), [(2, 1), (1, 2)])
+@pytest.mark.parametrize(
+    ("case", "writer", "reader"),
+    [("cosine-warmup", 2, 1), ("cosine-warmup", 1, 2), ("lora", 2, 1), ("lora", 2, 2)],
+)
 def test_a_checkpoint_resumes_at_another_world_size(
-    tiny_model_dir: Path, tmp_path: Path, writer: int, reader: int
+    tiny_model_dir: Path, tmp_path: Path, case: str, writer: int, reader: int
 ) -> None:
     """Step 1-2 on `writer` ranks, checkpoint (DCP from 2 ranks, safetensors from 1), step 3-4
     on `reader` ranks from it: the same parameters and lr as 4 uninterrupted steps (weights, AdamW
-    moments and the scheduler, whose lr differs at every step, all came back)."""
-    cases = ["cosine-warmup"]
+    moments and the scheduler, whose lr differs at every step, all came back). A LoRA learner's
+    DCP checkpoint holds the adapter and its moments only (the frozen base is not saved)."""
+    cases = [case]
     common = ["--cases", ",".join(cases), "--record", "4"]
 
     def steps(nproc: int, out: Path, *args: str) -> None:
@@ -100,6 +105,14 @@ def test_a_checkpoint_resumes_at_another_world_size(
     steps(writer, tmp_path / "first", "--save-at", "2")
     layout = "dcp" if writer > 1 else "model.safetensors"
     assert list((tmp_path / "first" / cases[0] / "run" / "checkpoints").glob(f"*/{layout}"))
+    if case == "lora" and writer > 1:  # the adapter's weights and moments only, no base weight
+        from torch.distributed.checkpoint import FileSystemReader
+
+        (dcp,) = (tmp_path / "first").rglob("dcp")
+        keys = list(FileSystemReader(dcp).read_metadata().state_dict_metadata)
+        weights = [k for k in keys if k.startswith("model.")]
+        assert weights
+        assert [k for k in weights if ".lora_A." not in k and ".lora_B." not in k] == []
     steps(reader, tmp_path / "resumed", "--resume", str(tmp_path / "first"))
     step4 = f"{cases[0]}/step4"
     first, resumed = tmp_path / "first" / step4, tmp_path / "resumed" / step4

@@ -19,7 +19,8 @@ FA2 = "flash_attention_2"
         ("auto", "cuda", False, FA2, True, "flex", A.FLEX_IMPL),  # flash needs bf16
         ("auto", "cuda", True, None, True, "flex", A.FLEX_IMPL),
         ("auto", "cuda", True, None, False, "padded", "sdpa"),
-        ("auto", "cpu", False, FA2, True, "padded", "sdpa"),  # no flex backward on a CPU
+        ("auto", "cpu", False, FA2, True, "shared_prompt", "sdpa"),  # no flex backward on a CPU
+        ("shared_prompt", "cuda", True, FA2, True, "shared_prompt", "sdpa"),
         ("padded", "cuda", True, FA2, True, "padded", "sdpa"),
         ("flex", "cuda", True, FA2, True, "flex", A.FLEX_IMPL),
         ("sdpa_packed", "cpu", False, None, False, "sdpa_packed", "sdpa"),
@@ -31,8 +32,19 @@ def test_each_request_gets_its_path(requested, device, half, flash, flex, path, 
         requested, device_type=device, half_precision=half, flash_impl=flash, flex_ok=flex
     )
     assert (got.path, got.hf_impl) == (path, impl)
-    assert got.packed == (path != "padded")
+    assert got.packed == (path in ("flash", "flex", "sdpa_packed"))
+    assert got.shared_prompt == (path == "shared_prompt")
     assert got.path in got.describe()
+
+
+def test_a_sliding_window_keeps_a_cpu_on_padded_rows_and_refuses_a_shared_prompt():
+    """The shared-prompt mask is full attention: a model with a sliding window cannot use it."""
+    kw = dict(device_type="cpu", half_precision=False, flash_impl=None, flex_ok=True)
+    got = A.choose_attention("auto", full_attention=False, **kw)
+    assert got.path == "padded"
+    assert "sliding window" in got.reason
+    with pytest.raises(ValueError, match=r"model.attention = shared_prompt: .*sliding window"):
+        A.choose_attention("shared_prompt", full_attention=False, **kw)
 
 
 @pytest.mark.parametrize(
@@ -58,6 +70,7 @@ def test_auto_says_why_it_fell_back():
     got = A.choose_attention(
         "auto", device_type="cpu", half_precision=False, flash_impl=None, flex_ok=True
     )
+    assert got.path == "shared_prompt"
     assert "flash-attn is not installed" in got.reason
     assert "no backward on a CPU" in got.reason
 

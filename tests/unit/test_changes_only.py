@@ -144,7 +144,8 @@ def test_a_heartbeats_counters_are_held_as_decoded_not_copied(tmp_path):
     from common import wire
     from consumer.data.prompts import make_source
     from consumer.server.control import Control
-    from consumer.server.server import _restored_state, run_spec
+    from consumer.server.server import _restored_state
+    from consumer.server.wire_terms import run_spec
     from consumer.snapshots.fanout import FanOut
 
     cfg = C.Config()

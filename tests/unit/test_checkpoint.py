@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.errors import ConfigError
 from common.files import run_files as RF
+from common.wire import SnapshotInfo
+from consumer.snapshots.publisher import Publisher
 from consumer.train import checkpoint
 
 
@@ -34,8 +37,10 @@ class TinyTrainer:
         self.optimizer.step()  # moments to save
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
 
-    def save_checkpoint(self, directory: Path) -> None:
-        checkpoint.save_plain(directory, self.model, self.optimizer, self.scheduler)
+    def save_checkpoint(self, directory: Path, *, weights: SnapshotInfo | None = None) -> None:
+        checkpoint.save_plain(
+            directory, self.model, self.optimizer, self.scheduler, published=weights
+        )
 
     def load_checkpoint(self, directory: Path) -> None:
         checkpoint.load_plain(
@@ -127,3 +132,56 @@ def test_a_run_directory_of_the_former_layout_still_resumes(tmp_path):
     checkpoint.record_incarnation(tmp_path, 7)
     state = json.loads((tmp_path / checkpoint.LEGACY_DIR / "state.json").read_text())
     assert state["book"]["incarnation"] == 7
+
+
+def published(trainer: TinyTrainer, root: Path, version: int) -> SnapshotInfo:
+    """The trainer's weights published as a float32 snapshot, as the learner does."""
+    infos: list[SnapshotInfo] = []
+    publisher = Publisher(root, None, keep_last=5, on_published=infos.append)
+    state = dict(trainer.model.state_dict())
+    publisher.submit(state, version=version, step=version, dtype=torch.float32)
+    publisher.close()
+    return infos[0]
+
+
+def test_a_checkpoint_links_the_published_float32_weights_and_resumes_from_them(tmp_path):
+    trainer = make_trainer(3)
+    info = published(trainer, tmp_path / "snapshots", version=4)
+    book = RF.BookState(book={"incarnation": 0})
+    where = checkpoint.save(tmp_path, trainer=trainer, version=4, book_state=book, published=info)
+    weights = where / "model.safetensors"
+    assert os.path.samefile(weights, info.path)  # one file on disk, not two
+    shutil.rmtree(Path(info.path).parent)  # the snapshot pruned later: the link keeps the bytes
+    version, restored = load(tmp_path)
+    assert version == 4
+    assert torch.equal(restored, trainer.model.weight)
+
+
+def test_a_linked_weights_file_that_changed_is_refused_at_resume(tmp_path):
+    trainer = make_trainer(3)
+    info = published(trainer, tmp_path / "snapshots", version=4)
+    book = RF.BookState(book={"incarnation": 0})
+    where = checkpoint.save(tmp_path, trainer=trainer, version=4, book_state=book, published=info)
+    with open(where / "model.safetensors", "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(ConfigError, match=r"run.resume: the checkpoint's weights changed"):
+        load(tmp_path)
+
+
+def test_weights_are_written_where_the_snapshot_cannot_be_linked(tmp_path, monkeypatch):
+    trainer = make_trainer(3)
+    info = published(trainer, tmp_path / "snapshots", version=4)
+
+    def no_link(*_: object) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    book = RF.BookState(book={"incarnation": 0})
+    where = checkpoint.save(tmp_path, trainer=trainer, version=4, book_state=book, published=info)
+    assert not os.path.samefile(where / "model.safetensors", info.path)
+    monkeypatch.undo()
+    _, restored = load(tmp_path)
+    assert torch.equal(restored, trainer.model.weight)

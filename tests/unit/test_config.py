@@ -23,11 +23,21 @@ def with_sets(*sets: str) -> C.Config:
 
 
 def all_keys() -> list[str]:
-    return [
-        f"{name}.{f.name}"
-        for name, cls in C._section_types().items()
-        for f in dataclasses.fields(cls)
-    ]
+    """Every key; a nested table's (`[model.lora]`) as `model.lora.rank`."""
+
+    def keys(prefix: str, cls: type) -> list[str]:
+        hints = typing.get_type_hints(cls)
+        return [
+            key
+            for f in dataclasses.fields(cls)
+            for key in (
+                keys(f"{prefix}.{f.name}", hints[f.name])
+                if dataclasses.is_dataclass(hints[f.name])
+                else [f"{prefix}.{f.name}"]
+            )
+        ]
+
+    return [key for name, cls in C._section_types().items() for key in keys(name, cls)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,10 +470,12 @@ def test_field_help_covers_every_field_with_help_text():
     assert [key for key, *_ in rows] == all_keys()
     defaults = C.Config()
     for key, tname, default, help_text in rows:
-        section, name = key.split(".")
+        value: object = defaults
+        for part in key.split("."):
+            value = getattr(value, part)
         assert help_text.strip(), key
         assert tname
-        assert default == getattr(getattr(defaults, section), name)
+        assert default == value
 
 
 def test_field_help_lists_the_choices():

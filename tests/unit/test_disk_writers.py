@@ -168,7 +168,7 @@ class _Trainer:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: 1.0)
 
-    def save_checkpoint(self, directory: Path) -> None:
+    def save_checkpoint(self, directory: Path, *, weights: object = None) -> None:
         checkpoint.save_plain(directory, self.model, self.optimizer, self.scheduler)
 
 

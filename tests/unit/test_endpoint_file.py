@@ -98,8 +98,8 @@ def test_a_consumer_bound_to_every_interface_says_what_it_bound_and_what_it_adve
 
 
 def test_a_producer_says_how_long_it_waits_for_its_consumer():
-    from producer.worker import _waits
+    from producer.control import waits_line
 
-    assert _waits(False, 60.0) == "gives up after net.handshake_timeout_s = 60 s"
-    assert _waits(True, 300.0) == "producer.follow: waits up to net.consumer_timeout_s = 300 s"
-    assert _waits(True, float("inf")) == "producer.follow: waits for ever, by design"
+    assert waits_line(False, 60.0) == "gives up after net.handshake_timeout_s = 60 s"
+    assert waits_line(True, 300.0) == "producer.follow: waits up to net.consumer_timeout_s = 300 s"
+    assert waits_line(True, float("inf")) == "producer.follow: waits for ever, by design"

@@ -83,14 +83,14 @@ def test_advantages_leave_out_invalid_completions_and_equal_the_unmasked_when_al
 
 
 def test_batch_advantages_count_an_episodes_sampled_tokens_and_leave_out_failed_ones():
-    from consumer.train.trainer import _sampled_per_completion, batch_advantages
+    from consumer.train.batch_advantages import batch_advantages, sampled_per_completion
 
     g = episode_group(
         finish_reasons=("env_error", "stop"), rewards=np.array([1.0, 0.0], np.float32)
     )
     mask = g.sampled_mask()
     ends = np.cumsum(g.completion_lens)
-    assert _sampled_per_completion(g).tolist() == [
+    assert sampled_per_completion(g).tolist() == [
         int(mask[: ends[0]].sum()),
         int(mask[ends[0] :].sum()),
     ]

@@ -19,7 +19,7 @@ from test_worker_reload import ScriptedProducer, info
 
 from common import config as C
 from common import wire
-from consumer.server.server import run_spec
+from consumer.server.wire_terms import run_spec
 from producer.engines.base import Completion, SamplingParams
 from producer.engines.fake import FakeEngine
 from producer.outbox import Outbox

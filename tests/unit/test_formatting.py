@@ -15,9 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("common", "consumer", "producer", "launch")
 MAX_SKIPS, MAX_LINES = 10, 500
 RECORD_MODULES = (  # the typed boundaries: wire messages and run-dir records
-    "common.wire.messages", "common.wire.spec", "common.files.run_files", "common.files.metrics",
-    "common.files.net_stats", "common.files.completions_file",
-)  # fmt: skip
+    "common.wire.messages",
+    "common.wire.fetch",
+    "common.wire.spec",
+    "common.files.run_files",
+    "common.files.metrics",
+    "common.files.net_stats",
+    "common.files.completions_file",
+)
 
 
 def product_files() -> list[Path]:

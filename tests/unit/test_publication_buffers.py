@@ -1,5 +1,5 @@
-"""The double buffer behind weight publication: a copy never waits, a slow writer is superseded;
-and the CPU copy into a buffer, in a few large parts."""
+"""The buffers behind weight publication: a copy never waits, a slow writer is superseded, a
+second buffer only when a copy would wait; and the CPU copy into a buffer, in a few large parts."""
 
 from __future__ import annotations
 
@@ -65,7 +65,22 @@ def test_a_failed_copy_gives_its_buffer_back():
     index, _ = b.claim()
     b.abandon(index)
     assert b.idle()
-    assert sorted(b.free) == [0, 1]
+    assert sorted(b.free) == [0]
+    assert b.claim() == (0, None)  # taken again, not a new one
+
+
+def test_a_writer_that_keeps_up_needs_one_buffer_and_a_second_is_made_when_a_copy_would_wait():
+    b = Buffers(2)
+    for version in range(1, 6):  # written before the next copy: always buffer 0
+        assert publish(b, version) == (0, None)
+        taken = b.take()
+        assert taken is not None
+        b.release(taken[0])
+    assert b.count == 1
+    publish(b, 6)
+    assert b.take() is not None  # the writer holds buffer 0
+    assert publish(b, 7) == (1, None)  # a second buffer rather than a wait
+    assert b.count == 2
 
 
 @settings(max_examples=200, deadline=None)
@@ -87,7 +102,8 @@ def test_any_interleaving_keeps_order_and_always_writes_the_newest(ops, count):
             b.release(writing)
             writing = None
         held = set(b.free) | set(b.pending) | {b.writing} - {None}
-        assert len(b.free) + len(b.pending) + (b.writing is not None) == count == len(held)
+        assert len(b.free) + len(b.pending) + (b.writing is not None) == b.count == len(held)
+        assert b.count <= count
     if writing is not None:
         b.release(writing)
     while (taken := b.take()) is not None:  # drain

@@ -6,6 +6,8 @@ import dataclasses
 import json
 import os
 import random
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -132,6 +134,20 @@ def test_a_local_file_is_hashed_unless_everything_matches(tmp_path, change):
             path, tmp_path / "pin", expected_hash=expected_hash, expected_bytes=expected_bytes,
             trust_writer=True,
         )  # fmt: skip
+    assert not (tmp_path / "pin" / snap.WEIGHTS_FILE).exists()
+
+
+@pytest.mark.parametrize("gone", ["its directory", "its file"])
+def test_a_snapshot_rotated_away_before_it_is_pinned_is_named_in_one_line(tmp_path, gone):
+    """The producer logs this line when a snapshot vanished (pruned) before it was loaded."""
+    path, m = published(tmp_path, writer="")
+    if gone == "its directory":
+        shutil.rmtree(path.parent)
+    else:
+        path.unlink()
+    expect = {"expected_hash": m.hash, "expected_bytes": m.num_bytes}
+    with pytest.raises(SnapshotError, match=f"^cannot read snapshot {re.escape(str(path))}: "):
+        snap.pin_local(path, tmp_path / "pin", **expect, trust_writer=True)
     assert not (tmp_path / "pin" / snap.WEIGHTS_FILE).exists()
 
 

@@ -1,0 +1,56 @@
+"""bench/lora.py on the tiny model: every part runs (the memory part in its child processes) and
+writes its figures under the stable JSON keys its docstring lists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = {
+    "pub_full_bytes",
+    "pub_lora_bytes",
+    "pub_bytes_ratio",
+    "pub_full_s",
+    "pub_lora_s",
+    "pub_latency_ratio",
+    "mem_full_mib",
+    "mem_lora_mib",
+    "mem_ratio",
+    "mem_ckpt_full_mib",
+    "mem_ckpt_lora_mib",
+    "mem_ckpt_ratio",
+    "engine_merged_s",
+    "engine_unmerged_s",
+    "engine_unmerged_over_merged",
+    "rank",
+    "trainable_params",
+    "total_params",
+    "threads",
+    "load_avg_1min",
+}
+
+
+@pytest.mark.slow  # ~40 s: six processes build a learner or an engine
+def test_bench_lora_writes_every_figure_under_its_stable_keys(tiny_model_dir, tmp_path):
+    out = tmp_path / "lora.json"
+    args = ["--model", str(tiny_model_dir), "--rank", "2", "--versions", "1", "--steps", "1"]
+    args += ["--prompts", "2", "--rounds", "1", "--json", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "lora.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert set(figures) == KEYS
+    assert 0 < figures["pub_bytes_ratio"] < 1  # the adapter is smaller than the model
+    assert 0 < figures["trainable_params"] < figures["total_params"]
+    assert all(figures[k] > 0 for k in ("pub_full_s", "mem_full_mib", "engine_merged_s"))
+    assert "publication:" in done.stdout
