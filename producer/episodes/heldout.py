@@ -25,7 +25,7 @@ from producer.engines.base import SamplingParams
 from producer.episodes.loop import run_episodes, score_episodes
 from producer.episodes.render import TurnRenderer
 from producer.episodes.runner import EnvRunner
-from producer.rewards.judge import Row
+from producer.rewards.row import Row
 from producer.tokenizer import PromptCodec
 
 

@@ -9,5 +9,5 @@ it spawns (a reward that hangs or crashes costs a worker, never the producer).
 - calls.py: a spec resolved to a function, and how its signature says it is called;
 - builtins.py: the built-in reward functions, by name;
 - judge.py: the prompt format and rewards lent to an evaluation that scores as training does
-  (consumer/evaluation/heldout.py).
+  (consumer/evaluation/heldout.py); row.py: what such a row carries to the rewards.
 """

@@ -21,24 +21,11 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from common import wire
 from common.config import Config
+from producer.rewards.row import Row
 from producer.tokenizer import PromptCodec
-
-
-class Row(Protocol):
-    """What a lease carries of one row (`wire.Lease`'s fields of the same names)."""
-
-    @property
-    def prompt(self) -> str: ...
-    @property
-    def answer(self) -> str: ...
-    @property
-    def messages(self) -> tuple[wire.ChatTurn, ...]: ...
-    @property
-    def columns(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
