@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,19 +16,42 @@ from typing import Any
 from common.files import run_files as RF
 
 
-def cli(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    """`python -m launch.cli ARGS` in its own process group, output to `log`."""
+def cli(
+    *args: str,
+    log: Path,
+    hide: tuple[Path, ...] = (),
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """`python -m launch.cli ARGS` in its own process group, output to `log`. `hide`: directories
+    the process sees empty (its own mount namespace, a tmpfs over each: another host's files; see
+    `hiding_unavailable`); `cwd`, `env`: its directory and variables beside the usual ones."""
     tests_dir = str(Path(__file__).parent)  # reward_fixtures importable by producers
     path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    usual = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    argv = [sys.executable, "-m", "launch.cli", *args]
+    if hide:
+        mounts = " && ".join(f"mount -t tmpfs none {shlex.quote(str(p))}" for p in hide)
+        argv = ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"', "sh", *argv]
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "launch.cli", *args],
+            argv,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=env,
+            env={**os.environ, **usual, **(env or {})},
+            cwd=cwd,
             start_new_session=True,
         )
+
+
+def hiding_unavailable() -> str:
+    """Why `cli(..., hide=...)` cannot run here ("" when it can): it needs root and unshare."""
+    if os.geteuid() != 0:
+        return "hiding a directory needs root (a mount namespace with a tmpfs over it)"
+    if shutil.which("unshare") is None:
+        return "needs util-linux (unshare)"
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30)
+    return probe.stderr.decode().strip() if probe.returncode else ""
 
 
 def run_to_end(*args: str, log: Path, timeout_s: float) -> None:
@@ -50,7 +75,9 @@ def wait_for(predicate: Any, *, timeout_s: float, what: str, procs: list[Any] = 
             return value
         for p in procs:
             if p.poll() is not None:
-                raise AssertionError(f"{what}: process {p.args[3:5]} exited with {p.returncode}")
+                argv = [str(a) for a in p.args]  # the command's words, after any wrapper
+                shown = argv[argv.index("launch.cli") + 1 :][:2] if "launch.cli" in argv else argv
+                raise AssertionError(f"{what}: process {shown} exited with {p.returncode}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.05)

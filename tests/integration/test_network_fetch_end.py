@@ -13,48 +13,27 @@ heartbeat, and re-send an unacknowledged group after 2 s, so that a lost ack sho
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from ledger_invariant import assert_run_balanced
-from procs import cli, endpoint, stop
+from procs import cli, endpoint, hiding_unavailable, stop
 
 PRODUCERS = 6
 STEPS = 24
 END_S = 20  # a producer must exit within this many seconds of the consumer (it once took 300)
 
-
-def _hiding_unavailable() -> str:
-    if os.geteuid() != 0:
-        return "hiding the run directory needs root (a mount namespace with a tmpfs over it)"
-    if shutil.which("unshare") is None:
-        return "needs util-linux (unshare)"
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30)
-    return probe.stderr.decode().strip() if probe.returncode else ""
-
-
 pytestmark = pytest.mark.skipif(
-    bool(_hiding_unavailable()), reason=_hiding_unavailable() or "available"
+    bool(hiding_unavailable()), reason=hiding_unavailable() or "available"
 )
 
 
 def producer(name: str, connect: str, hidden: Path, log: Path) -> subprocess.Popen[bytes]:
     """A fake-engine producer that sees `hidden` as an empty directory."""
-    shell = f'mount -t tmpfs none "{hidden}" && exec "$@"'
-    argv = [
-        "unshare", "-m", "sh", "-c", shell, "sh", sys.executable, "-m", "launch.cli",
-        "producer", "--connect", connect, "--engine", "fake", "--id", name,
-        "--set", "net.resend_after_s=2", "--set", "fake.latency_s=0.02",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    sets = ["--set", "net.resend_after_s=2", "--set", "fake.latency_s=0.02"]
+    args = ["producer", "--connect", connect, "--engine", "fake", "--id", name, *sets]
+    return cli(*args, log=log, hide=(hidden,))
 
 
 @pytest.mark.timeout(400)
