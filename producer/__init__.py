@@ -13,6 +13,8 @@ time.
 - groups.py: a lease's sampling parameters and the group message it becomes;
 - tokenizer.py: prompt text to ids, completion ids to text;
 - core_share.py: an hf producer's seat on its host's core board (torch threads per token step);
+- worker_pool.py: the spawned processes rewards and environments run in, replaced when a job
+  hangs or kills its worker;
 - backoff.py: pauses between lease requests that got nothing; endpoint_file.py: a consumer's
   endpoints.json; stall.py: a stress-test fault;
 - engines/: generation engines (fake, hf, vllm) behind one contract, made by a lazy factory;

@@ -103,9 +103,7 @@ async def run_episodes(
         params, max_new_tokens=min(params.max_new_tokens, spec.max_episode_tokens)
     )
     firsts = await engine.generate(prompt_ids, first_params)
-    episode = _EpisodeRun(
-        engine, renderer, runner, lease=lease, spec=spec, params=params, count=count
-    )
+    episode = _EpisodeRun(engine, renderer, runner, lease, spec, params, count)
     episodes = await asyncio.gather(
         *(
             episode.run(i, first, prompt_ids=prompt_ids, opening=opening, chat=chat)
@@ -117,22 +115,18 @@ async def run_episodes(
     return prompt_ids, list(episodes)
 
 
+@dataclass(frozen=True, slots=True)
 class _EpisodeRun:
-    """The turns of one lease's episodes after their first model turn."""
+    """The turns of one lease's episodes after their first model turn (what `run_episodes` was
+    given)."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        renderer: TurnRenderer,
-        runner: EnvRunner,
-        *,
-        lease: wire.Lease,
-        spec: wire.EpisodeSpec,
-        params: SamplingParams,
-        count: Count,
-    ) -> None:
-        self.engine, self.renderer, self.runner = engine, renderer, runner
-        self.lease, self.spec, self.params, self.count = lease, spec, params, count
+    engine: Engine
+    renderer: TurnRenderer
+    runner: EnvRunner
+    lease: wire.Lease
+    spec: wire.EpisodeSpec
+    params: SamplingParams
+    count: Count
 
     async def run(
         self,

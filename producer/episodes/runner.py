@@ -4,13 +4,13 @@
 there, not in a worker: producer/episodes/calls.py) and runs each call:
 - a built-in (`guess`: pure, bounded, trusted) in the producer itself, like the inline built-in
   rewards: no process round trip;
-- a `module:function` environment in a pool of `workers` spawned processes (a spawn context:
-  no inherited torch threads or CUDA state), one call at a time per worker, each under its
-  alarm of `episodes.timeout_s` (producer/episodes/calls.py). A call whose round trip outlives
-  `timeout_s + hard_margin_s` (stuck in C code, or blocking SIGALRM) gets the pool killed and a
-  new one started; a worker that dies (`os._exit`, a segfault) likewise. At most `workers`
-  calls are in the pool at once (the others wait in asyncio), and a call's clock starts once a
-  worker is ready.
+- a `module:function` environment in a pool of `workers` spawned processes
+  (producer/worker_pool.py; a spawn context: no inherited torch threads or CUDA state), one
+  call at a time per worker, each under its alarm of `episodes.timeout_s`
+  (producer/episodes/calls.py). A call whose round trip outlives `timeout_s + hard_margin_s`
+  (stuck in C code, or blocking SIGALRM) gets the pool killed and a new one started; a worker
+  that dies (`os._exit`, a segfault) likewise. At most `workers` calls are in the pool at once
+  (the others wait in asyncio), and a call's clock starts once a worker is ready.
 - Simulated latency (`episodes.latency_s > 0`, stress tests): before each call, an
   `asyncio.sleep` of a Pareto draw, `latency_s * U ** (-1 / latency_alpha)`, U uniform in (0, 1]
   from a generator seeded by the call's `seed`: the same episode and turn wait the same time in
@@ -28,11 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import multiprocessing
 import time
-from concurrent import futures
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
@@ -47,7 +43,7 @@ from producer.episodes.calls import (
     resolve_env,
 )
 from producer.episodes.contract import tools_of
-from producer.rewards.runner import POOL_START_S, kill_pool
+from producer.worker_pool import WorkerPool
 
 log = logging.getLogger("asyncgrpo.producer")
 _COUNTED = {
@@ -83,21 +79,23 @@ class EnvRunner:
         self.tools = tools_of(resolve_env(spec.env))
         self.inline = spec.env in BUILTINS if inline is None else inline
         self.counters: dict[str, float] = {}
-        self.num_pool_restarts = 0
         self._slots = asyncio.Semaphore(workers)
         self._log = LogLimiter(log)
         self._closed = False
-        self._pool: ProcessPoolExecutor | None = None
-        self._ready: Future[int] | None = None
-        if not self.inline:
-            self._pool, self._ready = self._start_pool()
+        self._pool: WorkerPool | None = None
+        if not self.inline:  # the workers start now, not on the first call
+            self._pool = WorkerPool(
+                workers,
+                init_env_worker,
+                (spec.env,),
+                section="episodes",
+                job="an environment call",
+                worker="environment",
+            )
 
-    def _start_pool(self) -> tuple[ProcessPoolExecutor, Future[int]]:
-        ctx = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(
-            self.workers, mp_context=ctx, initializer=init_env_worker, initargs=(self.spec.env,)
-        )
-        return pool, pool.submit(int)  # the workers start now, not on the first call
+    @property
+    def num_pool_restarts(self) -> int:
+        return self._pool.num_restarts if self._pool is not None else 0
 
     async def call(self, call: EnvCall, *, seed: int, where: str) -> Outcome:
         """One call (after its simulated latency); `where` names the lease, row, episode and
@@ -137,37 +135,19 @@ class EnvRunner:
         )
 
     async def _round_trip(self, call: EnvCall) -> Outcome:
-        for _ in range(2):  # a second try only if another call's failure replaced the pool
-            assert self._pool is not None, "a pool runner"
-            assert self._ready is not None, "a pool runner"
-            if not self._ready.done():  # the deadline measures the call, not a worker's start
-                await asyncio.to_thread(futures.wait, [self._ready], POOL_START_S)
-            if self._closed:
-                break
-            pool = self._pool
-            try:
-                job = pool.submit(call_env, self.spec.env, call, self.spec.timeout_s)
-                async with asyncio.timeout(self.spec.timeout_s + self.hard_margin_s):
-                    result: Outcome = await asyncio.wrap_future(job)
-                    return result
-            except TimeoutError:
-                self._replace_pool(pool, "an environment call outlived its hard deadline")
-                why = "outlived its hard deadline (stuck in C code, or blocking SIGALRM)"
-                return Outcome("timeout", state=call.state, why=why)
-            except BrokenProcessPool:
-                if pool is self._pool:  # this call took its worker down
-                    self._replace_pool(pool, "an environment worker died")
-                    why = "took its worker process down (os._exit, a crash in an extension)"
-                    return Outcome("died", state=call.state, why=why)
-        return Outcome("error", state=call.state, why="not called: the producer is closing")
-
-    def _replace_pool(self, pool: ProcessPoolExecutor, why: str) -> None:
-        if pool is not self._pool or self._closed:
-            return
-        log.warning("episodes: %s; restarting the environment worker pool", why)
-        self.num_pool_restarts += 1
-        kill_pool(pool)
-        self._pool, self._ready = self._start_pool()
+        assert self._pool is not None, "a pool runner"
+        spec = self.spec
+        deadline_s = spec.timeout_s + self.hard_margin_s
+        got = await self._pool.run(call_env, spec.env, call, spec.timeout_s, deadline_s=deadline_s)
+        if got == "timeout":
+            why = "outlived its hard deadline (stuck in C code, or blocking SIGALRM)"
+            return Outcome("timeout", state=call.state, why=why)
+        if got == "died":  # this call took its worker down
+            why = "took its worker process down (os._exit, a crash in an extension)"
+            return Outcome("died", state=call.state, why=why)
+        if got == "closed":
+            return Outcome("error", state=call.state, why="not called: the producer is closing")
+        return got
 
     def _count(self, key: str, n: float) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -176,4 +156,4 @@ class EnvRunner:
         """Stop the workers now. Idempotent; a call still in flight ends as an error."""
         self._closed = True
         if self._pool is not None:
-            kill_pool(self._pool)
+            self._pool.close()

@@ -7,13 +7,13 @@ positionally as `fn(completion, answer)`, sync or async): producer/rewards/calls
 one group's calls, each under its timer: producer/rewards/worker.py.
 
 `RewardRunner.score(completions, answer, prompt=..., columns=...)` scores one group in one round
-trip to a process pool (spawn context: a worker never inherits the producer's torch threads or
-CUDA state; spawn workers do inherit `sys.path`). When every reward is a bounded built-in
-(`INLINE`: `exact_match`, `boxed_format`: a string compare and a linear regex on a completion of
-at most `sampling.max_new_tokens` tokens, which can neither hang nor crash the process), the
-group is scored in the producer itself and no pool is started: the same values, counters and
-log lines, without a process round trip per group (~0.8 ms of wall and ~1 ms of the producer's
-CPU). The reward of completion i is `sum_k weight_k * fn_k(c_i, row)`.
+trip to a process pool (producer/worker_pool.py; spawn context: a worker never inherits the
+producer's torch threads or CUDA state; spawn workers do inherit `sys.path`). When every reward
+is a bounded built-in (`INLINE`: `exact_match`, `boxed_format`: a string compare and a linear
+regex on a completion of at most `sampling.max_new_tokens` tokens, which can neither hang nor
+crash the process), the group is scored in the producer itself and no pool is started: the
+same values, counters and log lines, without a process round trip per group (~0.8 ms of wall and
+~1 ms of the producer's CPU). The reward of completion i is `sum_k weight_k * fn_k(c_i, row)`.
 Invariants (besides producer/rewards/worker.py's, per call):
 - A group whose round trip outlives `timeout_s * calls + hard_margin_s` (a reward stuck in C
   code, or one that blocks SIGALRM) gets the pool's processes killed and a new pool started; the
@@ -39,11 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import multiprocessing
 from collections.abc import Sequence
-from concurrent import futures
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -57,9 +53,9 @@ from common.net.log_limit import LogLimiter
 from producer.rewards.builtins import INLINE
 from producer.rewards.calls import resolve
 from producer.rewards.worker import Failure, RowData, Table, init_worker, score_group
+from producer.worker_pool import WorkerPool
 
 log = logging.getLogger("asyncgrpo.producer")
-POOL_START_S = 60.0  # longest wait for a new pool's first worker (spawn + imports, e.g. sympy)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -95,25 +91,22 @@ class RewardRunner:
         self.specs = tuple(specs)
         self.names = reward_names([s.fn for s in self.specs])
         self.timeout_s, self.workers, self.hard_margin_s = timeout_s, workers, hard_margin_s
-        self.num_calls = self.num_errors = self.num_timeouts = self.num_pool_restarts = 0
+        self.num_calls = self.num_errors = self.num_timeouts = 0
         self.contained: dict[str, int] = {}  # sandboxed calls a limit ended, by reason
         self._slots = asyncio.Semaphore(workers)
         self._log = LogLimiter(log)
         self._closed = False
         self.inline = all(s.fn in INLINE for s in self.specs)
-        self._pool: ProcessPoolExecutor | None = None
-        self._ready: Future[int] | None = None
-        if not self.inline:
-            self._pool, self._ready = self._start_pool()
+        self._pool: WorkerPool | None = None
+        if not self.inline:  # the workers start now, not on the first group
+            fns = sorted({s.fn for s in self.specs})
+            self._pool = WorkerPool(
+                workers, init_worker, (fns,), section="rewards", job="a reward", worker="reward"
+            )
 
-    def _start_pool(self) -> tuple[ProcessPoolExecutor, Future[int]]:
-        """A new pool, and a future done once a worker has started (imports included)."""
-        ctx = multiprocessing.get_context("spawn")
-        fns = sorted({s.fn for s in self.specs})
-        pool = ProcessPoolExecutor(
-            self.workers, mp_context=ctx, initializer=init_worker, initargs=(fns,)
-        )
-        return pool, pool.submit(int)  # workers start now, not on the first group
+    @property
+    def num_pool_restarts(self) -> int:
+        return self._pool.num_restarts if self._pool is not None else 0
 
     async def score(
         self,
@@ -192,37 +185,21 @@ class RewardRunner:
     async def _round_trip(self, completions: list[str], row: RowData, calls: int) -> Table:
         zeros = [[0.0] * len(completions) for _ in self.specs]
         specs = [s.fn for s in self.specs]
-        for _ in range(2):  # a second try only if another group's failure replaced the pool
-            assert self._pool is not None, "a pool runner"
-            assert self._ready is not None, "a pool runner"
-            if not self._ready.done():  # the deadline measures the group's work, not a start-up
-                await asyncio.to_thread(futures.wait, [self._ready], POOL_START_S)
-            if self._closed:
-                break
-            pool = self._pool
-            try:
-                job = pool.submit(score_group, specs, completions, row, self.timeout_s)
-                async with asyncio.timeout(self.timeout_s * calls + self.hard_margin_s):
-                    return await asyncio.wrap_future(job)
-            except TimeoutError:
-                self._replace_pool(pool, "a reward outlived its hard deadline")
-                why = "outlived its hard deadline (stuck in C code, or blocking SIGALRM)"
-                return zeros, 0, calls, [(s, "timeout", why) for s in specs], {}
-            except BrokenProcessPool:
-                if pool is self._pool:  # this group's reward took its worker down
-                    self._replace_pool(pool, "a reward worker died")
-                    why = "took its worker process down (os._exit, a crash in an extension)"
-                    return zeros, calls, 0, [(s, "error", why) for s in specs], {}
-        closing = [(s, "error", "not scored: the producer is closing") for s in specs]
-        return zeros, calls, 0, closing, {}
-
-    def _replace_pool(self, pool: ProcessPoolExecutor, why: str) -> None:
-        if pool is not self._pool or self._closed:
-            return
-        log.warning("rewards: %s; restarting the reward worker pool", why)
-        self.num_pool_restarts += 1
-        kill_pool(pool)
-        self._pool, self._ready = self._start_pool()
+        assert self._pool is not None, "a pool runner"
+        deadline_s = self.timeout_s * calls + self.hard_margin_s
+        got = await self._pool.run(
+            score_group, specs, completions, row, self.timeout_s, deadline_s=deadline_s
+        )
+        if got == "timeout":
+            why = "outlived its hard deadline (stuck in C code, or blocking SIGALRM)"
+            return zeros, 0, calls, [(s, "timeout", why) for s in specs], {}
+        if got == "died":  # this group's reward took its worker down
+            why = "took its worker process down (os._exit, a crash in an extension)"
+            return zeros, calls, 0, [(s, "error", why) for s in specs], {}
+        if got == "closed":
+            closing = [(s, "error", "not scored: the producer is closing") for s in specs]
+            return zeros, calls, 0, closing, {}
+        return got
 
     def close(self) -> None:
         """Stop the workers now (rewards are pure: there is nothing to flush). Idempotent.
@@ -231,7 +208,7 @@ class RewardRunner:
         """
         self._closed = True
         if self._pool is not None:
-            kill_pool(self._pool)
+            self._pool.close()
 
     async def __aenter__(self) -> RewardRunner:
         return self
@@ -254,15 +231,3 @@ def first_error(failures: Sequence[Failure]) -> str:
     text = f"reward {spec!r} {why}"
     limit = wire.MAX_REWARD_ERROR_CHARS
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def kill_pool(pool: ProcessPoolExecutor) -> None:
-    """Kill a pool's processes (a hung reward or environment does not answer a polite
-    shutdown) and reap them."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())  # no public API before 3.14
-    pool.shutdown(wait=False)  # pending futures fail with BrokenProcessPool once they are dead
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-    for proc in procs:
-        proc.join(timeout=5)

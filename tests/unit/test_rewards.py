@@ -156,7 +156,7 @@ async def test_closing_with_a_group_in_flight_scores_it_zero_and_starts_no_new_p
     runner = RewardRunner(spec, timeout_s=30, workers=1)
     async with asyncio.timeout(30):
         in_flight = asyncio.create_task(runner.score(["hang", "ok"], "x"))
-        await asyncio.to_thread(runner._ready.result)  # the worker is up
+        await asyncio.to_thread(runner._pool.ready.result)  # the worker is up
         await asyncio.sleep(0.5)  # and the group is in it, hanging
         runner.close()
         scored = await in_flight
