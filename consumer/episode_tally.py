@@ -21,6 +21,15 @@ from typing import Any
 
 from common import wire
 
+FIELDS = (  # the step's episode metrics, in the order of the module docstring
+    "episode_turns_mean",
+    "episode_tokens_mean",
+    "episode_sampled_frac",
+    "env_s_mean",
+    "env_errors",
+    "episode_ends",
+)
+
 
 @dataclass
 class EpisodeTally:
@@ -45,16 +54,7 @@ class EpisodeTally:
     def fields(self) -> dict[str, Any]:
         """The step's episode fields (module docstring); None each without episodes."""
         if not self.episodes:
-            return dict.fromkeys(
-                (
-                    "episode_turns_mean",
-                    "episode_tokens_mean",
-                    "episode_sampled_frac",
-                    "env_s_mean",
-                    "env_errors",
-                    "episode_ends",
-                )
-            )
+            return dict.fromkeys(FIELDS)
         n = self.episodes
         return {
             "episode_turns_mean": self.turns / n,

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.files.metrics import StepRecord
+from consumer.episode_tally import FIELDS as EPISODE_FIELDS
 
 NAMESPACES = ("train", "rollout", "reward", "staleness", "throughput", "weights", "eval")
 _PREFIX: dict[str, str] = {
@@ -44,12 +45,7 @@ _PREFIX: dict[str, str] = {
             "rejected_messages",
             "producers_live",
             "producers_by_state",
-            "episode_turns_mean",
-            "episode_tokens_mean",
-            "episode_sampled_frac",
-            "env_s_mean",
-            "env_errors",
-            "episode_ends",
+            *EPISODE_FIELDS,
         ),
         "rollout",
     ),
