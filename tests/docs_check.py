@@ -20,6 +20,10 @@ Checked in every page (README.md and docs/**/*.md), outside and inside code bloc
   exists, and every dotted name of ours (`consumer.train.trainer.loss_options`) imports;
 - the file map of docs/architecture.md lists exactly the product files, bench and test helpers
   and doc pages that exist; the README's package map lists every package;
+- every shown `asyncgrpo` command that names one of the repository's config files or sets keys
+  (`--config docs/episodes/calculator.toml --set ...`) gets a valid config from them, and the
+  reward functions and environment it names import with the command's `PYTHONPATH=` (for the
+  commands that run them: launch, producer, stress, eval);
 - docs/config.md's table is what `asyncgrpo config docs` prints, and the README stays short.
 
 Some of the commands shown are also run for real elsewhere: `asyncgrpo launch`
@@ -55,6 +59,7 @@ PACKAGES = ("common", "consumer", "producer", "launch")
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
 PROGRAMS = {"asyncgrpo", "python", "python3", "bash", "pip", "torchrun", "mutmut"}
 CLI = typer.main.get_command(app)
+RUN_REWARDS = {"launch", "producer", "stress", "eval"}  # commands that import them
 # Written like a dotted name of ours but not one: config keys (`producer.max_in_flight`).
 NOT_DOTTED = {key for key, *_ in C.field_help()}
 
@@ -306,6 +311,39 @@ def command_problems(command: str, *, mention: bool = False) -> list[str]:
         if words and (problem := program_problem(words)):
             out.append(problem)
     return [p for p in out if not (mention and p.endswith("requires an argument."))]
+
+
+def configured_commands(command: str) -> list[tuple[str, list[str], list[str] | None]]:
+    """(the repository's config file named by `--config`, "" for none; the `--set` values; the
+    folders of a `PYTHONPATH=` before it, None when the command runs no reward or environment)
+    for each `asyncgrpo` command in `command` that names a config file of the repository or
+    sets a key. A config of the reader's own (`mine.toml`) is not one of ours, nor a value
+    written as a placeholder (`--set run.seed=S`): such a command is left out."""
+    out = []
+    for words in simple_commands(command):
+        pythonpath = []
+        while words and re.match(r"^[A-Za-z_]\w*=", words[0]):
+            name, value = words[0].split("=", 1)
+            pythonpath += value.split(":") if name == "PYTHONPATH" else []
+            words = words[1:]
+        if "launch.cli" in words:
+            words = ["asyncgrpo", *words[words.index("launch.cli") + 1 :]]
+        if not words or words[0] != "asyncgrpo":
+            continue
+        config, sets = "", []
+        for flag, value in itertools.pairwise(words):
+            if flag in ("--config", "-c"):
+                config = value
+            elif flag in ("--set", "-s"):
+                sets.append(value)
+        ours = not config or (ROOT / config).is_file()
+        placeholder = any(re.fullmatch(r"[A-Z][A-Z_]*", v.split("=", 1)[-1]) for v in sets)
+        if ours and not placeholder and (config or sets):
+            runs = words[1] in RUN_REWARDS
+            out.append(
+                (config, sets, [p for p in pythonpath if p not in ("", ".")] if runs else None)
+            )
+    return out
 
 
 def prose_path_problems(page: Path, text: str) -> list[str]:

@@ -17,6 +17,7 @@ from docs_check import (
     ROOT,
     anchors,
     command_problems,
+    configured_commands,
     link_problems,
     prose_path_problems,
     section,
@@ -26,6 +27,7 @@ from docs_check import (
 )
 from typer.testing import CliRunner
 
+from common import config as C
 from launch.cli import app
 
 SHOWN = [(where, cmd) for page in PAGES for where, cmd in shell_commands(page, page.read_text())]
@@ -48,6 +50,40 @@ def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
 @pytest.mark.parametrize(("where", "command"), SHOWN, ids=[f"{w} {c}"[:120] for w, c in SHOWN])
 def test_every_command_shown_is_valid(where: str, command: str) -> None:
     assert not command_problems(command, mention=where.endswith("(inline)")), where
+
+
+CONFIGURED = [(where, cmd) for where, cmd in SHOWN if configured_commands(cmd)]
+
+
+def test_the_configs_of_the_newest_pages_are_among_those_loaded() -> None:
+    named = {config for _, cmd in CONFIGURED for config, *_ in configured_commands(cmd)}
+    newest = ("episodes/calculator", "code_task/code", "real_model/smollm2", "custom_task/custom")
+    assert {f"docs/{name}.toml" for name in newest} <= named
+    sets = [s for _, cmd in CONFIGURED for _, given, _ in configured_commands(cmd) for s in given]
+    assert "model.lora.enabled=true" in sets  # docs/lora.md's run
+
+
+@pytest.mark.parametrize(
+    ("where", "command"), CONFIGURED, ids=[f"{w} {c}"[:120] for w, c in CONFIGURED]
+)
+def test_every_config_a_command_shows_loads_and_its_functions_import(
+    where: str, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repository's config file a shown command names, with the command's `--set`s, is a
+    valid config; its reward functions and environment import with the command's PYTHONPATH."""
+    from producer.episodes.calls import resolve_env
+    from producer.rewards.calls import resolve
+
+    for config, sets, pythonpath in configured_commands(command):
+        cfg = C.load(ROOT / config if config else None, sets)
+        if pythonpath is None:
+            continue
+        for folder in pythonpath:
+            monkeypatch.syspath_prepend(str(ROOT / folder))
+        for spec in cfg.rewards.fns:
+            resolve(spec.fn)
+        if cfg.episodes.env:
+            resolve_env(cfg.episodes.env)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -196,3 +232,24 @@ def test_a_file_tree_is_read_by_its_indentation() -> None:
         "consumer", "consumer/server", "consumer/server/leases.py", "consumer/learner.py",
         "launch", "launch/configs/demo.toml",
     }  # fmt: skip
+
+
+def test_a_command_is_read_for_its_config_settings_and_pythonpath() -> None:
+    shown = "PYTHONPATH=docs/episodes asyncgrpo launch -c docs/episodes/calculator.toml -s a.b=1"
+    assert configured_commands(shown) == [
+        ("docs/episodes/calculator.toml", ["a.b=1"], ["docs/episodes"])
+    ]
+    assert configured_commands("asyncgrpo config show --set a.b=1") == [("", ["a.b=1"], None)]
+    assert configured_commands("asyncgrpo launch --config mine.toml --set a.b=1") == []  # theirs
+    assert configured_commands("asyncgrpo launch --set run.seed=S") == []  # a placeholder
+    assert configured_commands("asyncgrpo launch --steps 3") == []  # nothing to load
+
+
+def test_a_misspelt_key_or_a_reward_not_on_the_shown_path_is_found() -> None:
+    from common.errors import ConfigError
+    from producer.rewards.calls import resolve
+
+    with pytest.raises(ConfigError, match=r"train\.lrr"):
+        C.load(None, ["train.lrr=1e-4"])
+    with pytest.raises(ConfigError, match="cannot import 'within_nowhere:within'"):
+        resolve("within_nowhere:within")
