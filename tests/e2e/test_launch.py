@@ -83,6 +83,26 @@ def test_the_demo_launch_learns_and_leaves_a_complete_run_directory(tmp_path):
     no_child_survives(run_dir)
 
 
+@pytest.mark.slow  # ~50 s here: the demo model, three multi-turn steps, the final report
+@pytest.mark.timeout(600)
+def test_the_multi_turn_demo_launch_runs_episodes(tmp_path):
+    """`asyncgrpo launch --env guess`, as docs/episodes.md shows it (a few steps): the demo
+    model plays the built-in guessing game, several model turns an episode, and the run ends
+    clean (the config `--env guess` picks: tests/unit/test_docs.py)."""
+    run_dir = tmp_path / "run"
+    args = ("--env", "guess", "--steps", "3", "--no-live", "--no-eval", "--run-dir", str(run_dir))
+    launcher = cli("launch", *args, log=tmp_path / "launch.log")
+    try:
+        assert launcher.wait(500) == 0, (tmp_path / "launch.log").read_text()[-3000:]
+    finally:
+        stop(launcher)
+    metrics = read_jsonl(run_dir / RF.METRICS)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["episode_turns_mean"] > 1 and m["env_errors"] == 0 for m in metrics)
+    ledger_balances(run_dir)
+    no_child_survives(run_dir)
+
+
 @pytest.mark.timeout(300)
 def test_ctrl_c_during_a_launch_stops_everything_and_keeps_a_loadable_final_snapshot(
     tmp_path, tiny_model_dir

@@ -253,3 +253,12 @@ def test_a_misspelt_key_or_a_reward_not_on_the_shown_path_is_found() -> None:
         C.load(None, ["train.lrr=1e-4"])
     with pytest.raises(ConfigError, match="cannot import 'within_nowhere:within'"):
         resolve("within_nowhere:within")
+
+
+def test_launch_env_guess_without_a_config_runs_the_multi_turn_demo() -> None:
+    """What `asyncgrpo launch --env guess` (docs/episodes.md) loads; the run itself:
+    tests/e2e/test_launch.py (slow)."""
+    from launch.cli.app import demo_config
+
+    assert C.load(demo_config("guess")).episodes.env == "guess"
+    assert C.load(demo_config(None)).episodes.env == ""
