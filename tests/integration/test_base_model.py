@@ -166,13 +166,15 @@ needs_hiding = pytest.mark.skipif(
 
 
 @needs_hiding
+@pytest.mark.slow  # 22-32 s on this 2-core machine under load: two processes, the hf engine
 @pytest.mark.timeout(240)
 def test_a_producer_process_on_a_host_without_the_model_fetches_it_and_trains(
     tmp_path, tiny_model_dir
 ):
     """A real consumer (host a) and a producer that has no copy of its model (host b): the
     producer fetches the weights and tokenizer over the data socket, each file checked, and
-    the run trains two steps on its groups alone."""
+    the run trains two steps on its groups alone. Fast beside it: the refusal below runs the
+    same wiring (a producer process, no copy, the fetch) and the tests above the fetch itself."""
     a, home = tmp_path / "a", tmp_path / "b"
     home.mkdir()
     model, run_dir = a / "model", a / "run"
