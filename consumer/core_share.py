@@ -1,5 +1,6 @@
 """The learner's seat on its host's core board (common/host/core_board.py): busy while it trains,
-idle while it waits for groups, its weight the CPU-seconds a step takes.
+idle while it waits for groups, its weight the CPU-seconds a step takes; on a CPU the trainer
+takes its threads again before every decoder layer (consumer/train/layer_threads.py).
 
 `join(cfg, run_id, trainer)` is None where the learner does not compute on this host's cores
 (a GPU, ranks under torchrun, the simulated trainer): it then keeps the threads it was

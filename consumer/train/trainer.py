@@ -61,6 +61,7 @@ from consumer.train import advantages as ADV
 from consumer.train import attention as A
 from consumer.train import batch_advantages as BA
 from consumer.train import checkpoint, sharded_checkpoint
+from consumer.train import layer_threads as LT
 from consumer.train import loss as L
 from consumer.train import shared_prompt as SP
 from consumer.train import step_metrics as SM
@@ -169,7 +170,13 @@ class DeviceTrainer:
             self.ref_policy = self._forward_module(self.ref_model)
         self._weights_fence: Fence | None = None  # a copy of the weights still in flight
         self._cores: Share | None = None  # the host's cores shared with the run's producers
-        self._pass_threads: list[int] = []  # the step's passes' torch threads, in order
+        self._pass_threads: list[int] = []  # the step's units' torch threads, in order
+        # on a CPU the board's threads are taken again at every decoder layer (layer_threads.py)
+        self._layers = (
+            LT.LayerThreads(self.model, self._retake_threads)
+            if self.device.type == "cpu" and not cfg.model.compile
+            else None
+        )
 
     def _forward_module(self, model: Any) -> CompletionForward:
         A.use(model, self.attention)
@@ -216,9 +223,12 @@ class DeviceTrainer:
         out: dict[str, Any] = SM.combine(metrics)
         positions, real = out.pop("forward_positions_sum"), out.pop("forward_real_sum")
         row_tokens, shared = out.pop("forward_tokens_sum"), out.pop("shared_prompt_passes_sum")
-        out["learner_threads"] = out.pop("torch_threads_sum") / max(len(metrics), 1)
-        # every pass's threads in order, old-log-prob passes included: they change the float
-        # rounding, so the stream records them for a replay
+        out.pop("torch_threads_sum")
+        # the mean over the step's units (each pass's start, each decoder layer's forward and
+        # backward); every unit's threads in order, old-log-prob passes included: they change
+        # the float rounding, so the stream records them for a replay
+        units = self._pass_threads or [torch.get_num_threads()]
+        out["learner_threads"] = sum(units) / len(units)
         out["pass_threads"] = list(self._pass_threads)
         out["tokens_kept_unknown"] = int(out.pop("tokens_kept_unknown_sum", 0))
         out["loss"] = out.pop("loss_sum", 0.0) / updates  # the mean update's full-batch loss
@@ -252,10 +262,11 @@ class DeviceTrainer:
             threads = self._take_threads()
             mb = self._collate(rows, plan)
             old_BT = None if old is None else _stack_old(old, [row_ids[i] for i in plan], mb)
-            loss, m = self._micro_loss(
-                mb, old_BT, global_tokens=global_tokens, global_seqs=global_seqs
-            )
-            (loss if real else loss * 0.0).backward()  # type: ignore[no-untyped-call]
+            with self._layer_threads():
+                loss, m = self._micro_loss(
+                    mb, old_BT, global_tokens=global_tokens, global_seqs=global_seqs
+                )
+                (loss if real else loss * 0.0).backward()  # type: ignore[no-untyped-call]
             m["forward_positions_sum"] = float(mb.num_positions)
             m["forward_real_sum"] = float(mb.num_real)
             m["forward_tokens_sum"] = float(sum(len(rows[i].ids) for i in plan))
@@ -304,6 +315,19 @@ class DeviceTrainer:
                 torch.set_num_threads(threads)
         self._pass_threads.append(torch.get_num_threads())
         return self._pass_threads[-1]
+
+    def _retake_threads(self) -> int:
+        """A decoder layer's threads within a pass (layer_threads.py): the board's share now,
+        recorded like a pass's; nothing without a board (the configured threads hold)."""
+        if self._cores is None:
+            return torch.get_num_threads()
+        return self._take_threads()
+
+    def _layer_threads(self) -> contextlib.AbstractContextManager[None]:
+        """Inside: the decoder layers take their threads (a CPU model with a board)."""
+        if self._layers is None or self._cores is None:
+            return contextlib.nullcontext()
+        return self._layers.active()
 
     def idle(self) -> None:
         """Called while the learner waits for groups (nothing to do on one device)."""
@@ -381,7 +405,8 @@ class DeviceTrainer:
         for plan, real in self._micro_batches(rows, list(range(len(rows)))):
             self._take_threads()
             mb = self._collate(rows, plan)
-            logp_BT, _ = self._forward_logp(self.policy, mb)
+            with self._layer_threads():
+                logp_BT, _ = self._forward_logp(self.policy, mb)
             for b, i in enumerate(plan):
                 if real:
                     out[i] = logp_BT[b]
