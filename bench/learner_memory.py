@@ -30,7 +30,8 @@ which the consumer used before, to measure what the setting changes.
 
 JSON keys (stable): model, layout, steps, threads, malloc, step_s (median), peak_rss_mb,
 baseline_mb, weights_mb, grads_mb, optimizer_mb, host_buffers (count), host_buffer_mb (all of
-them), activations_mb, slack_mb, state_mb (weights + grads + optimizer + one host buffer),
+them; 0 when the publisher writes from the live weights), activations_mb, slack_mb, state_mb
+(weights + grads + optimizer + one snapshot-sized host buffer, made or not),
 peak_over_state, rss_after_steps_mb, load_avg_1min.
 """
 
@@ -212,7 +213,10 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     optimizer = tensor_mb([v for v in moments if isinstance(v, torch.Tensor) and v.numel() > 1])
     activations = max(sampler.peak_in_use - before, 0) / MB
     peak = peak_rss_bytes() / MB
-    state = weights + grads + optimizer + buffer_mb / max(buffers, 1)
+    # the target's budget counts one snapshot-sized host buffer, whether the publisher made one
+    # or wrote from the live weights (float32 on a CPU: none)
+    snapshot_mb = weights if dtype == torch.float32 else weights / 2
+    state = weights + grads + optimizer + (buffer_mb / buffers if buffers else snapshot_mb)
     owned = baseline / MB + weights + grads + optimizer + buffer_mb + activations
     return {
         "model": str(a.model),

@@ -106,8 +106,9 @@ def hash_file(path: Path) -> str:
     return hasher.hexdigest()
 
 
-def write_file(path: Path, data: memoryview, *, fsync: bool = True) -> str:
-    """Write `data` to a new file `path` (fsynced when `fsync`); return its BLAKE3 hex digest.
+def write_file(path: Path, data: memoryview | list[memoryview], *, fsync: bool = True) -> str:
+    """Write `data` (one buffer, or parts written one after another) to a new file `path`
+    (fsynced when `fsync`); return its BLAKE3 hex digest.
 
     No byte is copied in user space. With fsync the hash runs on a second thread over the same
     memory while this one waits in `fsync` (idle CPU), so the cost is about write +
@@ -116,19 +117,31 @@ def write_file(path: Path, data: memoryview, *, fsync: bool = True) -> str:
     Without fsync there is no wait to hide it in: the hash runs here, after the write (no
     thread started per file). The file must not exist yet; its descriptor is closed whatever
     happens."""
+    parts = data if isinstance(data, list) else [data]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        done = 0
-        while done < len(data):
-            done += os.write(fd, data[done : done + _WRITE_BLOCK])
+        for part in parts:
+            done = 0
+            while done < len(part):
+                done += os.write(fd, part[done : done + _WRITE_BLOCK])
         if not fsync:
-            return hash_bytes(data)
+            return hash_parts(parts)
         with ThreadPoolExecutor(1, thread_name_prefix="blake3") as pool:
-            digest = pool.submit(hash_bytes, data)
+            digest = pool.submit(hash_parts, parts)
             os.fsync(fd)
             return digest.result()
     finally:
         os.close(fd)
+
+
+def hash_parts(parts: list[memoryview]) -> str:
+    """BLAKE3 of the parts' bytes one after another (one part: `hash_bytes`)."""
+    if len(parts) == 1:
+        return hash_bytes(parts[0])
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    for part in parts:
+        hasher.update(part)
+    return hasher.hexdigest()
 
 
 def host_id() -> str:

@@ -19,6 +19,11 @@ free again as soon as its bytes are in the file (before the fsyncs and the renam
 buffer is allocated only the first time a copy finds the first one still in use (logged): a
 writer that keeps up with the steps, as on a CPU where a step takes seconds and a write a
 fraction of one, costs one buffer of host memory, not two (on SmolLM2-135M in float32, 538 MB).
+On a CPU whose weights are already in the snapshot dtype (a float32 learner publishing float32,
+`LIVE_MIN_BYTES` or more) there is no buffer at all: the writer writes and hashes the header and
+the live tensors (`LiveWeights`), and the fence `submit` returns (`WrittenFence`) holds the next
+optimizer step until it has read them; a write takes a fraction of such a model's CPU step, so
+that step rarely waits, and the learner holds no copy of its weights (SmolLM2-135M: 538 MB).
 
 What superseding means for staleness: nothing for the bound. Leases for step s are granted only
 while s - max_staleness <= the newest *published* version (consumer/server/leases.py), so a skipped
@@ -68,17 +73,22 @@ from common.files.disk import writing
 from common.weights import adapter as adapter_format
 from common.weights import snapshot as snap
 from common.weights.adapter import AdapterHeader
+from common.weights.tensor_table import TensorTable
 from common.wire import SnapshotInfo
 from consumer.snapshots.fetch_files import FetchFiles
 from consumer.snapshots.weights_buffer import (
     Fence,
     HostCopier,
     HostWeights,
+    LiveWeights,
+    WrittenFence,
+    live_ok,
     table_for,
     unique_tensors,
 )
 
 log = logging.getLogger("asyncgrpo.consumer")
+LIVE_MIN_BYTES = 64 << 20  # CPU weights this large in the snapshot dtype are written as they are
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
 
 
@@ -171,6 +181,7 @@ class Publisher:
         num_buffers: int = 2,
         fetch_files: FetchFiles | None = None,
         adapter: AdapterHeader | None = None,
+        live_min_bytes: int = LIVE_MIN_BYTES,
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
@@ -196,7 +207,8 @@ class Publisher:
         if adapter is not None:  # every element of an adapter changes each step: no deltas
             self.fetch_files.anchor_every = 0
         self._copier = HostCopier()
-        self._hosts: list[HostWeights] = []  # made as `Buffers` needs them
+        self._live_min_bytes = live_min_bytes
+        self._hosts: list[HostWeights | LiveWeights] = []  # made as `Buffers` needs them
         self._buffers = Buffers(num_buffers)
         self._cond = threading.Condition()
         self._announcing = False  # the writer is past the buffer: fsync, rename, announce
@@ -227,9 +239,12 @@ class Publisher:
         if superseded is not None:
             self._superseded(superseded, version)
         try:
-            if index == len(self._hosts):
-                self._add_buffer(tensors, dtype)
-            fence = self._copier.copy(tensors, self._hosts[index])
+            host = self._host_for(index, tensors, dtype)
+            fence = (
+                WrittenFence()
+                if isinstance(host, LiveWeights)
+                else self._copier.copy(tensors, host)
+            )
         except BaseException:
             with self._cond:
                 self._buffers.abandon(index)
@@ -244,32 +259,48 @@ class Publisher:
 
     @property
     def num_buffers(self) -> int:
-        """Host buffers made so far (each a whole snapshot file in memory)."""
-        return len(self._hosts)
+        """Host buffers made so far (each a whole snapshot file in memory; none while every
+        version is written from the live weights)."""
+        return sum(isinstance(h, HostWeights) for h in self._hosts)
 
     @property
     def buffer_bytes(self) -> int:
-        """The size of one host buffer (0 before the first submit)."""
-        return self._hosts[0].table.num_bytes if self._hosts else 0
+        """The size of one host buffer (0 before the first submit, or with none)."""
+        return next((h.table.num_bytes for h in self._hosts if isinstance(h, HostWeights)), 0)
 
-    def _add_buffer(self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> None:
-        if self._hosts:
-            table = self._hosts[0].table
+    def _host_for(
+        self, index: int, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None
+    ) -> HostWeights | LiveWeights:
+        """What buffer `index` writes this version from: the live weights themselves where
+        `live_ok`, else a host buffer (made the first time it is needed)."""
+        table = self._hosts[0].table if self._hosts else self._table(tensors, dtype)
+        host: HostWeights | LiveWeights
+        if live_ok(tensors, dtype, self._live_min_bytes):
+            host = LiveWeights(table, tensors)
+        elif index < len(self._hosts) and isinstance(self._hosts[index], HostWeights):
+            return self._hosts[index]
         else:
-            meta = (
-                adapter_format.metadata(self._adapter.spec, self._adapter.base_hash)
-                if self._adapter
-                else None
-            )
-            table = table_for(tensors, dtype, metadata=meta)
-        pin = next(iter(tensors.values())).is_cuda and torch.cuda.is_available()
-        if self._hosts:
-            log.info(
-                "a second snapshot host buffer (%d MB): the writer still held the first when the "
-                "next version was copied (it is slower than publish_every steps)",
-                table.num_bytes >> 20,
-            )
-        self._hosts.append(HostWeights(table, pin=pin))
+            if self.num_buffers:
+                log.info(
+                    "a second snapshot host buffer (%d MB): the writer still held the first when "
+                    "the next version was copied (it is slower than publish_every steps)",
+                    table.num_bytes >> 20,
+                )
+            pin = next(iter(tensors.values())).is_cuda and torch.cuda.is_available()
+            host = HostWeights(table, pin=pin)
+        if index == len(self._hosts):
+            self._hosts.append(host)
+        else:
+            self._hosts[index] = host
+        return host
+
+    def _table(self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> TensorTable:
+        meta = (
+            adapter_format.metadata(self._adapter.spec, self._adapter.base_hash)
+            if self._adapter
+            else None
+        )
+        return table_for(tensors, dtype, metadata=meta)
 
     def wait(self) -> None:
         """Block until every submitted snapshot is published or superseded (or raise its error)."""
@@ -295,6 +326,7 @@ class Publisher:
         return self._buffers.idle() and not self._announcing
 
     def _superseded(self, job: Job, by: int) -> None:
+        _released(job)  # never written: the weights may change
         self.num_superseded += 1
         if self.num_superseded == 1 or self.num_superseded % 100 == 0:
             log.warning(
@@ -335,6 +367,7 @@ class Publisher:
             except BaseException as exc:  # handed to the training thread by _raise
                 self._error = exc
             finally:
+                _released(job)
                 with self._cond:
                     if self._buffers.writing == index:
                         self._buffers.release(index)
@@ -354,11 +387,12 @@ class Publisher:
         path = tmp / snap.WEIGHTS_FILE
         try:
             with writing(path):
-                digest = snap.write_file(path, host.file_bytes(), fsync=durable_first)
+                digest = snap.write_file(path, host.file_parts(), fsync=durable_first)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)  # a disk fault: give its space back
             raise
         finally:
+            _released(job)  # the weights may change now
             with self._cond:  # the bytes are in the file: the next copy may use this buffer
                 self._buffers.release(index)
                 self._cond.notify_all()
@@ -386,3 +420,9 @@ class Publisher:
         self.last_write_s = time.perf_counter() - t0
         weights = str((final / snap.WEIGHTS_FILE).resolve())
         return SnapshotInfo(version=job.version, num_bytes=num_bytes, hash=digest, path=weights)
+
+
+def _released(job: Job) -> None:
+    """The writer will not read `job`'s live weights again (nothing for a host buffer's)."""
+    if isinstance(job.fence, WrittenFence):
+        job.fence.release()

@@ -18,12 +18,18 @@ Invariants:
   the compute stream. Whoever changes the weights next (the optimizer step) must first call
   `Fence.hold_stream()` (a GPU-side wait: the host does not block). Whoever reads the buffer
   (the writer thread) first calls `Fence.wait()`.
+- CPU weights already in the snapshot's dtype (a float32 learner, float32 snapshots) of at least
+  `LIVE_MIN_BYTES` need no buffer: `LiveWeights` hands the writer the header and the tensors
+  themselves, and its `WrittenFence` makes the next optimizer step wait until the writer has
+  read them (a write takes a fraction of a CPU step of such a model: the wait is usually none).
+  SmolLM2-135M: 513 MB of host memory less.
 - A buffer is never written while it is being read: `consumer/snapshots/publisher.py` hands each
   buffer either to the copier or to the writer, never to both.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -99,6 +105,42 @@ class HostWeights:
         """The whole file, as it goes to disk (a view of this buffer, no copy)."""
         return self.data.numpy().data.cast("B")
 
+    def file_parts(self) -> list[memoryview]:
+        """The file in order, as parts to write one after another (here one)."""
+        return [self.file_bytes()]
+
+
+class LiveWeights:
+    """The file of `table` made of the header and the live tensors themselves (no buffer):
+    CPU weights already in the snapshot's dtype (`live_ok`). Valid until the weights change:
+    the trainer holds the `WrittenFence` of the job before its next optimizer step."""
+
+    def __init__(self, table: TensorTable, state: Mapping[str, torch.Tensor]) -> None:
+        self.table = table
+        self._tensors = [state[s.spec.name].detach() for s in table.slots]
+
+    def file_parts(self) -> list[memoryview]:
+        parts = [memoryview(self.table.header)]
+        for t in self._tensors:
+            if t.numel():
+                parts.append(t.view(torch.uint8).reshape(-1).numpy().data.cast("B"))
+        return parts
+
+
+def live_ok(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None, min_bytes: int) -> bool:
+    """True when a snapshot of `state` can be written from the tensors themselves: every one a
+    contiguous CPU tensor stored in its own dtype, and together at least `min_bytes` (below
+    that a host copy costs little memory, and a step may be shorter than the write the next
+    optimizer step would wait for)."""
+    total = 0
+    for t in state.values():
+        if t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in DTYPE_CODES:
+            return False
+        if stored_dtype(t, dtype) != t.dtype:
+            return False
+        total += t.numel() * t.element_size()
+    return total >= min_bytes
+
 
 class Fence:
     """The end of one copy into a host buffer (a CUDA event; None = already complete)."""
@@ -121,6 +163,26 @@ class Fence:
 
     def done(self) -> bool:
         return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
+
+
+class WrittenFence(Fence):
+    """The end of a write from the live weights (`LiveWeights`): `hold_stream` blocks the
+    training thread until the writer has read every byte (written and hashed) or dropped the
+    job; the writer does not wait for anything."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._read = threading.Event()
+
+    def release(self) -> None:
+        """The writer is done with the weights (or will never read them)."""
+        self._read.set()
+
+    def hold_stream(self) -> None:
+        self._read.wait()
+
+    def done(self) -> bool:
+        return self._read.is_set()
 
 
 class HostCopier:

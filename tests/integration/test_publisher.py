@@ -307,3 +307,78 @@ def test_the_trainer_holds_a_pending_copy_before_its_optimizer_changes_the_weigh
     trainer.step([group])  # nothing pending any more: nothing to hold
     assert events == ["hold", "step", "step"]
     assert set(trainer.weights()) == set(trainer.model.state_dict())
+
+
+# -- CPU weights already in the snapshot dtype: written from the weights themselves -----------
+def test_live_cpu_weights_are_written_as_they_are_with_no_host_buffer(tiny_model_dir, tmp_path):
+    state = model_state(tiny_model_dir)
+    copied, by_copy = make(tmp_path / "copied", tiny_model_dir)
+    copied.submit(state, version=1, step=1, dtype=torch.float32)
+    copied.close()
+    live, by_live = make(tmp_path / "live", tiny_model_dir, live_min_bytes=0)
+    fence = live.submit(state, version=1, step=1, dtype=torch.float32)
+    fence.hold_stream()  # returns once the writer has read them
+    assert fence.done()
+    live.close()
+    assert live.num_buffers == 0
+    assert live.buffer_bytes == 0
+    assert copied.num_buffers == 1
+    assert by_live[0].hash == by_copy[0].hash  # the same bytes, byte for byte
+    assert by_live[0].num_bytes == by_copy[0].num_bytes
+    info = by_live[0]
+    snap.verify_file(Path(info.path), expected_hash=info.hash, expected_bytes=info.num_bytes)
+
+
+def test_the_next_optimizer_step_waits_until_the_writer_has_read_the_live_weights(
+    tmp_path, monkeypatch
+):
+    gate, read = threading.Event(), threading.Event()
+    real_write = snap.write_file
+
+    def slow_write(path: Path, data, *, fsync: bool = True) -> str:
+        assert gate.wait(60)
+        digest = real_write(path, data, fsync=fsync)
+        read.set()
+        return digest
+
+    monkeypatch.setattr(snap, "write_file", slow_write)
+    weights = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    publisher, published = make(tmp_path / "snaps", live_min_bytes=0)
+    fence = publisher.submit(weights, version=1, step=1, dtype=torch.float32)
+    assert not fence.done()  # the writer has not read them yet
+    holder = threading.Thread(target=fence.hold_stream)
+    holder.start()
+    gate.set()
+    holder.join(60)
+    assert read.is_set()
+    assert fence.done()
+    weights["w"].mul_(-1)  # the optimizer step, after the hold
+    publisher.close()
+    assert torch.equal(load_file(published[0].path)["w"], torch.arange(6.0).reshape(2, 3))
+
+
+def test_a_failed_live_write_lets_the_optimizer_go_on_and_reaches_the_training_thread(
+    tmp_path, monkeypatch
+):
+    def broken(path: Path, data, *, fsync: bool = True) -> str:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(snap, "write_file", broken)
+    publisher, published = make(tmp_path / "snaps", live_min_bytes=0)
+    fence = publisher.submit({"w": torch.zeros(2)}, version=1, step=1, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="publication failed"):
+        publisher.wait()
+    fence.hold_stream()  # released: never blocks the trainer for good
+    assert published == []
+
+
+def test_small_or_converted_weights_still_go_through_a_host_buffer(tmp_path):
+    weights = {"w": torch.zeros(4, dtype=torch.float32)}
+    small, _ = make(tmp_path / "small")  # under LIVE_MIN_BYTES
+    small.submit(weights, version=1, step=1, dtype=torch.float32)
+    small.close()
+    bf16, _ = make(tmp_path / "bf16", live_min_bytes=0)  # stored in another dtype
+    bf16.submit(weights, version=1, step=1, dtype=torch.bfloat16)
+    bf16.close()
+    assert small.num_buffers == 1
+    assert bf16.num_buffers == 1
