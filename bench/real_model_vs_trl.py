@@ -3,6 +3,12 @@ on the same settings: s/step, time to a held-out score, CPU use per process, pea
 
     PYTHONPATH=. python bench/real_model_vs_trl.py --model models/smollm2-135m-instruct \\
         --seeds 0,1,2 --steps 10 --json out.json [--keep DIR] [--no-trl] [--threshold 0.4]
+        [--tree DIR] [--no-score]
+    PYTHONPATH=. python bench/real_model_vs_trl.py --model models/smollm2-135m-instruct \\
+        --keep DIR --score-only --json out.json     # score runs kept earlier, then summarise
+
+`--tree DIR` runs another checkout's `launch` (e.g. the code before a change) with this bench.
+Scoring is not timed: `--no-score` with `--keep` leaves it for a later `--score-only`.
 
 For each seed, one after another, each started as its own command (the clock starts when it is
 started: imports, model loading and start-up count):
@@ -30,7 +36,9 @@ Figures per run (seconds unless said):
   snapshot's bytes);
 - disk_mb (ours): the run directory when the command ends; `disk_over_kept`: over the
   snapshots `snapshot.keep_last` keeps plus one optimizer state (2 x float32 parameters);
-- heldout: the score of every version (v0 = the start), final_heldout the last.
+- heldout: the score of every version (v0 = the start), final_heldout the last;
+- cpu_timeline: per sample, the cores each process kind used since the previous one (when the
+  learner and the producer are busy, together or in turn).
 
 JSON keys (stable): for R in ours, trl: R_s_per_step, R_t_threshold_s, R_cpu_cores,
 R_peak_rss_mb (the learner's / TRL's process), R_final_heldout (medians over seeds; a threshold
@@ -139,6 +147,17 @@ class Sampler:
         self._stop.set()
         self._thread.join()
 
+    def timeline(self, t0: float) -> list[list[Any]]:
+        """[seconds since t0, {kind: cores used since the previous sample}] per sample."""
+        out: list[list[Any]] = []
+        for (ta, a), (tb, b) in zip(self.samples, self.samples[1:], strict=False):
+            used: dict[str, float] = {}
+            for pid, cpu in b.items():
+                kind = self.kinds.get(pid, "other")
+                used[kind] = used.get(kind, 0.0) + (cpu - a.get(pid, cpu)) / (tb - ta)
+            out.append([round(tb - t0, 2), {k: round(v, 2) for k, v in used.items()}])
+        return out
+
     def cpu_between(self, t0: float, t1: float) -> dict[str, float]:
         """CPU-seconds per process kind between the samples nearest t0 and t1."""
 
@@ -181,12 +200,12 @@ def step_times(kind: str, work: Path) -> list[float]:
 def run_one(kind: str, seed: int, a: argparse.Namespace, root: Path) -> dict[str, Any]:
     work = root / f"{kind}-seed{seed}"
     (work / "weights").mkdir(parents=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(a.config.parent)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(a.tree), str(a.config.parent)])}
     load = os.getloadavg()[0]
     t0 = time.time()
     with (root / f"{kind}-seed{seed}.log").open("w") as log:
         proc = subprocess.Popen(
-            command(kind, seed, a, work), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            command(kind, seed, a, work), cwd=a.tree, env=env, stdout=log, stderr=subprocess.STDOUT
         )
         snaps = work / "run" / "snapshots" if kind == "ours" else None
         sampler = Sampler(proc.pid, snapshots=snaps, keep=work / "weights")
@@ -216,6 +235,7 @@ def run_one(kind: str, seed: int, a: argparse.Namespace, root: Path) -> dict[str
         "cpu_by_process": {k: v / span for k, v in by_kind.items()} if span > 0 else {},
         "peak_rss_mb": peaks,
         "work": str(work),
+        "cpu_timeline": sampler.timeline(t0),
     }
     if kind == "ours":
         out["disk_mb"] = du_mb(work / "run")
@@ -313,26 +333,47 @@ def main() -> None:
     ap.add_argument("--no-trl", action="store_true", help="skip TRL even if it is installed")
     ap.add_argument("--keep", type=Path, help="keep run directories and logs here")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument(
+        "--tree", type=Path, default=ROOT, help="the checkout whose `launch` runs (ours), e.g. main"
+    )
+    ap.add_argument("--no-score", action="store_true", help="leave the held-out scoring out")
+    ap.add_argument(
+        "--score-only",
+        action="store_true",
+        help="run nothing: score the runs kept in --keep (its runs.json) and summarise them",
+    )
     a = ap.parse_args()
+    a.tree = a.tree.resolve()
     a.config = a.config.resolve()
     seeds = [int(s) for s in a.seeds.split(",")]
     has_trl = importlib.util.find_spec("trl") is not None and not a.no_trl
     kinds = [k for k in KINDS if k != "trl" or has_trl]
     load_start = os.getloadavg()[0]
     sys.path.insert(0, str(a.config.parent))  # the task's reward module, for the evaluator
+    if a.score_only and a.keep is None:
+        ap.error("--score-only needs --keep DIR (where the runs and their runs.json are)")
     with tempfile.TemporaryDirectory() as tmp:
         root = a.keep or Path(tmp)
-        runs = []
-        for seed in seeds:
+        runs = json.loads((root / "runs.json").read_text()) if a.score_only else []
+        if a.score_only:
+            seeds = sorted({r["seed"] for r in runs})
+            load_start = min((r["load_avg_1min"] for r in runs), default=load_start)
+        for seed in [] if a.score_only else seeds:
             for kind in kinds:
                 runs.append(run_one(kind, seed, a, root))
-                shown = {k: v for k, v in runs[-1].items() if k != "step_ends_s"}
+                shown = {
+                    k: v for k, v in runs[-1].items() if k not in ("step_ends_s", "cpu_timeline")
+                }
                 print(f"{kind} seed {seed}: {json.dumps(shown)}", flush=True)
                 (root / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
         load_end = os.getloadavg()[0]
         for run in runs:
+            if a.no_score:
+                run.update(heldout={}, final_heldout=None, t_threshold_s=None)
+                continue
             score_versions(run, a)
             print(f"{run['kind']} seed {run['seed']}: held-out {run['heldout']}", flush=True)
+            (root / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
     res = summarise(runs, a) | {
         "seeds": seeds,
         "steps": a.steps,
