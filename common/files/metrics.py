@@ -113,11 +113,12 @@ class StepRecord:
     # rows' tokens the decoder did not run because a group's prompt ran once (shared_prompt)
     positions_saved_frac: float | None = None
     micro_batches: int | None = None  # forward/backward passes in the step
-    # torch threads of the step's passes (mean), and the host's cores as the learner saw them at
-    # the step's start: who was busy with how many threads (common/host/core_board.py)
+    # torch threads of the step's units (mean: each pass's start, and on a CPU each decoder
+    # layer's forward and backward), and the host's cores as the learner saw them at the step's
+    # start: who was busy with how many threads (common/host/core_board.py)
     learner_threads: float | None = None
     cores: str | None = None
-    pass_threads: list[int] | None = None  # each pass's threads in order (the stream has them)
+    pass_threads: list[int] | None = None  # each unit's threads in order (the stream has them)
     behavior_gap_abs_mean: float | None = None
     behavior_gap_abs_max: float | None = None
     kl_behavior: float | None = None

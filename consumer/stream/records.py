@@ -28,8 +28,9 @@ class StepEntry:
     micro_batches: int | None = None  # forward/backward passes the trainer made
     lr: float | None = None  # the learning rate the step (its first update) used
     tokens: int = 0  # completion tokens of the kept groups (the stream's bytes per token)
-    # torch threads of each forward/backward pass in order (a CPU learner's threads follow its
-    # host's cores and change the float rounding: a replay runs its passes with the same)
+    # torch threads of each unit in order: a forward/backward pass's start and, on a CPU, each
+    # decoder layer's forward and backward (a CPU learner's threads follow its host's cores and
+    # change the float rounding: a replay runs its units with the same)
     threads: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # fields of later formats, kept as is
 
