@@ -159,7 +159,8 @@ class Replay:
         # the passes' threads as recorded (they change a CPU step's rounding); an older
         # recording without them: the config's model.torch_threads
         threads = step.entry.threads
-        self.trainer.share_cores(Recorded(threads) if threads else None)
+        recorded = Recorded(threads, per_layer=step.entry.layer_threads) if threads else None
+        self.trainer.share_cores(recorded)
 
         record = self.steps.train(
             batch, started=t_start, last=last, settle=self._settle, books=self._books, check=check

@@ -184,6 +184,7 @@ class Steps:
                 lr=metrics.get("lr"),
                 tokens=tokens,
                 threads=tuple(metrics.get("pass_threads") or ()),
+                layer_threads=bool(getattr(self.trainer, "threads_per_layer", False)),
             )
             self.recorder.step(entry)
         self.step_end = step_end

@@ -183,6 +183,8 @@ class Share(Protocol):
     threads to run it with; at a step's start, how the cores stand; at its end, that it is
     done (idle until the next)."""
 
+    per_layer: bool  # a CPU trainer takes threads before each decoder layer too (not only a pass)
+
     def work(self) -> int: ...
 
     def describe(self) -> str: ...
@@ -193,12 +195,14 @@ class Share(Protocol):
 class Recorded:
     """The threads a recorded run used, unit after unit (a replay: thread counts change a CPU
     step's float rounding, so a replay reproduces them to reproduce its hashes); past the end,
-    the last one."""
+    the last one. `per_layer`: the recording has the decoder layers' units too (else one entry
+    per pass, as recorded before the layers took threads: the replay's layers take none)."""
 
-    def __init__(self, threads: tuple[int, ...]) -> None:
+    def __init__(self, threads: tuple[int, ...], *, per_layer: bool = True) -> None:
         assert threads, "a recording with no passes"
         assert min(threads) >= 1, threads
         self._threads, self._next = threads, 0
+        self.per_layer = per_layer
 
     def work(self) -> int:
         n = self._threads[min(self._next, len(self._threads) - 1)]
@@ -218,6 +222,7 @@ class Seat:
     policy versions a producer moved on by), smoothed; equal weights until the first."""
 
     SMOOTHING = 0.3  # weight of the newest measurement
+    per_layer = True  # the board follows the work within a pass too
 
     def __init__(self, board: CoreBoard) -> None:
         self.board = board

@@ -32,6 +32,9 @@ class StepEntry:
     # decoder layer's forward and backward (a CPU learner's threads follow its host's cores and
     # change the float rounding: a replay runs its units with the same)
     threads: tuple[int, ...] = ()
+    # True when `threads` has the decoder layers' units too; False: one entry per pass (a
+    # recording made before the layers took threads, replayed that way)
+    layer_threads: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # fields of later formats, kept as is
 
     def to_bytes(self) -> bytes:
@@ -45,6 +48,7 @@ class StepEntry:
                 "lr": self.lr,
                 "tokens": self.tokens,
                 **({"threads": list(self.threads)} if self.threads else {}),
+                **({"layer_threads": True} if self.layer_threads else {}),
                 **self.extra,
             },
             separators=(",", ":"),
@@ -55,6 +59,7 @@ class StepEntry:
         """Parse; `ValueError` (or KeyError, TypeError) when `data` is not a step entry."""
         d = json.loads(data)
         known = {"version", "kept", "dropped", "seed", "micro_batches", "lr", "tokens", "threads"}
+        known.add("layer_threads")
         return cls(
             version=int(d["version"]),
             kept=tuple(int(i) for i in d["kept"]),
@@ -64,6 +69,7 @@ class StepEntry:
             lr=d.get("lr"),
             tokens=int(d.get("tokens", 0)),
             threads=tuple(int(n) for n in d.get("threads", [])),
+            layer_threads=bool(d.get("layer_threads", False)),
             extra={k: v for k, v in d.items() if k not in known},
         )
 

@@ -317,16 +317,22 @@ class DeviceTrainer:
         return self._pass_threads[-1]
 
     def _retake_threads(self) -> int:
-        """A decoder layer's threads within a pass (layer_threads.py): the board's share now,
-        recorded like a pass's; nothing without a board (the configured threads hold)."""
+        """A decoder layer's threads (layer_threads.py): as a pass's, none without a board."""
         if self._cores is None:
             return torch.get_num_threads()
         return self._take_threads()
 
+    @property
+    def threads_per_layer(self) -> bool:
+        """True when the decoder layers take threads too (what a recording says of them)."""
+        cores = self._cores
+        return bool(self._layers and self._layers.layers and cores and cores.per_layer)
+
     def _layer_threads(self) -> contextlib.AbstractContextManager[None]:
         """Inside: the decoder layers take their threads (a CPU model with a board)."""
-        if self._layers is None or self._cores is None:
+        if not self.threads_per_layer:
             return contextlib.nullcontext()
+        assert self._layers is not None
         return self._layers.active()
 
     def idle(self) -> None:

@@ -34,6 +34,8 @@ def _group(i: int, G: int = 4) -> wire.Group:
 class Alternating:
     """A board that changes its mind at every unit: 1, 2, 1, 2, ... threads."""
 
+    per_layer = True
+
     def __init__(self) -> None:
         self.given: list[int] = []
         self.steps = 0
@@ -117,3 +119,23 @@ def test_a_replay_runs_every_unit_with_the_recorded_threads(trainer, tiny_model_
     assert second["pass_threads"] == first["pass_threads"]
     assert seen_again == seen_first
     assert second["loss"] == first["loss"]
+
+
+def test_a_recording_from_before_the_layers_took_threads_replays_pass_by_pass(trainer):
+    """An older recording has one entry per pass: its layers take none, the pass's hold."""
+    trainer.share_cores(Recorded((2,), per_layer=False))
+    seen = _seen_in_layers(trainer)
+    out = trainer.step([_group(0), _group(1)])
+    assert out["pass_threads"] == [2]
+    assert seen == [2] * len(seen)
+    assert trainer.threads_per_layer is False
+
+
+def test_a_step_entry_says_whether_its_threads_have_the_layers():
+    from consumer.stream.records import StepEntry
+
+    new = StepEntry(version=1, kept=(1,), threads=(1, 2, 2), layer_threads=True)
+    old = StepEntry(version=1, kept=(1,), threads=(1,))
+    assert StepEntry.from_bytes(new.to_bytes()) == new
+    assert b"layer_threads" not in old.to_bytes()  # older recordings' bytes are unchanged
+    assert StepEntry.from_bytes(old.to_bytes()).layer_threads is False
