@@ -5,7 +5,7 @@ on the same settings: s/step, time to a held-out score, CPU use per process, pea
         --seeds 0,1,2 --steps 10 --json out.json [--keep DIR] [--no-trl] [--threshold 0.4]
         [--tree DIR] [--no-score]
     PYTHONPATH=. python bench/real_model_vs_trl.py --model models/smollm2-135m-instruct \\
-        --keep DIR --score-only --json out.json     # score runs kept earlier, then summarise
+        --keep DIR --score-only [--first-hit] --json out.json   # score kept runs, summarise
 
 `--tree DIR` runs another checkout's `launch` (e.g. the code before a change) with this bench.
 Scoring is not timed: `--no-score` with `--keep` leaves it for a later `--score-only`.
@@ -264,12 +264,20 @@ def score_versions(run: dict[str, Any], a: argparse.Namespace) -> None:
     from producer.rewards.judge import HeldOutJudge
 
     cfg = C.load(a.config, [f"model.path={a.model.resolve()}", f"run.seed={run['seed']}"])
-    scores = {}
-    for path in sorted((Path(run["work"]) / "weights").glob("v*.safetensors")):
-        version = int(path.stem[1:])
-        if version <= run["steps"]:
-            scored = score_model(cfg, a.model.resolve(), path, judge=HeldOutJudge)
-            scores[version] = scored.score
+
+    def score(version: int) -> float:
+        return score_model(cfg, a.model.resolve(), paths[version], judge=HeldOutJudge).score
+
+    scores: dict[int, float] = {}
+    paths = {int(p.stem[1:]): p for p in (Path(run["work"]) / "weights").glob("v*.safetensors")}
+    versions = sorted(v for v in paths if v <= run["steps"])
+    for version in versions:
+        if a.first_hit and any(x >= a.threshold for x in scores.values()):
+            break  # then only the last version (final_heldout)
+        scores[version] = score(version)
+        print(f"  {run['kind']} seed {run['seed']} v{version}: {scores[version]:.3f}", flush=True)
+    if versions and versions[-1] not in scores:
+        scores[versions[-1]] = score(versions[-1])
     run["heldout"] = scores
     run["final_heldout"] = scores.get(max(scores)) if scores else None
     hit = next((v for v in sorted(scores) if scores[v] >= a.threshold), None)
@@ -338,6 +346,19 @@ def main() -> None:
     )
     ap.add_argument("--no-score", action="store_true", help="leave the held-out scoring out")
     ap.add_argument(
+        "--first-hit",
+        action="store_true",
+        help="score versions in order only up to the first that reaches --threshold, then the "
+        "last (enough for the time to the threshold and the final score)",
+    )
+    ap.add_argument(
+        "--score-threads",
+        type=int,
+        default=0,
+        help="torch threads of the scoring (0: torch's default; 1 on a machine other work shares: "
+        "two threads spin against each other there)",
+    )
+    ap.add_argument(
         "--score-only",
         action="store_true",
         help="run nothing: score the runs kept in --keep (its runs.json) and summarise them",
@@ -350,6 +371,10 @@ def main() -> None:
     kinds = [k for k in KINDS if k != "trl" or has_trl]
     load_start = os.getloadavg()[0]
     sys.path.insert(0, str(a.config.parent))  # the task's reward module, for the evaluator
+    if a.score_threads:
+        import torch
+
+        torch.set_num_threads(a.score_threads)
     if a.score_only and a.keep is None:
         ap.error("--score-only needs --keep DIR (where the runs and their runs.json are)")
     with tempfile.TemporaryDirectory() as tmp:

@@ -222,10 +222,11 @@ class Seat:
     policy versions a producer moved on by), smoothed; equal weights until the first."""
 
     SMOOTHING = 0.3  # weight of the newest measurement
-    per_layer = True  # the board follows the work within a pass too
 
     def __init__(self, board: CoreBoard) -> None:
         self.board = board
+        # threads follow the work within a pass too, unless one is all this member can use
+        self.per_layer = board.me.max_threads > 1
         self._busy_since: float | None = None  # process CPU time when work began
         self._busy_cpu = 0.0  # since the last progress
         self._measured = False

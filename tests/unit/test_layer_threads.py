@@ -139,3 +139,12 @@ def test_a_step_entry_says_whether_its_threads_have_the_layers():
     assert StepEntry.from_bytes(new.to_bytes()) == new
     assert b"layer_threads" not in old.to_bytes()  # older recordings' bytes are unchanged
     assert StepEntry.from_bytes(old.to_bytes()).layer_threads is False
+
+
+def test_a_member_that_one_thread_serves_takes_them_per_pass_only(tmp_path):
+    from common.host import core_board as CB
+
+    small = CB.Seat(CB.CoreBoard(tmp_path, "learner", weight=1.0, max_threads=1, cores=2))
+    large = CB.Seat(CB.CoreBoard(tmp_path, "p1", weight=1.0, cores=2))
+    assert small.per_layer is False
+    assert large.per_layer is True
