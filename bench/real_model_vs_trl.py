@@ -6,6 +6,7 @@ on the same settings: s/step, time to a held-out score, CPU use per process, pea
         [--tree DIR] [--no-score]
     PYTHONPATH=. python bench/real_model_vs_trl.py --model models/smollm2-135m-instruct \\
         --keep DIR --score-only [--first-hit] --json out.json   # score kept runs, summarise
+                                    # (runs a previous --score-only scored are kept as scored)
 
 `--tree DIR` runs another checkout's `launch` (e.g. the code before a change) with this bench.
 Scoring is not timed: `--no-score` with `--keep` leaves it for a later `--score-only`.
@@ -393,6 +394,9 @@ def main() -> None:
                 (root / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
         load_end = os.getloadavg()[0]
         for run in runs:
+            if a.score_only and run.get("heldout"):  # scored by an earlier --score-only
+                run["heldout"] = {int(v): x for v, x in run["heldout"].items()}
+                continue
             if a.no_score:
                 run.update(heldout={}, final_heldout=None, t_threshold_s=None)
                 continue
