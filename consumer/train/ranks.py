@@ -17,18 +17,23 @@ Invariants:
   raise `RankFailure` (a clear line, then the process exits non-zero and torchrun stops the
   rest) instead of hanging. While rank 0 waits for groups it sends `NOOP` orders every
   `timeout_s / 4` (`Channel.keepalive`) so that a quiet run is not mistaken for a dead rank.
+- The order channel's latest collectives stay referenced here, those of the last order (STOP)
+  for good, so that gloo's threads never free a tensor as the process exits: see `_held`.
 - No pickle: rows travel as int32 / int64 / float32 / float64 tensors, texts as UTF-8 bytes.
 """
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import datetime
 import enum
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -139,20 +144,60 @@ class Channel:
         so even a keepalive notices a rank that hangs."""
         assert self.world.main, "only rank 0 gives orders"
         with failures(f"sending {op.name}"):
-            dist.all_reduce(torch.tensor([int(op)], dtype=torch.int64), op=dist.ReduceOp.MAX)
+            _run(dist.all_reduce, torch.tensor([int(op)], dtype=torch.int64), op=dist.ReduceOp.MAX)
         share_text(text)
         self._last_sent = time.monotonic()
+        if op is Op.STOP:
+            _keep_to_the_end()
 
     def receive(self) -> tuple[Op, str]:
         op = torch.zeros(1, dtype=torch.int64)  # the others add 0: the MAX is rank 0's order
         with failures("waiting for rank 0's next order"):
-            dist.all_reduce(op, op=dist.ReduceOp.MAX)
-        return Op(int(op[0])), share_text(None)
+            _run(dist.all_reduce, op, op=dist.ReduceOp.MAX)
+        order, text = Op(int(op[0])), share_text(None)
+        if order is Op.STOP:
+            _keep_to_the_end()
+        return order, text
 
     def keepalive(self) -> None:
         """A NOOP if nothing was sent for `timeout_s / 4` (rank 0, while it waits for groups)."""
         if time.monotonic() - self._last_sent >= self.keepalive_s:
             self.send(Op.NOOP)
+
+
+# The latest collectives of the order channel (`_run`), held; after STOP, never freed.
+#
+# Why: gloo runs each collective on a worker thread of its own, which drops its reference to the
+# collective a moment after the caller's `wait()` returned. Were that the last reference, the
+# thread would free the collective's tensors, and a tensor Python knows is freed through its
+# Python object, under the GIL. After the last order (STOP) a rank exits at once: if the
+# interpreter is already shutting down, a thread that asks for the GIL is ended on the spot, here
+# inside a C++ destructor that may not throw, and the process aborts with "terminate called
+# without an active exception" (torch 2.13, CPython 3.11: about one run in nine of
+# tests/integration/test_sharded_learner.py's two-rank test on a 2-core CPU, in rank 0 or 1).
+# Holding the handles makes gloo's thread never their last owner, and the last orders' handles
+# are kept past the interpreter's end (`_keep_to_the_end`): dropped even then, at the module's
+# teardown, a thread that had not let go yet would free them. Older handles leave the deque
+# tens of orders later, while the interpreter runs. Collectives outside the channel (FSDP's, a
+# batch's rows) are not held: at least one whole order (STOP) follows each of them before a rank
+# exits, time for gloo's thread to let go. (Waiting for the tensors' Python objects to die is not
+# enough: their release gives up the GIL midway.)
+_held: collections.deque[dist.Work] = collections.deque(maxlen=64)  # an order is 2-3
+
+
+def _run(collective: Callable[..., dist.Work | None], *args: Any, **kwargs: Any) -> None:
+    """`collective(*args, **kwargs)` to completion; its handle held in `_held` (see there)."""
+    work = collective(*args, async_op=True, **kwargs)
+    assert work is not None
+    work.wait()
+    _held.append(work)
+
+
+def _keep_to_the_end() -> None:
+    """The held handles are never freed: a few small tensors, once, as the process ends."""
+    for work in _held:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(work))
+    _held.clear()
 
 
 def share_text(text: str | None) -> str:
@@ -161,12 +206,12 @@ def share_text(text: str | None) -> str:
     data = (text or "").encode()
     with failures("sharing a text from rank 0"):
         size = torch.tensor([len(data)], dtype=torch.int64)
-        dist.broadcast(size, src=0)
+        _run(dist.broadcast, size, src=0)
         buf = torch.zeros(int(size[0]), dtype=torch.uint8)
         if text is not None and data:
             buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if len(buf):
-            dist.broadcast(buf, src=0)
+            _run(dist.broadcast, buf, src=0)
     return text if text is not None else bytes(buf.numpy()).decode()
 
 
