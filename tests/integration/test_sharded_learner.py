@@ -46,10 +46,6 @@ def _compare(model_dir: Path, tmp_path: Path, cases: list[str], steps: int) -> N
         assert max_diff(one / "step1.safetensors", one / f"step{steps}.safetensors") > 1e-4
 
 
-# slow while rank 0 of this two-rank run sometimes ends with "terminate called without an
-# active exception" (SIGABRT) after its last step (about 1 run in 6 on a 2-core CPU, since the
-# cores-follow-the-work change; open, see docs/development.md)
-@pytest.mark.slow
 def test_two_ranks_equal_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Two steps of the default loss, of the packed / checkpointed / two-update / KL case, of
     kept sets and of a LoRA adapter."""
