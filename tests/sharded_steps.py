@@ -83,7 +83,8 @@ CASES: list[tuple[str, dict[str, object]]] = [
         },
     ),
     ("cispo", {"loss.objective": "cispo", "loss.clip_high": 1.0, "train.updates_per_batch": 2}),
-    # a LoRA adapter on the frozen base: packed, checkpointed, two updates (weights = adapter)
+    # a LoRA adapter on the frozen base: packed, checkpointed, two updates (weights = adapter),
+    # a KL term to the reference (the base: the same model with the adapter off)
     (
         "lora",
         {
@@ -93,6 +94,7 @@ CASES: list[tuple[str, dict[str, object]]] = [
             "model.gradient_checkpointing": True,
             "train.updates_per_batch": 2,
             "loss.agg": "seq-mean-token-mean",
+            "loss.beta": 0.1,
         },
     ),
 ]

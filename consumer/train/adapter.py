@@ -13,6 +13,9 @@ base model exactly.
 `tensors(model)` are the adapter's live tensors under their file names (peft's saved names,
 `base_model.model.<module>.lora_A.weight`): what the trainer publishes and checkpoints.
 `restore(model, tensors)` copies a file's tensors back (`--resume`), refusing any other set.
+`disabled(model)`: inside, every adapted layer is its base layer alone (peft's adapter switch),
+so the model is the base exactly: the reference policy of a LoRA run (`loss.beta > 0`) with no
+second copy of the base in memory.
 
 The optimizer holds the adapter's parameters only (`trainable`): no moments for the frozen
 base, which is where the memory goes (AdamW keeps two fp32 moments per trained weight).
@@ -20,7 +23,8 @@ base, which is where the memory goes (AdamW keeps two fp32 moments per trained w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +134,25 @@ def tensors(model: Any) -> dict[str, torch.Tensor]:
         out[a_name] = module.lora_A["default"].weight.detach()
         out[b_name] = module.lora_B["default"].weight.detach()
     return out
+
+
+@contextmanager
+def disabled(model: Any) -> Iterator[None]:
+    """Inside: the model without its adapter (the base's outputs exactly); the adapter, its
+    trainability included, as before on the way out."""
+    layers = list(adapted_modules(model).values())
+    trained = trainable(model)
+    for layer in layers:
+        layer.enable_adapters(False)  # peft also clears requires_grad: restored below
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+        for param in model.parameters():
+            param.requires_grad_(False)
+        for param in trained:
+            param.requires_grad_(True)
 
 
 def trainable(model: Any) -> list[torch.nn.Parameter]:

@@ -21,7 +21,9 @@ Conventions:
   (|K|; the vocabulary size without truncation), `tokens_kept_unknown`.
 - `model.lora.enabled`: a LoRA adapter on the frozen base (consumer/train/adapter.py) is the
   trainable state: the optimizer, `weights()` (what is published) and the checkpoint hold the
-  adapter only; `adapter` is its header (spec, base hash), None for a whole model.
+  adapter only; `adapter` is its header (spec, base hash), None for a whole model. The
+  reference policy (beta > 0) is then the base itself: the same model with its adapter off
+  (`adapter.disabled`), no second copy of the weights.
 - `model.dtype = "bfloat16"` runs forward/backward under CUDA autocast in bf16 with fp32 master
   weights and optimizer state (CPU runs stay fp32).
 - `updates_per_batch = 1` (default): one optimizer step consumes the batch, `old_logp` is
@@ -164,7 +166,9 @@ class DeviceTrainer:
         self.scheduler = make_scheduler(self.optimizer, cfg)
         self.ref_model = None
         self.ref_policy: CompletionForward | None = None
-        if cfg.loss.beta > 0:
+        if cfg.loss.beta > 0 and self.adapter:  # the base: this model with the adapter off
+            self.ref_policy = self.policy
+        elif cfg.loss.beta > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
             self.ref_model.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
             self.ref_policy = self._forward_module(self.ref_model)
@@ -385,7 +389,7 @@ class DeviceTrainer:
         logp_BT, head = self._forward_logp(self.policy, mb, with_entropy=True)
         ref_BT = None
         if self.ref_policy is not None:
-            with torch.no_grad():
+            with torch.no_grad(), self._reference():
                 ref_BT, _ = self._forward_logp(self.ref_policy, mb)
         loss, metrics = L.policy_loss(
             logp_BT,
@@ -403,6 +407,10 @@ class DeviceTrainer:
         metrics["entropy"] = float(head.entropy_N.sum()) / max(mb.num_tokens, 1)
         metrics.update(SM.kept_metrics(mb, head, self.vocab_size))
         return loss, metrics
+
+    def _reference(self) -> contextlib.AbstractContextManager[None]:
+        """Inside: the reference policy's forward (LoRA: the adapter off, the base alone)."""
+        return LA.disabled(self.model) if self.adapter else contextlib.nullcontext()
 
     @torch.no_grad()
     def _old_logp(self, rows: list[Row]) -> dict[int, torch.Tensor]:

@@ -128,6 +128,27 @@ def test_every_loss_mode_trains_the_adapter_only(tiny_model_dir, name, overrides
     assert max(float((trainer.weights()[k] - v).abs().max()) for k, v in adapter.items()) > 0
 
 
+def test_the_reference_policy_of_a_lora_run_is_the_base_without_a_second_copy(tiny_model_dir):
+    """With a KL term the reference is the base: the same model with its adapter off, giving the
+    base model's log-probs exactly after the adapter moved; no second model is loaded, and the
+    adapter stays the trained state."""
+    from consumer.train import adapter as LA
+
+    trainer = DeviceTrainer(lora_config(tiny_model_dir, **{"loss.beta": 0.1}), tiny_model_dir)
+    assert trainer.ref_model is None
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    for step in (1, 2):
+        metrics = trainer.step(batch(step, vocab=trainer.vocab_size))
+    assert metrics["kl_ref"] > 0  # the adapter moved away from the reference
+    groups = batch(3, vocab=trainer.vocab_size)
+    with LA.disabled(trainer.model):
+        reference = np.concatenate(trainer.logprobs(groups))
+    base = DeviceTrainer(C.override(C.Config(), {"model.device": "cpu"}), tiny_model_dir)
+    np.testing.assert_array_equal(reference, np.concatenate(base.logprobs(groups)))
+    assert np.abs(np.concatenate(trainer.logprobs(groups)) - reference).max() > 1e-4
+    assert [p for p in trainer.model.parameters() if p.requires_grad] == trained
+
+
 def test_the_engine_samples_with_the_learner_s_log_probs_after_two_updates(
     tiny_model_dir, tmp_path
 ):
