@@ -3,10 +3,13 @@
     python bench/learner_memory.py --model models/smollm2-135m-instruct \\
         --config docs/real_model/smollm2.toml [--steps 4] [--malloc default|glibc] [--json PATH]
     python bench/learner_memory.py --model demo            # launch/configs/demo.toml
+    python bench/learner_memory.py --model models/smollm2-135m-instruct \\
+        --set model.lora.enabled=true                      # the LoRA learner (bench/lora.py)
 
 The learner's own parts, in this process: `DeviceTrainer` on the CPU as the consumer builds it
-(the config's model, loss and micro-batching), and the `Publisher` as the learner drives it (a
-float32 or bfloat16 snapshot after every step, written to a temporary directory). Every step
+(the config's model, loss and micro-batching, with `--set KEY=VALUE` overrides), and the
+`Publisher` as the learner drives it (a float32 or bfloat16 snapshot after every step, written to
+a temporary directory; with LoRA the adapter's tensors only). Every step
 trains `train.prompts_per_step` groups of `sampling.group_size` completions: the task's own
 prompts, rendered as producers render them, and `sampling.max_new_tokens` random tokens per
 completion (the longest a completion can be: the worst step). A sampler thread reads the
@@ -15,7 +18,9 @@ chunks) every 2 ms.
 
 Owners of the peak (MB, 2^20 bytes):
 - baseline: the process before the model (Python, torch, transformers, the tokenizer);
-- weights, grads, optimizer (AdamW's two moments), host snapshot buffers: their tensors' bytes;
+- weights (all of the policy's: with LoRA the frozen base and the adapter, `trained_mb` of it
+  trained), grads, optimizer (AdamW's two moments), host snapshot buffers, the reference model
+  (a second copy of the base when `loss.beta > 0` without LoRA): their tensors' bytes;
 - activations and logits: the peak bytes in use during a step above those in use before it, once
   the first step made the optimizer state and the gradients (what the forward keeps for the
   backward, the chunked LM head's logits, the gradients' and the optimizer's temporaries);
@@ -29,9 +34,10 @@ return freed blocks of 1 MiB and more at once); `glibc` leaves glibc's own dynam
 which the consumer used before, to measure what the setting changes.
 
 JSON keys (stable): model, layout, steps, threads, malloc, step_s (median), peak_rss_mb,
-baseline_mb, weights_mb, grads_mb, optimizer_mb, host_buffers (count), host_buffer_mb (all of
-them; 0 when the publisher writes from the live weights), activations_mb, slack_mb, state_mb
-(weights + grads + optimizer + one snapshot-sized host buffer, made or not),
+baseline_mb, weights_mb, trained_mb, lora, gradient_checkpointing, reference_model_mb, grads_mb,
+optimizer_mb, host_buffers (count), host_buffer_mb (all of them; 0 when the publisher writes
+from the live weights), activations_mb, slack_mb, state_mb (weights + grads + optimizer + one
+snapshot-sized host buffer, made or not; with LoRA the snapshot is the adapter),
 peak_over_state, rss_after_steps_mb, load_avg_1min.
 """
 
@@ -175,7 +181,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     model_dir = ensure_demo_model() if a.model == "demo" else Path(a.model)
     config = DEMO_CONFIG if a.model == "demo" else a.config
     cfg = C.override(
-        C.load(config),
+        C.apply_overrides(C.load(config), a.set),
         {"model.path": str(model_dir), "model.device": "cpu", "model.torch_threads": a.threads},
     )
     torch.set_num_threads(a.threads)
@@ -189,7 +195,9 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     load = os.getloadavg()[0]
     times = []
     with tempfile.TemporaryDirectory() as tmp:
-        publisher = Publisher(Path(tmp), None, keep_last=1, on_published=lambda _: None)
+        publisher = Publisher(
+            Path(tmp), None, keep_last=1, on_published=lambda _: None, adapter=trainer.adapter
+        )
         publisher.submit(trainer.weights(), version=0, step=0, dtype=dtype)
         publisher.wait()
         for s in range(a.steps + 1):  # step 0 makes the optimizer state and the gradients
@@ -208,16 +216,19 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         buffer_mb = buffers * publisher.buffer_bytes / MB
     params = list(trainer.model.parameters())
     weights = tensor_mb(params)
+    trained = tensor_mb([p for p in params if p.requires_grad])
     grads = tensor_mb([p.grad for p in params if p.grad is not None])
     moments = [v for st in trainer.optimizer.state.values() for v in st.values()]
     optimizer = tensor_mb([v for v in moments if isinstance(v, torch.Tensor) and v.numel() > 1])
     activations = max(sampler.peak_in_use - before, 0) / MB
     peak = peak_rss_bytes() / MB
     # the target's budget counts one snapshot-sized host buffer, whether the publisher made one
-    # or wrote from the live weights (float32 on a CPU: none)
-    snapshot_mb = weights if dtype == torch.float32 else weights / 2
+    # or wrote from the live weights (float32 on a CPU: none); a LoRA snapshot is the adapter
+    published = trained if trainer.adapter else weights
+    snapshot_mb = published if dtype == torch.float32 else published / 2
     state = weights + grads + optimizer + (buffer_mb / buffers if buffers else snapshot_mb)
-    owned = baseline / MB + weights + grads + optimizer + buffer_mb + activations
+    reference = tensor_mb(trainer.ref_model.parameters()) if trainer.ref_model else 0.0
+    owned = baseline / MB + weights + reference + grads + optimizer + buffer_mb + activations
     return {
         "model": str(a.model),
         "layout": trainer.attention.path,
@@ -228,6 +239,10 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_mb": peak,
         "baseline_mb": baseline / MB,
         "weights_mb": weights,
+        "trained_mb": trained,
+        "lora": trainer.adapter is not None,
+        "gradient_checkpointing": cfg.model.gradient_checkpointing,
+        "reference_model_mb": reference,
         "grads_mb": grads,
         "optimizer_mb": optimizer,
         "host_buffers": buffers,
@@ -244,7 +259,11 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
 def table(r: dict[str, Any]) -> str:
     rows = [
         ("baseline (imports, tokenizer)", r["baseline_mb"]),
-        ("weights", r["weights_mb"]),
+        (
+            "weights" + (f" ({r['trained_mb']:.0f} MB trained: LoRA)" if r["lora"] else ""),
+            r["weights_mb"],
+        ),
+        ("reference model (loss.beta > 0)", r["reference_model_mb"]),
         ("grads", r["grads_mb"]),
         ("optimizer (AdamW moments)", r["optimizer_mb"]),
         (f"host snapshot buffers ({r['host_buffers']})", r["host_buffer_mb"]),
@@ -270,6 +289,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--malloc", choices=("default", "glibc"), default="default")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override"
+    )
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     r = measure(a)

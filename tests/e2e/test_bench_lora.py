@@ -21,9 +21,31 @@ KEYS = {
     "mem_full_mib",
     "mem_lora_mib",
     "mem_ratio",
+    "mem_owners",
     "mem_ckpt_full_mib",
     "mem_ckpt_lora_mib",
     "mem_ckpt_ratio",
+    "mem_ckpt_owners",
+    "mem_malloc",
+    "exact_tokens",
+    "exact_lora_max",
+    "exact_lora_mean",
+    "exact_base_max",
+    "exact_base_mean",
+    "exact_learner_self_max",
+    "exact_learner_self_mean",
+    "exact_engine_self_max",
+    "exact_engine_self_mean",
+    "exact_engine_f64_max",
+    "exact_engine_f64_mean",
+    "exact_learner_f64_max",
+    "exact_learner_f64_mean",
+    "exact_unmerged_max",
+    "exact_unmerged_mean",
+    "exact_lora_engine_f64_max",
+    "exact_lora_engine_f64_mean",
+    "exact_lora_learner_f64_max",
+    "exact_lora_learner_f64_mean",
     "engine_merged_s",
     "engine_unmerged_s",
     "engine_unmerged_over_merged",
@@ -39,7 +61,8 @@ KEYS = {
 def test_bench_lora_writes_every_figure_under_its_stable_keys(tiny_model_dir, tmp_path):
     out = tmp_path / "lora.json"
     args = ["--model", str(tiny_model_dir), "--rank", "2", "--versions", "1", "--steps", "1"]
-    args += ["--prompts", "2", "--rounds", "1", "--json", str(out)]
+    args += ["--prompts", "2", "--rounds", "1", "--exact-prompts", "2", "--json", str(out)]
+    args += ["--config", str(ROOT / "launch" / "configs" / "demo.toml")]
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "lora.py"), *args],
         capture_output=True,
@@ -53,4 +76,9 @@ def test_bench_lora_writes_every_figure_under_its_stable_keys(tiny_model_dir, tm
     assert 0 < figures["pub_bytes_ratio"] < 1  # the adapter is smaller than the model
     assert 0 < figures["trainable_params"] < figures["total_params"]
     assert all(figures[k] > 0 for k in ("pub_full_s", "mem_full_mib", "engine_merged_s"))
+    owners = figures["mem_owners"]
+    assert owners["lora"]["grads_mb"] < owners["full"]["grads_mb"]  # the adapter's grads only
+    assert owners["lora"]["optimizer_mb"] < owners["full"]["optimizer_mb"]
+    assert figures["exact_tokens"] > 0
+    assert figures["exact_lora_max"] < 1e-5  # the tiny model: exact to float32 rounding
     assert "publication:" in done.stdout
