@@ -74,7 +74,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/learner_memory.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # learner_memory.py, real_model.py
 
 from common import config as C
 from common import wire
@@ -332,6 +332,7 @@ def exactness(model: Path, config: Path, rank: int, prompts: int) -> dict[str, A
     where the difference comes from: each side against itself at another batch shape, and the
     base model's (adapter off) against a float64 forward of the same weights."""
     import learner_memory as LM
+    from real_model import groups_of
 
     from consumer.snapshots.publisher import Publisher
     from consumer.train import adapter as LA
@@ -375,23 +376,7 @@ def exactness(model: Path, config: Path, rank: int, prompts: int) -> dict[str, A
             )
         finally:
             await engine.close()
-        return [
-            wire.Group(
-                lease_id=i,
-                producer_id="bench",
-                prompt_index=i,
-                behavior_version=2,
-                prompt_ids=np.array(p, np.int32),
-                completion_ids=np.concatenate([c.token_ids for c in cs]).astype(np.int32),
-                completion_lens=np.array([len(c.token_ids) for c in cs], np.int32),
-                behavior_logp=np.concatenate([c.logprobs for c in cs]).astype(np.float32),
-                token_versions=np.zeros(0, np.int32),
-                rewards=np.zeros(len(cs), np.float32),
-                finish_reasons=tuple(c.finish_reason for c in cs),
-                temperature=T,
-            )
-            for i, (p, cs) in enumerate(zip(ids, done, strict=True))
-        ]
+        return groups_of(ids, done, T)
 
     def behaviour(groups: list[wire.Group]) -> np.ndarray:
         return np.concatenate([g.behavior_logp for g in groups])
