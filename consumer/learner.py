@@ -471,8 +471,10 @@ def install_signal_handlers(stop: threading.Event, hurry: threading.Event) -> No
 def main(cfg: Config, run_dir: Path) -> int:
     """The consumer; under torchrun (world size > 1) rank 0 runs it and the other ranks follow
     rank 0's orders. A rank that died or hangs ends it with one line and exit code 1."""
+    from consumer.train import host_memory
     from consumer.train.ranks import RankFailure, World
 
+    host_memory.release_freed_blocks()
     world = World.from_env()
     if world.size > 1 and cfg.train.simulate_step_s:
         raise ConfigError(

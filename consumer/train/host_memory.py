@@ -8,8 +8,9 @@ activations (blocks of 1-10 MB on SmolLM2-135M) land in arenas, which then hold 
 for good, and fragment as the optimizer state and the gradients come and go between them.
 `release_freed_blocks` fixes the threshold (glibc then stops moving it): every block of at least
 `threshold_bytes` is mapped and unmapped on its own, so the resident set follows the bytes in
-use. The price is the page faults of mapping a step's activations afresh (bench/learner_memory.py
-measures both sides).
+use. Every rank of the consumer calls it first thing (consumer/learner.py `main`). The price is
+the page faults of mapping a step's activations afresh (bench/learner_memory.py measures both
+sides).
 
 A no-op where the C library is not glibc.
 """
@@ -34,4 +35,10 @@ def release_freed_blocks(threshold_bytes: int = THRESHOLD_BYTES) -> bool:
     libc = ctypes.CDLL(name)
     if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes))
+    if not libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes):
+        return False
+    log.info(
+        "host memory: blocks of %d KiB and more go back to the system when freed",
+        threshold_bytes >> 10,
+    )
+    return True
