@@ -3,7 +3,8 @@ rank of an FSDP2 learner under torchrun (ranks > 0 run nothing else).
 
 What it owns: the `Trainer` protocol (consumer/train/protocol.py) and its implementations (one
 device: trainer.py; FSDP2: sharded.py with ranks.py; no model: simulated.py), the loss and the
-advantages (pure tensor functions: loss.py, advantages.py; a batch's: batch_advantages.py),
+advantages (pure tensor functions: loss.py, advantages.py; their options from the config:
+options.py; a batch's: batch_advantages.py),
 batching.py, the forward over completion tokens (forward.py) with its LM head (lm_head.py) and
 attention choice (attention.py; a group's prompt once: shared_prompt.py), a step's metrics
 (step_metrics.py), the learning-rate schedule (schedule.py), a LoRA adapter on the frozen base

@@ -59,7 +59,6 @@ from common.host.device import resolve_device
 from common.wire import Group, SnapshotInfo
 from consumer.snapshots.weights_buffer import Fence
 from consumer.train import adapter as LA
-from consumer.train import advantages as ADV
 from consumer.train import attention as A
 from consumer.train import batch_advantages as BA
 from consumer.train import checkpoint, sharded_checkpoint
@@ -77,40 +76,10 @@ from consumer.train.batching import (
 )
 from consumer.train.forward import CompletionForward, check_plain_head, compile_layers
 from consumer.train.lm_head import HeadOut
+from consumer.train.options import advantage_options, loss_options
 from consumer.train.schedule import make_scheduler
 
 log = logging.getLogger("asyncgrpo.consumer")
-
-
-def loss_options(cfg: Config) -> L.LossOptions:
-    """The loss options of a run, built once: the config's "0 = off" become None here."""
-    c = cfg.loss
-    tis = L.TISConfig(c.tis_level, c.tis_mode, c.tis_cap, c.tis_cap_min or None) if c.tis else None
-    return L.LossOptions(
-        clip_low=c.clip_low,
-        clip_high=c.clip_high,
-        dual_clip=c.dual_clip or None,
-        tis=tis,
-        agg=c.agg,
-        norm_const=c.norm_const or float(cfg.sampling.max_new_tokens),
-        beta=c.beta,
-        kl=c.kl,
-        objective=c.objective,
-        ratio_level=c.ratio_level,
-    )
-
-
-def advantage_options(cfg: Config) -> ADV.AdvantageOptions:
-    """The advantage options of a run, built once."""
-    c = cfg.loss
-    return ADV.AdvantageOptions(
-        baseline=c.adv_baseline,
-        scale=c.adv_scale,
-        eps=c.adv_eps,
-        overlong_window=c.overlong_window,
-        overlong_penalty=c.overlong_penalty,
-        max_len=cfg.sampling.max_new_tokens,
-    )
 
 
 class DeviceTrainer:

@@ -21,7 +21,8 @@ from consumer.train import attention as A
 from consumer.train import loss as L
 from consumer.train.batching import Row, collate, rows_of
 from consumer.train.forward import CompletionForward, check_plain_head, compile_layers
-from consumer.train.trainer import DeviceTrainer, loss_options
+from consumer.train.options import loss_options
+from consumer.train.trainer import DeviceTrainer
 
 CPU = torch.device("cpu")
 PADDED = A.choose_attention("padded", device_type="cpu", half_precision=False, flash_impl=None,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from common import config as C
 from consumer.train import advantages as ADV
 from consumer.train import loss as L
-from consumer.train.trainer import loss_options
+from consumer.train.options import loss_options
 
 LOG = math.log
 OPTION_NAMES = {f.name for f in dataclasses.fields(L.LossOptions)}

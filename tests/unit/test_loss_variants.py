@@ -17,7 +17,7 @@ from common import wire
 from consumer.train import advantages as ADV
 from consumer.train import loss as L
 from consumer.train.batch_advantages import batch_advantages
-from consumer.train.trainer import advantage_options, loss_options
+from consumer.train.options import advantage_options, loss_options
 
 VARIANTS = [  # (objective, ratio_level, clip_low, clip_high)
     ("ppo", "token", 0.2, 0.28),
