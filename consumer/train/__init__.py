@@ -6,7 +6,8 @@ device: trainer.py; FSDP2: sharded.py with ranks.py; no model: simulated.py), th
 advantages (pure tensor functions: loss.py, advantages.py; their options from the config:
 options.py; a batch's: batch_advantages.py),
 batching.py, the forward over completion tokens (forward.py) with its LM head (lm_head.py) and
-attention choice (attention.py; a group's prompt once: shared_prompt.py), a step's metrics
+attention choice (attention.py; a group's prompt once: shared_prompt.py), the core board's
+threads taken again before every decoder layer (layer_threads.py), a step's metrics
 (step_metrics.py), the learning-rate schedule (schedule.py), a LoRA adapter on the frozen base
 (adapter.py), how its process gives freed memory back (host_memory.py), and checkpoints
 (checkpoint.py; sharded: sharded_checkpoint.py). What it does not do: sockets, leases or snapshots
