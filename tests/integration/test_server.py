@@ -371,12 +371,9 @@ def test_a_zero_variance_group_frees_its_lease_on_arrival_while_the_learner_is_b
     """Its lease ends as it arrives, so its slot is granted again before the learner (busy with
     a step) takes the group from its queue; the learner's drop of it later changes nothing."""
     srv, ctx = server
-    host = "tcp://127.0.0.1"
-    control = ctx.socket(zmq.DEALER)
-    control.connect(f"{host}:{srv.ports['control']}")
+    control = _connect(srv, ctx, "p")
     push = ctx.socket(zmq.PUSH)
-    push.connect(f"{host}:{srv.ports['rollouts']}")
-    assert isinstance(_request(control, wire.Register(1, "p", "h", 1, "fake", -1)), wire.Welcome)
+    push.connect(f"tcp://127.0.0.1:{srv.ports['rollouts']}")
     srv.announce_snapshot(wire.SnapshotInfo(0, 1, "00", str(tmp_path / "none")))
     grant = _request(control, wire.LeaseRequest(2, "p", 4, 0))
     assert len(grant.leases) == 2  # every slot the bound allows
